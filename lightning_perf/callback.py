@@ -1,0 +1,482 @@
+"""
+PerfCallback
+============
+
+Scheduled ``torch.profiler`` windows for every stage of a Lightning run, with traces that TensorBoard's
+PyTorch Profiler tab, Perfetto and Holistic Trace Analysis read, and operator tables in TensorBoard.
+
+The callback only wires the layers together: :mod:`lightning_perf.schedule` says which batches to record,
+:mod:`lightning_perf.collect.profiler` records them, :mod:`lightning_perf.summarize` and
+:mod:`lightning_perf.report` turn the records into tables and files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.profilers import PyTorchProfiler
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from typing_extensions import override
+
+from lightning_perf import layout
+from lightning_perf.collect.profiler import ProfilerWindow, WindowState, torch_profiler_active
+from lightning_perf.config import DEFAULT_MAX_WINDOWS, STAGES, PerfConfig, Schedule, SortKey, Stage
+from lightning_perf.records import WindowRecord
+from lightning_perf.report.markdown import operator_table
+from lightning_perf.report.tensorboard import TensorBoardText
+from lightning_perf.schedule import Action, make_plan
+from lightning_perf.summarize.operators import default_sort_key, top_operators
+
+OPERATORS_TAG = "perf/operators/{stage}"
+
+
+@dataclass
+class _StageState:
+    """Where one stage is: its epoch, its batch within the epoch, and the windows it has used."""
+
+    epoch: int = -1
+    batch: int = 0
+    num_batches: float = math.inf
+    total_batches: int = 0  # over the whole run: the stage's own TensorBoard step axis
+    windows_used: int = 0
+    windows_this_epoch: int = 0
+    warned: set[str] = field(default_factory=set)
+
+
+class PerfCallback(Callback):
+    r"""Profiles chosen batches of each stage and logs what they show.
+
+    Outside its windows the callback does a few integer comparisons per batch: no profiler, no
+    ``record_function``, no module hooks, no device synchronization.
+
+    Args:
+        schedule: When to record, as :class:`~lightning_perf.Schedule` or a mapping of its fields
+            (``skip_first``, ``wait``, ``warmup``, ``active``, ``repeat``), with the meaning they have in
+            ``torch.profiler.schedule``, counted in batches of each stage and restarted every epoch.
+            Default: ``Schedule()``: skip 5 batches, warm up 1, record 3, once per epoch.
+        batches: Explicit batch indices (within an epoch) to record, each run of consecutive indices one
+            window, each preceded by ``schedule.warmup`` warm-up batches. Replaces the cycles of ``schedule``.
+        stages: Which of ``"train"``, ``"validate"``, ``"test"``, ``"predict"`` to profile.
+        max_windows: At most this many windows per stage per run (``0``: none).
+        dirpath: Output directory. Default: ``<logger.log_dir>/perf`` (``<default_root_dir>/perf`` without
+            a logger), so that ``tensorboard --logdir <logger root>`` shows a run's scalars and traces.
+        record_shapes: Record operator input shapes (``torch.profiler`` option; larger traces).
+        profile_memory: Record tensor allocations (``torch.profiler`` option; slower windows).
+        with_stack: Record Python call stacks (``torch.profiler`` option; much larger, slower traces).
+        with_flops: Estimate FLOPs of matmul and conv operators (``torch.profiler`` option).
+        row_limit: Operators per window in the operator table.
+        sort_by: Operator table order: one of ``self_cpu_time``, ``cpu_time``, ``self_device_time``,
+            ``device_time``, ``calls``, ``self_cpu_memory``, ``self_device_memory``. Default (``None``):
+            self device time when CUDA is profiled, else self CPU time.
+        tensorboard_compat: Rewrite the few event categories that torch-tb-profiler 0.4.3 misreads, so its
+            Overview shows the DataLoader and Runtime shares (see :mod:`lightning_perf.traces`).
+
+    Raises:
+        ValueError: At construction, listing every invalid argument with its value and what is allowed.
+        MisconfigurationException: At setup, if another torch profiler would run at the same time
+            (``Trainer(profiler="pytorch")`` or an active ``torch.profiler.profile``).
+
+    Logged to TensorBoard:
+        ``perf/operators/<stage>``: one markdown table per window, at the trainer's ``global_step`` for
+        ``train`` windows and at the stage's own batch count for the other stages.
+
+    Example::
+
+        from lightning_perf import PerfCallback
+
+        trainer = Trainer(callbacks=[PerfCallback(schedule={"wait": 1, "warmup": 1, "active": 2, "repeat": 2})])
+        trainer.fit(model)
+        trainer.callbacks[0].windows  # one WindowRecord per saved trace
+    """
+
+    def __init__(
+        self,
+        *,
+        schedule: Schedule = Schedule(),  # a mapping of its fields works too (see Args)
+        batches: Sequence[int] | None = None,
+        stages: Sequence[Stage] = STAGES,
+        max_windows: int = DEFAULT_MAX_WINDOWS,
+        dirpath: str | None = None,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        with_flops: bool = False,
+        row_limit: int = 20,
+        sort_by: SortKey | None = None,
+        tensorboard_compat: bool = True,
+    ) -> None:
+        self.config = PerfConfig.build(
+            schedule=schedule,
+            batches=batches,
+            stages=stages,
+            max_windows=max_windows,
+            dirpath=dirpath,
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+            with_flops=with_flops,
+            row_limit=row_limit,
+            sort_by=sort_by,
+            tensorboard_compat=tensorboard_compat,
+        )
+        self._plan = make_plan(self.config)
+        self._stages: dict[str, _StageState] = {stage: _StageState() for stage in STAGES}
+        self._window: ProfilerWindow | None = None
+        self._window_stage: str | None = None
+        self._window_epoch = 0
+        self._warned: set[str] = set()
+        self._text: TensorBoardText | None = None
+        self._use_cuda = False
+        self._rank = 0
+        self._window_step = 0
+        self._windows_at_setup = 0
+        self.dirpath: str | None = None
+        self.tensorboard_logdir: str | None = None
+        #: Every window saved so far in this process, in order.
+        self.windows: list[WindowRecord] = []
+
+    # ------------------------------------------------------------------ setup and teardown
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if isinstance(trainer.profiler, PyTorchProfiler):
+            raise MisconfigurationException(
+                "PerfCallback cannot run together with Lightning's PyTorchProfiler (`Trainer(profiler=\"pytorch\")`):"
+                " two torch profilers cannot run at once. Remove the `profiler` argument; PerfCallback records"
+                " the same traces, on a schedule you choose."
+            )
+        if torch_profiler_active():
+            raise MisconfigurationException(
+                "PerfCallback found a torch profiler already running (a `torch.profiler.profile` context around"
+                " the Trainer call?): two torch profilers cannot run at once. Remove one of them."
+            )
+        self.dirpath = self.config.dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, layout.PERF_SUBDIR)
+        logger = trainer.loggers[0] if trainer.loggers else None
+        if isinstance(logger, (TensorBoardLogger, CSVLogger)):
+            self.tensorboard_logdir = logger.root_dir
+        else:
+            self.tensorboard_logdir = self.dirpath
+        self._text = TensorBoardText(trainer.loggers, fallback_dir=self.dirpath)
+        self._use_cuda = trainer.strategy.root_device.type == "cuda"
+        self._rank = trainer.global_rank
+        self._windows_at_setup = len(self.windows)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._close_window(shortened=True)
+        if self._text is not None:
+            self._text.flush()
+            self._text.close()
+        new = self.windows[self._windows_at_setup :]
+        if new:
+            rank_zero_info(
+                f"lightning-perf: {len(new)} profiler window(s) saved under {self.dirpath}\n"
+                f"  View them: tensorboard --logdir {self.tensorboard_logdir}"
+            )
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._close_window(shortened=True)
+
+    # ------------------------------------------------------------------ stage hooks
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start("train", trainer, trainer.current_epoch, trainer.num_training_batches)
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._batch_start("train")
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_end("train", trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end("train")
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A validation run inside a training epoch must not land in a training window's trace: a window that
+        # has recorded batches pauses; one that has not (still warming up) is dropped and set up again after
+        # validation, so that the validation run can have a window of its own.
+        if trainer.sanity_checking or self._window_stage != "train" or self._window is None:
+            return
+        if self._window.state is WindowState.RECORDING and self._window.ran:
+            self._window.pause()
+        else:
+            self._close_window(shortened=False)
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or "train" not in self.config.stages:
+            return
+        if self._window is not None and self._window.state is WindowState.PAUSED:
+            self._window.resume()
+        elif self._window is None:
+            self._before_batch("train", self._stages["train"], trainer)
+
+    @override
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._eval_epoch_start("validate", trainer, trainer.num_val_batches)
+
+    @override
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not trainer.sanity_checking:
+            self._batch_start("validate")
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if not trainer.sanity_checking:
+            self._batch_end("validate", trainer)
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._epoch_end("validate")
+
+    @override
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_epoch_start("test", trainer, trainer.num_test_batches)
+
+    @override
+    def on_test_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._batch_start("test")
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch_end("test", trainer)
+
+    @override
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end("test")
+
+    @override
+    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_epoch_start("predict", trainer, trainer.num_predict_batches)
+
+    @override
+    def on_predict_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._batch_start("predict")
+
+    @override
+    def on_predict_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch_end("predict", trainer)
+
+    @override
+    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end("predict")
+
+    # ------------------------------------------------------------------ the machinery, stage-agnostic
+
+    def _eval_epoch_start(self, stage: str, trainer: pl.Trainer, num_batches: Sequence[float]) -> None:
+        epoch = self._stages[stage].epoch + 1
+        self._epoch_start(stage, trainer, epoch, sum(num_batches))
+
+    def _epoch_start(self, stage: str, trainer: pl.Trainer, epoch: int, num_batches: float) -> None:
+        if stage not in self.config.stages:
+            return
+        st = self._stages[stage]
+        st.epoch, st.batch, st.num_batches, st.windows_this_epoch = epoch, 0, num_batches, 0
+        self._before_batch(stage, st, trainer)
+
+    def _batch_start(self, stage: str) -> None:
+        if self._window is not None and self._window_stage == stage:
+            self._window.mark_ran(self._stages[stage].batch)
+
+    def _batch_end(self, stage: str, trainer: pl.Trainer) -> None:
+        if stage not in self.config.stages:
+            return
+        st = self._stages[stage]
+        window = self._window
+        if window is not None and self._window_stage == stage and window.state is WindowState.RECORDING:
+            window.end_step()
+            if self._plan.action(st.batch, st.num_batches) is Action.RECORD_AND_SAVE:
+                self._close_window(shortened=False)
+        st.batch += 1
+        st.total_batches += 1
+        if st.batch >= st.num_batches:
+            # The epoch's last batch is done: a window still open cannot complete.
+            if self._window_stage == stage:
+                self._close_window(shortened=True)
+            return
+        self._before_batch(stage, st, trainer)
+
+    def _epoch_end(self, stage: str) -> None:
+        if stage not in self.config.stages:
+            return
+        if self._window_stage == stage:
+            self._close_window(shortened=True)
+        st = self._stages[stage]
+        first = self._plan.first_active()
+        if (
+            st.windows_this_epoch == 0
+            and first is not None
+            and st.batch <= first
+            and st.windows_used < self.config.max_windows
+        ):
+            self._warn_once(
+                f"short:{stage}",
+                f"PerfCallback: the {stage} epoch had {st.batch} batches, too few for the schedule (its first"
+                f" recorded batch is {first}), so it has no profiler window. Lower `schedule.skip_first`/`wait`,"
+                f" or pass `batches=[...]`.",
+            )
+
+    def _before_batch(self, stage: str, st: _StageState, trainer: pl.Trainer) -> None:
+        """Sets the profiler up for batch ``st.batch`` of ``stage``, as the plan says."""
+        if st.batch >= st.num_batches:
+            return
+        action = self._plan.action(st.batch, st.num_batches)
+        if action is Action.NONE:
+            return
+        window = self._window
+        if window is None:
+            window = self._open_window(stage, st, trainer)
+            if window is None:
+                return
+        elif self._window_stage != stage:
+            self._info_once(
+                f"overlap:{stage}",
+                f"PerfCallback: a {stage} window was skipped: it fell inside a {self._window_stage} window"
+                f" (a validation run in the middle of a training window). Only one profiler can run at a time.",
+            )
+            return
+        if action is Action.WARMUP:
+            if window.state is WindowState.CREATED:
+                window.warm_up()
+            return
+        if window.state in (WindowState.CREATED, WindowState.WARMING_UP):
+            window.start()
+        window.begin_step(st.batch)
+
+    def _open_window(self, stage: str, st: _StageState, trainer: pl.Trainer) -> ProfilerWindow | None:
+        if st.windows_used >= self.config.max_windows:
+            if self.config.max_windows > 0:
+                self._info_once(
+                    f"max:{stage}",
+                    f"PerfCallback: {stage} reached max_windows={self.config.max_windows}; no more {stage} traces"
+                    " in this run.",
+                )
+            return None
+        if torch_profiler_active():
+            self._warn_once(
+                f"busy:{stage}",
+                f"PerfCallback: a {stage} window was skipped because another torch profiler is running.",
+            )
+            return None
+        self._window = ProfilerWindow(
+            use_cuda=self._use_cuda,
+            record_shapes=self.config.record_shapes,
+            profile_memory=self.config.profile_memory,
+            with_stack=self.config.with_stack,
+            with_flops=self.config.with_flops,
+            metadata={"lightning_perf": {"stage": stage, "epoch": st.epoch, "global_rank": self._rank}},
+        )
+        self._window_stage = stage
+        self._window_epoch = st.epoch
+        self._window_step = trainer.global_step if stage == "train" else st.total_batches
+        st.windows_used += 1
+        return self._window
+
+    def _close_window(self, *, shortened: bool) -> None:
+        window, stage = self._window, self._window_stage
+        if window is None or stage is None:
+            return
+        self._window = self._window_stage = None
+        st = self._stages[stage]
+        if window.state is not WindowState.STOPPED:
+            window.stop()
+        recorded = window.recorded
+        if not recorded:
+            st.windows_used -= 1  # nothing recorded: the window does not count against max_windows
+            return
+        if shortened:
+            self._warn_once(
+                f"shortened:{stage}",
+                f"PerfCallback: a {stage} window was cut short by the end of the epoch (recorded batches"
+                f" {recorded[0]}-{recorded[-1]}); its trace is saved as it is.",
+            )
+        start = time.perf_counter()
+        st.windows_this_epoch += 1
+        assert self.dirpath is not None
+        name = layout.window_dirname(stage, self._window_epoch, recorded[0], recorded[-1])
+        window_dir = os.path.join(self.dirpath, name)
+        if os.path.exists(os.path.join(window_dir, layout.trace_filename(self._rank))):
+            window_dir = layout.unique_dir(self.dirpath, name)
+        os.makedirs(window_dir, exist_ok=True)
+        trace_path = os.path.join(window_dir, layout.trace_filename(self._rank))
+        window.save(trace_path, tensorboard_compat=self.config.tensorboard_compat)
+        record = WindowRecord(
+            stage=stage,
+            epoch=self._window_epoch,
+            first_batch=recorded[0],
+            last_batch=recorded[-1],
+            name=os.path.basename(window_dir),
+            trace_path=trace_path,
+            step=self._window_step,
+            device="cuda" if self._use_cuda else "cpu",
+            shortened=shortened,
+            operators=window.operators(),
+        )
+        sort_by = self.config.sort_by or default_sort_key(record.device)
+        table = operator_table(record, top_operators(record.operators, sort_by=sort_by, row_limit=self.config.row_limit), sort_by=sort_by)
+        with open(os.path.join(window_dir, layout.operators_filename(self._rank)), "w", encoding="utf-8") as f:
+            f.write(table)
+        if self._text is not None:
+            self._text.add_text(OPERATORS_TAG.format(stage=stage), table, record.step)
+        self.windows.append(dataclasses.replace(record, close_seconds=time.perf_counter() - start))
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            rank_zero_warn(message)
+
+    def _info_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            rank_zero_info(message)

@@ -1,0 +1,1 @@
+"""The only code that touches torch.profiler, CUDA memory stats, clocks and the trainer."""

@@ -1,0 +1,204 @@
+"""
+Profiler windows
+================
+
+The only code that touches :mod:`torch.profiler`. A :class:`ProfilerWindow` is one short profiler
+session: created when a window's warm-up starts, discarded once its trace is written. Between windows
+nothing of the profiler exists, so the training loop runs exactly as it would without us.
+
+Step spans: ``torch.profiler.profile.step()`` would mark steps, but it marks every step of the session's
+life, including warm-up, and it cannot leave out a validation run that Lightning starts in the middle of a
+training epoch. So a window writes its own ``ProfilerStep#N`` spans (``N`` = the batch index in the epoch,
+the name torch and the TensorBoard plugin use), one per recorded batch, opened and closed at batch
+boundaries chosen by the callback.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, record_function
+
+from lightning_perf import traces
+from lightning_perf.records import OperatorStat
+
+# Toggling only some activity kinds makes torch print a warning on every toggle; toggling all the kinds it
+# knows is silent, and kinds the session does not collect are ignored.
+_ALL_ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.CUDA, ProfilerActivity.XPU]
+
+
+class WindowState(enum.Enum):
+    CREATED = "created"
+    WARMING_UP = "warming up"
+    RECORDING = "recording"
+    PAUSED = "paused"
+    STOPPED = "stopped"
+
+
+def torch_profiler_active() -> bool:
+    """Whether a torch (autograd/Kineto) profiler is running in this process."""
+    return bool(torch.autograd._profiler_enabled())
+
+
+class ProfilerWindow:
+    """One profiler session that records a few consecutive batches of one stage.
+
+    Args:
+        use_cuda: Also record CUDA kernels, copies and runtime calls.
+        record_shapes, profile_memory, with_stack, with_flops: Passed to ``torch.profiler.profile``.
+        metadata: Written into the trace under the top-level key ``lightning_perf``.
+
+    Lifecycle (each call is legal only in the states named)::
+
+        CREATED --warm_up--> WARMING_UP --start--> RECORDING <--pause/resume--> PAUSED
+        CREATED --start--> RECORDING;   RECORDING/PAUSED/WARMING_UP --stop--> STOPPED
+    """
+
+    def __init__(
+        self,
+        *,
+        use_cuda: bool,
+        record_shapes: bool,
+        profile_memory: bool,
+        with_stack: bool,
+        with_flops: bool,
+        metadata: dict[str, Any],
+    ) -> None:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
+        self.use_cuda = use_cuda
+        self.record_shapes = record_shapes
+        self._profiler = torch.profiler.profile(
+            activities=activities,
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+            with_flops=with_flops,
+        )
+        self._metadata = dict(metadata)
+        self.state = WindowState.CREATED
+        self._span: Any = None
+        self._span_batch: int | None = None
+        self.begun: list[int] = []  # batches whose step span was opened
+        self.ran: set[int] = set()  # batches that really ran while the window recorded
+
+    @property
+    def recorded(self) -> list[int]:
+        """Batches recorded so far, in order."""
+        return sorted(self.ran)
+
+    def _expect(self, *states: WindowState) -> None:
+        if self.state not in states:
+            raise RuntimeError(f"ProfilerWindow is {self.state.value}; expected {[s.value for s in states]}")
+
+    def warm_up(self) -> None:
+        self._expect(WindowState.CREATED)
+        self._profiler.prepare_trace()
+        self.state = WindowState.WARMING_UP
+
+    def start(self) -> None:
+        self._expect(WindowState.CREATED, WindowState.WARMING_UP)
+        if self.state is WindowState.CREATED:
+            self._profiler.prepare_trace()
+        self._profiler.start_trace()
+        self.state = WindowState.RECORDING
+
+    def begin_step(self, batch: int) -> None:
+        """Opens the span of batch ``batch``: everything until :meth:`end_step` belongs to it."""
+        self._expect(WindowState.RECORDING)
+        self._close_span()
+        self._span = record_function(traces.PROFILER_STEP_PREFIX + str(batch))
+        self._span.__enter__()
+        self._span_batch = batch
+        self.begun.append(batch)
+
+    def mark_ran(self, batch: int) -> None:
+        """Notes that ``batch`` started inside its span (a span opened for a batch that never comes is dropped)."""
+        if self._span_batch == batch:
+            self.ran.add(batch)
+
+    def end_step(self) -> None:
+        self._close_span()
+
+    def pause(self) -> None:
+        """Stops collecting until :meth:`resume`: what runs in between leaves no trace in this window."""
+        self._expect(WindowState.RECORDING)
+        if self.use_cuda:
+            # Kernels the recorded batch queued must finish while collection is still on.
+            torch.cuda.synchronize()
+        batch = self._span_batch
+        self._close_span()
+        self._span_batch = batch
+        self._profiler.toggle_collection_dynamic(False, _ALL_ACTIVITIES)
+        self.state = WindowState.PAUSED
+
+    def resume(self) -> None:
+        self._expect(WindowState.PAUSED)
+        self._profiler.toggle_collection_dynamic(True, _ALL_ACTIVITIES)
+        self.state = WindowState.RECORDING
+        if self._span_batch is not None:
+            # The same step again: its first, empty span is dropped when the trace is written.
+            self.begin_step(self._span_batch)
+
+    def stop(self) -> None:
+        """Ends the session; the trace can then be written with :meth:`save`."""
+        self._expect(WindowState.WARMING_UP, WindowState.RECORDING, WindowState.PAUSED)
+        if self.state is WindowState.PAUSED:
+            self._profiler.toggle_collection_dynamic(True, _ALL_ACTIVITIES)
+        self._close_span()
+        if self.state is not WindowState.WARMING_UP:
+            for key, value in self._metadata.items():
+                self._profiler.add_metadata_json(key, json.dumps(value))
+        self._profiler.stop_trace()
+        self.state = WindowState.STOPPED
+
+    def save(self, path: str, *, tensorboard_compat: bool) -> None:
+        """Writes the trace of a stopped window to ``path`` (``*.pt.trace.json.gz``), atomically."""
+        self._expect(WindowState.STOPPED)
+        raw = f"{path}.{os.getpid()}.raw.json"
+        try:
+            self._profiler.export_chrome_trace(raw)
+            trace = traces.read_trace(raw)
+        finally:
+            if os.path.exists(raw):
+                os.remove(raw)
+        traces.keep_steps(trace, self.ran)
+        if tensorboard_compat:
+            traces.tensorboard_compatible(trace)
+        traces.write_trace(trace, path)
+
+    def operators(self) -> tuple[OperatorStat, ...]:
+        """The window's operators, aggregated by name (and input shapes when ``record_shapes`` is on)."""
+        self._expect(WindowState.STOPPED)
+        stats = []
+        for avg in self._profiler.key_averages(group_by_input_shape=self.record_shapes):
+            if avg.key.startswith(traces.PROFILER_STEP_PREFIX):
+                continue
+            stats.append(
+                OperatorStat(
+                    name=avg.key,
+                    calls=int(avg.count),
+                    self_cpu_time=float(avg.self_cpu_time_total),
+                    cpu_time=float(avg.cpu_time_total),
+                    self_device_time=float(avg.self_device_time_total) if self.use_cuda else None,
+                    device_time=float(avg.device_time_total) if self.use_cuda else None,
+                    self_cpu_memory=int(avg.self_cpu_memory_usage) if self._profiler.profile_memory else None,
+                    self_device_memory=(
+                        int(avg.self_device_memory_usage) if self._profiler.profile_memory and self.use_cuda else None
+                    ),
+                    input_shapes=str(avg.input_shapes) if self.record_shapes and avg.input_shapes else None,
+                    flops=int(avg.flops) if self._profiler.with_flops and avg.flops else None,
+                )
+            )
+        return tuple(stats)
+
+    def _close_span(self) -> None:
+        if self._span is not None:
+            self._span.__exit__(None, None, None)
+            self._span = None
+            self._span_batch = None
+
+

@@ -1,0 +1,226 @@
+"""
+Configuration
+=============
+
+Plain, frozen records for every option of :class:`~lightning_perf.PerfCallback`, and the checks that
+turn a bad value into one error message naming each parameter, the value given and what is allowed.
+
+Nothing here imports torch or lightning: a config can be built and checked anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+Stage = Literal["train", "validate", "test", "predict"]
+STAGES: tuple[Stage, ...] = ("train", "validate", "test", "predict")
+
+SortKey = Literal[
+    "self_cpu_time",
+    "cpu_time",
+    "self_device_time",
+    "device_time",
+    "calls",
+    "self_cpu_memory",
+    "self_device_memory",
+]
+SORT_KEYS: tuple[str, ...] = SortKey.__args__  # type: ignore[attr-defined]
+
+# Default cap on trace windows per stage per run. A window of 3 recorded batches of a mid-sized model is
+# a few MB of gzipped trace on CPU and tens of MB on GPU; 5 per stage keeps a long run's traces in the
+# hundreds of MB at worst, while still covering the first epochs, where most set-up problems show.
+DEFAULT_MAX_WINDOWS = 5
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """When to open profiler windows, in batches of one stage, counted from 0 at every epoch start.
+
+    The fields mean what they mean in :func:`torch.profiler.schedule`: the first ``skip_first`` batches are
+    ignored, then cycles of ``wait`` idle batches, ``warmup`` batches with the profiler started but not
+    recording, and ``active`` recorded batches repeat ``repeat`` times (``0``: as many full cycles as the
+    epoch allows). Each cycle's ``active`` batches are one window, saved as one trace.
+
+    Args:
+        skip_first: Batches to ignore at the start of every epoch (lets data loader workers, caches and
+            cudnn autotuning settle).
+        wait: Idle batches at the start of each cycle.
+        warmup: Batches the profiler runs without recording before each window; torch recommends at least
+            one, because the first profiled batch carries the profiler's own start-up cost.
+        active: Batches recorded in each window.
+        repeat: Cycles per epoch; ``0`` means as many as fit in the epoch.
+
+    Raises:
+        ValueError: If a field is not an integer, is negative, or ``active`` is below 1.
+
+    Example::
+
+        Schedule(skip_first=10, wait=5, warmup=1, active=2, repeat=2)
+    """
+
+    skip_first: int = 5
+    wait: int = 0
+    warmup: int = 1
+    active: int = 3
+    repeat: int = 1
+
+    def __post_init__(self) -> None:
+        problems = schedule_problems({f.name: getattr(self, f.name) for f in fields(self)}, prefix="Schedule.")
+        if problems:
+            raise ValueError(_format_problems("Schedule", problems))
+
+    @property
+    def cycle(self) -> int:
+        """Batches in one wait + warmup + active cycle."""
+        return self.wait + self.warmup + self.active
+
+
+def schedule_problems(values: Mapping[str, Any], prefix: str = "schedule.") -> list[str]:
+    """The problems with a schedule's field values, one line each; empty if they are valid."""
+    problems = []
+    for f in fields(Schedule):
+        value = values.get(f.name, f.default)
+        minimum = 1 if f.name == "active" else 0
+        if not _is_int(value) or value < minimum:
+            problems.append(f"{prefix}{f.name}={value!r}: must be an integer >= {minimum}")
+    return problems
+
+
+def to_schedule(value: Schedule | Mapping[str, Any] | None) -> Schedule:
+    """Accepts a :class:`Schedule`, a plain mapping (YAML) of its fields, or ``None`` for the default.
+
+    Raises:
+        ValueError: If the mapping has unknown keys or invalid values.
+    """
+    if value is None:
+        return Schedule()
+    if isinstance(value, Schedule):
+        return value
+    if isinstance(value, Mapping):
+        known = {f.name for f in fields(Schedule)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(
+                _format_problems(
+                    "PerfCallback", [f"schedule has unknown keys {unknown}: allowed keys are {sorted(known)}"]
+                )
+            )
+        problems = schedule_problems(value)
+        if problems:
+            raise ValueError(_format_problems("PerfCallback", problems))
+        return Schedule(**value)
+    raise ValueError(
+        _format_problems(
+            "PerfCallback", [f"schedule={value!r}: must be a Schedule, a mapping of its fields, or None"]
+        )
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerfConfig:
+    """Every option of :class:`~lightning_perf.PerfCallback`, checked. See that class for their meaning."""
+
+    schedule: Schedule
+    batches: tuple[int, ...] | None
+    stages: tuple[Stage, ...]
+    max_windows: int
+    dirpath: str | None
+    record_shapes: bool
+    profile_memory: bool
+    with_stack: bool
+    with_flops: bool
+    row_limit: int
+    sort_by: SortKey | None
+    tensorboard_compat: bool
+
+    @classmethod
+    def build(cls, **kwargs: Any) -> PerfConfig:
+        """Checks every argument and reports all problems at once.
+
+        Raises:
+            ValueError: Naming each bad parameter, the value given and what is allowed.
+        """
+        problems: list[str] = []
+        schedule = Schedule()
+        try:
+            schedule = to_schedule(kwargs["schedule"])
+        except ValueError as err:
+            problems.extend(_unformat(str(err)))
+
+        batches = kwargs["batches"]
+        if batches is not None:
+            if isinstance(batches, (str, bytes)) or not isinstance(batches, Iterable):
+                problems.append(f"batches={batches!r}: must be a list of batch indices >= 0, or None")
+                batches = None
+            else:
+                batches = tuple(batches)
+                bad = [b for b in batches if not _is_int(b) or b < 0]
+                if bad or not batches:
+                    problems.append(f"batches={list(batches)!r}: must be a non-empty list of integers >= 0")
+                    batches = None
+                else:
+                    batches = tuple(sorted(set(batches)))
+
+        stages = kwargs["stages"]
+        if isinstance(stages, str):
+            stages = (stages,)
+        if not isinstance(stages, Iterable) or not stages:
+            problems.append(f"stages={stages!r}: must be a non-empty list of {list(STAGES)}")
+            stages = ()
+        else:
+            stages = tuple(stages)
+            bad = [s for s in stages if s not in STAGES]
+            if bad:
+                problems.append(f"stages={list(stages)!r}: {bad} not allowed, each must be one of {list(STAGES)}")
+            stages = tuple(s for s in STAGES if s in stages)
+
+        for name, minimum in (("max_windows", 0), ("row_limit", 1)):
+            value = kwargs[name]
+            if not _is_int(value) or value < minimum:
+                problems.append(f"{name}={value!r}: must be an integer >= {minimum}")
+
+        dirpath = kwargs["dirpath"]
+        if dirpath is not None and not isinstance(dirpath, (str,)) and not hasattr(dirpath, "__fspath__"):
+            problems.append(f"dirpath={dirpath!r}: must be a path or None")
+
+        for name in ("record_shapes", "profile_memory", "with_stack", "with_flops", "tensorboard_compat"):
+            if not isinstance(kwargs[name], bool):
+                problems.append(f"{name}={kwargs[name]!r}: must be True or False")
+
+        sort_by = kwargs["sort_by"]
+        if sort_by is not None and sort_by not in SORT_KEYS:
+            problems.append(f"sort_by={sort_by!r}: must be None (automatic) or one of {list(SORT_KEYS)}")
+
+        if problems:
+            raise ValueError(_format_problems("PerfCallback", problems))
+        return cls(
+            schedule=schedule,
+            batches=batches,
+            stages=stages,
+            max_windows=kwargs["max_windows"],
+            dirpath=None if dirpath is None else str(dirpath),
+            record_shapes=kwargs["record_shapes"],
+            profile_memory=kwargs["profile_memory"],
+            with_stack=kwargs["with_stack"],
+            with_flops=kwargs["with_flops"],
+            row_limit=kwargs["row_limit"],
+            sort_by=sort_by,
+            tensorboard_compat=kwargs["tensorboard_compat"],
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_HEADER = "{owner} got invalid arguments:"
+
+
+def _format_problems(owner: str, problems: Sequence[str]) -> str:
+    return "\n".join([_HEADER.format(owner=owner), *(f"  - {p}" for p in problems)])
+
+
+def _unformat(message: str) -> list[str]:
+    return [line.removeprefix("  - ") for line in message.splitlines()[1:]]

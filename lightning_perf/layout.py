@@ -1,0 +1,52 @@
+"""
+Output layout
+=============
+
+Where lightning-perf writes, and what the files and directories are called. One place, so that the
+callback, the tests and (later) the offline CLI agree.
+
+::
+
+    <dirpath>/                                  # default: <logger.log_dir>/perf
+        train-epoch000-batches0006-0008/        # one directory per window: a run in the Profiler tab
+            rank0.pt.trace.json.gz              # one Kineto trace per rank
+            rank0.operators.md                  # the window's operator table
+        validate-epoch000-batches0006-0008/
+            ...
+"""
+
+from __future__ import annotations
+
+import os
+
+PERF_SUBDIR = "perf"
+TRACE_SUFFIX = ".pt.trace.json.gz"
+OPERATORS_SUFFIX = ".operators.md"
+
+
+def window_dirname(stage: str, epoch: int, first_batch: int, last_batch: int) -> str:
+    """A window's directory name; names sort by stage, then epoch, then batch (zero-padded)."""
+    return f"{stage}-epoch{epoch:03d}-batches{first_batch:04d}-{last_batch:04d}"
+
+
+def worker_name(global_rank: int) -> str:
+    """The trace's worker name in the Profiler tab: the global rank, unique across nodes."""
+    return f"rank{global_rank}"
+
+
+def trace_filename(global_rank: int) -> str:
+    return worker_name(global_rank) + TRACE_SUFFIX
+
+
+def operators_filename(global_rank: int) -> str:
+    return worker_name(global_rank) + OPERATORS_SUFFIX
+
+
+def unique_dir(parent: str, name: str) -> str:
+    """``parent/name``, or ``parent/name-1``, ``-2``... if a directory of that name exists already."""
+    path = os.path.join(parent, name)
+    n = 0
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(parent, f"{name}-{n}")
+    return path

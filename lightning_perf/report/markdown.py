@@ -1,0 +1,72 @@
+"""
+Markdown
+========
+
+Tables as markdown, for TensorBoard's text dashboard (which renders GitHub-style tables) and for the
+``*.operators.md`` file beside each trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lightning_perf.records import OperatorStat, WindowRecord
+
+# (header, attribute, formatter); a column is shown only when some row has a value for it.
+_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("Calls", "calls", str),
+    ("Self CPU", "self_cpu_time", lambda us: format_duration(us)),
+    ("CPU total", "cpu_time", lambda us: format_duration(us)),
+    ("Self device", "self_device_time", lambda us: format_duration(us)),
+    ("Device total", "device_time", lambda us: format_duration(us)),
+    ("Self CPU mem", "self_cpu_memory", lambda b: format_bytes(b)),
+    ("Self device mem", "self_device_memory", lambda b: format_bytes(b)),
+    ("FLOPs", "flops", lambda f: f"{f:.3g}"),
+    ("Input shapes", "input_shapes", lambda s: f"`{s}`"),
+)
+
+
+def format_duration(us: float) -> str:
+    """Microseconds as a short human string: ``812 us``, ``3.42 ms``, ``1.20 s``."""
+    if us < 1_000:
+        return f"{us:.0f} us"
+    if us < 1_000_000:
+        return f"{us / 1_000:.2f} ms"
+    return f"{us / 1_000_000:.2f} s"
+
+
+def format_bytes(n: int) -> str:
+    """Bytes, signed (memory freed is negative), in the largest unit that keeps the number >= 1."""
+    sign = "-" if n < 0 else ""
+    value = float(abs(n))
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def operator_table(window: WindowRecord, rows: Sequence[OperatorStat], *, sort_by: str) -> str:
+    """A window's operator table as markdown, headed by the window it belongs to."""
+    columns = [c for c in _COLUMNS if any(getattr(r, c[1]) is not None for r in rows)]
+    header = ["Operator", *(name for name, _, _ in columns)]
+    lines = [
+        f"**{window.name}** ({window.stage}, epoch {window.epoch}, batches {window.first_batch}-"
+        f"{window.last_batch}{', shortened' if window.shortened else ''}): top {len(rows)} operators by "
+        f"`{sort_by}`. Trace: `{window.trace_path}`",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] + ["---:"] * len(columns)) + "|",
+    ]
+    for row in rows:
+        cells = [f"`{_cell(row.name)}`"]
+        for _, attr, fmt in columns:
+            value = getattr(row, attr)
+            cells.append("" if value is None else _cell(fmt(value)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""Pure functions from records to summaries: no torch, no lightning."""

@@ -1,0 +1,150 @@
+"""
+Kineto traces
+=============
+
+Reading and writing Kineto (Chrome trace JSON) files, and the small rewrite that makes TensorBoard's
+PyTorch Profiler tab (torch-tb-profiler 0.4.3) read traces of current torch right.
+
+Why a rewrite: torch-tb-profiler maps event categories through a fixed table written for the Kineto of
+2021. On traces of current torch it
+
+1. drops ``user_annotation`` events other than ``ProfilerStep#N``, among them the DataLoader's
+   ``enumerate(DataLoader)#...__next__`` spans, so its Overview shows DataLoader 0% for a run that
+   spends most of each step waiting for data;
+2. does not know the ``cuda_runtime`` and ``cuda_driver`` categories, so on GPU its Overview shows
+   Runtime 0% and kernels cannot be tied to the operators that launched them.
+
+:func:`tensorboard_compatible` gives the DataLoader spans the ``cpu_op`` category (both are CPU-side
+operator ranges to Holistic Trace Analysis and Perfetto, so nothing else changes for them) and the runtime
+and driver calls Kineto's own former category name ``Runtime``, which the tab understands. The trace stays
+valid Kineto JSON; what was renamed is listed under the top-level key ``lightning_perf`` so that a reader
+can tell, and :func:`standard_categories` undoes it for tools that key on ``cuda_runtime`` (HTA's critical
+path analysis does; its breakdown, kernel, communication and queue analyses key on names and correlation
+ids and are unaffected).
+
+This module imports neither torch nor lightning.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Collection, Iterator
+from typing import Any
+
+DATALOADER_PREFIX = "enumerate(DataLoader)#"
+DATALOADER_SUFFIX = ".__next__"
+PROFILER_STEP_PREFIX = "ProfilerStep#"
+METADATA_KEY = "lightning_perf"
+
+# category -> the category torch-tb-profiler 0.4.3 understands (see its profiler/trace.py EventTypeMap).
+_RUNTIME_CATEGORIES = {"cuda_runtime": "Runtime", "cuda_driver": "Runtime"}
+
+
+def is_dataloader_next(event: dict[str, Any]) -> bool:
+    name = event.get("name", "")
+    return isinstance(name, str) and name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX)
+
+
+def tensorboard_compatible(trace: dict[str, Any]) -> dict[str, Any]:
+    """Rewrites, in place, the event categories torch-tb-profiler 0.4.3 misreads; returns ``trace``.
+
+    Notes:
+        1. ``user_annotation`` DataLoader ``__next__`` spans become ``cpu_op``.
+        2. ``cuda_runtime`` and ``cuda_driver`` events become ``Runtime``.
+        3. The renames are recorded under ``trace["lightning_perf"]["renamed_categories"]``.
+    """
+    renamed: dict[str, str] = {}
+    for event in trace.get("traceEvents", ()):
+        cat = event.get("cat")
+        if cat == "user_annotation" and is_dataloader_next(event):
+            event["cat"] = "cpu_op"
+            event.setdefault("args", {})[f"{METADATA_KEY}.category"] = cat
+            renamed["user_annotation:" + DATALOADER_PREFIX + "*"] = "cpu_op"
+        elif cat in _RUNTIME_CATEGORIES:
+            event["cat"] = _RUNTIME_CATEGORIES[cat]
+            event.setdefault("args", {})[f"{METADATA_KEY}.category"] = cat
+            renamed[cat] = _RUNTIME_CATEGORIES[cat]
+    if renamed:
+        trace.setdefault(METADATA_KEY, {})["renamed_categories"] = renamed
+    return trace
+
+
+def standard_categories(trace: dict[str, Any]) -> dict[str, Any]:
+    """Undoes :func:`tensorboard_compatible`, in place; returns ``trace``."""
+    key = f"{METADATA_KEY}.category"
+    for event in trace.get("traceEvents", ()):
+        args = event.get("args")
+        if args and key in args:
+            event["cat"] = args.pop(key)
+    trace.get(METADATA_KEY, {}).pop("renamed_categories", None)
+    return trace
+
+
+def keep_steps(trace: dict[str, Any], batches: Collection[int]) -> dict[str, Any]:
+    """Keeps, in place, the last ``ProfilerStep#N`` span of each ``N`` in ``batches``; returns ``trace``.
+
+    Drops the spans of other batches (a span opened for a batch that never came, when an epoch of
+    unknown length ended) and all but the last span of a step (a training window paused for a
+    validation run closes the span it had just opened and opens it again when training resumes).
+    """
+    events = trace.get("traceEvents", [])
+    last: dict[int, int] = {}
+    step_events: set[int] = set()
+    for i, e in enumerate(events):
+        step = _step_number(e)
+        if step is not None:
+            step_events.add(i)
+            if step in batches:
+                last[step] = i
+    keep = set(last.values())
+    trace["traceEvents"] = [e for i, e in enumerate(events) if i not in step_events or i in keep]
+    return trace
+
+
+def _step_number(event: dict[str, Any]) -> int | None:
+    name = event.get("name")
+    if event.get("ph") == "X" and isinstance(name, str) and name.startswith(PROFILER_STEP_PREFIX):
+        try:
+            return int(name[len(PROFILER_STEP_PREFIX) :])
+        except ValueError:
+            return None
+    return None
+
+
+def profiler_steps(trace: dict[str, Any]) -> Iterator[tuple[int, float, float]]:
+    """``(N, start_us, end_us)`` for each ``ProfilerStep#N`` span, in trace order."""
+    for e in trace.get("traceEvents", ()):
+        step = _step_number(e)
+        if step is not None:
+            yield step, float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+
+
+def read_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Loads a Kineto JSON trace, gzipped (``.gz``) or not."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_trace(trace: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Writes a trace atomically: to a temporary name first, then renamed into place.
+
+    TensorBoard's profiler plugin loads a run directory once, as soon as it holds a ``*.pt.trace.json*``
+    file; the rename makes sure it never sees a half-written one.
+    """
+    path = os.fspath(path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        if path.endswith(".gz"):
+            # Level 5: within a few % of level 9's size on Kineto JSON, at about a third of its time.
+            f = gzip.open(tmp, "wt", encoding="utf-8", compresslevel=5)
+        else:
+            f = open(tmp, "w", encoding="utf-8")
+        with f:
+            json.dump(trace, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

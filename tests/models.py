@@ -1,0 +1,103 @@
+"""Tiny real models and data sets for end-to-end tests (no mocks: real Trainer runs on the CPU)."""
+
+from __future__ import annotations
+
+import time
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+class SleepyDataset(Dataset):
+    """Random features whose every item takes ``sleep_s`` to load: a data-bound input pipeline."""
+
+    def __init__(self, n: int = 64, dim: int = 16, sleep_s: float = 0.0) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, dim, generator=g)
+        self.y = (self.x.sum(dim=1, keepdim=True) > 0).float()
+        self.sleep_s = sleep_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return self.x[i], self.y[i]
+
+
+class TinyModel(pl.LightningModule):
+    """An MLP on :class:`SleepyDataset`, with every stage's step and dataloader."""
+
+    def __init__(
+        self,
+        n: int = 64,
+        batch_size: int = 4,
+        sleep_s: float = 0.0,
+        val_n: int | None = None,
+        width: int = 32,
+    ) -> None:
+        super().__init__()
+        self.n, self.batch_size, self.sleep_s = n, batch_size, sleep_s
+        self.val_n = n if val_n is None else val_n
+        self.net = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, 1))
+        # Marker ops that name the stage in a trace: a test can tell which stage's batches a trace holds.
+        self.stage_marker = {"train": torch.sin, "validate": torch.cos, "test": torch.tan, "predict": torch.exp}
+
+    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
+        x, y = batch
+        self.stage_marker[stage](x)
+        return nn.functional.binary_cross_entropy_with_logits(self.net(x), y)
+
+    def training_step(self, batch, batch_idx):
+        return self._loss(batch, "train")
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        return self._loss(batch, "validate")
+
+    def test_step(self, batch, batch_idx, dataloader_idx=0):
+        return self._loss(batch, "test")
+
+    def predict_step(self, batch, batch_idx, dataloader_idx=0):
+        self.stage_marker["predict"](batch[0])
+        return self.net(batch[0])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def _loader(self, n: int) -> DataLoader:
+        return DataLoader(SleepyDataset(n, sleep_s=self.sleep_s), batch_size=self.batch_size)
+
+    def train_dataloader(self):
+        return self._loader(self.n)
+
+    def val_dataloader(self):
+        return self._loader(self.val_n)
+
+    def test_dataloader(self):
+        return self._loader(self.val_n)
+
+    def predict_dataloader(self):
+        return self._loader(self.val_n)
+
+
+def trainer(tmp_path, callbacks, **kwargs) -> pl.Trainer:
+    """A quiet CPU Trainer writing under ``tmp_path``."""
+    defaults = dict(
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+    )
+    defaults.update(kwargs)
+    return pl.Trainer(callbacks=callbacks, **defaults)
+
+
+_ = TensorDataset  # re-exported for tests that need a plain in-memory data set
