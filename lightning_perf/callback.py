@@ -392,6 +392,7 @@ class PerfCallback(Callback):
             return
         if window.state in (WindowState.CREATED, WindowState.WARMING_UP):
             window.start()
+            self._window_step = trainer.global_step if stage == "train" else st.total_batches
         window.begin_step(st.batch)
 
     def _open_window(self, stage: str, st: _StageState, trainer: pl.Trainer) -> ProfilerWindow | None:
@@ -419,7 +420,6 @@ class PerfCallback(Callback):
         )
         self._window_stage = stage
         self._window_epoch = st.epoch
-        self._window_step = trainer.global_step if stage == "train" else st.total_batches
         st.windows_used += 1
         return self._window
 

@@ -1,0 +1,34 @@
+"""Reading our traces back in tests: plain JSON, as Perfetto or HTA would see it."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from lightning_perf import traces
+
+
+def load(path) -> dict:
+    return traces.read_trace(path)
+
+
+def op_names(trace: dict) -> Counter:
+    """How often each complete (``ph == "X"``) event name occurs."""
+    return Counter(e["name"] for e in trace["traceEvents"] if e.get("ph") == "X")
+
+
+def steps(trace: dict) -> list[int]:
+    return [n for n, _, _ in traces.profiler_steps(trace)]
+
+
+def events_in_step(trace: dict, step: int) -> list[dict]:
+    """The complete events on the step span's thread that lie inside ``ProfilerStep#step``."""
+    span = next(e for e in trace["traceEvents"] if e.get("name") == f"ProfilerStep#{step}" and e.get("ph") == "X")
+    start, end = span["ts"], span["ts"] + span["dur"]
+    return [
+        e
+        for e in trace["traceEvents"]
+        if e.get("ph") == "X"
+        and e is not span
+        and (e.get("pid"), e.get("tid")) == (span.get("pid"), span.get("tid"))
+        and start <= e["ts"] <= end
+    ]

@@ -1,0 +1,152 @@
+"""What TensorBoard shows: operator tables read back with TensorBoard's own reader, and the PyTorch Profiler tab
+of a real TensorBoard server started before training."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+from lightning.pytorch.loggers import CSVLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lightning_perf import PerfCallback
+from lightning_perf.layout import OPERATORS_SUFFIX
+from models import TinyModel, trainer
+
+
+def _texts(log_dir, tag):
+    """{step: markdown} of a text tag, read with TensorBoard's EventAccumulator."""
+    tag += "/text_summary"  # the suffix torch.utils.tensorboard.SummaryWriter.add_text appends
+    acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert tag in acc.Tags()["tensors"], acc.Tags()
+    return {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors(tag)}
+
+
+def test_operator_table_is_in_tensorboard_at_the_windows_step_and_beside_the_trace(tmp_path):
+    callback = PerfCallback(
+        schedule={"skip_first": 1, "warmup": 1, "active": 2, "repeat": 2}, stages=["train", "validate"], row_limit=5
+    )
+    t = trainer(tmp_path, [callback], max_epochs=2)
+    t.fit(TinyModel(n=40, val_n=24))
+    train = [w for w in callback.windows if w.stage == "train"]
+    texts = _texts(t.logger.log_dir, "perf/operators/train")
+    assert sorted(texts) == sorted(w.step for w in train) == [2, 5, 12, 15]
+    table = texts[train[0].step]
+    assert train[0].name in table and "| Operator | Calls | Self CPU | CPU total |" in table
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert len(rows) == 5 and any("aten::" in r for r in rows)
+    # Sorted by self CPU time (the default without CUDA): the first row is the window's largest.
+    top = max(train[0].operators, key=lambda op: op.self_cpu_time)
+    assert rows[0].startswith(f"| `{top.name}` | {top.calls} |")
+    # The same table as a file beside the trace.
+    beside = os.path.join(os.path.dirname(train[0].trace_path), "rank0" + OPERATORS_SUFFIX)
+    assert open(beside).read() == table
+    # Validation windows on their own step axis (the validation batches seen so far).
+    assert sorted(_texts(t.logger.log_dir, "perf/operators/validate")) == [
+        w.step for w in callback.windows if w.stage == "validate"
+    ]
+
+
+def test_shapes_and_memory_columns_appear_when_profiled(tmp_path):
+    callback = PerfCallback(schedule={"skip_first": 0, "active": 1}, stages=["train"], record_shapes=True, profile_memory=True)
+    trainer(tmp_path, [callback]).fit(TinyModel(n=8))
+    table = open(callback.windows[0].trace_path.replace(".pt.trace.json.gz", OPERATORS_SUFFIX)).read()
+    assert "| Self CPU mem |" in table and "| Input shapes |" in table
+    assert any(op.input_shapes for op in callback.windows[0].operators)
+
+
+@pytest.mark.parametrize("logger", [False, "csv"])
+def test_without_a_tensorboard_logger_text_goes_to_our_own_event_file(tmp_path, logger):
+    callback = PerfCallback(schedule={"skip_first": 0, "active": 1}, stages=["train"])
+    t = trainer(tmp_path, [callback], logger=CSVLogger(tmp_path) if logger == "csv" else False)
+    t.fit(TinyModel(n=8))
+    expected = os.path.join(t.log_dir if logger == "csv" else str(tmp_path), "perf")
+    assert callback.dirpath == expected
+    assert callback.windows[0].trace_path.startswith(expected)
+    assert list(_texts(expected, "perf/operators/train")) == [1]  # warm-up on batch 0, records batch 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _ProfilerPlugin:
+    def __init__(self, port: int) -> None:
+        self.base = f"http://127.0.0.1:{port}/data/plugin/pytorch_profiler"
+
+    def get(self, route: str, **query):
+        url = self.base + route + ("?" + urllib.parse.urlencode(query) if query else "")
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return json.load(response)
+
+    def wait_for_runs(self, expected: set, timeout: float = 90.0) -> list:
+        deadline = time.monotonic() + timeout
+        runs: list = []
+        while time.monotonic() < deadline:
+            try:
+                answer = self.get("/runs")
+                runs = answer["runs"]
+                if expected <= {r.rsplit("/", 1)[-1] for r in runs} and not answer["loading"]:
+                    return runs
+            except OSError:
+                pass  # not listening yet
+            time.sleep(1)
+        raise AssertionError(f"TensorBoard listed {runs}, expected windows {sorted(expected)}")
+
+
+@pytest.fixture
+def tensorboard(tmp_path):
+    """A real TensorBoard with the profiler plugin on 127.0.0.1, started on an empty logdir."""
+    port = _free_port()
+    log = open(tmp_path / "tensorboard.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(tmp_path / "logs"), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield _ProfilerPlugin(port)
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.mark.slow
+def test_profiler_tab_shows_windows_written_after_it_started_with_the_real_dataloader_share(tmp_path, tensorboard):
+    (tmp_path / "logs").mkdir()
+    callback = PerfCallback(schedule={"skip_first": 1, "warmup": 1, "active": 3}, stages=["train", "validate"])
+    # Every item sleeps 10 ms: a batch of 4 waits 40 ms for data against about 1 ms of compute.
+    trainer(tmp_path / "logs", [callback]).fit(TinyModel(n=40, val_n=24, sleep_s=0.01))
+    assert [w.name for w in callback.windows] == [
+        "train-epoch000-batches0002-0004",
+        "validate-epoch000-batches0002-0004",
+    ]
+
+    runs = tensorboard.wait_for_runs({w.name for w in callback.windows})
+    for window in callback.windows:
+        [run] = [r for r in runs if r.endswith("/" + window.name)]
+        assert run == f"lightning_logs/version_0/perf/{window.name}"  # the tab's run list reads like a table of contents
+        assert tensorboard.get("/workers", run=run, view="Overview") == ["rank0"]
+        spans = tensorboard.get("/spans", run=run, worker="rank0")
+        query = dict(run=run, worker="rank0", span=spans[0] if spans else "")
+        overview = tensorboard.get("/overview", **query)
+        assert [row[0] for row in overview["steps"]["rows"]] == ["2", "3", "4"]
+        shares = {c["name"]: c["extra"] for c in overview["performance"][0]["children"]}
+        assert shares["DataLoader"] > 50, (window.name, overview["steps"]["rows"])
+        operators = tensorboard.get("/operation", **query, group_by="Operation")
+        names = [row[0] for row in operators["host_self_time"]["rows"]]
+        assert any(name.startswith("aten::") for name in names), names

@@ -1,0 +1,97 @@
+"""The trace rewrite for torch-tb-profiler, on synthetic events and on real GPU traces read by the plugin's own loader."""
+
+import copy
+import gzip
+import json
+
+import pytest
+from torch_tb_profiler.profiler.data import RunProfileData
+from torch_tb_profiler.profiler.run_generator import RunGenerator
+
+from lightning_perf import traces
+
+
+def _event(cat, name, ts, dur, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": args}
+
+
+def _trace(*events):
+    return {"schemaVersion": 1, "traceEvents": list(events)}
+
+
+def test_dataloader_spans_become_cpu_ops_and_other_annotations_stay():
+    trace = _trace(
+        _event("user_annotation", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 10),
+        _event("user_annotation", "ProfilerStep#3", 0, 20),
+        _event("user_annotation", "my_block", 12, 2),
+        _event("cpu_op", "aten::mm", 12, 1),
+    )
+    traces.tensorboard_compatible(trace)
+    assert [e["cat"] for e in trace["traceEvents"]] == ["cpu_op", "user_annotation", "user_annotation", "cpu_op"]
+    assert trace["lightning_perf"]["renamed_categories"] == {"user_annotation:enumerate(DataLoader)#*": "cpu_op"}
+
+
+def test_runtime_and_driver_calls_get_the_category_the_plugin_knows():
+    trace = _trace(_event("cuda_runtime", "cudaLaunchKernel", 0, 5), _event("cuda_driver", "cuLaunchKernel", 6, 5))
+    traces.tensorboard_compatible(trace)
+    assert [e["cat"] for e in trace["traceEvents"]] == ["Runtime", "Runtime"]
+
+
+def test_standard_categories_undoes_the_rewrite_exactly():
+    original = _trace(
+        _event("user_annotation", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 0, 10),
+        _event("cuda_runtime", "cudaLaunchKernel", 0, 5, correlation=7),
+        _event("kernel", "gemm", 8, 5, correlation=7),
+    )
+    rewritten = traces.tensorboard_compatible(copy.deepcopy(original))
+    assert rewritten != original
+    assert traces.standard_categories(rewritten)["traceEvents"] == original["traceEvents"]
+
+
+def test_keep_steps_keeps_the_last_span_of_each_recorded_batch():
+    trace = _trace(
+        _event("user_annotation", "ProfilerStep#5", 0, 10),
+        _event("user_annotation", "ProfilerStep#6", 10, 1),  # opened, then paused for validation
+        _event("cpu_op", "aten::mm", 3, 1),
+        _event("user_annotation", "ProfilerStep#6", 50, 10),  # the same batch after validation
+        _event("user_annotation", "ProfilerStep#7", 60, 1),  # opened for a batch that never came
+    )
+    traces.keep_steps(trace, {5, 6})
+    assert list(traces.profiler_steps(trace)) == [(5, 0.0, 10.0), (6, 50.0, 60.0)]
+    assert any(e["name"] == "aten::mm" for e in trace["traceEvents"])
+
+
+def test_write_trace_is_gzip_json_and_leaves_no_temporary_file(tmp_path):
+    path = tmp_path / "rank0.pt.trace.json.gz"
+    traces.write_trace(_trace(_event("cpu_op", "aten::mm", 0, 1)), path)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    with gzip.open(path, "rt") as f:
+        assert json.load(f)["traceEvents"][0]["name"] == "aten::mm"
+    assert traces.read_trace(path) == traces.read_trace(path)
+
+
+def _plugin_profile(path, tmp_path):
+    data = RunProfileData.parse("rank0", None, str(path), str(tmp_path))
+    return RunGenerator("rank0", None, data).generate_run_profile()
+
+
+def _overview_shares(profile):
+    return {c["name"]: c["extra"] for c in profile.overview["performance"][0]["children"]}
+
+
+@pytest.mark.parametrize("name", ["v100_single_rank.json.gz", "a100_nccl_2rank_rank0.json.gz"])
+def test_real_gpu_trace_shows_runtime_and_operator_device_time_only_after_rewrite(name, gpu_trace, tmp_path):
+    trace = traces.read_trace(gpu_trace(name))
+    as_recorded = tmp_path / "as_recorded.pt.trace.json.gz"
+    rewritten = tmp_path / "rewritten.pt.trace.json.gz"
+    traces.write_trace(trace, as_recorded)
+    traces.write_trace(traces.tensorboard_compatible(trace), rewritten)
+
+    before, after = _plugin_profile(as_recorded, tmp_path), _plugin_profile(rewritten, tmp_path)
+    # The plugin's misreading, as recorded: no runtime, no device time for any operator.
+    assert _overview_shares(before)["Runtime"] == 0
+    assert sum(r["device_self_duration"] for r in before.operation_table_by_name["data"]) == 0
+    # Rewritten: runtime calls are counted and kernels are tied to the operators that launched them.
+    assert _overview_shares(after)["Runtime"] > 0
+    assert _overview_shares(after)["Kernel"] > 0
+    assert sum(r["device_self_duration"] for r in after.operation_table_by_name["data"]) > 0

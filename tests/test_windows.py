@@ -1,0 +1,164 @@
+"""Window semantics, each on a real Trainer run: which batches a trace holds and when windows open and close."""
+
+import gc
+import time
+
+import pytest
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from kineto import events_in_step, load, op_names, steps
+from lightning_perf import PerfCallback
+from models import TinyModel, trainer
+
+SCHEDULE_3 = {"skip_first": 1, "warmup": 1, "active": 3}  # records batches 2, 3, 4 of each epoch
+
+
+def _names(callback, stage=None):
+    return [w.name for w in callback.windows if stage is None or w.stage == stage]
+
+
+def test_train_step_span_holds_exactly_one_batch(tmp_path):
+    callback = PerfCallback(schedule=SCHEDULE_3, stages=["train"])
+    trainer(tmp_path, [callback]).fit(TinyModel(n=32))
+    [window] = callback.windows
+    trace = load(window.trace_path)
+    assert steps(trace) == [2, 3, 4]
+    for step in steps(trace):
+        inside = events_in_step(trace, step)
+        counts = op_names({"traceEvents": inside})
+        fetches = [e for e in inside if e["name"].startswith("enumerate(DataLoader)#")]
+        optimizer = [e for e in inside if e["name"] == "Optimizer.step#SGD.step"]
+        forward = [e for e in inside if e["name"] == "aten::sin"]  # TinyModel's train-stage marker
+        backward = [e for e in inside if e["name"].startswith("autograd::engine::evaluate_function")]
+        assert (len(fetches), len(forward), len(optimizer)) == (1, 1, 1), counts
+        assert backward, counts
+        # One batch: its forward, then its backward, both inside its optimizer step (Lightning runs them in
+        # the optimizer's closure), and the step's own update after them.
+        opt_start, opt_end = optimizer[0]["ts"], optimizer[0]["ts"] + optimizer[0]["dur"]
+        assert opt_start < forward[0]["ts"] < min(e["ts"] for e in backward)
+        assert max(e["ts"] + e["dur"] for e in backward) < opt_end
+
+
+class SanityMarked(TinyModel):
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        if self.trainer.sanity_checking:
+            torch.atan(batch[0])
+        return super().validation_step(batch, batch_idx, dataloader_idx)
+
+
+def test_sanity_check_is_never_counted_or_recorded(tmp_path):
+    callback = PerfCallback(schedule={"skip_first": 0, "warmup": 0, "active": 1}, stages=["validate"], max_windows=1)
+    trainer(tmp_path, [callback], num_sanity_val_steps=2).fit(SanityMarked(n=16))
+    assert _names(callback) == ["validate-epoch000-batches0000-0000"]
+    names = op_names(load(callback.windows[0].trace_path))
+    assert names["aten::cos"] == 1 and names["aten::atan"] == 0
+
+
+class SlowValidation(TinyModel):
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        time.sleep(0.05)
+        return super().validation_step(batch, batch_idx, dataloader_idx)
+
+
+def test_validation_inside_a_training_window_stays_out_of_its_trace(tmp_path):
+    callback = PerfCallback(schedule={"skip_first": 1, "warmup": 1, "active": 5}, stages=["train", "validate"])
+    # 12 train batches; validation after every 3rd, i.e. in the middle of the train window (batches 2..6).
+    trainer(tmp_path, [callback], val_check_interval=3).fit(SlowValidation(n=48, val_n=24))
+    train = [w for w in callback.windows if w.stage == "train"]
+    validate = [w for w in callback.windows if w.stage == "validate"]
+    assert [w.name for w in train] == ["train-epoch000-batches0002-0006"]
+    assert validate and all(w.name.startswith("validate-") for w in validate)
+
+    trace = load(train[0].trace_path)
+    assert steps(trace) == [2, 3, 4, 5, 6]
+    names = op_names(trace)
+    assert names["aten::sin"] == 5 and names["aten::cos"] == 0
+    # The validation run's 50 ms sleeps are in no training step: each step is one fast batch.
+    spans = [e for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
+    assert max(e["dur"] for e in spans) < 50_000
+    for window in validate:
+        names = op_names(load(window.trace_path))
+        assert names["aten::cos"] > 0 and names["aten::sin"] == 0
+
+
+def test_window_open_at_epoch_end_is_closed_and_saved_there(tmp_path):
+    callback = PerfCallback(schedule={"skip_first": 2, "warmup": 1, "active": 10}, stages=["train"])
+    with pytest.warns(UserWarning, match="train window was cut short by the end of the epoch"):
+        trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=32))  # 8 batches per epoch
+    assert _names(callback) == ["train-epoch000-batches0003-0007", "train-epoch001-batches0003-0007"]
+    assert all(w.shortened for w in callback.windows)
+    assert steps(load(callback.windows[1].trace_path)) == [3, 4, 5, 6, 7]
+
+
+def test_stage_too_short_gets_no_window_and_one_warning(tmp_path, recwarn):
+    callback = PerfCallback(schedule={"skip_first": 20}, stages=["train"])
+    trainer(tmp_path, [callback], max_epochs=3).fit(TinyModel(n=32))
+    assert callback.windows == []
+    short = [w for w in recwarn if "too few for the schedule" in str(w.message)]
+    assert len(short) == 1
+    assert "train epoch had 8 batches" in str(short[0].message)
+    assert not list(tmp_path.rglob("*.pt.trace.json*"))  # never a recording of the whole run
+
+
+def test_repeat_two_gives_two_windows_every_epoch(tmp_path):
+    callback = PerfCallback(schedule={"skip_first": 0, "wait": 1, "warmup": 1, "active": 2, "repeat": 2}, stages=["train"])
+    trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=48))  # 12 batches per epoch
+    assert _names(callback) == [
+        "train-epoch000-batches0002-0003",
+        "train-epoch000-batches0006-0007",
+        "train-epoch001-batches0002-0003",
+        "train-epoch001-batches0006-0007",
+    ]
+
+
+def test_repeat_zero_records_every_full_cycle_of_the_epoch(tmp_path):
+    callback = PerfCallback(
+        schedule={"skip_first": 0, "wait": 1, "warmup": 1, "active": 2, "repeat": 0}, stages=["train"], max_windows=10
+    )
+    trainer(tmp_path, [callback]).fit(TinyModel(n=40))  # 10 batches: cycles at 0 and 4; one at 8 would not fit
+    assert _names(callback) == ["train-epoch000-batches0002-0003", "train-epoch000-batches0006-0007"]
+    assert not any(w.shortened for w in callback.windows)
+
+
+def test_explicit_batches_replace_the_schedule(tmp_path):
+    callback = PerfCallback(batches=[2, 3, 6], stages=["train"])
+    trainer(tmp_path, [callback]).fit(TinyModel(n=40))
+    assert _names(callback) == ["train-epoch000-batches0002-0003", "train-epoch000-batches0006-0006"]
+
+
+def test_max_windows_caps_each_stage_over_the_run(tmp_path):
+    callback = PerfCallback(schedule={"skip_first": 0, "warmup": 1, "active": 1, "repeat": 0}, stages=["train", "validate"], max_windows=3)
+    trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=32, val_n=16))
+    assert len(_names(callback, "train")) == 3
+    assert len(_names(callback, "validate")) == 3
+
+
+def test_test_and_predict_stages_get_their_own_windows(tmp_path):
+    callback = PerfCallback(schedule={"skip_first": 0, "warmup": 1, "active": 2}, stages=["test", "predict"])
+    t = trainer(tmp_path, [callback])
+    model = TinyModel(n=16, val_n=16)
+    t.test(model)
+    t.predict(model)
+    assert _names(callback) == ["test-epoch000-batches0001-0002", "predict-epoch000-batches0001-0002"]
+    test_names = op_names(load(callback.windows[0].trace_path))
+    predict_names = op_names(load(callback.windows[1].trace_path))
+    assert test_names["aten::tan"] == 2 and test_names["aten::exp"] == 0
+    assert predict_names["aten::exp"] == 2 and predict_names["aten::tan"] == 0
+
+
+# Lightning's PyTorchProfiler raises in its own __del__ when it was set up but never started; not ours.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_lightning_pytorch_profiler_is_refused_at_setup(tmp_path):
+    t = trainer(tmp_path, [PerfCallback()], profiler="pytorch")
+    with pytest.raises(MisconfigurationException, match="cannot run together with Lightning's PyTorchProfiler"):
+        t.fit(TinyModel(n=8))
+    del t
+    gc.collect()
+
+
+def test_an_active_torch_profiler_is_refused_at_setup(tmp_path):
+    t = trainer(tmp_path, [PerfCallback()])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        with pytest.raises(MisconfigurationException, match="found a torch profiler already running"):
+            t.fit(TinyModel(n=8))
