@@ -3,41 +3,48 @@ Overhead benchmark
 ==================
 
 What :class:`~lightning_perf.PerfCallback` costs a training run, next to a bare Trainer and to Lightning's
-own ``PyTorchProfiler``, on a small CPU model (a 9-layer 256-wide MLP, batch 64, SGD).
+own ``PyTorchProfiler``, on a small CPU model (9 x Linear(256, 256) + ReLU, batch 64, SGD).
 
 Three configurations run interleaved in one process, round-robin (a, b, c, a, b, c, ...), each run a fresh
-Trainer doing ``--steps`` optimizer steps in one epoch:
+Trainer and model doing ``--steps`` optimizer steps in one epoch:
 
     (a) a bare Trainer;
-    (b) ``Trainer(callbacks=[PerfCallback()])``: default schedule, one window per epoch
+    (b) ``Trainer(callbacks=[PerfCallback()])``: its default schedule, one window per epoch
         (skip 5 batches, warm up 1, record 3);
     (c) ``Trainer(profiler=PyTorchProfiler(...))``: its default schedule
         (``torch.profiler.schedule(wait=1, warmup=1, active=3)``), one window per run.
 
-A timing callback placed first in the callback list takes ``time.perf_counter()`` at every
-``on_train_batch_start``; the step of batch ``i`` is the time from its ``on_train_batch_start`` to that of
-batch ``i + 1``: data fetch, forward, backward, optimizer step and every callback hook. The last batch of a
-run has no next start, so it has no step time.
+A timing callback, first in the callback list, reads ``time.perf_counter()`` at every
+``on_train_batch_start``: the step of batch ``i`` is the time from its ``on_train_batch_start`` to batch
+``i + 1``'s (data fetch, forward, backward, optimizer step and every callback hook). The last batch of a run
+has no next start, so it has no step time.
 
-Run it from the repository root::
+Run it from the repository root (Kineto prints a few ``USDT ... profiler_start/stop`` lines on stderr)::
 
-    python benchmarks/overhead.py                  # 5 rounds of 120 steps, about a minute on 2 cores
-    python benchmarks/overhead.py --rounds 10 --steps 300
+    python benchmarks/overhead.py                      # 5 rounds of 120 steps: under a minute on 2 idle cores
+    python benchmarks/overhead.py --rounds 10 --steps 300 --threads 1
 
 Reading the output:
 
-* ``median step outside windows``: the median step time of each configuration, pooled over rounds, over the
-  steps that no profiler window touches. Left out: the first 5 steps of every run (the run's own warm-up);
-  for (b) each window's warm-up batches, its recorded batches and the batch after it; for (c) batches
-  0 to 6 (wait 1, warm-up 1, active 3, and the steps around the close).
-* ``ratio to (a)``: pooled median over the bare Trainer's; 1.00 means no overhead outside windows. The
-  ``per-round`` range (min..max of the ratio of each round's medians) shows the noise: a pooled ratio inside
-  it is no measurable difference.
-* ``stall at window close``: what the training thread loses when a window ends. For (b) the callback's own
-  ``WindowRecord.close_seconds`` (stop the profiler, export the trace, build the operator table) and the
-  extra time of the step in which the window closed; for (c) the extra time of its slowest step in
-  batches 1..6 (where its window is stopped and exported), and the batch it fell on.
-* ``whole window``: the extra time of all steps a window touches (warm-up to close), over the median step.
+* ``median step outside windows``: each configuration's median step, pooled over rounds, over the steps no
+  profiler window touches. Left out in every run: its first 5 steps (the run's own warm-up). Left out for
+  (b): each window from the step before its warm-up (where ``on_train_batch_end`` prepares the profiler)
+  to the step after its last recorded batch. Left out for (c): batches 0 to 6 (wait 1, warm-up 1,
+  active 3, and the steps around the close).
+* ``(b)/(a)``, ``(c)/(a)``: ratio of the pooled medians; 1.00 is no overhead outside windows. The
+  ``per-round`` range (min..max over rounds of the ratio of that round's medians) shows the noise.
+* ``other load``: the CPU time other processes used during the runs, as a share of all CPUs (Linux
+  ``/proc/stat``). Above a few % the step times are disturbed: trust the ratios only as far as the per-round
+  ranges agree.
+* ``stall at window close``: what the training thread loses when a window ends. For (b) the callback's
+  ``WindowRecord.close_seconds`` (trace export and operator table; not the profiler stop before it) and the
+  extra time of the step whose ``on_train_batch_end`` closed the window (the window's ``last_batch``), over
+  its run's median. For (c) the extra time of the step in which Lightning stops its profiler and exports the
+  trace: batch 4 (Lightning counts profiler steps at the end of each ``training_step``; the transition out
+  of its last recorded step, RECORD_AND_SAVE -> NONE, comes at the end of batch 4's ``training_step``).
+  ``all window steps`` adds up the extra time of every step a window touches.
+* ``median step by batch``: the median over rounds of each early batch's step, to see where each
+  configuration pays.
 """
 
 from __future__ import annotations
@@ -71,11 +78,13 @@ LABELS = {"a": "bare Trainer", "b": "PerfCallback()", "c": "PyTorchProfiler()"}
 WIDTH = 256
 LAYERS = 9
 BATCH_SIZE = 64
-RUN_WARMUP = 5  # first steps of every run left out of the medians, in every configuration
+RUN_WARMUP = 5  # first steps of every run, left out of the medians in every configuration
+EARLY_BATCHES = 12  # batches shown in the per-batch table
 
-# Lightning's PyTorchProfiler default: torch.profiler.schedule(wait=1, warmup=1, active=3), one cycle per run.
+# Lightning's PyTorchProfiler default: torch.profiler.schedule(wait=1, warmup=1, active=3), once per run.
 PT_WAIT, PT_WARMUP, PT_ACTIVE = 1, 1, 3
-PT_WINDOW_END = PT_WAIT + PT_WARMUP + PT_ACTIVE + 1  # last batch (inclusive) its window can touch
+PT_CLOSE_BATCH = PT_WAIT + PT_WARMUP + PT_ACTIVE - 1  # step in which the trace is stopped and exported
+PT_WINDOW = range(0, PT_WAIT + PT_WARMUP + PT_ACTIVE + 2)  # batches 0..6: every step its window can touch
 
 
 class MLP(pl.LightningModule):
@@ -95,7 +104,7 @@ class MLP(pl.LightningModule):
 
     def train_dataloader(self) -> DataLoader:
         g = torch.Generator().manual_seed(0)
-        n = self.num_batches * BATCH_SIZE
+        n = self.num_batches * BATCH_SIZE  # one epoch covers every step: one PerfCallback window per run
         data = TensorDataset(torch.randn(n, WIDTH, generator=g), torch.randn(n, WIDTH, generator=g))
         return DataLoader(data, batch_size=BATCH_SIZE)
 
@@ -115,6 +124,16 @@ class StepTimer(Callback):
         self._last = (batch_idx, now)
 
 
+def cpu_busy_seconds() -> float | None:
+    """CPU seconds the whole machine has been busy since boot (Linux ``/proc/stat``), ``None`` elsewhere."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    except (OSError, ValueError):
+        return None
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class Run:
     """One Trainer run of one configuration: its step times and which batches the medians leave out."""
@@ -123,9 +142,10 @@ class Run:
     round: int
     steps: dict[int, float]
     excluded: set[int]
+    other_load: float | None = None  # share of all CPUs other processes used during the run
+    window_batches: list[range] = field(default_factory=list)  # steps each window touches
+    close_batches: list[int] = field(default_factory=list)  # the step in which each window closed
     close_seconds: list[float] = field(default_factory=list)  # (b): WindowRecord.close_seconds
-    close_batches: list[int] = field(default_factory=list)  # (b): the batch whose step closed a window
-    window_batches: list[range] = field(default_factory=list)  # batches each window touches, warm-up to close
 
     @property
     def outside(self) -> list[float]:
@@ -135,16 +155,17 @@ class Run:
     def median(self) -> float:
         return statistics.median(self.outside)
 
+    def extra(self, batches: range | Sequence[int]) -> float:
+        """Time the steps of ``batches`` took beyond this run's median step."""
+        return sum(self.steps[i] - self.median for i in batches if i in self.steps)
+
 
 def make_trainer(config: str, root: str, steps: int, timer: StepTimer) -> tuple[pl.Trainer, PerfCallback | None]:
-    callbacks: list[Callback] = [timer]  # first: its start time comes before every other hook of the batch
-    perf = None
-    profiler = None
-    if config == "b":
-        perf = PerfCallback()
+    callbacks: list[Callback] = [timer]  # first: its time stamp comes before every other hook of the batch
+    perf = PerfCallback() if config == "b" else None
+    if perf is not None:
         callbacks.append(perf)
-    elif config == "c":
-        profiler = PyTorchProfiler(dirpath=root, filename="prof")
+    profiler = PyTorchProfiler(dirpath=root, filename="prof") if config == "c" else None
     trainer = pl.Trainer(
         default_root_dir=root,
         accelerator="cpu",
@@ -164,26 +185,33 @@ def make_trainer(config: str, root: str, steps: int, timer: StepTimer) -> tuple[
 
 
 def run_once(config: str, round_: int, steps: int) -> Run:
-    """One fresh Trainer of ``config`` on a fresh model (same seed every time)."""
+    """One fresh Trainer of ``config`` on a fresh model (same seed, same data every time)."""
     gc.collect()  # every run starts from the same heap, whatever the previous run left behind
     torch.manual_seed(0)
     model = MLP(num_batches=steps)
     timer = StepTimer()
+    busy0, cpu0, wall0 = cpu_busy_seconds(), time.process_time(), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lp-overhead-") as root:
         trainer, perf = make_trainer(config, root, steps, timer)
         trainer.fit(model)
+    busy1, cpu1, wall1 = cpu_busy_seconds(), time.process_time(), time.perf_counter()
+
     run = Run(config=config, round=round_, steps=timer.steps, excluded=set(range(RUN_WARMUP)))
+    if busy0 is not None and busy1 is not None:
+        other = (busy1 - busy0) - (cpu1 - cpu0)
+        run.other_load = max(0.0, other / ((wall1 - wall0) * (os.cpu_count() or 1)))
     if perf is not None:
         warmup = perf.config.schedule.warmup
         for w in perf.windows:
-            touched = range(w.first_batch - warmup, w.last_batch + 2)  # warm-up .. the batch after the close
-            run.window_batches.append(touched)
-            run.excluded.update(touched)
-            run.close_seconds.append(w.close_seconds)
+            # on_train_batch_end of the batch before the warm-up prepares the profiler; the close runs in
+            # on_train_batch_end of last_batch; the step after it may still pay (caches, garbage).
+            run.window_batches.append(range(w.first_batch - warmup - 1, w.last_batch + 2))
             run.close_batches.append(w.last_batch)
+            run.close_seconds.append(w.close_seconds)
     elif config == "c":
-        touched = range(0, PT_WINDOW_END + 1)
-        run.window_batches.append(touched)
+        run.window_batches.append(PT_WINDOW)
+        run.close_batches.append(PT_CLOSE_BATCH)
+    for touched in run.window_batches:
         run.excluded.update(touched)
     return run
 
@@ -199,13 +227,8 @@ def pooled_median(runs: Sequence[Run]) -> float:
     return statistics.median(t for run in runs for t in run.outside)
 
 
-def window_extra(run: Run, median: float) -> float:
-    """Extra time over ``median`` of all steps the run's windows touch."""
-    return sum(run.steps[i] - median for touched in run.window_batches for i in touched if i in run.steps)
-
-
 def print_header(args: argparse.Namespace) -> None:
-    print(f"torch {torch.__version__}, lightning {lightning.__version__}, lightning_perf (this checkout)")
+    print(f"torch {torch.__version__}, lightning {lightning.__version__}")
     print(f"CPUs: {os.cpu_count()}, torch threads: {torch.get_num_threads()}")
     print(
         f"model: {LAYERS} x Linear({WIDTH}, {WIDTH}) + ReLU, batch {BATCH_SIZE}, SGD;"
@@ -214,7 +237,7 @@ def print_header(args: argparse.Namespace) -> None:
     print()
 
 
-def print_medians(by_config: dict[str, list[Run]]) -> dict[str, float]:
+def print_medians(by_config: dict[str, list[Run]]) -> None:
     medians = {c: pooled_median(runs) for c, runs in by_config.items()}
     print("median step outside windows (pooled over rounds)")
     for c, runs in by_config.items():
@@ -222,78 +245,95 @@ def print_medians(by_config: dict[str, list[Run]]) -> dict[str, float]:
         line = f"  ({c}) {LABELS[c]:<18} {ms(medians[c])}   ({n} steps)"
         if c != "a":
             per_round = [run.median / base.median for run, base in zip(runs, by_config["a"])]
-            line += (
-                f"   ratio to (a): {medians[c] / medians['a']:.3f}"
-                f"   per-round: {min(per_round):.3f}..{max(per_round):.3f}"
-            )
+            line += f"   ({c})/(a): {medians[c] / medians['a']:.3f}   per-round: {min(per_round):.3f}..{max(per_round):.3f}"
         print(line)
-    print("  per-round medians:")
-    for c, runs in by_config.items():
-        print(f"    ({c}) " + " ".join(f"{run.median * 1e3:7.3f}" for run in runs) + "  ms")
     print()
-    return medians
+    print("per round: median step outside windows, ratios, other processes' CPU load")
+    print("  round       (a)       (b)       (c)   (b)/(a)   (c)/(a)   other load")
+    for r, (a, b, c) in enumerate(zip(*by_config.values())):
+        loads = [run.other_load for run in (a, b, c) if run.other_load is not None]
+        load = f"{100 * statistics.mean(loads):5.1f} %" if loads else "    n/a"
+        print(
+            f"  {r:5d} {a.median * 1e3:9.3f} {b.median * 1e3:9.3f} {c.median * 1e3:9.3f}"
+            f" {b.median / a.median:9.3f} {c.median / a.median:9.3f}   {load}"
+        )
+    all_loads = [run.other_load for runs in by_config.values() for run in runs if run.other_load is not None]
+    if all_loads and max(all_loads) > 0.05:
+        print(f"  note: other processes used up to {100 * max(all_loads):.0f} % of the CPUs during a run; step times are disturbed")
+    print()
 
 
-def print_stalls(by_config: dict[str, list[Run]], medians: dict[str, float]) -> None:
-    print("stall at window close (median over rounds)")
+def print_stalls(by_config: dict[str, list[Run]]) -> None:
+    print("stall at window close (median over rounds; extra = beyond the run's own median step)")
     b_runs, c_runs = by_config["b"], by_config["c"]
-
     close_seconds = [s for run in b_runs for s in run.close_seconds]
-    close_steps = [run.steps[i] - medians["b"] for run in b_runs for i in run.close_batches if i in run.steps]
-    b_extra = [window_extra(run, medians["b"]) for run in b_runs]
-    closed_at = sorted({i for run in b_runs for i in run.close_batches})
-    print(f"  (b) WindowRecord.close_seconds       {ms(statistics.median(close_seconds))}")
-    print(f"  (b) closing step (batch {','.join(map(str, closed_at))}) - median {ms(statistics.median(close_steps))}")
-    print(f"  (b) whole window, warm-up to close  {ms(statistics.median(b_extra))}")
+    b_batches = sorted({i for run in b_runs for i in run.close_batches})
+    b_touched = sorted({i for run in b_runs for w in run.window_batches for i in w})
+    b_close = statistics.median(run.extra(run.close_batches) for run in b_runs)
+    b_all = statistics.median(run.extra([i for w in run.window_batches for i in w]) for run in b_runs)
+    print(f"  (b) WindowRecord.close_seconds                 {ms(statistics.median(close_seconds))}")
+    print(f"  (b) closing step (batch {_span(b_batches)}), extra            {ms(b_close)}")
+    print(f"  (b) all window steps (batches {_span(b_touched)}), extra   {ms(b_all)}")
 
-    # Which step carries (c)'s close is not documented; take its slowest step past batch 0, and show where it fell.
-    slowest = [max(range(1, PT_WINDOW_END + 1), key=lambda i: run.steps[i]) for run in c_runs]
-    c_steps = [run.steps[i] - medians["c"] for run, i in zip(c_runs, slowest)]
-    c_extra = [window_extra(run, medians["c"]) for run in c_runs]
-    where = ", ".join(f"batch {i}: {n}x" for i, n in sorted(Counter(slowest).items()))
-    print(f"  (c) slowest step of batches 1..{PT_WINDOW_END} - median {ms(statistics.median(c_steps))}   ({where})")
-    print(f"  (c) whole window, batches 0..{PT_WINDOW_END}     {ms(statistics.median(c_extra))}")
+    c_close = statistics.median(run.extra(run.close_batches) for run in c_runs)
+    c_all = statistics.median(run.extra(PT_WINDOW) for run in c_runs)
+    slowest = Counter(max(PT_WINDOW[1:], key=run.steps.__getitem__) for run in c_runs)
+    where = ", ".join(f"batch {i} in {n} of {len(c_runs)} runs" for i, n in slowest.most_common())
+    print(f"  (c) closing step (batch {PT_CLOSE_BATCH}), extra            {ms(c_close)}")
+    print(f"  (c) all window steps (batches {_span(PT_WINDOW)}), extra   {ms(c_all)}")
+    print(f"  (c) slowest of batches 1..{PT_WINDOW[-1]}: {where}")
     print()
 
 
-def print_slowest(by_config: dict[str, list[Run]], medians: dict[str, float]) -> None:
-    print("slowest step of each run (batch: ms), and its steps around the window")
+def print_early_batches(by_config: dict[str, list[Run]]) -> None:
+    print(f"median step by batch over rounds (ms); slowest step of each run (batch: ms)")
+    print("  batch  " + " ".join(f"{i:6d}" for i in range(EARLY_BATCHES)))
     for c, runs in by_config.items():
         cells = []
-        for run in runs:
-            i = max(run.steps, key=run.steps.__getitem__)
-            cells.append(f"{i}: {run.steps[i] * 1e3:.1f}")
-        print(f"  ({c}) " + "   ".join(cells))
-    for c in ("b", "c"):
-        run = by_config[c][0]
-        last = max(run.steps) if not run.window_batches else max(max(t) for t in run.window_batches) + 1
-        shown = " ".join(f"{i}:{run.steps[i] * 1e3:.1f}" for i in range(0, last + 1) if i in run.steps)
-        print(f"  ({c}) round 0, batches 0..{last}: {shown}")
+        for i in range(EARLY_BATCHES):
+            times = [run.steps[i] for run in runs if i in run.steps]
+            cells.append(f"{statistics.median(times) * 1e3:6.1f}" if times else "     -")
+        slowest = [max(run.steps, key=run.steps.__getitem__) for run in runs]
+        worst = "  ".join(f"{i}: {run.steps[i] * 1e3:.1f}" for i, run in zip(slowest, runs))
+        print(f"  ({c})    " + " ".join(cells) + f"   slowest: {worst}")
     print()
+
+
+def _span(batches: Sequence[int]) -> str:
+    return f"{batches[0]}..{batches[-1]}" if len(batches) > 1 else ",".join(map(str, batches))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description="PerfCallback overhead next to a bare Trainer and Lightning's PyTorchProfiler.",
+        epilog="See the module docstring for how to read the output.",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="round-robin rounds of (a), (b), (c) (default: 5)")
-    parser.add_argument("--steps", type=int, default=120, help="optimizer steps per run, one epoch (default: 120)")
+    parser.add_argument("--steps", type=int, default=120, help="optimizer steps per run, in one epoch (default: 120)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
     if args.steps < 20:
-        parser.error("--steps must be >= 20: the windows and the run warm-up take the first 10 steps")
+        parser.error("--steps must be >= 20: the run warm-up and the windows take the first 10 steps")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be >= 1")
     return args
 
 
 def quiet() -> None:
-    """Only warnings and errors from Lightning; none about data loader workers on this tiny in-memory set."""
+    """Only Lightning's warnings and errors; none about data loader workers on a tiny in-memory data set."""
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     quiet()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     print_header(args)
     by_config: dict[str, list[Run]] = {c: [] for c in CONFIGS}
     start = time.perf_counter()
@@ -301,9 +341,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         for c in CONFIGS:
             by_config[c].append(run_once(c, r, args.steps))
     elapsed = time.perf_counter() - start
-    medians = print_medians(by_config)
-    print_stalls(by_config, medians)
-    print_slowest(by_config, medians)
+    print_medians(by_config)
+    print_stalls(by_config)
+    print_early_batches(by_config)
     print(f"total time: {elapsed:.1f} s")
 
 

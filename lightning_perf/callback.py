@@ -64,7 +64,7 @@ class PerfCallback(Callback):
         schedule: When to record, as :class:`~lightning_perf.Schedule` or a mapping of its fields
             (``skip_first``, ``wait``, ``warmup``, ``active``, ``repeat``), with the meaning they have in
             ``torch.profiler.schedule``, counted in batches of each stage and restarted every epoch.
-            Default: ``Schedule()``: skip 5 batches, warm up 1, record 3, once per epoch.
+            Default (also for ``None``): ``Schedule()``: skip 5 batches, warm up 1, record 3, once per epoch.
         batches: Explicit batch indices (within an epoch) to record, each run of consecutive indices one
             window, each preceded by ``schedule.warmup`` warm-up batches. Replaces the cycles of ``schedule``.
         stages: Which of ``"train"``, ``"validate"``, ``"test"``, ``"predict"`` to profile.
@@ -103,7 +103,7 @@ class PerfCallback(Callback):
     def __init__(
         self,
         *,
-        schedule: Schedule = Schedule(),  # a mapping of its fields works too (see Args)
+        schedule: Schedule | None = Schedule(),  # a mapping of its fields works too (see Args)
         batches: Sequence[int] | None = None,
         stages: Sequence[Stage] = STAGES,
         max_windows: int = DEFAULT_MAX_WINDOWS,
@@ -131,6 +131,11 @@ class PerfCallback(Callback):
             tensorboard_compat=tensorboard_compat,
         )
         self._plan = make_plan(self.config)
+        if self.config.schedule.warmup == 0:
+            rank_zero_warn(
+                "PerfCallback: schedule.warmup=0: the first recorded batch of each window will carry the"
+                " profiler's own start-up cost. torch.profiler recommends warmup >= 1."
+            )
         self._stages: dict[str, _StageState] = {stage: _StageState() for stage in STAGES}
         self._window: ProfilerWindow | None = None
         self._window_stage: str | None = None

@@ -67,9 +67,9 @@ class Schedule:
     repeat: int = 1
 
     def __post_init__(self) -> None:
-        problems = schedule_problems({f.name: getattr(self, f.name) for f in fields(self)}, prefix="Schedule.")
+        problems = schedule_problems({f.name: getattr(self, f.name) for f in fields(self)})
         if problems:
-            raise ValueError(_format_problems("Schedule", problems))
+            raise ValueError(_format_problems("PerfCallback's Schedule", problems))
 
     @property
     def cycle(self) -> int:

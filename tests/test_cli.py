@@ -72,7 +72,8 @@ def test_example_config_fit_saves_scheduled_windows(tmp_path):
     )
     # Both cycles of the schedule must fit in the limited epochs (and in the 12 validation batches of the
     # full data set, which the example config is written for).
-    needed = Schedule(**configured["schedule"]).skip_first + 2 * Schedule(**configured["schedule"]).cycle
+    schedule = Schedule(**configured["schedule"])
+    needed = schedule.skip_first + schedule.repeat * schedule.cycle
     assert needed <= 12
 
     cli = example.main(
@@ -91,7 +92,7 @@ def test_example_config_fit_saves_scheduled_windows(tmp_path):
     assert len(callbacks) == 1
     cb = callbacks[0]
     assert isinstance(cb.config.schedule, Schedule)
-    assert cb.config.schedule == Schedule(**configured["schedule"])
+    assert cb.config.schedule == schedule
     assert (cb.config.schedule.wait, cb.config.schedule.warmup, cb.config.schedule.active) == (1, 1, 2)
     assert cb.config.schedule.repeat == 2
     assert cb.config.stages == ("train", "validate")
@@ -150,7 +151,12 @@ def _expected_dump(value):
 def test_print_config_shows_every_option_with_its_default(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         example.main(
-            ["fit", "--trainer.callbacks+=lightning_perf.PerfCallback", f"--trainer.default_root_dir={tmp_path}", "--print_config"]
+            [
+                "fit",
+                "--trainer.callbacks+=lightning_perf.PerfCallback",
+                f"--trainer.default_root_dir={tmp_path}",
+                "--print_config",
+            ]
         )
     assert exc.value.code in (0, None)
     init_args = _callback_entry(yaml.safe_load(capsys.readouterr().out))["init_args"]
@@ -165,7 +171,9 @@ def test_print_config_shows_every_option_with_its_default(tmp_path, capsys):
 
 def test_print_config_of_example_config(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        example.main(["fit", "--config", str(EXAMPLE_CONFIG), f"--trainer.default_root_dir={tmp_path}", "--print_config"])
+        example.main(
+            ["fit", "--config", str(EXAMPLE_CONFIG), f"--trainer.default_root_dir={tmp_path}", "--print_config"]
+        )
     init_args = _callback_entry(yaml.safe_load(capsys.readouterr().out))["init_args"]
     configured = _callback_entry(yaml.safe_load(EXAMPLE_CONFIG.read_text()))["init_args"]
     assert init_args["schedule"] == dataclasses.asdict(Schedule(**configured["schedule"]))
@@ -199,7 +207,8 @@ def bad_runs(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
             "      init_args:\n"
             f"        {init_args}\n"
         )
-        cmd = [sys.executable, str(EXAMPLE), "fit", "--config", str(config), f"--trainer.default_root_dir={tmp / 'run'}"]
+        cmd = [sys.executable, str(EXAMPLE), "fit", "--config", str(config)]
+        cmd.append(f"--trainer.default_root_dir={tmp / 'run'}")
         proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         procs[field] = (proc, tmp / "run")
     results = {}

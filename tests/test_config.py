@@ -47,7 +47,7 @@ def test_all_problems_are_reported_at_once():
 
 
 def test_schedule_dataclass_checks_itself():
-    with pytest.raises(ValueError, match=r"Schedule\.active=0: must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"Schedule got invalid arguments:\n  - schedule\.active=0: must be an integer >= 1"):
         Schedule(active=0)
 
 
@@ -57,6 +57,11 @@ def test_schedule_accepts_dataclass_or_mapping():
     assert as_dict.config.schedule == as_class.config.schedule == Schedule(wait=1, warmup=1, active=2, repeat=2)
     # Fields left out keep their defaults.
     assert as_dict.config.schedule.skip_first == Schedule().skip_first
+
+
+def test_no_warmup_is_legal_but_warned_about():
+    with pytest.warns(UserWarning, match=r"schedule\.warmup=0: the first recorded batch of each window"):
+        PerfCallback(schedule={"warmup": 0})
 
 
 def test_defaults():

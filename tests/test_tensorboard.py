@@ -88,6 +88,16 @@ class _ProfilerPlugin:
         with urllib.request.urlopen(url, timeout=30) as response:
             return json.load(response)
 
+    def wait_until_serving(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                assert self.get("/runs")["runs"] == []
+                return
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError("TensorBoard did not start")
+
     def wait_for_runs(self, expected: set, timeout: float = 90.0) -> list:
         deadline = time.monotonic() + timeout
         runs: list = []
@@ -107,6 +117,7 @@ class _ProfilerPlugin:
 def tensorboard(tmp_path):
     """A real TensorBoard with the profiler plugin on 127.0.0.1, started on an empty logdir."""
     port = _free_port()
+    (tmp_path / "logs").mkdir()
     log = open(tmp_path / "tensorboard.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tensorboard.main", "--logdir", str(tmp_path / "logs"), "--host", "127.0.0.1", "--port", str(port)],
@@ -127,7 +138,7 @@ def tensorboard(tmp_path):
 
 @pytest.mark.slow
 def test_profiler_tab_shows_windows_written_after_it_started_with_the_real_dataloader_share(tmp_path, tensorboard):
-    (tmp_path / "logs").mkdir()
+    tensorboard.wait_until_serving()  # it has scanned the (empty) logdir once before any window exists
     callback = PerfCallback(schedule={"skip_first": 1, "warmup": 1, "active": 3}, stages=["train", "validate"])
     # Every item sleeps 10 ms: a batch of 4 waits 40 ms for data against about 1 ms of compute.
     trainer(tmp_path / "logs", [callback]).fit(TinyModel(n=40, val_n=24, sleep_s=0.01))

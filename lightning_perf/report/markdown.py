@@ -13,20 +13,6 @@ from typing import Any
 
 from lightning_perf.records import OperatorStat, WindowRecord
 
-# (header, attribute, formatter); a column is shown only when some row has a value for it.
-_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
-    ("Calls", "calls", str),
-    ("Self CPU", "self_cpu_time", lambda us: format_duration(us)),
-    ("CPU total", "cpu_time", lambda us: format_duration(us)),
-    ("Self device", "self_device_time", lambda us: format_duration(us)),
-    ("Device total", "device_time", lambda us: format_duration(us)),
-    ("Self CPU mem", "self_cpu_memory", lambda b: format_bytes(b)),
-    ("Self device mem", "self_device_memory", lambda b: format_bytes(b)),
-    ("FLOPs", "flops", lambda f: f"{f:.3g}"),
-    ("Input shapes", "input_shapes", lambda s: f"`{s}`"),
-)
-
-
 def format_duration(us: float) -> str:
     """Microseconds as a short human string: ``812 us``, ``3.42 ms``, ``1.20 s``."""
     if us < 1_000:
@@ -45,6 +31,20 @@ def format_bytes(n: int) -> str:
             return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+# (header, attribute, formatter); a column is shown only when some row has a value for it.
+_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("Calls", "calls", str),
+    ("Self CPU", "self_cpu_time", format_duration),
+    ("CPU total", "cpu_time", format_duration),
+    ("Self device", "self_device_time", format_duration),
+    ("Device total", "device_time", format_duration),
+    ("Self CPU mem", "self_cpu_memory", format_bytes),
+    ("Self device mem", "self_device_memory", format_bytes),
+    ("FLOPs", "flops", lambda f: f"{f:.3g}"),
+    ("Input shapes", "input_shapes", lambda s: f"`{s}`"),
+)
 
 
 def _cell(text: str) -> str:
