@@ -179,7 +179,7 @@ class PerfCallback(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._close_window(shortened=True)
+        self._close_window_safely()
         if self._text is not None:
             self._text.flush()
             self._text.close()
@@ -192,7 +192,7 @@ class PerfCallback(Callback):
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._close_window(shortened=True)
+        self._close_window_safely()
 
     # ------------------------------------------------------------------ stage hooks
 
@@ -221,19 +221,25 @@ class PerfCallback(Callback):
         # validation, so that the validation run can have a window of its own.
         if trainer.sanity_checking or self._window_stage != "train" or self._window is None:
             return
-        if self._window.state is WindowState.RECORDING and self._window.ran:
-            self._window.pause()
-        else:
-            self._close_window(shortened=False)
+        try:
+            if self._window.state is WindowState.RECORDING and self._window.ran:
+                self._window.pause()
+            else:
+                self._close_window(shortened=False)
+        except Exception as err:
+            self._fail("train", err)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or "train" not in self.config.stages:
             return
-        if self._window is not None and self._window.state is WindowState.PAUSED:
-            self._window.resume()
-        elif self._window is None:
-            self._before_batch("train", self._stages["train"], trainer)
+        try:
+            if self._window is not None and self._window.state is WindowState.PAUSED:
+                self._window.resume()
+            elif self._window is None:
+                self._before_batch("train", self._stages["train"], trainer)
+        except Exception as err:
+            self._fail("train", err)
 
     @override
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -328,7 +334,10 @@ class PerfCallback(Callback):
             return
         st = self._stages[stage]
         st.epoch, st.batch, st.num_batches, st.windows_this_epoch = epoch, 0, num_batches, 0
-        self._before_batch(stage, st, trainer)
+        try:
+            self._before_batch(stage, st, trainer)
+        except Exception as err:
+            self._fail(stage, err)
 
     def _batch_start(self, stage: str) -> None:
         if self._window is not None and self._window_stage == stage:
@@ -338,25 +347,31 @@ class PerfCallback(Callback):
         if stage not in self.config.stages:
             return
         st = self._stages[stage]
-        window = self._window
-        if window is not None and self._window_stage == stage and window.state is WindowState.RECORDING:
-            window.end_step()
-            if self._plan.action(st.batch, st.num_batches) is Action.RECORD_AND_SAVE:
-                self._close_window(shortened=False)
-        st.batch += 1
-        st.total_batches += 1
-        if st.batch >= st.num_batches:
-            # The epoch's last batch is done: a window still open cannot complete.
-            if self._window_stage == stage:
-                self._close_window(shortened=True)
-            return
-        self._before_batch(stage, st, trainer)
+        try:
+            window = self._window
+            if window is not None and self._window_stage == stage and window.state is WindowState.RECORDING:
+                window.end_step()
+                if self._plan.action(st.batch, st.num_batches) is Action.RECORD_AND_SAVE:
+                    self._close_window(shortened=False)
+            st.batch += 1
+            st.total_batches += 1
+            if st.batch >= st.num_batches:
+                # The epoch's last batch is done: a window still open cannot complete.
+                if self._window_stage == stage:
+                    self._close_window(shortened=True)
+                return
+            self._before_batch(stage, st, trainer)
+        except Exception as err:
+            self._fail(stage, err)
 
     def _epoch_end(self, stage: str) -> None:
         if stage not in self.config.stages:
             return
         if self._window_stage == stage:
-            self._close_window(shortened=True)
+            try:
+                self._close_window(shortened=True)
+            except Exception as err:
+                self._fail(stage, err)
         st = self._stages[stage]
         first = self._plan.first_active()
         if (
@@ -434,6 +449,7 @@ class PerfCallback(Callback):
             return
         self._window = self._window_stage = None
         st = self._stages[stage]
+        start = time.perf_counter()
         if window.state is not WindowState.STOPPED:
             window.stop()
         recorded = window.recorded
@@ -446,7 +462,6 @@ class PerfCallback(Callback):
                 f"PerfCallback: a {stage} window was cut short by the end of the epoch (recorded batches"
                 f" {recorded[0]}-{recorded[-1]}); its trace is saved as it is.",
             )
-        start = time.perf_counter()
         st.windows_this_epoch += 1
         assert self.dirpath is not None
         name = layout.window_dirname(stage, self._window_epoch, recorded[0], recorded[-1])
@@ -475,6 +490,26 @@ class PerfCallback(Callback):
         if self._text is not None:
             self._text.add_text(OPERATORS_TAG.format(stage=stage), table, record.step)
         self.windows.append(dataclasses.replace(record, close_seconds=time.perf_counter() - start))
+
+    def _close_window_safely(self) -> None:
+        try:
+            self._close_window(shortened=True)
+        except Exception as err:
+            self._fail(self._window_stage or "a", err)
+
+    def _fail(self, stage: str, err: Exception) -> None:
+        """Our own collection or reporting failed: drop the window, say so once, let training go on."""
+        window, self._window, self._window_stage = self._window, None, None
+        if window is not None and window.state not in (WindowState.CREATED, WindowState.STOPPED):
+            try:
+                window.stop()
+            except Exception:  # the profiler is already broken; nothing more to save
+                pass
+        self._warn_once(
+            f"error:{type(err).__name__}",
+            f"PerfCallback: profiling the {stage} stage failed ({type(err).__name__}: {err}); that window is lost,"
+            " training goes on, and later windows are still attempted.",
+        )
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

@@ -162,3 +162,15 @@ def test_an_active_torch_profiler_is_refused_at_setup(tmp_path):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         with pytest.raises(MisconfigurationException, match="found a torch profiler already running"):
             t.fit(TinyModel(n=8))
+
+
+def test_a_failure_in_our_own_output_warns_once_and_training_goes_on(tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the output directory should be")
+    callback = PerfCallback(schedule={"skip_first": 0, "active": 1, "repeat": 2}, stages=["train"], dirpath=str(blocker))
+    t = trainer(tmp_path, [callback], max_epochs=2)
+    with pytest.warns(UserWarning, match=r"profiling the train stage failed \((FileExistsError|NotADirectoryError)") as caught:
+        t.fit(TinyModel(n=16))
+    assert t.current_epoch == 2 and t.global_step == 8  # training finished
+    assert callback.windows == []
+    assert len([w for w in caught if "profiling the train stage failed" in str(w.message)]) == 1
