@@ -36,13 +36,14 @@ Reading the output:
 * ``other load``: the CPU time other processes used during the runs, as a share of all CPUs (Linux
   ``/proc/stat``). Above a few % the step times are disturbed: trust the ratios only as far as the per-round
   ranges agree.
-* ``stall at window close``: what the training thread loses when a window ends. For (b) the callback's
-  ``WindowRecord.close_seconds`` (trace export and operator table; not the profiler stop before it) and the
-  extra time of the step whose ``on_train_batch_end`` closed the window (the window's ``last_batch``), over
-  its run's median. For (c) the extra time of the step in which Lightning stops its profiler and exports the
-  trace: batch 4 (Lightning counts profiler steps at the end of each ``training_step``; the transition out
-  of its last recorded step, RECORD_AND_SAVE -> NONE, comes at the end of batch 4's ``training_step``).
-  ``all window steps`` adds up the extra time of every step a window touches.
+* ``stall at window close``: what the training thread loses when a window ends. For (b) the callback's own
+  measure, ``WindowRecord.close_seconds`` (stopping the profiler, writing the trace, the operator table), and
+  the extra time of the step whose ``on_train_batch_end`` closed the window (the window's ``last_batch``)
+  over its run's median. For (c) the extra time of the step in which Lightning stops its profiler and
+  exports the trace: batch 4 (Lightning steps the profiler at the end of each ``training_step``; the
+  transition out of its last recorded step, RECORD_AND_SAVE -> NONE, comes at the end of batch 4's).
+  ``all window steps`` adds up the extra time of every step a window touches (for (c) that includes
+  batch 0, slower in every configuration).
 * ``median step by batch``: the median over rounds of each early batch's step, to see where each
   configuration pays.
 """
@@ -116,7 +117,9 @@ class StepTimer(Callback):
         self.steps: dict[int, float] = {}
         self._last: tuple[int, float] | None = None
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         now = time.perf_counter()
         if self._last is not None:
             prev_idx, prev_t = self._last
@@ -245,7 +248,8 @@ def print_medians(by_config: dict[str, list[Run]]) -> None:
         line = f"  ({c}) {LABELS[c]:<18} {ms(medians[c])}   ({n} steps)"
         if c != "a":
             per_round = [run.median / base.median for run, base in zip(runs, by_config["a"])]
-            line += f"   ({c})/(a): {medians[c] / medians['a']:.3f}   per-round: {min(per_round):.3f}..{max(per_round):.3f}"
+            ratio = medians[c] / medians["a"]
+            line += f"   ({c})/(a): {ratio:.3f}   per-round: {min(per_round):.3f}..{max(per_round):.3f}"
         print(line)
     print()
     print("per round: median step outside windows, ratios, other processes' CPU load")
@@ -259,7 +263,8 @@ def print_medians(by_config: dict[str, list[Run]]) -> None:
         )
     all_loads = [run.other_load for runs in by_config.values() for run in runs if run.other_load is not None]
     if all_loads and max(all_loads) > 0.05:
-        print(f"  note: other processes used up to {100 * max(all_loads):.0f} % of the CPUs during a run; step times are disturbed")
+        worst = 100 * max(all_loads)
+        print(f"  note: other processes used up to {worst:.0f} % of the CPUs during a run; step times are disturbed")
     print()
 
 
@@ -286,7 +291,7 @@ def print_stalls(by_config: dict[str, list[Run]]) -> None:
 
 
 def print_early_batches(by_config: dict[str, list[Run]]) -> None:
-    print(f"median step by batch over rounds (ms); slowest step of each run (batch: ms)")
+    print("median step by batch over rounds (ms); slowest step of each run (batch: ms)")
     print("  batch  " + " ".join(f"{i:6d}" for i in range(EARLY_BATCHES)))
     for c, runs in by_config.items():
         cells = []

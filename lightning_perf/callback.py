@@ -37,6 +37,7 @@ from lightning_perf.report.markdown import operator_table
 from lightning_perf.report.tensorboard import TensorBoardText
 from lightning_perf.schedule import Action, make_plan
 from lightning_perf.summarize.operators import default_sort_key, top_operators
+from lightning_perf.summarize.trace import operator_stats
 
 OPERATORS_TAG = "perf/operators/{stage}"
 
@@ -173,6 +174,7 @@ class PerfCallback(Callback):
         else:
             self.tensorboard_logdir = self.dirpath
         self._text = TensorBoardText(trainer.loggers, fallback_dir=self.dirpath)
+        self._text.prepare()  # not inside the first window's close: opening a writer takes tens of ms
         self._use_cuda = trainer.strategy.root_device.type == "cuda"
         self._rank = trainer.global_rank
         self._windows_at_setup = len(self.windows)
@@ -470,7 +472,7 @@ class PerfCallback(Callback):
             window_dir = layout.unique_dir(self.dirpath, name)
         os.makedirs(window_dir, exist_ok=True)
         trace_path = os.path.join(window_dir, layout.trace_filename(self._rank))
-        window.save(trace_path, tensorboard_compat=self.config.tensorboard_compat)
+        trace = window.save(trace_path, tensorboard_compat=self.config.tensorboard_compat)
         record = WindowRecord(
             stage=stage,
             epoch=self._window_epoch,
@@ -481,7 +483,7 @@ class PerfCallback(Callback):
             step=self._window_step,
             device="cuda" if self._use_cuda else "cpu",
             shortened=shortened,
-            operators=window.operators(),
+            operators=operator_stats(trace, group_by_input_shape=self.config.record_shapes),
         )
         sort_by = self.config.sort_by or default_sort_key(record.device)
         table = operator_table(record, top_operators(record.operators, sort_by=sort_by, row_limit=self.config.row_limit), sort_by=sort_by)

@@ -143,7 +143,8 @@ def write_trace(trace: dict[str, Any], path: str | os.PathLike[str]) -> None:
         else:
             f = open(tmp, "w", encoding="utf-8")
         with f:
-            json.dump(trace, f, separators=(",", ":"))
+            # One dumps() call: json.dump() streams through the pure-Python encoder, ~3x slower.
+            f.write(json.dumps(trace, separators=(",", ":")))
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -24,7 +24,6 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 
 from lightning_perf import traces
-from lightning_perf.records import OperatorStat
 
 # Toggling only some activity kinds makes torch print a warning on every toggle; toggling all the kinds it
 # knows is silent, and kinds the session does not collect are ignored.
@@ -70,7 +69,6 @@ class ProfilerWindow:
     ) -> None:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
         self.use_cuda = use_cuda
-        self.record_shapes = record_shapes
         self._profiler = torch.profiler.profile(
             activities=activities,
             record_shapes=record_shapes,
@@ -155,8 +153,8 @@ class ProfilerWindow:
         self._profiler.stop_trace()
         self.state = WindowState.STOPPED
 
-    def save(self, path: str, *, tensorboard_compat: bool) -> None:
-        """Writes the trace of a stopped window to ``path`` (``*.pt.trace.json.gz``), atomically."""
+    def save(self, path: str, *, tensorboard_compat: bool) -> dict[str, Any]:
+        """Writes the trace of a stopped window to ``path`` (``*.pt.trace.json.gz``), atomically; returns it."""
         self._expect(WindowState.STOPPED)
         raw = f"{path}.{os.getpid()}.raw.json"
         try:
@@ -169,31 +167,7 @@ class ProfilerWindow:
         if tensorboard_compat:
             traces.tensorboard_compatible(trace)
         traces.write_trace(trace, path)
-
-    def operators(self) -> tuple[OperatorStat, ...]:
-        """The window's operators, aggregated by name (and input shapes when ``record_shapes`` is on)."""
-        self._expect(WindowState.STOPPED)
-        stats = []
-        for avg in self._profiler.key_averages(group_by_input_shape=self.record_shapes):
-            if avg.key.startswith(traces.PROFILER_STEP_PREFIX):
-                continue
-            stats.append(
-                OperatorStat(
-                    name=avg.key,
-                    calls=int(avg.count),
-                    self_cpu_time=float(avg.self_cpu_time_total),
-                    cpu_time=float(avg.cpu_time_total),
-                    self_device_time=float(avg.self_device_time_total) if self.use_cuda else None,
-                    device_time=float(avg.device_time_total) if self.use_cuda else None,
-                    self_cpu_memory=int(avg.self_cpu_memory_usage) if self._profiler.profile_memory else None,
-                    self_device_memory=(
-                        int(avg.self_device_memory_usage) if self._profiler.profile_memory and self.use_cuda else None
-                    ),
-                    input_shapes=str(avg.input_shapes) if self.record_shapes and avg.input_shapes else None,
-                    flops=int(avg.flops) if self._profiler.with_flops and avg.flops else None,
-                )
-            )
-        return tuple(stats)
+        return trace
 
     def _close_span(self) -> None:
         if self._span is not None:

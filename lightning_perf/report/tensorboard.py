@@ -43,6 +43,11 @@ class TensorBoardText:
         return self._own
 
     @rank_zero_only
+    def prepare(self) -> None:
+        """Opens the writer now, so that the first :meth:`add_text` does not pay for it."""
+        self._writer()
+
+    @rank_zero_only
     def add_text(self, tag: str, text: str, step: int) -> None:
         self._writer().add_text(tag, text, global_step=step)
 

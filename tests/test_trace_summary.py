@@ -1,0 +1,108 @@
+"""Operator statistics from a trace: synthetic cases, torch's own key_averages() on a real profile, and
+torch-tb-profiler's operator table on real GPU traces."""
+
+import tempfile
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+from torch_tb_profiler.profiler.data import RunProfileData
+from torch_tb_profiler.profiler.run_generator import RunGenerator
+
+from lightning_perf import traces
+from lightning_perf.summarize.trace import operator_stats
+
+
+def _x(cat, name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def _stats(*events, **kwargs):
+    return {s.name: s for s in operator_stats({"traceEvents": list(events)}, **kwargs)}
+
+
+def test_self_time_subtracts_direct_children_and_runtime_calls():
+    stats = _stats(
+        _x("user_annotation", "ProfilerStep#0", 0, 100),
+        _x("cpu_op", "aten::linear", 0, 50, **{"External id": 1}),
+        _x("cpu_op", "aten::addmm", 10, 30, **{"External id": 2}),
+        _x("cuda_runtime", "cudaLaunchKernel", 20, 5, **{"External id": 2}),
+        _x("cpu_op", "aten::relu", 60, 10, **{"External id": 3}),
+    )
+    assert "ProfilerStep#0" not in stats
+    assert (stats["aten::linear"].self_cpu_time, stats["aten::linear"].cpu_time) == (20, 50)
+    assert stats["aten::addmm"].self_cpu_time == 25
+    assert stats["cudaLaunchKernel"].calls == 1
+    assert stats["aten::relu"].self_device_time is None  # no device activity in this trace
+
+
+def test_device_time_goes_to_the_launching_operator_and_adds_up_to_its_ancestors():
+    stats = _stats(
+        _x("cpu_op", "aten::linear", 0, 50, **{"External id": 1}),
+        _x("cpu_op", "aten::addmm", 10, 30, **{"External id": 2}),
+        _x("cuda_runtime", "cudaLaunchKernel", 20, 5, **{"External id": 2}),
+        _x("kernel", "sgemm", 30, 400, tid=7, **{"External id": 2}),
+        _x("gpu_memset", "Memset", 500, 6, tid=7, **{"External id": 1}),
+    )
+    assert (stats["aten::addmm"].self_device_time, stats["aten::addmm"].device_time) == (400, 400)
+    assert (stats["aten::linear"].self_device_time, stats["aten::linear"].device_time) == (6, 406)
+    assert stats["cudaLaunchKernel"].self_device_time == 0
+
+
+def test_memory_goes_to_the_innermost_running_operator():
+    memory = {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "s": "t"}
+    stats = _stats(
+        _x("cpu_op", "aten::zeros", 0, 10),
+        _x("cpu_op", "aten::empty", 1, 2),
+        {**memory, "ts": 2, "args": {"Bytes": 4096, "Device Type": 0}},
+        {**memory, "ts": 5, "args": {"Bytes": -1024, "Device Type": 0}},
+    )
+    assert (stats["aten::empty"].self_cpu_memory, stats["aten::zeros"].self_cpu_memory) == (4096, -1024)
+
+
+def test_an_operator_calling_its_namesake_counts_once_as_in_key_averages():
+    stats = _stats(_x("cpu_op", "aten::sum", 0, 10), _x("cpu_op", "aten::sum", 2, 6), _x("cpu_op", "aten::fill_", 3, 2))
+    assert (stats["aten::sum"].calls, stats["aten::sum"].self_cpu_time, stats["aten::sum"].cpu_time) == (1, 8, 10)
+
+
+def test_matches_torch_key_averages_on_a_real_profile(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+        for step in range(3):
+            with record_function(f"ProfilerStep#{step}"):
+                model(torch.randn(16, 32)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    ours = {s.name: s for s in operator_stats(traces.read_trace(tmp_path / "trace.json"))}
+    theirs = {a.key: a for a in prof.key_averages() if not a.key.startswith("ProfilerStep")}
+    assert set(ours) == set(theirs)
+    for name, avg in theirs.items():
+        op = ours[name]
+        assert op.calls == avg.count, name
+        assert op.self_cpu_time == pytest.approx(avg.self_cpu_time_total, rel=0.01, abs=2), name
+        assert op.cpu_time == pytest.approx(avg.cpu_time_total, rel=0.01, abs=2), name
+        assert op.self_cpu_memory == avg.self_cpu_memory_usage, name
+    by_shape = operator_stats(traces.read_trace(tmp_path / "trace.json"), group_by_input_shape=True)
+    assert {s.input_shapes for s in by_shape if s.name == "aten::addmm"} == {"[[1], [16, 64], [64, 1], [], []]", "[[64], [16, 32], [32, 64], [], []]"}
+
+
+@pytest.mark.parametrize("name", ["v100_single_rank.json.gz", "a100_nccl_2rank_rank0.json.gz"])
+def test_matches_torch_tb_profilers_operator_table_on_real_gpu_traces(name, gpu_trace):
+    trace = traces.read_trace(gpu_trace(name))
+    ours = {s.name: s for s in operator_stats(trace)}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/rank0.pt.trace.json.gz"
+        traces.write_trace(traces.tensorboard_compatible(trace), path)
+        plugin = RunGenerator("rank0", None, RunProfileData.parse("rank0", None, path, tmp)).generate_run_profile()
+    rows = sorted(plugin.operation_table_by_name["data"], key=lambda r: -r["device_self_duration"])[:10]
+    assert rows[0]["device_self_duration"] > 0
+    for row in rows:
+        op = ours[row["name"]]
+        assert op.calls == row["calls"], row["name"]
+        # The plugin rounds each event to whole microseconds before adding up, and nests a few overlapping
+        # events differently.
+        assert op.self_device_time == pytest.approx(row["device_self_duration"], rel=0.01, abs=10), row["name"]
+        if row["name"].startswith("aten::"):  # the plugin nests communication annotations its own way
+            assert op.self_cpu_time == pytest.approx(row["host_self_duration"], rel=0.01, abs=10), row["name"]
