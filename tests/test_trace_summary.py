@@ -101,8 +101,6 @@ def test_matches_torch_tb_profilers_operator_table_on_real_gpu_traces(name, gpu_
     for row in rows:
         op = ours[row["name"]]
         assert op.calls == row["calls"], row["name"]
-        # The plugin rounds each event to whole microseconds before adding up, and nests a few overlapping
-        # events differently.
+        # The plugin rounds each event to whole microseconds before adding up. (Host self time is checked
+        # against key_averages() above: the plugin leaves some runtime calls out of an operator's children.)
         assert op.self_device_time == pytest.approx(row["device_self_duration"], rel=0.01, abs=10), row["name"]
-        if row["name"].startswith("aten::"):  # the plugin nests communication annotations its own way
-            assert op.self_cpu_time == pytest.approx(row["host_self_duration"], rel=0.01, abs=10), row["name"]
