@@ -4,24 +4,31 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+PIP := $(PY) -m pip install --quiet -c constraints.txt
 
 .PHONY: demo test install clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(VENV)/.base: constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch first, pinned: nothing later may pull a different (CUDA) build.
-	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
-	touch $(STAMP)
+	# torch first, pinned to the CPU build on this disk: nothing later may pull a different (CUDA) build.
+	$(PIP) torch==2.13.0
+	touch $@
 
-install: $(STAMP)
+$(VENV)/.demo: $(VENV)/.base pyproject.toml
+	$(PIP) -e '.[demo]'
+	touch $@
 
-demo: $(STAMP)
+$(VENV)/.test: $(VENV)/.base pyproject.toml
+	$(PIP) -e '.[test]'
+	touch $@
+
+install: $(VENV)/.test
+
+demo: $(VENV)/.demo
 	$(PY) examples/demo.py
 
-test: $(STAMP)
+test: $(VENV)/.test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

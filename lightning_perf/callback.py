@@ -461,8 +461,8 @@ class PerfCallback(Callback):
         if shortened:
             self._warn_once(
                 f"shortened:{stage}",
-                f"PerfCallback: a {stage} window was cut short by the end of the epoch (recorded batches"
-                f" {recorded[0]}-{recorded[-1]}); its trace is saved as it is.",
+                f"PerfCallback: a {stage} window was cut short by the end of its epoch or of the run (recorded"
+                f" batches {recorded[0]}-{recorded[-1]}); its trace is saved as it is.",
             )
         st.windows_this_epoch += 1
         assert self.dirpath is not None

@@ -7,7 +7,7 @@ import time
 import lightning.pytorch as pl
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 
 class SleepyDataset(Dataset):
@@ -98,6 +98,3 @@ def trainer(tmp_path, callbacks, **kwargs) -> pl.Trainer:
     )
     defaults.update(kwargs)
     return pl.Trainer(callbacks=callbacks, **defaults)
-
-
-_ = TensorDataset  # re-exported for tests that need a plain in-memory data set

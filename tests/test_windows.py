@@ -84,7 +84,7 @@ def test_validation_inside_a_training_window_stays_out_of_its_trace(tmp_path):
 
 def test_window_open_at_epoch_end_is_closed_and_saved_there(tmp_path):
     callback = PerfCallback(schedule={"skip_first": 2, "warmup": 1, "active": 10}, stages=["train"])
-    with pytest.warns(UserWarning, match="train window was cut short by the end of the epoch"):
+    with pytest.warns(UserWarning, match="train window was cut short by the end of its epoch"):
         trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=32))  # 8 batches per epoch
     assert _names(callback) == ["train-epoch000-batches0003-0007", "train-epoch001-batches0003-0007"]
     assert all(w.shortened for w in callback.windows)
@@ -174,3 +174,19 @@ def test_a_failure_in_our_own_output_warns_once_and_training_goes_on(tmp_path):
     assert t.current_epoch == 2 and t.global_step == 8  # training finished
     assert callback.windows == []
     assert len([w for w in caught if "profiling the train stage failed" in str(w.message)]) == 1
+
+
+class FailsAtBatch3(TinyModel):
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 3:
+            raise RuntimeError("boom in training_step")
+        return super().training_step(batch, batch_idx)
+
+
+def test_an_exception_inside_a_window_still_leaves_a_valid_trace(tmp_path):
+    callback = PerfCallback(schedule=SCHEDULE_3, stages=["train"])
+    with pytest.raises(RuntimeError, match="boom in training_step"):
+        trainer(tmp_path, [callback]).fit(FailsAtBatch3(n=32))
+    [window] = callback.windows
+    assert window.shortened and (window.first_batch, window.last_batch) == (2, 3)
+    assert steps(load(window.trace_path)) == [2, 3]  # valid JSON, with the batch that raised

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import tempfile
 from typing import Any
 
 import torch
@@ -156,13 +157,15 @@ class ProfilerWindow:
     def save(self, path: str, *, tensorboard_compat: bool) -> dict[str, Any]:
         """Writes the trace of a stopped window to ``path`` (``*.pt.trace.json.gz``), atomically; returns it."""
         self._expect(WindowState.STOPPED)
-        raw = f"{path}.{os.getpid()}.raw.json"
+        # torch's own export, to a temporary file outside the window directory (where a leftover would look
+        # like one more trace to the tools that read it).
+        fd, raw = tempfile.mkstemp(prefix="lightning_perf-", suffix=".json")
+        os.close(fd)
         try:
             self._profiler.export_chrome_trace(raw)
             trace = traces.read_trace(raw)
         finally:
-            if os.path.exists(raw):
-                os.remove(raw)
+            os.remove(raw)
         traces.keep_steps(trace, self.ran)
         if tensorboard_compat:
             traces.tensorboard_compatible(trace)
