@@ -81,7 +81,6 @@ class ProfilerWindow:
         self.state = WindowState.CREATED
         self._span: Any = None
         self._span_batch: int | None = None
-        self.begun: list[int] = []  # batches whose step span was opened
         self.ran: set[int] = set()  # batches that really ran while the window recorded
 
     @property
@@ -112,7 +111,6 @@ class ProfilerWindow:
         self._span = record_function(traces.PROFILER_STEP_PREFIX + str(batch))
         self._span.__enter__()
         self._span_batch = batch
-        self.begun.append(batch)
 
     def mark_ran(self, batch: int) -> None:
         """Notes that ``batch`` started inside its span (a span opened for a batch that never comes is dropped)."""
