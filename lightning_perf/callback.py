@@ -89,8 +89,9 @@ class PerfCallback(Callback):
             (``Trainer(profiler="pytorch")`` or an active ``torch.profiler.profile``).
 
     Logged to TensorBoard:
-        ``perf/operators/<stage>``: one markdown table per window, at the trainer's ``global_step`` for
-        ``train`` windows and at the stage's own batch count for the other stages.
+        ``perf/operators/<stage>`` (shown as ``perf/operators/<stage>/text_summary``): one markdown table per
+        window, at the trainer's ``global_step`` for ``train`` windows and at the stage's own batch count for
+        the other stages.
 
     Example::
 
@@ -167,7 +168,9 @@ class PerfCallback(Callback):
                 "PerfCallback found a torch profiler already running (a `torch.profiler.profile` context around"
                 " the Trainer call?): two torch profilers cannot run at once. Remove one of them."
             )
-        self.dirpath = self.config.dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, layout.PERF_SUBDIR)
+        self.dirpath = os.path.abspath(
+            self.config.dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, layout.PERF_SUBDIR)
+        )
         logger = trainer.loggers[0] if trainer.loggers else None
         if isinstance(logger, (TensorBoardLogger, CSVLogger)):
             self.tensorboard_logdir = logger.root_dir
