@@ -16,8 +16,8 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
@@ -29,14 +29,22 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_perf import layout
+from lightning_perf import __version__, layout
+from lightning_perf.collect.batch import BatchSizer
+from lightning_perf.collect.memory import CudaPeaks, host_rss
 from lightning_perf.collect.profiler import ProfilerWindow, WindowState, torch_profiler_active
+from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, run_info, stage_dataloaders
+from lightning_perf.collect.steps import StepClock
 from lightning_perf.config import DEFAULT_MAX_WINDOWS, STAGES, PerfConfig, Schedule, SortKey, Stage
-from lightning_perf.records import WindowRecord
+from lightning_perf.records import EpochSummary, WindowRecord
+from lightning_perf.report.charts import step_split_caption, step_split_image
+from lightning_perf.report.json_report import REPORT_FILENAME, report_dict, write_json_atomically
 from lightning_perf.report.markdown import operator_table
-from lightning_perf.report.tensorboard import TensorBoardText
+from lightning_perf.report.metrics import batch_metrics, epoch_metrics
+from lightning_perf.report.outputs import Outputs
 from lightning_perf.schedule import Action, make_plan
 from lightning_perf.summarize.operators import default_sort_key, top_operators
+from lightning_perf.summarize.steps import summarize_epoch
 from lightning_perf.summarize.trace import operator_stats
 
 OPERATORS_TAG = "perf/operators/{stage}"
@@ -44,15 +52,16 @@ OPERATORS_TAG = "perf/operators/{stage}"
 
 @dataclass
 class _StageState:
-    """Where one stage is: its epoch, its batch within the epoch, and the windows it has used."""
+    """Where one stage is: its epoch, its batch within the epoch, its clocks, and the windows it has used."""
 
+    clock: StepClock
     epoch: int = -1
     batch: int = 0
     num_batches: float = math.inf
     total_batches: int = 0  # over the whole run: the stage's own TensorBoard step axis
     windows_used: int = 0
     windows_this_epoch: int = 0
-    warned: set[str] = field(default_factory=set)
+    host_rss_peak: int | None = None
 
 
 class PerfCallback(Callback):
@@ -117,6 +126,8 @@ class PerfCallback(Callback):
         row_limit: int = 20,
         sort_by: SortKey | None = None,
         tensorboard_compat: bool = True,
+        log_loss: bool = True,
+        batch_size_fn: Callable[[Any], int] | None = None,
     ) -> None:
         self.config = PerfConfig.build(
             schedule=schedule,
@@ -131,6 +142,8 @@ class PerfCallback(Callback):
             row_limit=row_limit,
             sort_by=sort_by,
             tensorboard_compat=tensorboard_compat,
+            log_loss=log_loss,
+            batch_size_fn=batch_size_fn,
         )
         self._plan = make_plan(self.config)
         if self.config.schedule.warmup == 0:
@@ -138,12 +151,15 @@ class PerfCallback(Callback):
                 "PerfCallback: schedule.warmup=0: the first recorded batch of each window will carry the"
                 " profiler's own start-up cost. torch.profiler recommends warmup >= 1."
             )
-        self._stages: dict[str, _StageState] = {stage: _StageState() for stage in STAGES}
+        self._batch_size = BatchSizer(batch_size_fn)
+        self._stages: dict[str, _StageState] = {stage: _StageState(StepClock(self._batch_size)) for stage in STAGES}
         self._window: ProfilerWindow | None = None
         self._window_stage: str | None = None
         self._window_epoch = 0
         self._warned: set[str] = set()
-        self._text: TensorBoardText | None = None
+        self._outputs: Outputs | None = None
+        self._cuda_peaks: CudaPeaks | None = None
+        self._run_info: dict[str, Any] = {}
         self._use_cuda = False
         self._rank = 0
         self._window_step = 0
@@ -152,6 +168,19 @@ class PerfCallback(Callback):
         self.tensorboard_logdir: str | None = None
         #: Every window saved so far in this process, in order.
         self.windows: list[WindowRecord] = []
+        #: Every stage epoch measured so far in this process, in order.
+        self.epochs: list[EpochSummary] = []
+
+    @property
+    def report(self) -> dict[str, Any]:
+        """Everything measured so far, as written to ``perf_report.json`` (see README for the schema)."""
+        return report_dict(
+            generated_by=f"lightning-perf {__version__}", run=self._run_info, epochs=self.epochs, windows=self.windows
+        )
+
+    @property
+    def report_path(self) -> str | None:
+        return None if self.dirpath is None else os.path.join(self.dirpath, REPORT_FILENAME)
 
     # ------------------------------------------------------------------ setup and teardown
 
@@ -171,23 +200,31 @@ class PerfCallback(Callback):
         self.dirpath = os.path.abspath(
             self.config.dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, layout.PERF_SUBDIR)
         )
+        try:
+            os.makedirs(self.dirpath, exist_ok=True)
+        except OSError as err:
+            raise MisconfigurationException(
+                f"PerfCallback cannot write its output directory dirpath={self.dirpath!r}: {err}"
+            ) from err
         logger = trainer.loggers[0] if trainer.loggers else None
         if isinstance(logger, (TensorBoardLogger, CSVLogger)):
             self.tensorboard_logdir = logger.root_dir
         else:
             self.tensorboard_logdir = self.dirpath
-        self._text = TensorBoardText(trainer.loggers, fallback_dir=self.dirpath)
-        self._text.prepare()  # not inside the first window's close: opening a writer takes tens of ms
+        self._outputs = Outputs(trainer.loggers, fallback_dir=self.dirpath)
+        self._outputs.prepare()  # not inside the first window's close: opening a writer takes tens of ms
         self._use_cuda = trainer.strategy.root_device.type == "cuda"
+        self._cuda_peaks = CudaPeaks(trainer.strategy.root_device) if self._use_cuda else None
+        self._run_info = {**run_info(trainer), "dataloaders": self._run_info.get("dataloaders", {})}
         self._rank = trainer.global_rank
         self._windows_at_setup = len(self.windows)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._close_window_safely()
-        if self._text is not None:
-            self._text.flush()
-            self._text.close()
+        if self._outputs is not None:
+            self._outputs.flush()
+            self._outputs.close()
         new = self.windows[self._windows_at_setup :]
         if new:
             rank_zero_info(
@@ -207,17 +244,17 @@ class PerfCallback(Callback):
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
-        self._batch_start("train")
+        self._batch_start("train", batch)
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._batch_end("train", trainer)
+        self._batch_end("train", trainer, outputs)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end("train")
+        self._epoch_end("train", trainer)
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -238,6 +275,7 @@ class PerfCallback(Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or "train" not in self.config.stages:
             return
+        self._stages["train"].clock.restart()  # the validation run is no training batch's data wait
         try:
             if self._window is not None and self._window.state is WindowState.PAUSED:
                 self._window.resume()
@@ -256,7 +294,7 @@ class PerfCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         if not trainer.sanity_checking:
-            self._batch_start("validate")
+            self._batch_start("validate", batch)
 
     @override
     def on_validation_batch_end(
@@ -269,12 +307,12 @@ class PerfCallback(Callback):
         dataloader_idx: int = 0,
     ) -> None:
         if not trainer.sanity_checking:
-            self._batch_end("validate", trainer)
+            self._batch_end("validate", trainer, outputs)
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
-            self._epoch_end("validate")
+            self._epoch_end("validate", trainer)
 
     @override
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -284,7 +322,7 @@ class PerfCallback(Callback):
     def on_test_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._batch_start("test")
+        self._batch_start("test", batch)
 
     @override
     def on_test_batch_end(
@@ -296,11 +334,11 @@ class PerfCallback(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._batch_end("test", trainer)
+        self._batch_end("test", trainer, outputs)
 
     @override
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end("test")
+        self._epoch_end("test", trainer)
 
     @override
     def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -310,7 +348,7 @@ class PerfCallback(Callback):
     def on_predict_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._batch_start("predict")
+        self._batch_start("predict", batch)
 
     @override
     def on_predict_batch_end(
@@ -322,11 +360,11 @@ class PerfCallback(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._batch_end("predict", trainer)
+        self._batch_end("predict", trainer, outputs)
 
     @override
     def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_end("predict")
+        self._epoch_end("predict", trainer)
 
     # ------------------------------------------------------------------ the machinery, stage-agnostic
 
@@ -339,44 +377,73 @@ class PerfCallback(Callback):
             return
         st = self._stages[stage]
         st.epoch, st.batch, st.num_batches, st.windows_this_epoch = epoch, 0, num_batches, 0
-        try:
-            self._before_batch(stage, st, trainer)
-        except Exception as err:
-            self._fail(stage, err)
+        self._safely(stage, self._start_measuring, stage, st, trainer)
+        self._safely(stage, self._before_batch, stage, st, trainer)
+        st.clock.epoch_start()
 
-    def _batch_start(self, stage: str) -> None:
-        if self._window is not None and self._window_stage == stage:
-            self._window.mark_ran(self._stages[stage].batch)
+    def _start_measuring(self, stage: str, st: _StageState, trainer: pl.Trainer) -> None:
+        st.host_rss_peak = host_rss()
+        if self._cuda_peaks is not None:
+            self._cuda_peaks.start(stage)
+        dataloaders = self._run_info.setdefault("dataloaders", {})
+        if stage not in dataloaders:
+            dataloaders[stage] = dataloader_settings(first_dataloader(stage_dataloaders(trainer, stage)))
 
-    def _batch_end(self, stage: str, trainer: pl.Trainer) -> None:
+    def _batch_start(self, stage: str, batch: Any) -> None:
         if stage not in self.config.stages:
             return
         st = self._stages[stage]
-        try:
-            window = self._window
-            if window is not None and self._window_stage == stage and window.state is WindowState.RECORDING:
-                window.end_step()
-                if self._plan.action(st.batch, st.num_batches) is Action.RECORD_AND_SAVE:
-                    self._close_window(shortened=False)
-            st.batch += 1
-            st.total_batches += 1
-            if st.batch >= st.num_batches:
-                # The epoch's last batch is done: a window still open cannot complete.
-                if self._window_stage == stage:
-                    self._close_window(shortened=True)
-                return
-            self._before_batch(stage, st, trainer)
-        except Exception as err:
-            self._fail(stage, err)
+        st.clock.batch_start(batch)
+        if self._window is not None and self._window_stage == stage:
+            self._window.mark_ran(st.batch)
 
-    def _epoch_end(self, stage: str) -> None:
+    def _batch_end(self, stage: str, trainer: pl.Trainer, outputs: Any) -> None:
         if stage not in self.config.stages:
             return
+        st = self._stages[stage]
+        st.clock.batch_end(outputs, keep_loss=self.config.log_loss and stage != "predict")
+        st.total_batches += 1
+        if st.total_batches % trainer.log_every_n_steps == 0:
+            self._safely(stage, self._log_batch, stage, st, trainer)
+        self._safely(stage, self._end_window_step, stage, st)
+        st.batch += 1
+        self._safely(stage, self._before_batch, stage, st, trainer)
+        # What we did after the batch (logging, closing a window) is no part of the next batch's data wait.
+        st.clock.restart()
+
+    def _log_batch(self, stage: str, st: _StageState, trainer: pl.Trainer) -> None:
+        clock = st.clock
+        loss = clock.last_loss
+        metrics = batch_metrics(
+            stage,
+            data_wait=clock.data_wait[-1],
+            compute=clock.compute[-1],
+            batch_size=clock.batch_sizes[-1],
+            loss=None if loss is None else float(loss),  # the one device sync, at the logging cadence only
+        )
+        if self._outputs is not None:
+            self._outputs.log_scalars(metrics, self._step(stage, st, trainer))
+        rss = host_rss()
+        if rss is not None:
+            st.host_rss_peak = max(rss, st.host_rss_peak or 0)
+
+    def _step(self, stage: str, st: _StageState, trainer: pl.Trainer) -> int:
+        """The stage's step axis: the trainer's global step for training, the stage's own batch count else."""
+        return trainer.global_step if stage == "train" else st.total_batches
+
+    def _end_window_step(self, stage: str, st: _StageState) -> None:
+        window = self._window
+        if window is not None and self._window_stage == stage and window.state is WindowState.RECORDING:
+            window.end_step()
+            if self._plan.action(st.batch, st.num_batches) is Action.RECORD_AND_SAVE:
+                self._close_window(shortened=False)
+
+    def _epoch_end(self, stage: str, trainer: pl.Trainer) -> None:
+        if stage not in self.config.stages:
+            return
+        self._safely(stage, self._summarize_epoch, stage, self._stages[stage], trainer)
         if self._window_stage == stage:
-            try:
-                self._close_window(shortened=True)
-            except Exception as err:
-                self._fail(stage, err)
+            self._safely(stage, self._close_window, shortened=True)
         st = self._stages[stage]
         first = self._plan.first_active()
         if (
@@ -392,9 +459,43 @@ class PerfCallback(Callback):
                 f" or pass `batches=[...]`.",
             )
 
+    def _summarize_epoch(self, stage: str, st: _StageState, trainer: pl.Trainer) -> None:
+        clock = st.clock
+        rss = host_rss()
+        cuda = self._cuda_peaks.read(stage) if self._cuda_peaks is not None else None
+        summary = summarize_epoch(
+            stage=stage,
+            epoch=st.epoch,
+            data_wait=clock.data_wait,
+            compute=clock.compute,
+            batch_sizes=clock.batch_sizes,
+            loss=clock.mean_loss(),
+            host_rss=rss,
+            host_rss_peak=max(rss or 0, st.host_rss_peak or 0) or None,
+            cuda_max_allocated=cuda.max_allocated if cuda else None,
+            cuda_max_reserved=cuda.max_reserved if cuda else None,
+            cuda_capacity=cuda.capacity if cuda else None,
+            cuda_utilization=cuda.utilization if cuda else None,
+        )
+        self.epochs.append(summary)
+        if self._batch_size.failed:
+            self._warn_once("batch_size_fn", f"PerfCallback: {self._batch_size.failed}; throughput is not measured.")
+        if self._outputs is not None:
+            step = self._step(stage, st, trainer)
+            self._outputs.log_scalars(epoch_metrics(summary), step)
+            if summary.batches:
+                tag = f"perf/{stage}/step_split"
+                self._outputs.add_image(tag, step_split_image(clock.data_wait, clock.compute), step)
+                self._outputs.add_text(tag + "_caption", step_split_caption(clock.data_wait, clock.compute), step)
+        if trainer.is_global_zero and self.report_path is not None:
+            write_json_atomically(self.report, self.report_path)
+
     def _before_batch(self, stage: str, st: _StageState, trainer: pl.Trainer) -> None:
         """Sets the profiler up for batch ``st.batch`` of ``stage``, as the plan says."""
         if st.batch >= st.num_batches:
+            # The epoch's last batch is done: a window still open cannot complete.
+            if self._window_stage == stage:
+                self._close_window(shortened=True)
             return
         action = self._plan.action(st.batch, st.num_batches)
         if action is Action.NONE:
@@ -492,19 +593,24 @@ class PerfCallback(Callback):
         table = operator_table(record, top_operators(record.operators, sort_by=sort_by, row_limit=self.config.row_limit), sort_by=sort_by)
         with open(os.path.join(window_dir, layout.operators_filename(self._rank)), "w", encoding="utf-8") as f:
             f.write(table)
-        if self._text is not None:
-            self._text.add_text(OPERATORS_TAG.format(stage=stage), table, record.step)
+        if self._outputs is not None:
+            self._outputs.add_text(OPERATORS_TAG.format(stage=stage), table, record.step)
         self.windows.append(dataclasses.replace(record, close_seconds=time.perf_counter() - start))
 
     def _close_window_safely(self) -> None:
+        self._safely(self._window_stage or "a", self._close_window, shortened=True)
+
+    def _safely(self, stage: str, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         try:
-            self._close_window(shortened=True)
+            fn(*args, **kwargs)
         except Exception as err:
-            self._fail(self._window_stage or "a", err)
+            self._fail(stage, err)
 
     def _fail(self, stage: str, err: Exception) -> None:
-        """Our own collection or reporting failed: drop the window, say so once, let training go on."""
-        window, self._window, self._window_stage = self._window, None, None
+        """Our own collection or reporting failed: drop the stage's window, say so once, let training go on."""
+        window = None
+        if self._window_stage == stage:
+            window, self._window, self._window_stage = self._window, None, None
         if window is not None and window.state not in (WindowState.CREATED, WindowState.STOPPED):
             try:
                 window.stop()
@@ -512,8 +618,8 @@ class PerfCallback(Callback):
                 pass
         self._warn_once(
             f"error:{type(err).__name__}",
-            f"PerfCallback: profiling the {stage} stage failed ({type(err).__name__}: {err}); that window is lost,"
-            " training goes on, and later windows are still attempted.",
+            f"PerfCallback: measuring the {stage} stage failed ({type(err).__name__}: {err}); what it was"
+            " measuring is lost, training goes on, and later epochs and windows are still measured.",
         )
 
     def _warn_once(self, key: str, message: str) -> None:

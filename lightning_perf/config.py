@@ -10,7 +10,7 @@ Nothing here imports torch or lightning: a config can be built and checked anywh
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -134,6 +134,8 @@ class PerfConfig:
     row_limit: int
     sort_by: SortKey | None
     tensorboard_compat: bool
+    log_loss: bool = True
+    batch_size_fn: Callable[[Any], int] | None = None
 
     @classmethod
     def build(cls, **kwargs: Any) -> PerfConfig:
@@ -185,9 +187,13 @@ class PerfConfig:
         if dirpath is not None and not isinstance(dirpath, (str,)) and not hasattr(dirpath, "__fspath__"):
             problems.append(f"dirpath={dirpath!r}: must be a path or None")
 
-        for name in ("record_shapes", "profile_memory", "with_stack", "with_flops", "tensorboard_compat"):
-            if not isinstance(kwargs[name], bool):
-                problems.append(f"{name}={kwargs[name]!r}: must be True or False")
+        batch_size_fn = kwargs.get("batch_size_fn")
+        if batch_size_fn is not None and not callable(batch_size_fn):
+            problems.append(f"batch_size_fn={batch_size_fn!r}: must be a callable (batch -> int) or None")
+
+        for name in ("record_shapes", "profile_memory", "with_stack", "with_flops", "tensorboard_compat", "log_loss"):
+            if not isinstance(kwargs.get(name, True), bool):
+                problems.append(f"{name}={kwargs.get(name)!r}: must be True or False")
 
         sort_by = kwargs["sort_by"]
         if sort_by is not None and sort_by not in SORT_KEYS:
@@ -208,6 +214,8 @@ class PerfConfig:
             row_limit=kwargs["row_limit"],
             sort_by=sort_by,
             tensorboard_compat=kwargs["tensorboard_compat"],
+            log_loss=kwargs.get("log_loss", True),
+            batch_size_fn=batch_size_fn,
         )
 
 

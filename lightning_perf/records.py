@@ -64,3 +64,49 @@ class WindowRecord:
     @property
     def num_batches(self) -> int:
         return self.last_batch - self.first_batch + 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpochSummary:
+    """What one epoch of one stage looked like, from the always-on measurements (no profiler).
+
+    Times are in seconds, memory in bytes; a field is ``None`` where it could not be measured (batch sizes
+    not inferable, no loss returned, no ``/proc``, no CUDA).
+
+    Attributes:
+        stage: ``"train"``, ``"validate"``, ``"test"`` or ``"predict"``.
+        epoch: The stage's epoch (for validation: the number of validation runs before this one).
+        batches: Batches measured.
+        samples: Samples in those batches.
+        step_time: Sum of the batches' step times (data wait + compute).
+        data_wait: Sum of the batches' data-wait times.
+        step_time_p50, step_time_p90, step_time_max: Step-time percentiles.
+        data_wait_fraction: ``data_wait / step_time``.
+        throughput: ``samples / step_time``, samples per second.
+        loss: Mean of the losses the stage's ``*_step`` returned.
+        host_rss: The process's resident memory at the epoch's end.
+        host_rss_peak: The highest resident memory sampled during the epoch (at the logging cadence and at
+            its end).
+        cuda_max_allocated, cuda_max_reserved: Peaks of the CUDA caching allocator during the epoch.
+        cuda_capacity: The device's total memory.
+        cuda_utilization: ``torch.cuda.utilization()`` at the epoch's end, in %, where NVML is available.
+    """
+
+    stage: str
+    epoch: int
+    batches: int
+    samples: int | None
+    step_time: float
+    data_wait: float
+    step_time_p50: float
+    step_time_p90: float
+    step_time_max: float
+    data_wait_fraction: float
+    throughput: float | None
+    loss: float | None = None
+    host_rss: int | None = None
+    host_rss_peak: int | None = None
+    cuda_max_allocated: int | None = None
+    cuda_max_reserved: int | None = None
+    cuda_capacity: int | None = None
+    cuda_utilization: int | None = None

@@ -38,11 +38,13 @@ class TinyModel(pl.LightningModule):
         sleep_s: float = 0.0,
         val_n: int | None = None,
         width: int = 32,
+        depth: int = 1,
     ) -> None:
         super().__init__()
         self.n, self.batch_size, self.sleep_s = n, batch_size, sleep_s
         self.val_n = n if val_n is None else val_n
-        self.net = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, 1))
+        hidden = [layer for _ in range(depth - 1) for layer in (nn.Linear(width, width), nn.ReLU())]
+        self.net = nn.Sequential(nn.Linear(16, width), nn.ReLU(), *hidden, nn.Linear(width, 1))
         # Marker ops that name the stage in a trace: a test can tell which stage's batches a trace holds.
         self.stage_marker = {"train": torch.sin, "validate": torch.cos, "test": torch.tan, "predict": torch.exp}
 

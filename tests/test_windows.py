@@ -165,15 +165,28 @@ def test_an_active_torch_profiler_is_refused_at_setup(tmp_path):
 
 
 def test_a_failure_in_our_own_output_warns_once_and_training_goes_on(tmp_path):
-    blocker = tmp_path / "not-a-directory"
-    blocker.write_text("a file where the output directory should be")
-    callback = PerfCallback(schedule={"skip_first": 0, "active": 1, "repeat": 2}, stages=["train"], dirpath=str(blocker))
+    dirpath = tmp_path / "perf"
+    dirpath.mkdir()
+    # A file where the first two windows' directories should go: writing their traces fails for real.
+    for name in ("train-epoch000-batches0001-0001", "train-epoch001-batches0001-0001"):
+        (dirpath / name).write_text("in the way")
+    callback = PerfCallback(schedule={"skip_first": 0, "active": 1, "repeat": 2}, stages=["train"], dirpath=str(dirpath))
     t = trainer(tmp_path, [callback], max_epochs=2)
-    with pytest.warns(UserWarning, match=r"profiling the train stage failed \((FileExistsError|NotADirectoryError)") as caught:
+    with pytest.warns(UserWarning, match=r"measuring the train stage failed \(FileExistsError") as caught:
         t.fit(TinyModel(n=16))
     assert t.current_epoch == 2 and t.global_step == 8  # training finished
-    assert callback.windows == []
-    assert len([w for w in caught if "profiling the train stage failed" in str(w.message)]) == 1
+    # The windows after the failing ones are still recorded, and the failure is reported once.
+    assert [w.name for w in callback.windows] == ["train-epoch000-batches0003-0003", "train-epoch001-batches0003-0003"]
+    assert len([w for w in caught if "measuring the train stage failed" in str(w.message)]) == 1
+
+
+def test_an_output_directory_that_cannot_be_written_fails_at_setup(tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the output directory should be")
+    t = trainer(tmp_path, [PerfCallback(dirpath=str(blocker))])
+    with pytest.raises(MisconfigurationException, match="cannot write its output directory dirpath="):
+        t.fit(TinyModel(n=8))
+    assert t.global_step == 0
 
 
 class FailsAtBatch3(TinyModel):

@@ -1,0 +1,96 @@
+"""
+Memory readings
+===============
+
+Host and CUDA memory, read where it is cheap: the process's resident set from ``/proc`` (one small file
+read), the CUDA caching allocator's own counters (host-side, no device synchronization). Every reader
+returns ``None`` where its source does not exist (no ``/proc``, no CUDA), never raises.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from dataclasses import dataclass
+
+import torch
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def host_rss() -> int | None:
+    """The process's resident set size now, in bytes (Linux ``/proc/self/statm``)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def host_rss_lifetime_peak() -> int | None:
+    """The process's peak resident set size since it started, in bytes (``getrusage``)."""
+    try:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (OSError, ValueError):
+        return None
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaMemory:
+    """Peaks of the CUDA caching allocator since its last reset, and the device's size, in bytes."""
+
+    max_allocated: int
+    max_reserved: int
+    capacity: int
+    utilization: int | None  # % of the last sample period the device was busy (needs pynvml), or None
+
+
+class NestedPeaks:
+    """Peaks per period where periods can nest (an epoch and its windows) over one resettable counter.
+
+    ``torch.cuda.reset_peak_memory_stats`` has one peak counter per device. Starting a period resets it, so
+    every other open period first keeps the highest peak it has seen. Pure bookkeeping over the values it
+    is given, so it is tested without a GPU.
+    """
+
+    def __init__(self) -> None:
+        self._carried: dict[str, tuple[int, ...]] = {}
+
+    def start(self, period: str, peak_before_reset: tuple[int, ...]) -> None:
+        for name, carried in self._carried.items():
+            self._carried[name] = tuple(map(max, carried, peak_before_reset))
+        self._carried[period] = tuple(0 for _ in peak_before_reset)
+
+    def read(self, period: str, peak_now: tuple[int, ...]) -> tuple[int, ...]:
+        carried = self._carried.get(period)
+        return peak_now if carried is None else tuple(map(max, carried, peak_now))
+
+
+class CudaPeaks:
+    """Allocated and reserved peaks of the CUDA caching allocator on one device, per (nested) period."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._peaks = NestedPeaks()
+
+    def start(self, period: str) -> None:
+        self._peaks.start(period, self._raw())
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def read(self, period: str) -> CudaMemory:
+        max_allocated, max_reserved = self._peaks.read(period, self._raw())
+        try:
+            utilization: int | None = torch.cuda.utilization(self.device)
+        except Exception:  # pynvml missing, or NVML unavailable: utilization is optional
+            utilization = None
+        return CudaMemory(
+            max_allocated=max_allocated,
+            max_reserved=max_reserved,
+            capacity=torch.cuda.get_device_properties(self.device).total_memory,
+            utilization=utilization,
+        )
+
+    def _raw(self) -> tuple[int, int]:
+        return torch.cuda.max_memory_allocated(self.device), torch.cuda.max_memory_reserved(self.device)

@@ -1,0 +1,74 @@
+"""
+Run information
+===============
+
+What a report needs to say about the run: versions, device, distribution, precision, and the DataLoader
+settings that decide input performance. Read from public trainer and DataLoader attributes.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+import lightning
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader
+
+
+def run_info(trainer: pl.Trainer) -> dict[str, Any]:
+    device = trainer.strategy.root_device
+    if device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device_name = platform.processor() or platform.machine()
+    return {
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "device": device.type,
+        "device_name": device_name,
+        "world_size": trainer.world_size,
+        "num_nodes": trainer.num_nodes,
+        "precision": str(trainer.precision),
+        "strategy": type(trainer.strategy).__name__,
+        "dataloaders": {},
+    }
+
+
+def first_dataloader(dataloaders: Any) -> DataLoader | None:
+    """The first :class:`DataLoader` in what ``trainer.*_dataloader(s)`` holds (one, a list, a dict)."""
+    if isinstance(dataloaders, DataLoader):
+        return dataloaders
+    if isinstance(dataloaders, dict):
+        dataloaders = list(dataloaders.values())
+    if isinstance(dataloaders, (list, tuple)):
+        for item in dataloaders:
+            found = first_dataloader(item)
+            if found is not None:
+                return found
+    return None
+
+
+def dataloader_settings(dataloader: DataLoader | None) -> dict[str, Any] | None:
+    """The settings of a DataLoader that matter for input speed."""
+    if dataloader is None:
+        return None
+    return {
+        "num_workers": dataloader.num_workers,
+        "pin_memory": dataloader.pin_memory,
+        "persistent_workers": dataloader.persistent_workers,
+        "prefetch_factor": dataloader.prefetch_factor,
+        "batch_size": dataloader.batch_size,
+        "drop_last": dataloader.drop_last,
+    }
+
+
+def stage_dataloaders(trainer: pl.Trainer, stage: str) -> Any:
+    """The trainer's dataloaders of a stage (public properties; set once the stage's loop has started)."""
+    return {
+        "train": lambda: trainer.train_dataloader,
+        "validate": lambda: trainer.val_dataloaders,
+        "test": lambda: trainer.test_dataloaders,
+        "predict": lambda: trainer.predict_dataloaders,
+    }[stage]()

@@ -1,0 +1,92 @@
+"""
+Step clocks
+===========
+
+The always-on, per-batch measurements: when each batch started and ended, how many samples it had, and
+its loss. A few clock reads and list appends per batch; no profiler, no device synchronization.
+
+How the split is measured, for each batch ``k`` of a stage's epoch:
+
+- **data wait**: from the end of batch ``k - 1`` (``on_*_batch_end``; for the first batch, the epoch start)
+  to the start of batch ``k`` (``on_*_batch_start``). Lightning fetches the batch from the DataLoader and
+  moves it to the device in between, so this is the time the loop waited for input.
+- **compute**: from the start to the end of batch ``k``: forward, backward, optimizer step and the hooks.
+- A validation run inside a training epoch is neither: the clock restarts when it ends.
+
+Accuracy on CUDA: all three are host-side times. The host may run ahead of the device by the kernels it has
+queued, so a single batch's compute can be short and the next batch's data wait long (the host waits in
+the DataLoader while the device catches up); over an epoch the sums are right, because the host cannot run
+more than a bounded queue ahead (any ``.item()``, logging or the caching allocator makes it wait).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def loss_tensor(outputs: Any) -> Any:
+    """The loss a ``*_step`` returned: the tensor itself, or the ``"loss"`` entry of a mapping; else ``None``."""
+    if isinstance(outputs, dict):
+        outputs = outputs.get("loss")
+    if hasattr(outputs, "detach") and getattr(outputs, "ndim", None) == 0:
+        return outputs
+    return None
+
+
+class StepClock:
+    """Per-batch times, sizes and losses of one stage, for the current epoch.
+
+    Args:
+        batch_size: Returns the number of samples in a batch, or ``None`` when it cannot tell.
+        clock: Seconds, monotonic (``time.perf_counter``).
+    """
+
+    def __init__(self, batch_size: Callable[[Any], int | None], clock: Callable[[], float] = time.perf_counter):
+        self._batch_size = batch_size
+        self._clock = clock
+        self._last_end = clock()
+        self._start = self._last_end
+        self.data_wait: list[float] = []
+        self.compute: list[float] = []
+        self.batch_sizes: list[int | None] = []
+        self.losses: list[Any] = []  # detached 0-d tensors, still on their device
+        self.last_loss: Any = None  # this batch's, or None
+
+    def epoch_start(self) -> None:
+        self._last_end = self._clock()
+        self.data_wait, self.compute, self.batch_sizes, self.losses = [], [], [], []
+
+    def restart(self) -> None:
+        """Restarts the data-wait clock (after a validation run inside a training epoch)."""
+        self._last_end = self._clock()
+
+    def batch_start(self, batch: Any) -> None:
+        now = self._clock()
+        self.data_wait.append(now - self._last_end)
+        self._start = now
+        self.batch_sizes.append(self._batch_size(batch))
+
+    def batch_end(self, outputs: Any, keep_loss: bool) -> None:
+        now = self._clock()
+        self.compute.append(now - self._start)
+        self._last_end = now
+        self.last_loss = None
+        if keep_loss:
+            loss = loss_tensor(outputs)
+            if loss is not None:
+                self.last_loss = loss.detach()
+                self.losses.append(self.last_loss)
+
+    @property
+    def batches(self) -> int:
+        return len(self.compute)
+
+    def mean_loss(self) -> float | None:
+        """The mean of the epoch's losses: one device synchronization, at the epoch's end."""
+        if not self.losses:
+            return None
+        return float(torch.stack(self.losses).float().mean())

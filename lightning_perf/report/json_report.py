@@ -1,0 +1,67 @@
+"""
+perf_report.json
+================
+
+The run's report as one JSON document, rewritten atomically at every epoch end, so that it is valid
+whenever it is read, even after an interrupted run. Its schema (``version`` 1):
+
+.. code-block:: text
+
+    {
+      "version": 1,
+      "generated_by": "lightning-perf <version>",
+      "run": {torch, lightning, device, device_name, world_size, precision, strategy,
+              dataloaders: {<stage>: {num_workers, pin_memory, persistent_workers, batch_size}}},
+      "stages": {<stage>: {"epochs": [<EpochSummary fields>, ...]}},
+      "windows": [<WindowRecord fields but operators>, ...]
+    }
+
+Times are in seconds, memory in bytes; ``null`` where a value could not be measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lightning_perf.records import EpochSummary, WindowRecord
+
+SCHEMA_VERSION = 1
+REPORT_FILENAME = "perf_report.json"
+
+
+def report_dict(
+    *,
+    generated_by: str,
+    run: Mapping[str, Any],
+    epochs: Iterable[EpochSummary],
+    windows: Iterable[WindowRecord],
+) -> dict[str, Any]:
+    """The report as plain JSON-ready data."""
+    stages: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for summary in epochs:
+        stages.setdefault(summary.stage, {"epochs": []})["epochs"].append(dataclasses.asdict(summary))
+    return {
+        "version": SCHEMA_VERSION,
+        "generated_by": generated_by,
+        "run": dict(run),
+        "stages": stages,
+        "windows": [
+            {f.name: getattr(w, f.name) for f in dataclasses.fields(w) if f.name != "operators"} for w in windows
+        ],
+    }
+
+
+def write_json_atomically(data: Mapping[str, Any], path: str) -> None:
+    """Writes ``data`` to ``path`` through a temporary file and a rename: readers see the old or the new file."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, allow_nan=False)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

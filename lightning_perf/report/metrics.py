@@ -1,0 +1,58 @@
+"""
+Metric names
+============
+
+The scalars we log, named under one ``perf/`` namespace, with their units in their names. Every stage has
+its own step axis: training series are logged at the trainer's ``global_step``; validation, test and
+predict series at the number of batches that stage has run so far, so they never pile onto the training
+steps (see README, "Logged metrics").
+"""
+
+from __future__ import annotations
+
+from lightning_perf.records import EpochSummary
+
+MS = 1e3
+MB = 1 / 2**20
+
+
+def batch_metrics(
+    stage: str, *, data_wait: float, compute: float, batch_size: int | None, loss: float | None
+) -> dict[str, float]:
+    """One batch's scalars (logged at the trainer's ``log_every_n_steps`` cadence)."""
+    step = data_wait + compute
+    prefix = f"perf/{stage}/batch/"
+    metrics = {
+        prefix + "step_time_ms": step * MS,
+        prefix + "data_wait_ms": data_wait * MS,
+        prefix + "compute_ms": compute * MS,
+    }
+    if batch_size is not None and step > 0:
+        metrics[prefix + "samples_per_s"] = batch_size / step
+    if loss is not None:
+        metrics[prefix + "loss"] = loss
+    return metrics
+
+
+def epoch_metrics(summary: EpochSummary) -> dict[str, float]:
+    """One epoch's scalars."""
+    prefix = f"perf/{summary.stage}/epoch/"
+    metrics = {
+        prefix + "step_time_p50_ms": summary.step_time_p50 * MS,
+        prefix + "step_time_p90_ms": summary.step_time_p90 * MS,
+        prefix + "step_time_max_ms": summary.step_time_max * MS,
+        prefix + "data_wait_fraction": summary.data_wait_fraction,
+        prefix + "batches": float(summary.batches),
+    }
+    optional = {
+        "samples_per_s": summary.throughput,
+        "loss": summary.loss,
+        "host_rss_mb": None if summary.host_rss is None else summary.host_rss * MB,
+        "host_rss_peak_mb": None if summary.host_rss_peak is None else summary.host_rss_peak * MB,
+        "cuda_max_allocated_mb": None if summary.cuda_max_allocated is None else summary.cuda_max_allocated * MB,
+        "cuda_max_reserved_mb": None if summary.cuda_max_reserved is None else summary.cuda_max_reserved * MB,
+        "cuda_capacity_mb": None if summary.cuda_capacity is None else summary.cuda_capacity * MB,
+        "cuda_utilization_pct": None if summary.cuda_utilization is None else float(summary.cuda_utilization),
+    }
+    metrics.update({prefix + name: value for name, value in optional.items() if value is not None})
+    return metrics

@@ -1,0 +1,189 @@
+"""Always-on step metrics on real Trainer runs: the data-wait split, loss curves, memory, every logger, and
+perf_report.json, read back with TensorBoard's EventAccumulator, Lightning's CSV file and json."""
+
+import csv
+import json
+import os
+
+import pytest
+import torch
+from lightning.pytorch import Callback
+from lightning.pytorch.loggers import CSVLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+
+
+from lightning_perf import PerfCallback
+from lightning_perf.report.json_report import SCHEMA_VERSION
+from models import TinyModel, trainer
+
+NO_WINDOWS = {"max_windows": 0}  # these tests are about the always-on metrics
+
+
+def _scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _images(log_dir) -> dict[str, list[int]]:
+    acc = EventAccumulator(str(log_dir), size_guidance={"images": 0})
+    acc.Reload()
+    return {tag: [e.step for e in acc.Images(tag)] for tag in acc.Tags()["images"]}
+
+
+def test_loss_curve_decreases_on_a_learnable_task_even_when_the_user_logs_nothing(tmp_path):
+    callback = PerfCallback(**NO_WINDOWS)
+    t = trainer(tmp_path, [callback], max_epochs=4, log_every_n_steps=4)
+    t.fit(TinyModel(n=128, batch_size=8, val_n=32))
+    scalars = _scalars(t.logger.log_dir)
+    epoch_loss = [v for _, v in scalars["perf/train/epoch/loss"]]
+    assert len(epoch_loss) == 4
+    assert epoch_loss[-1] < epoch_loss[0] * 0.8, epoch_loss
+    assert all(b <= a * 1.05 for a, b in zip(epoch_loss, epoch_loss[1:])), epoch_loss
+    # Per batch at the trainer's cadence, on the training step axis.
+    assert [s for s, _ in scalars["perf/train/batch/loss"]][:3] == [4, 8, 12]  # global_step after the batch
+    # Validation's own series, on its own axis (validation batches so far), not on training steps.
+    assert [s for s, _ in scalars["perf/validate/epoch/loss"]] == [4, 8, 12, 16]
+    assert [s for s, _ in scalars["perf/validate/batch/step_time_ms"]] == [4, 8, 12, 16]
+
+
+class DictLoss(TinyModel):
+    def training_step(self, batch, batch_idx):
+        return {"loss": super().training_step(batch, batch_idx), "extra": 1}
+
+
+def test_loss_from_a_dict_output_and_log_loss_off(tmp_path):
+    on = PerfCallback(**NO_WINDOWS)
+    trainer(tmp_path / "on", [on]).fit(DictLoss(n=32))
+    assert on.epochs[0].loss is not None and on.epochs[0].loss > 0
+    off = PerfCallback(log_loss=False, **NO_WINDOWS)
+    t = trainer(tmp_path / "off", [off])
+    t.fit(DictLoss(n=32))
+    assert off.epochs[0].loss is None
+    assert not [tag for tag in _scalars(t.logger.log_dir) if tag.endswith("/loss")]
+
+
+@pytest.mark.parametrize(("sleep_s", "low", "high"), [(0.002, 0.5, 1.0), (0.0, 0.0, 0.2)])
+def test_data_wait_fraction_tells_a_slow_dataset_from_an_in_memory_one(tmp_path, sleep_s, low, high):
+    callback = PerfCallback(**NO_WINDOWS)
+    # A few ms of compute per batch of 32 (4 layers of 512); loading 32 items sleeps 64 ms, or nothing.
+    model = TinyModel(n=384, batch_size=32, sleep_s=sleep_s, width=512, depth=4)
+    trainer(tmp_path, [callback], limit_val_batches=0).fit(model)
+    [train] = [e for e in callback.epochs if e.stage == "train"]
+    assert low < train.data_wait_fraction < high, train
+    assert train.batches == 12 and train.samples == 384
+    assert train.throughput == pytest.approx(384 / train.step_time)
+
+
+class Leaky(TinyModel):
+    """Keeps every step's output, with its autograd graph: host memory grows with every batch."""
+
+    def __init__(self):
+        super().__init__(n=256, batch_size=16)
+        self.wide = nn.Linear(16, 65536)
+        self.kept = []
+
+    def training_step(self, batch, batch_idx):
+        self.kept.append(self.wide(batch[0]).relu())  # 16 x 65536 floats = 4 MiB, kept with its graph
+        return super().training_step(batch, batch_idx)
+
+
+def test_host_memory_peak_grows_for_a_module_that_keeps_its_outputs(tmp_path):
+    callback = PerfCallback(**NO_WINDOWS)
+    trainer(tmp_path, [callback], max_epochs=3, limit_val_batches=0).fit(Leaky())
+    peaks = [e.host_rss_peak for e in callback.epochs if e.stage == "train"]
+    assert None not in peaks
+    # 16 batches x 4 MiB = 64 MiB more every epoch (the bound leaves room for memory that earlier tests in
+    # this process freed and the allocator reuses).
+    assert peaks[1] - peaks[0] > 48 * 2**20 and peaks[2] - peaks[1] > 48 * 2**20, peaks
+
+
+def test_csv_logger_gets_the_scalars_and_tensorboard_files_still_get_written(tmp_path):
+    callback = PerfCallback(**NO_WINDOWS)
+    t = trainer(tmp_path, [callback], logger=CSVLogger(tmp_path), max_epochs=2)
+    t.fit(TinyModel(n=32))
+    with open(os.path.join(t.logger.log_dir, "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    column = "perf/train/epoch/step_time_p50_ms"
+    values = [float(r[column]) for r in rows if r.get(column)]
+    assert len(values) == 2 and all(v > 0 for v in values)
+    # No TensorBoardLogger: our own event file in the output directory has everything too.
+    assert "perf/train/epoch/data_wait_fraction" in _scalars(callback.dirpath)
+    assert _images(callback.dirpath)["perf/train/step_split"] == [8, 16]
+
+
+def test_without_any_logger_everything_still_goes_to_files(tmp_path):
+    callback = PerfCallback(**NO_WINDOWS)
+    trainer(tmp_path, [callback], logger=False).fit(TinyModel(n=32))
+    assert callback.dirpath == os.path.join(str(tmp_path), "perf")
+    assert "perf/train/epoch/step_time_p90_ms" in _scalars(callback.dirpath)
+    assert os.path.exists(os.path.join(callback.dirpath, "perf_report.json"))
+
+
+def test_step_split_chart_is_an_image_per_epoch(tmp_path):
+    callback = PerfCallback(**NO_WINDOWS)
+    t = trainer(tmp_path, [callback], max_epochs=2)
+    t.fit(TinyModel(n=32))
+    images = _images(t.logger.log_dir)
+    assert images["perf/train/step_split"] == [8, 16]
+    assert images["perf/validate/step_split"] == [8, 16]
+
+
+class ReportReader(Callback):
+    """Reads perf_report.json after every epoch, as a user's tool would while training runs."""
+
+    def __init__(self, perf: PerfCallback):
+        self.perf = perf
+        self.seen: list[dict] = []
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        with open(self.perf.report_path) as f:
+            self.seen.append(json.load(f))
+
+
+def test_perf_report_json_parses_after_every_epoch_and_has_its_schema(tmp_path):
+    perf = PerfCallback(schedule={"skip_first": 1, "warmup": 1, "active": 1}, stages=["train", "validate"])
+    reader = ReportReader(perf)
+    trainer(tmp_path, [perf, reader], max_epochs=3).fit(TinyModel(n=32, val_n=16))
+    # PerfCallback comes first in the list: it has written the epoch when the reader looks.
+    assert [len(r["stages"]["train"]["epochs"]) for r in reader.seen] == [1, 2, 3]
+    assert [len(r["stages"]["validate"]["epochs"]) for r in reader.seen] == [1, 2, 3]
+
+    report = perf.report
+    with open(perf.report_path) as f:
+        assert json.load(f) == json.loads(json.dumps(report))
+    assert report["version"] == SCHEMA_VERSION
+    run = report["run"]
+    assert run["torch"] == torch.__version__ and run["device"] == "cpu" and run["world_size"] == 1
+    assert run["precision"] == "32-true" and run["strategy"] == "SingleDeviceStrategy"
+    assert run["dataloaders"]["train"] == {
+        "num_workers": 0,
+        "pin_memory": False,
+        "persistent_workers": False,
+        "prefetch_factor": None,
+        "batch_size": 4,
+        "drop_last": False,
+    }
+    epoch = report["stages"]["train"]["epochs"][0]
+    assert {"epoch", "batches", "samples", "step_time_p50", "step_time_p90", "step_time_max", "data_wait_fraction",
+            "throughput", "loss", "host_rss", "host_rss_peak", "cuda_max_allocated"} <= set(epoch)
+    assert epoch["batches"] == 8 and epoch["samples"] == 32 and epoch["cuda_max_allocated"] is None
+    windows = report["windows"]
+    assert [w["name"] for w in windows][:2] == ["train-epoch000-batches0002-0002", "validate-epoch000-batches0002-0002"]
+    assert all(os.path.exists(w["trace_path"]) for w in windows)
+
+
+def test_batch_size_fn_overrides_inference(tmp_path):
+    callback = PerfCallback(batch_size_fn=lambda batch: 2 * len(batch[0]), **NO_WINDOWS)
+    trainer(tmp_path, [callback]).fit(TinyModel(n=32))
+    assert callback.epochs[-1].samples == 64
+
+
+def test_a_failing_batch_size_fn_is_reported_once_and_training_goes_on(tmp_path):
+    callback = PerfCallback(batch_size_fn=lambda batch: batch["missing"], **NO_WINDOWS)
+    with pytest.warns(UserWarning, match="batch_size_fn .* raised"):
+        trainer(tmp_path, [callback]).fit(TinyModel(n=32))
+    assert callback.epochs[-1].samples is None and callback.epochs[-1].throughput is None
+
+
