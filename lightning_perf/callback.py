@@ -462,7 +462,7 @@ class PerfCallback(Callback):
     def _summarize_epoch(self, stage: str, st: _StageState, trainer: pl.Trainer) -> None:
         clock = st.clock
         rss = host_rss()
-        cuda = self._cuda_peaks.read(stage) if self._cuda_peaks is not None else None
+        cuda = self._cuda_peaks.read(stage, utilization=True) if self._cuda_peaks is not None else None
         summary = summarize_epoch(
             stage=stage,
             epoch=st.epoch,
@@ -518,7 +518,9 @@ class PerfCallback(Callback):
             return
         if window.state in (WindowState.CREATED, WindowState.WARMING_UP):
             window.start()
-            self._window_step = trainer.global_step if stage == "train" else st.total_batches
+            self._window_step = self._step(stage, st, trainer)
+            if self._cuda_peaks is not None:
+                self._cuda_peaks.start("window")
         window.begin_step(st.batch)
 
     def _open_window(self, stage: str, st: _StageState, trainer: pl.Trainer) -> ProfilerWindow | None:
@@ -556,6 +558,7 @@ class PerfCallback(Callback):
         self._window = self._window_stage = None
         st = self._stages[stage]
         start = time.perf_counter()
+        cuda = self._cuda_peaks.read("window") if self._cuda_peaks is not None else None
         if window.state is not WindowState.STOPPED:
             window.stop()
         recorded = window.recorded
@@ -587,6 +590,8 @@ class PerfCallback(Callback):
             step=self._window_step,
             device="cuda" if self._use_cuda else "cpu",
             shortened=shortened,
+            cuda_max_allocated=cuda.max_allocated if cuda else None,
+            cuda_max_reserved=cuda.max_reserved if cuda else None,
             operators=operator_stats(trace, group_by_input_shape=self.config.record_shapes),
         )
         sort_by = self.config.sort_by or default_sort_key(record.device)

@@ -46,6 +46,8 @@ class WindowRecord:
         device: ``"cuda"`` when device activity was profiled, else ``"cpu"``.
         shortened: The stage's epoch ended before the window recorded all its planned batches.
         close_seconds: Time the training thread spent closing the window (trace export, tables).
+        cuda_max_allocated, cuda_max_reserved: Peaks of the CUDA caching allocator while the window
+            recorded, in bytes (``None`` without CUDA).
         operators: The window's operators, in no particular order.
     """
 
@@ -59,6 +61,8 @@ class WindowRecord:
     device: str
     shortened: bool = False
     close_seconds: float = 0.0
+    cuda_max_allocated: int | None = None
+    cuda_max_reserved: int | None = None
     operators: tuple[OperatorStat, ...] = field(default=(), repr=False)
 
     @property

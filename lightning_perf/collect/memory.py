@@ -79,17 +79,20 @@ class CudaPeaks:
         self._peaks.start(period, self._raw())
         torch.cuda.reset_peak_memory_stats(self.device)
 
-    def read(self, period: str) -> CudaMemory:
+    def read(self, period: str, *, utilization: bool = False) -> CudaMemory:
+        """The period's peaks; with ``utilization``, also the device's recent busy share (an NVML query)."""
         max_allocated, max_reserved = self._peaks.read(period, self._raw())
-        try:
-            utilization: int | None = torch.cuda.utilization(self.device)
-        except Exception:  # pynvml missing, or NVML unavailable: utilization is optional
-            utilization = None
+        busy: int | None = None
+        if utilization:
+            try:
+                busy = torch.cuda.utilization(self.device)
+            except Exception:  # pynvml missing, or NVML unavailable: utilization is optional
+                busy = None
         return CudaMemory(
             max_allocated=max_allocated,
             max_reserved=max_reserved,
             capacity=torch.cuda.get_device_properties(self.device).total_memory,
-            utilization=utilization,
+            utilization=busy,
         )
 
     def _raw(self) -> tuple[int, int]:
