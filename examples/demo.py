@@ -86,14 +86,23 @@ def main(argv: list[str] | None = None) -> PerfCallback:
     trainer.fit(DigitsClassifier(), datamodule=DigitsData())
 
     print()
-    print(f"lightning-perf recorded {len(perf.windows)} profiler window(s):")
+    print("lightning-perf, per stage and epoch (every batch measured, no profiler):")
+    print(f"  {'stage':<9}{'epoch':>5}{'batches':>9}{'step p50':>10}{'p90':>9}{'data wait':>11}{'samples/s':>11}{'loss':>8}")
+    for e in perf.epochs:
+        throughput = f"{e.throughput:,.0f}" if e.throughput else "-"
+        loss = f"{e.loss:.3f}" if e.loss is not None else "-"
+        print(
+            f"  {e.stage:<9}{e.epoch:>5}{e.batches:>9}{e.step_time_p50 * 1e3:>8.2f}ms{e.step_time_p90 * 1e3:>7.2f}ms"
+            f"{e.data_wait_fraction:>10.0%}{throughput:>11}{loss:>8}"
+        )
+    print(f"and {len(perf.windows)} profiler window(s):")
     for window in perf.windows:
         top = max(window.operators, key=lambda op: op.self_cpu_time)
         print(
             f"  {window.name:<38} {window.num_batches} batch(es), top operator by self CPU time:"
             f" {top.name} ({top.self_cpu_time / 1000:.2f} ms)"
         )
-    print(f"Traces and operator tables: {os.path.abspath(perf.dirpath)}")
+    print(f"Traces, operator tables and perf_report.json: {os.path.abspath(perf.dirpath)}")
     print("Findings: bottleneck rules arrive in a later release; the traces and tables above are in TensorBoard.")
     print(f"Open them: tensorboard --logdir {os.path.abspath(perf.tensorboard_logdir)}")
     return perf
