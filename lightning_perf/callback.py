@@ -441,9 +441,9 @@ class PerfCallback(Callback):
     def _epoch_end(self, stage: str, trainer: pl.Trainer) -> None:
         if stage not in self.config.stages:
             return
-        self._safely(stage, self._summarize_epoch, stage, self._stages[stage], trainer)
         if self._window_stage == stage:
             self._safely(stage, self._close_window, shortened=True)
+        self._safely(stage, self._summarize_epoch, stage, self._stages[stage], trainer)
         st = self._stages[stage]
         first = self._plan.first_active()
         if (
