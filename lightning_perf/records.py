@@ -114,3 +114,74 @@ class EpochSummary:
     cuda_max_reserved: int | None = None
     cuda_capacity: int | None = None
     cuda_utilization: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceSummary:
+    """What one window's trace shows, as means per recorded step, in seconds (counts per step as floats).
+
+    Computed in one pass over the trace by :func:`lightning_perf.summarize.trace.summarize_trace`. Device
+    fields are ``None`` when the trace holds no device activity (a CPU run).
+
+    Attributes:
+        window: The window's name (its run directory), to tie findings to the trace that shows them.
+        steps: ``ProfilerStep#N`` spans in the trace.
+        step_time: Mean step span.
+        dataloader_time: DataLoader ``__next__`` spans.
+        optimizer_time: ``Optimizer.step#...`` spans (under Lightning's automatic optimization they hold
+            the closure's forward and backward too).
+        optimizer_update_time: The optimizer's own update: the part of its span after the last forward or
+            backward operator inside it.
+        optimizer_update_ops: Host operators in that update part, per step.
+        optimizer_foreach: Whether the update used multi-tensor (``_foreach_``) or fused kernels; ``None``
+            without an optimizer step.
+        host_op_time: Main-thread time covered by torch operators or annotations (top level).
+        framework_time: Main-thread step time covered by none: the Python of the training loop, hooks,
+            callbacks, logging, progress bar.
+        ops_per_step: Host (``cpu_op``) operators.
+        median_op_time: Median duration of top-level host operators.
+        device_busy: Time at least one kernel, copy or memset ran on the device, within step spans.
+        kernels_per_step: Kernels.
+        median_kernel_time: Median kernel duration.
+        kernel_time: Sum of kernel durations.
+        fp32_gemm_time: Kernel time of fp32 matmul/convolution kernels that do not use tensor cores.
+        h2d_time: Host-to-device copies.
+        h2d_exposed_time: Host-to-device copy time during which no kernel ran.
+        h2d_pageable: Some host-to-device copies came from pageable (not pinned) memory.
+        syncs_per_step: Host-device synchronizations (``aten::_local_scalar_dense`` from ``.item()``,
+            ``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, blocking
+            ``cudaMemcpy``).
+        sync_idle_time: Device idle time while the host was inside those synchronizations.
+        communication_time: Collective kernels (NCCL) or, without them, collective host calls (gloo).
+        communication_exposed_time: Communication time during which no compute kernel ran (for host
+            collectives: all of it).
+        device_name: From the trace's ``deviceProperties``.
+        tensor_core_capable: The device has tensor cores (compute capability >= 7.0).
+    """
+
+    window: str
+    steps: int
+    step_time: float
+    dataloader_time: float
+    optimizer_time: float
+    optimizer_update_time: float
+    optimizer_update_ops: float
+    optimizer_foreach: bool | None
+    host_op_time: float
+    framework_time: float
+    ops_per_step: float
+    median_op_time: float
+    device_busy: float | None = None
+    kernels_per_step: float | None = None
+    median_kernel_time: float | None = None
+    kernel_time: float | None = None
+    fp32_gemm_time: float | None = None
+    h2d_time: float | None = None
+    h2d_exposed_time: float | None = None
+    h2d_pageable: bool | None = None
+    syncs_per_step: float | None = None
+    sync_idle_time: float | None = None
+    communication_time: float | None = None
+    communication_exposed_time: float | None = None
+    device_name: str | None = None
+    tensor_core_capable: bool | None = None

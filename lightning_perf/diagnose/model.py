@@ -1,0 +1,85 @@
+"""
+Diagnosis inputs and findings
+=============================
+
+The plain data the rules read (:class:`StageEpoch`, :class:`RunFacts`) and write (:class:`Finding`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lightning_perf.records import EpochSummary, TraceSummary
+
+Severity = Literal["info", "warning", "critical"]
+SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFacts:
+    """What the rules need to know about the run and the stage's DataLoader (``None``: unknown)."""
+
+    device: str = "cpu"  # "cpu", "cuda", ...
+    device_name: str | None = None
+    precision: str | None = None  # Lightning's precision string, e.g. "32-true", "bf16-mixed"
+    world_size: int = 1
+    cpu_count: int | None = None  # CPUs this process may run on
+    torch_threads: int | None = None  # torch.get_num_threads()
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    batch_size: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageEpoch:
+    """One stage's epoch, as the rules see it.
+
+    Attributes:
+        epoch: The epoch's always-on summary.
+        history: The same stage's earlier epochs, oldest first.
+        windows: Summaries of this epoch's profiler windows' traces.
+        validation: For a training epoch, the validation epochs that ran during it.
+        facts: The run and the stage's DataLoader.
+        step_times: This epoch's per-batch step times (seconds), in order.
+        rank_step_times: Median step time per global rank, when the run is distributed.
+    """
+
+    epoch: EpochSummary
+    history: tuple[EpochSummary, ...] = ()
+    step_times: tuple[float, ...] = ()
+    windows: tuple[TraceSummary, ...] = ()
+    validation: tuple[EpochSummary, ...] = ()
+    facts: RunFacts = field(default_factory=RunFacts)
+    rank_step_times: Mapping[int, float] | None = None
+
+    @property
+    def stage(self) -> str:
+        return self.epoch.stage
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    """A bottleneck a rule found, with the numbers that show it and what to change.
+
+    Attributes:
+        id: The rule's id, e.g. ``"dataloader_bound"``.
+        severity: ``"info"``, ``"warning"`` or ``"critical"``.
+        title: One line, e.g. "Training waits for data 62% of the time".
+        evidence: The numbers that triggered the rule, with its threshold.
+        advice: A concrete change (a Trainer or DataLoader argument, a code pattern) and its expected effect.
+        window: The trace window (run directory name) that shows it, when one does.
+        stage: The stage it was found in.
+        epoch: The stage's epoch.
+    """
+
+    id: str
+    severity: Severity
+    title: str
+    evidence: str
+    advice: str
+    stage: str
+    epoch: int
+    window: str | None = None
