@@ -36,8 +36,11 @@ from lightning_perf.collect.profiler import ProfilerWindow, WindowState, torch_p
 from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, run_info, stage_dataloaders
 from lightning_perf.collect.steps import StepClock
 from lightning_perf.config import DEFAULT_MAX_WINDOWS, STAGES, PerfConfig, Schedule, SortKey, Stage
+from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
+from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.records import EpochSummary, WindowRecord
 from lightning_perf.report.charts import step_split_caption, step_split_image
+from lightning_perf.report.findings import console_report, findings_markdown
 from lightning_perf.report.json_report import REPORT_FILENAME, report_dict, write_json_atomically
 from lightning_perf.report.markdown import operator_table
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
@@ -45,9 +48,10 @@ from lightning_perf.report.outputs import Outputs
 from lightning_perf.schedule import Action, make_plan
 from lightning_perf.summarize.operators import default_sort_key, top_operators
 from lightning_perf.summarize.steps import summarize_epoch
-from lightning_perf.summarize.trace import operator_stats
+from lightning_perf.summarize.trace import operator_stats, summarize_trace
 
 OPERATORS_TAG = "perf/operators/{stage}"
+FINDINGS_TAG = "perf/findings/{stage}"
 
 
 @dataclass
@@ -91,16 +95,24 @@ class PerfCallback(Callback):
             self device time when CUDA is profiled, else self CPU time.
         tensorboard_compat: Rewrite the few event categories that torch-tb-profiler 0.4.3 misreads, so its
             Overview shows the DataLoader and Runtime shares (see :mod:`lightning_perf.traces`).
+        log_loss: Log the loss each ``*_step`` returns (a tensor, or a mapping's ``"loss"``).
+        batch_size_fn: ``batch -> int``, the samples in a batch; default: the first dimension of the first
+            tensor found in it.
+        thresholds: Overrides of the bottleneck rules' thresholds, by name (see
+            :class:`~lightning_perf.diagnose.thresholds.Thresholds`), e.g. ``{"dataloader_warning": 0.2}``.
+        verbose: What the console shows at each epoch end: ``0`` nothing, ``1`` one line per epoch and the
+            warning and critical findings with their advice, ``2`` also info findings and all evidence.
 
     Raises:
         ValueError: At construction, listing every invalid argument with its value and what is allowed.
         MisconfigurationException: At setup, if another torch profiler would run at the same time
             (``Trainer(profiler="pytorch")`` or an active ``torch.profiler.profile``).
 
-    Logged to TensorBoard:
-        ``perf/operators/<stage>`` (shown as ``perf/operators/<stage>/text_summary``): one markdown table per
-        window, at the trainer's ``global_step`` for ``train`` windows and at the stage's own batch count for
-        the other stages.
+    Logged (see README, "Logged metrics", for units and cadence):
+        ``perf/<stage>/batch/*`` and ``perf/<stage>/epoch/*`` scalars to every logger; the images
+        ``perf/<stage>/step_split``; the text ``perf/operators/<stage>`` (one operator table per window) and
+        ``perf/findings/<stage>`` (each epoch's findings). Training series are at the trainer's
+        ``global_step``, the other stages' at their own batch count.
 
     Example::
 
@@ -128,6 +140,8 @@ class PerfCallback(Callback):
         tensorboard_compat: bool = True,
         log_loss: bool = True,
         batch_size_fn: Callable[[Any], int] | None = None,
+        thresholds: dict[str, float] | None = None,
+        verbose: int = 1,
     ) -> None:
         self.config = PerfConfig.build(
             schedule=schedule,
@@ -144,6 +158,8 @@ class PerfCallback(Callback):
             tensorboard_compat=tensorboard_compat,
             log_loss=log_loss,
             batch_size_fn=batch_size_fn,
+            thresholds=thresholds,
+            verbose=verbose,
         )
         self._plan = make_plan(self.config)
         if self.config.schedule.warmup == 0:
@@ -170,13 +186,25 @@ class PerfCallback(Callback):
         self.windows: list[WindowRecord] = []
         #: Every stage epoch measured so far in this process, in order.
         self.epochs: list[EpochSummary] = []
+        #: The findings of the latest stage epoch that ended (on rank zero).
+        self.findings: list[Finding] = []
+        self._findings: dict[tuple[str, int], list[Finding]] = {}
+        self._validation_in_train_epoch: list[EpochSummary] = []
 
     @property
     def report(self) -> dict[str, Any]:
         """Everything measured so far, as written to ``perf_report.json`` (see README for the schema)."""
         return report_dict(
-            generated_by=f"lightning-perf {__version__}", run=self._run_info, epochs=self.epochs, windows=self.windows
+            generated_by=f"lightning-perf {__version__}",
+            run=self._run_info,
+            epochs=self.epochs,
+            windows=self.windows,
+            findings=self._findings,
         )
+
+    def findings_for(self, stage: str, epoch: int | None = None) -> list[Finding]:
+        """The findings of a stage's epoch, or of all its epochs (``epoch=None``), oldest first."""
+        return [f for (s, e), found in self._findings.items() if s == stage and epoch in (None, e) for f in found]
 
     @property
     def report_path(self) -> str | None:
@@ -393,9 +421,12 @@ class PerfCallback(Callback):
         if stage not in self.config.stages:
             return
         st = self._stages[stage]
-        st.clock.batch_start(batch)
-        if self._window is not None and self._window_stage == stage:
-            self._window.mark_ran(st.batch)
+        window = self._window
+        if window is not None and self._window_stage == stage:
+            st.clock.batch_start(batch, profiled=True)
+            window.mark_ran(st.batch)
+        else:
+            st.clock.batch_start(batch)
 
     def _batch_end(self, stage: str, trainer: pl.Trainer, outputs: Any) -> None:
         if stage not in self.config.stages:
@@ -469,6 +500,7 @@ class PerfCallback(Callback):
             data_wait=clock.data_wait,
             compute=clock.compute,
             batch_sizes=clock.batch_sizes,
+            profiled=clock.profiled,
             loss=clock.mean_loss(),
             host_rss=rss,
             host_rss_peak=max(rss or 0, st.host_rss_peak or 0) or None,
@@ -478,6 +510,7 @@ class PerfCallback(Callback):
             cuda_utilization=cuda.utilization if cuda else None,
         )
         self.epochs.append(summary)
+        findings = self._diagnose(summary, st, trainer) if trainer.is_global_zero else []
         if self._batch_size.failed:
             self._warn_once("batch_size_fn", f"PerfCallback: {self._batch_size.failed}; throughput is not measured.")
         if self._outputs is not None:
@@ -487,8 +520,56 @@ class PerfCallback(Callback):
                 tag = f"perf/{stage}/step_split"
                 self._outputs.add_image(tag, step_split_image(clock.data_wait, clock.compute), step)
                 self._outputs.add_text(tag + "_caption", step_split_caption(clock.data_wait, clock.compute), step)
-        if trainer.is_global_zero and self.report_path is not None:
-            write_json_atomically(self.report, self.report_path)
+            self._outputs.add_text(FINDINGS_TAG.format(stage=stage), findings_markdown(summary, findings), step)
+        if trainer.is_global_zero:
+            message = console_report(summary, findings, verbose=self.config.verbose)
+            if message:
+                rank_zero_info(message)
+            if self.report_path is not None:
+                write_json_atomically(self.report, self.report_path)
+
+    def _diagnose(self, summary: EpochSummary, st: _StageState, trainer: pl.Trainer) -> list[Finding]:
+        stage = summary.stage
+        if stage == "validate" and trainer.state.fn == TrainerFn.FITTING:
+            self._validation_in_train_epoch.append(summary)
+        validation: tuple[EpochSummary, ...] = ()
+        if stage == "train":
+            validation, self._validation_in_train_epoch = tuple(self._validation_in_train_epoch), []
+        context = StageEpoch(
+            epoch=summary,
+            history=tuple(e for e in self.epochs[:-1] if e.stage == stage),
+            windows=tuple(w.summary for w in self.windows if w.stage == stage and w.epoch == summary.epoch and w.summary),
+            validation=validation,
+            facts=self._facts(stage),
+            step_times=tuple(
+                math.nan if p else w + c for w, c, p in zip(st.clock.data_wait, st.clock.compute, st.clock.profiled)
+            ),
+        )
+        findings = diagnose(context, self.config.thresholds, on_error=self._rule_failed)
+        self._findings[(stage, summary.epoch)] = findings
+        self.findings = findings
+        return findings
+
+    def _facts(self, stage: str) -> RunFacts:
+        run = self._run_info
+        loader = run.get("dataloaders", {}).get(stage) or {}
+        return RunFacts(
+            device=run.get("device", "cpu"),
+            device_name=run.get("device_name"),
+            precision=run.get("precision"),
+            world_size=run.get("world_size", 1),
+            cpu_count=run.get("cpu_count"),
+            torch_threads=run.get("torch_threads"),
+            num_workers=loader.get("num_workers"),
+            pin_memory=loader.get("pin_memory"),
+            persistent_workers=loader.get("persistent_workers"),
+            batch_size=loader.get("batch_size"),
+        )
+
+    def _rule_failed(self, rule_id: str, err: Exception) -> None:
+        self._warn_once(
+            f"rule:{rule_id}", f"PerfCallback: the {rule_id} rule failed ({type(err).__name__}: {err}); it is skipped."
+        )
 
     def _before_batch(self, stage: str, st: _StageState, trainer: pl.Trainer) -> None:
         """Sets the profiler up for batch ``st.batch`` of ``stage``, as the plan says."""
@@ -593,6 +674,7 @@ class PerfCallback(Callback):
             cuda_max_allocated=cuda.max_allocated if cuda else None,
             cuda_max_reserved=cuda.max_reserved if cuda else None,
             operators=operator_stats(trace, group_by_input_shape=self.config.record_shapes),
+            summary=summarize_trace(trace, window=os.path.basename(window_dir)),
         )
         sort_by = self.config.sort_by or default_sort_key(record.device)
         table = operator_table(record, top_operators(record.operators, sort_by=sort_by, row_limit=self.config.row_limit), sort_by=sort_by)

@@ -11,8 +11,10 @@ Nothing here imports torch or lightning: a config can be built and checked anywh
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
+
+from lightning_perf.diagnose.thresholds import Thresholds
 
 Stage = Literal["train", "validate", "test", "predict"]
 STAGES: tuple[Stage, ...] = ("train", "validate", "test", "predict")
@@ -136,6 +138,8 @@ class PerfConfig:
     tensorboard_compat: bool
     log_loss: bool = True
     batch_size_fn: Callable[[Any], int] | None = None
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    verbose: int = 1
 
     @classmethod
     def build(cls, **kwargs: Any) -> PerfConfig:
@@ -195,6 +199,21 @@ class PerfConfig:
             if not isinstance(kwargs.get(name, True), bool):
                 problems.append(f"{name}={kwargs.get(name)!r}: must be True or False")
 
+        thresholds = Thresholds()
+        overrides = kwargs.get("thresholds")
+        if overrides is not None:
+            if not isinstance(overrides, Mapping):
+                problems.append(f"thresholds={overrides!r}: must be a mapping of threshold names to numbers")
+            else:
+                try:
+                    thresholds = Thresholds.with_overrides(overrides)
+                except ValueError as err:
+                    problems.append(f"thresholds: {err}")
+
+        verbose = kwargs.get("verbose", 1)
+        if not _is_int(verbose) or not 0 <= verbose <= 2:
+            problems.append(f"verbose={verbose!r}: must be 0 (silent), 1 (warnings and critical) or 2 (everything)")
+
         sort_by = kwargs["sort_by"]
         if sort_by is not None and sort_by not in SORT_KEYS:
             problems.append(f"sort_by={sort_by!r}: must be None (automatic) or one of {list(SORT_KEYS)}")
@@ -216,6 +235,8 @@ class PerfConfig:
             tensorboard_compat=kwargs["tensorboard_compat"],
             log_loss=kwargs.get("log_loss", True),
             batch_size_fn=batch_size_fn,
+            thresholds=thresholds,
+            verbose=verbose,
         )
 
 

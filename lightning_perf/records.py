@@ -49,6 +49,7 @@ class WindowRecord:
         cuda_max_allocated, cuda_max_reserved: Peaks of the CUDA caching allocator while the window
             recorded, in bytes (``None`` without CUDA).
         operators: The window's operators, in no particular order.
+        summary: What the window's trace shows, per step (the input of the trace-level rules).
     """
 
     stage: str
@@ -64,6 +65,7 @@ class WindowRecord:
     cuda_max_allocated: int | None = None
     cuda_max_reserved: int | None = None
     operators: tuple[OperatorStat, ...] = field(default=(), repr=False)
+    summary: TraceSummary | None = field(default=None, repr=False)
 
     @property
     def num_batches(self) -> int:
@@ -81,7 +83,9 @@ class EpochSummary:
         stage: ``"train"``, ``"validate"``, ``"test"`` or ``"predict"``.
         epoch: The stage's epoch (for validation: the number of validation runs before this one).
         batches: Batches measured.
-        samples: Samples in those batches.
+        profiled_batches: Of those, batches that ran inside a profiler window: left out of the times,
+            percentiles and throughput below (the profiler slows them down).
+        samples: Samples in the batches not profiled.
         step_time: Sum of the batches' step times (data wait + compute).
         data_wait: Sum of the batches' data-wait times.
         step_time_p50, step_time_p90, step_time_max: Step-time percentiles.
@@ -107,6 +111,7 @@ class EpochSummary:
     step_time_max: float
     data_wait_fraction: float
     throughput: float | None
+    profiled_batches: int = 0
     loss: float | None = None
     host_rss: int | None = None
     host_rss_peak: int | None = None

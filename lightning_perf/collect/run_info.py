@@ -8,6 +8,7 @@ settings that decide input performance. Read from public trainer and DataLoader 
 
 from __future__ import annotations
 
+import os
 import platform
 from typing import Any
 
@@ -32,8 +33,17 @@ def run_info(trainer: pl.Trainer) -> dict[str, Any]:
         "num_nodes": trainer.num_nodes,
         "precision": str(trainer.precision),
         "strategy": type(trainer.strategy).__name__,
+        "cpu_count": cpu_count(),
+        "torch_threads": torch.get_num_threads(),
         "dataloaders": {},
     }
+
+
+def cpu_count() -> int | None:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
 
 
 def first_dataloader(dataloaders: Any) -> DataLoader | None:

@@ -53,22 +53,24 @@ class StepClock:
         self.data_wait: list[float] = []
         self.compute: list[float] = []
         self.batch_sizes: list[int | None] = []
+        self.profiled: list[bool] = []  # the batch ran inside a profiler window (warm-up or recording)
         self.losses: list[Any] = []  # detached 0-d tensors, still on their device
         self.last_loss: Any = None  # this batch's, or None
 
     def epoch_start(self) -> None:
         self._last_end = self._clock()
-        self.data_wait, self.compute, self.batch_sizes, self.losses = [], [], [], []
+        self.data_wait, self.compute, self.batch_sizes, self.profiled, self.losses = [], [], [], [], []
 
     def restart(self) -> None:
         """Restarts the data-wait clock (after a validation run inside a training epoch)."""
         self._last_end = self._clock()
 
-    def batch_start(self, batch: Any) -> None:
+    def batch_start(self, batch: Any, profiled: bool = False) -> None:
         now = self._clock()
         self.data_wait.append(now - self._last_end)
         self._start = now
         self.batch_sizes.append(self._batch_size(batch))
+        self.profiled.append(profiled)
 
     def batch_end(self, outputs: Any, keep_loss: bool) -> None:
         now = self._clock()

@@ -43,7 +43,8 @@ class StageEpoch:
         windows: Summaries of this epoch's profiler windows' traces.
         validation: For a training epoch, the validation epochs that ran during it.
         facts: The run and the stage's DataLoader.
-        step_times: This epoch's per-batch step times (seconds), in order.
+        step_times: This epoch's per-batch step times (seconds), in batch order; NaN for a batch that ran
+            inside a profiler window (the profiler slows it down).
         rank_step_times: Median step time per global rank, when the run is distributed.
     """
 

@@ -12,8 +12,8 @@ whenever it is read, even after an interrupted run. Its schema (``version`` 1):
       "generated_by": "lightning-perf <version>",
       "run": {torch, lightning, device, device_name, world_size, precision, strategy,
               dataloaders: {<stage>: {num_workers, pin_memory, persistent_workers, batch_size}}},
-      "stages": {<stage>: {"epochs": [<EpochSummary fields>, ...]}},
-      "windows": [<WindowRecord fields but operators>, ...]
+      "stages": {<stage>: {"epochs": [{<EpochSummary fields>, "findings": [<Finding fields>, ...]}, ...]}},
+      "windows": [{<WindowRecord fields but operators>, "summary": {<TraceSummary fields>}}, ...]
     }
 
 Times are in seconds, memory in bytes; ``null`` where a value could not be measured.
@@ -24,9 +24,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from lightning_perf.diagnose.model import Finding
 from lightning_perf.records import EpochSummary, WindowRecord
 
 SCHEMA_VERSION = 1
@@ -39,20 +40,28 @@ def report_dict(
     run: Mapping[str, Any],
     epochs: Iterable[EpochSummary],
     windows: Iterable[WindowRecord],
+    findings: Mapping[tuple[str, int], Sequence[Finding]] | None = None,
 ) -> dict[str, Any]:
-    """The report as plain JSON-ready data."""
+    """The report as plain JSON-ready data; ``findings`` by ``(stage, epoch)``."""
+    findings = findings or {}
     stages: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for summary in epochs:
-        stages.setdefault(summary.stage, {"epochs": []})["epochs"].append(dataclasses.asdict(summary))
+        entry = dataclasses.asdict(summary)
+        entry["findings"] = [dataclasses.asdict(f) for f in findings.get((summary.stage, summary.epoch), ())]
+        stages.setdefault(summary.stage, {"epochs": []})["epochs"].append(entry)
     return {
         "version": SCHEMA_VERSION,
         "generated_by": generated_by,
         "run": dict(run),
         "stages": stages,
-        "windows": [
-            {f.name: getattr(w, f.name) for f in dataclasses.fields(w) if f.name != "operators"} for w in windows
-        ],
+        "windows": [_window_dict(w) for w in windows],
     }
+
+
+def _window_dict(window: WindowRecord) -> dict[str, Any]:
+    entry = {f.name: getattr(window, f.name) for f in dataclasses.fields(window) if f.name not in ("operators", "summary")}
+    entry["summary"] = None if window.summary is None else dataclasses.asdict(window.summary)
+    return entry
 
 
 def write_json_atomically(data: Mapping[str, Any], path: str) -> None:

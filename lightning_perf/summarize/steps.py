@@ -33,24 +33,28 @@ def summarize_epoch(
     data_wait: Sequence[float],
     compute: Sequence[float],
     batch_sizes: Sequence[int | None],
+    profiled: Sequence[bool] = (),
     loss: float | None = None,
     **memory: Any,
 ) -> EpochSummary:
     """One epoch's summary from its per-batch data-wait and compute times (seconds) and batch sizes.
 
-    A batch that started but did not end (an exception) is left out. ``memory`` passes the memory fields
-    of :class:`EpochSummary` through.
+    Batches that ran inside a profiler window (``profiled``) are left out of the times, percentiles and
+    throughput, since the profiler slows them down; so is a batch that started but did not end (an
+    exception). ``memory`` passes the memory fields of :class:`EpochSummary` through.
     """
     n = min(len(data_wait), len(compute))
-    steps = [data_wait[i] + compute[i] for i in range(n)]
+    kept = [i for i in range(n) if not (i < len(profiled) and profiled[i])] or list(range(n))
+    steps = [data_wait[i] + compute[i] for i in kept]
     total = sum(steps)
-    waited = sum(data_wait[:n])
-    sizes = [s for s in batch_sizes[:n] if s is not None]
+    waited = sum(data_wait[i] for i in kept)
+    sizes = [batch_sizes[i] for i in kept if batch_sizes[i] is not None]
     samples = sum(sizes) if sizes else None
     return EpochSummary(
         stage=stage,
         epoch=epoch,
         batches=n,
+        profiled_batches=n - len(kept),
         samples=samples,
         step_time=total,
         data_wait=waited,

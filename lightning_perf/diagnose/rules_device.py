@@ -1,0 +1,345 @@
+"""
+Compute device rules
+====================
+
+How well the step keeps its compute device busy: ``host_sync``, ``device_idle``, ``launch_bound`` and
+``precision`` on a GPU, ``launch_bound`` and ``cpu_threads`` on a CPU.
+"""
+
+from __future__ import annotations
+
+from lightning_perf.diagnose.model import Finding, StageEpoch
+from lightning_perf.diagnose.rules import (
+    below,
+    finding,
+    in_window,
+    limit,
+    ms,
+    on_cuda,
+    percent,
+    reaches,
+    share,
+    stage_name,
+    strongest,
+    us,
+)
+from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.records import TraceSummary
+
+# Lightning's precision strings for plain fp32 training ("32" is the pre-2.0 spelling).
+FP32_PRECISIONS = frozenset({"32-true", "32"})
+# Tensor-core GPUs without bf16 or TF32 (Volta, Turing): there, only fp16 ("16-mixed") uses the tensor cores.
+PRE_AMPERE_NAMES = ("V100", "GV100", "TITAN V", "T4", "TITAN RTX", "RTX 20", "QUADRO RTX")
+
+
+def _count(value: float) -> str:
+    """A per-step count: ``3.0`` -> ``"3"``, ``2.25`` -> ``"2.2"``."""
+    return f"{round(value, 1):g}"
+
+
+def _syncing(window: TraceSummary, t: Thresholds) -> bool:
+    idle = share(window.sync_idle_time, window)
+    return (
+        window.syncs_per_step is not None
+        and idle is not None
+        and reaches(window.syncs_per_step, t.host_sync_per_step)
+        and reaches(idle, t.host_sync_idle)
+    )
+
+
+def host_sync(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """The host blocks on the GPU inside the step (CUDA only).
+
+    Notes:
+        1. Per window: host-device synchronizations per step, and the device idle time inside them / step
+           time.
+        2. Fires, as a warning, where both reach ``host_sync_per_step`` and ``host_sync_idle``; points at the
+           window with the most idle time.
+    """
+    if not on_cuda(ctx):
+        return None
+    best = strongest((w for w in ctx.windows if _syncing(w, t)), lambda w: share(w.sync_idle_time, w))
+    if best is None:
+        return None
+    window, idle = best
+    syncs = window.syncs_per_step or 0.0
+    evidence = [
+        f"{_count(syncs)} host-device syncs per step leave the GPU idle {percent(idle)} of the step"
+        f" ({ms(window.sync_idle_time or 0.0)} of {ms(window.step_time)}) {in_window(window, len(ctx.windows))}"
+        f" (warning: >= {_count(t.host_sync_per_step)} per step with >= {limit(t.host_sync_idle)} of the step idle)"
+    ]
+    advice = [
+        "Find what makes the host wait in the step: `.item()`, `.cpu()`, `.tolist()`, `print(loss)` or"
+        " `if tensor:` in `training_step`; `self.log(..., sync_dist=True)` on every step; `torch.nonzero` or"
+        " boolean-mask indexing (`x[mask]`), whose output size the host must read.",
+        "Log tensors (`self.log(\"loss\", loss)`) and let Lightning reduce them every `log_every_n_steps`;"
+        " use `torch.where` or multiplications instead of masks. `torch.cuda.set_sync_debug_mode(\"warn\")`"
+        " reports each sync with its stack.",
+    ]
+    return finding(
+        ctx,
+        "host_sync",
+        "warning",
+        f"{stage_name(ctx.stage)} waits on the GPU {_count(syncs)} times per step",
+        evidence,
+        advice,
+        window,
+    )
+
+
+def _idle_causes(ctx: StageEpoch, window: TraceSummary, t: Thresholds) -> list[tuple[str, str]]:
+    """The other signals, in ``window``, that explain device idle time, as ``(cause, fix)`` pairs; each fix
+    names the rule that details it."""
+    data = max(share(window.dataloader_time, window) or 0.0, ctx.epoch.data_wait_fraction)
+    h2d = share(window.h2d_exposed_time, window) or 0.0
+    comm = share(window.communication_exposed_time, window) or 0.0
+    framework = share(window.framework_time, window) or 0.0
+    kernel = window.median_kernel_time
+    checks = (
+        (
+            reaches(data, t.dataloader_warning),
+            f"waiting for data ({percent(data)} of the step)",
+            "faster input (`num_workers`, see dataloader_bound)",
+        ),
+        (
+            _syncing(window, t),
+            f"host-device syncs ({_count(window.syncs_per_step or 0.0)} per step)",
+            "no `.item()` in the step (see host_sync)",
+        ),
+        (
+            kernel is not None and below(kernel, t.launch_kernel_time),
+            f"kernels shorter than their launch (median {us(kernel or 0.0)})",
+            "fused kernels (`torch.compile`, see launch_bound)",
+        ),
+        (
+            reaches(h2d, t.h2d_copy) and h2d > 0,
+            f"host-to-device copies ({percent(h2d)} of the step)",
+            "pinned memory (`pin_memory=True`, see h2d_copy)",
+        ),
+        (
+            reaches(comm, t.communication) and comm > 0,
+            f"exposed communication ({percent(comm)} of the step)",
+            "overlapped gradient sync (`DDPStrategy` buckets, see communication_bound)",
+        ),
+        (
+            reaches(framework, t.framework_overhead) and framework > 0,
+            f"Python outside torch operators ({percent(framework)} of the step)",
+            "lighter hooks and logging (`log_every_n_steps`, see framework_overhead)",
+        ),
+    )
+    return [(cause, fix) for fired, cause, fix in checks if fired]
+
+
+def device_idle(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """The GPU runs nothing for a large part of the step (CUDA only).
+
+    Notes:
+        1. Per window: time at least one kernel, copy or memset ran / step time.
+        2. Fires below ``device_busy_warning``; critical below ``device_busy_critical``. Points at the
+           least busy window.
+        3. Advice names the other signals that explain the idle time in that window (data wait, syncs,
+           short kernels, copies, communication, framework time) and their findings; with none, it says how
+           to find the gaps.
+    """
+    if not on_cuda(ctx):
+        return None
+    best = strongest(ctx.windows, lambda w: share(w.device_busy, w), lowest=True)
+    if best is None or not below(best[1], t.device_busy_warning):
+        return None
+    window, busy = best
+    severity = "critical" if below(busy, t.device_busy_critical) else "warning"
+    evidence = [
+        f"GPU busy {percent(busy)} of the step ({ms(window.device_busy or 0.0)} of {ms(window.step_time)})"
+        f" {in_window(window, len(ctx.windows))}"
+        f" (warning < {limit(t.device_busy_warning)}, critical < {limit(t.device_busy_critical)})"
+    ]
+    causes = _idle_causes(ctx, window, t)
+    if causes:
+        evidence.append("explained by " + ", ".join(cause for cause, _ in causes))
+        advice = [f"Fill the gaps with {'; '.join(fix for _, fix in causes)}."]
+    else:
+        advice = [
+            "No other signal explains it: the host does not queue work fast enough. Open this window in"
+            " TensorBoard's PyTorch Profiler tab (or HTA's idle-time breakdown) to see what the host runs during"
+            " the gaps. A larger `batch_size` gives the GPU more work per launch (torch-tb-profiler's advice"
+            " below 50% utilization), and `model = torch.compile(model)` before `trainer.fit` cuts the host's"
+            " work per step."
+        ]
+    return finding(
+        ctx,
+        "device_idle",
+        severity,
+        f"GPU busy only {percent(busy)} of each {stage_name(ctx.stage).lower()} step",
+        evidence,
+        advice,
+        window,
+    )
+
+
+def launch_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """The step is many tiny operations, paced by their launch or dispatch cost rather than their work.
+
+    Notes:
+        1. GPU: a window whose median kernel is shorter than ``launch_kernel_time`` while the device is busy
+           less than ``launch_device_busy`` of the step; points at the least busy such window.
+        2. CPU (``RunFacts.device == "cpu"``): a window with at least ``launch_cpu_ops_per_step`` host
+           operators per step, median shorter than ``launch_cpu_op_time``, covering at least
+           ``launch_cpu_host_ops`` of the step; points at the one with the most operators.
+        3. Warning.
+    """
+    stage = stage_name(ctx.stage)
+    if on_cuda(ctx):
+        candidates = [
+            w
+            for w in ctx.windows
+            if w.median_kernel_time is not None
+            and below(w.median_kernel_time, t.launch_kernel_time)
+            and (busy := share(w.device_busy, w)) is not None
+            and below(busy, t.launch_device_busy)
+        ]
+        best = strongest(candidates, lambda w: share(w.device_busy, w), lowest=True)
+        if best is None:
+            return None
+        window, busy = best
+        median = window.median_kernel_time or 0.0
+        evidence = [
+            f"median kernel {us(median)} (threshold < {us(t.launch_kernel_time)}),"
+            f" {window.kernels_per_step or 0:,.0f} kernels per step, GPU busy {percent(busy)} of the step"
+            f" (threshold < {limit(t.launch_device_busy)}) {in_window(window, len(ctx.windows))}"
+        ]
+        advice = [
+            "Fuse the small operations: `model = torch.compile(model)` before `trainer.fit(model)` merges"
+            " elementwise chains into few kernels, and `torch.compile(model, mode=\"reduce-overhead\")` replays"
+            " the step as a CUDA graph, one launch for all its kernels. A larger `batch_size` makes each kernel"
+            " longer for the same launch cost; replace Python loops over small tensors with batched tensor ops.",
+        ]
+        title = f"{stage} is launch-bound: median kernel {us(median)}, GPU busy {percent(busy)}"
+        return finding(ctx, "launch_bound", "warning", title, evidence, advice, window)
+    if ctx.facts.device != "cpu":
+        return None
+    candidates = [
+        w
+        for w in ctx.windows
+        if reaches(w.ops_per_step, t.launch_cpu_ops_per_step)
+        and below(w.median_op_time, t.launch_cpu_op_time)
+        and (host := share(w.host_op_time, w)) is not None
+        and reaches(host, t.launch_cpu_host_ops)
+    ]
+    best = strongest(candidates, lambda w: w.ops_per_step)
+    if best is None:
+        return None
+    window, ops = best
+    host = share(window.host_op_time, window) or 0.0
+    evidence = [
+        f"{ops:,.0f} operators per step (threshold >= {t.launch_cpu_ops_per_step:,.0f}), median"
+        f" {us(window.median_op_time)} (threshold < {us(t.launch_cpu_op_time)}), covering {percent(host)} of the"
+        f" step (threshold >= {limit(t.launch_cpu_host_ops)}) {in_window(window, len(ctx.windows))}"
+    ]
+    advice = [
+        "Vectorize: each eager operator pays microseconds of dispatch however small its tensor, so a Python"
+        " loop of tiny tensor ops is all overhead. Express it as whole-tensor operations (batched matmuls,"
+        " `torch.stack` once instead of per element, indexing instead of loops); `model = torch.compile(model)`"
+        " before `trainer.fit` fuses what remains, and a larger `batch_size` does more work per operator.",
+    ]
+    title = f"{stage} runs {ops:,.0f} tiny operators per step"
+    return finding(ctx, "launch_bound", "warning", title, evidence, advice, window)
+
+
+def precision(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """fp32 matmuls and convolutions run without tensor cores on a GPU that has them.
+
+    Notes:
+        1. Only with Lightning's ``precision="32-true"`` on CUDA, in windows whose device is tensor-core
+           capable.
+        2. Per window: kernel time of fp32 GEMM/convolution kernels without tensor cores / kernel time.
+        3. Fires, as a warning, at ``precision_fp32_gemm`` in the window with the largest share.
+        4. Advice: ``"bf16-mixed"`` and TF32 on Ampere or newer, ``"16-mixed"`` on Volta and Turing.
+    """
+    if not on_cuda(ctx) or ctx.facts.precision not in FP32_PRECISIONS:
+        return None
+    candidates = [
+        w
+        for w in ctx.windows
+        if w.tensor_core_capable and w.kernel_time and w.kernel_time > 0 and w.fp32_gemm_time is not None
+    ]
+    best = strongest(candidates, lambda w: (w.fp32_gemm_time or 0.0) / (w.kernel_time or 1.0))
+    if best is None or not reaches(best[1], t.precision_fp32_gemm):
+        return None
+    window, value = best
+    name = window.device_name or ctx.facts.device_name
+    evidence = [
+        f"fp32 matmul/convolution kernels without tensor cores take {percent(value)} of kernel time"
+        f" ({ms(window.fp32_gemm_time or 0.0)} of {ms(window.kernel_time or 0.0)} per step)"
+        f" {in_window(window, len(ctx.windows))} (warning >= {limit(t.precision_fp32_gemm)})",
+        f'precision="{ctx.facts.precision}"' + (f" on {name}" if name else ""),
+    ]
+    if name and any(marker in name.upper() for marker in PRE_AMPERE_NAMES):
+        advice = [
+            f'Use `Trainer(precision="16-mixed")`: on {name} (no bf16 or TF32) only fp16 runs on the tensor'
+            " cores; matmuls and convolutions typically run 2-8x faster, and Lightning manages the loss scaler."
+        ]
+    else:
+        advice = [
+            'Use `Trainer(precision="bf16-mixed")` (Ampere or newer; `"16-mixed"` on V100/T4): matmuls and'
+            " convolutions then run on the tensor cores, typically 2-8x faster. Or keep fp32 and let matmuls use"
+            ' TF32: `torch.set_float32_matmul_precision("high")` at the start of the script (what Lightning\'s'
+            ' "You are using a CUDA device ... that has Tensor Cores" message suggests).'
+        ]
+    return finding(
+        ctx,
+        "precision",
+        "warning",
+        f"{percent(value)} of GPU time in fp32 matmuls without tensor cores",
+        evidence,
+        advice,
+        window,
+    )
+
+
+def cpu_threads(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """A compute-bound CPU run computes on fewer threads than it has CPUs.
+
+    Notes:
+        1. Only on CPU (``RunFacts.device == "cpu"``), with the thread and CPU counts known, and the step
+           compute-bound (data wait below ``dataloader_warning``).
+        2. This process's share of the CPUs is ``cpu_count // world_size``, less one per DataLoader worker.
+           Fires when ``torch_threads`` is below that share.
+        3. Warning when the threads are below ``cpu_threads_warning`` of the share and there are no
+           DataLoader workers; otherwise info (torch's default is the physical cores, often half the logical
+           CPUs, where hyperthreads add little; workers may need the cores).
+    """
+    facts = ctx.facts
+    threads, cpus = facts.torch_threads, facts.cpu_count
+    if facts.device != "cpu" or threads is None or cpus is None:
+        return None
+    if reaches(ctx.epoch.data_wait_fraction, t.dataloader_warning):
+        return None
+    workers = facts.num_workers or 0
+    per_process = max(1, cpus // max(facts.world_size, 1))
+    available = max(1, per_process - workers)
+    if threads >= available:
+        return None
+    weak = workers > 0 or reaches(threads / per_process, t.cpu_threads_warning)
+    evidence = [
+        f"torch computes on {threads} thread{'s' if threads != 1 else ''} with {per_process} CPUs for this"
+        " process" + (f" ({cpus} shared by {facts.world_size} processes)" if facts.world_size > 1 else "")
+        + (f", {workers} of them for DataLoader workers" if workers else ""),
+        f"compute-bound: data wait {percent(ctx.epoch.data_wait_fraction)} (< {limit(t.dataloader_warning)})",
+        f"warning below {limit(t.cpu_threads_warning)} of the CPUs without DataLoader workers, else info",
+    ]
+    advice = [
+        f"Call `torch.set_num_threads({available})` at the start of the script, or unset `OMP_NUM_THREADS`"
+        " (launchers often set it to 1)."
+    ]
+    if workers:
+        advice.append(f"That leaves one CPU to each of the {workers} DataLoader workers.")
+    elif weak:
+        advice.append("Gains are smaller on hyperthreaded CPUs, where torch's default already uses each core once.")
+    return finding(
+        ctx,
+        "cpu_threads",
+        "info" if weak else "warning",
+        f"torch computes on {threads} of {per_process} CPUs",
+        evidence,
+        advice,
+    )

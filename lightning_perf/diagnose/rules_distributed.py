@@ -1,0 +1,115 @@
+"""
+Distributed rules
+=================
+
+``communication_bound`` (the step waits for collectives) and ``rank_straggler`` (one rank slows the rest).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from lightning_perf.diagnose.model import Finding, StageEpoch
+from lightning_perf.diagnose.rules import (
+    finding,
+    in_window,
+    limit,
+    ms,
+    on_cuda,
+    percent,
+    reaches,
+    share,
+    stage_name,
+    strongest,
+    times,
+)
+from lightning_perf.diagnose.thresholds import Thresholds
+
+
+def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """Collective communication that no compute hides takes a large share of the step.
+
+    Notes:
+        1. Only for distributed runs (``world_size > 1``) or traces that show communication.
+        2. Per window: ``communication_exposed_time`` / step time.
+        3. Fires, as a warning, at ``communication`` in the window with the largest share.
+    """
+    windows = [w for w in ctx.windows if w.communication_exposed_time is not None]
+    if ctx.facts.world_size <= 1 and not any(w.communication_time is not None for w in ctx.windows):
+        return None
+    best = strongest(windows, lambda w: share(w.communication_exposed_time, w))
+    if best is None or not reaches(best[1], t.communication):
+        return None
+    window, value = best
+    evidence = [
+        f"communication with no compute overlapping it {percent(value)} of the step"
+        f" ({ms(window.communication_exposed_time or 0.0)} of {ms(window.step_time)}, communication"
+        f" {ms(window.communication_time or 0.0)} in all) {in_window(window, len(ctx.windows))}"
+        f" (warning >= {limit(t.communication)})",
+        f"world_size={ctx.facts.world_size}",
+    ]
+    advice = [
+        "Overlap and shrink the gradient all-reduce: `DDPStrategy(gradient_as_bucket_view=True,"
+        " static_graph=True)` and a tuned `bucket_cap_mb` (default 25) let buckets start while backward still"
+        " runs; `Trainer(accumulate_grad_batches=N)` syncs gradients once every N batches (Lightning skips the"
+        " others with DDP's `no_sync`); a larger batch per device does more compute per sync; fewer"
+        " `self.log(..., sync_dist=True)` calls remove small collectives."
+    ]
+    if on_cuda(ctx):
+        advice.append(
+            "Check the interconnect: `NCCL_DEBUG=INFO` shows whether NCCL uses NVLink/InfiniBand or falls back"
+            " to TCP sockets."
+        )
+    else:
+        advice.append("On CPU (gloo) every collective blocks the step; on GPUs the nccl backend overlaps them.")
+    return finding(
+        ctx,
+        "communication_bound",
+        "warning",
+        f"{stage_name(ctx.stage)} waits on communication {percent(value)} of each step",
+        evidence,
+        advice,
+        window,
+    )
+
+
+def rank_straggler(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """One rank's steps are slower than the others', and every rank waits for it.
+
+    Notes:
+        1. Only for distributed runs with per-rank median step times (``StageEpoch.rank_step_times``).
+        2. Measures the slowest rank's median step / the median over ranks.
+        3. Fires, as a warning, at ``rank_straggler``, naming the rank.
+    """
+    ranks = ctx.rank_step_times
+    if not ranks or len(ranks) < 2:
+        return None
+    median = statistics.median(ranks.values())
+    slow, slowest = max(ranks.items(), key=lambda item: (item[1], -item[0]))
+    if median <= 0 or not reaches(slowest / median, t.rank_straggler):
+        return None
+    ratio = slowest / median
+    fastest = min(ranks.values())
+    evidence = [
+        f"rank {slow}'s median step {ms(slowest)} is {times(ratio)} the median over {len(ranks)} ranks"
+        f" ({ms(median)}; fastest {ms(fastest)}) (warning >= {t.rank_straggler:g}x)"
+    ]
+    advice = [
+        f"Every rank waits for rank {slow} at each gradient all-reduce. Look at what differs on it:"
+        " its machine (a slower or throttling GPU, other processes: `nvidia-smi`, `top`), its data shard"
+        " (larger samples, slower storage, fewer `num_workers` per process than CPUs allow), or rank-dependent"
+        " work in the step."
+    ]
+    if slow == 0:
+        advice.append(
+            "Rank 0 does extra work in many setups: `rank_zero_only` logging, checkpoint saving, a progress bar;"
+            " move it out of the step or make it less frequent."
+        )
+    return finding(
+        ctx,
+        "rank_straggler",
+        "warning",
+        f"Rank {slow} is {times(ratio)} slower than the median rank",
+        evidence,
+        advice,
+    )

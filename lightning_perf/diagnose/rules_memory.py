@@ -1,0 +1,137 @@
+"""
+Memory rules
+============
+
+``memory_pressure`` (the GPU's memory is nearly full) and ``memory_growth`` (host or GPU memory rises epoch
+after epoch: a leak).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lightning_perf.diagnose.model import Finding, StageEpoch
+from lightning_perf.diagnose.rules import finding, limit, percent, reaches, size, stage_name
+from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.records import EpochSummary
+
+
+def memory_pressure(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """The CUDA caching allocator's peak reservation nears the device's capacity.
+
+    Notes:
+        1. Measures the epoch's peak reserved memory / the device's total memory.
+        2. Fires at ``memory_pressure_warning``; critical at ``memory_pressure_critical``.
+        3. When the reserved memory holds ``memory_fragmentation`` or more that is not allocated, the advice
+           leads with the allocator's ``expandable_segments``.
+    """
+    epoch = ctx.epoch
+    reserved, capacity = epoch.cuda_max_reserved, epoch.cuda_capacity
+    if reserved is None or not capacity:
+        return None
+    fraction = reserved / capacity
+    if not reaches(fraction, t.memory_pressure_warning):
+        return None
+    severity = "critical" if reaches(fraction, t.memory_pressure_critical) else "warning"
+    evidence = [
+        f"peak reserved {size(reserved)} of {size(capacity)} ({percent(fraction)})"
+        f" (warning >= {limit(t.memory_pressure_warning)}, critical >= {limit(t.memory_pressure_critical)})"
+    ]
+    advice = []
+    allocated = epoch.cuda_max_allocated
+    if allocated is not None and reserved > 0:
+        unused = max(reserved - allocated, 0)
+        evidence.append(
+            f"peak allocated {size(allocated)}: {size(unused)} ({percent(unused / reserved)}) reserved but unused"
+        )
+        if reaches(unused / reserved, t.memory_fragmentation):
+            advice.append(
+                "The cache is fragmented: set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the"
+                " environment (before the first CUDA allocation) so the allocator grows segments instead of"
+                " keeping many partly used blocks."
+            )
+    advice.append(
+        "To free memory: a smaller `batch_size` with `Trainer(accumulate_grad_batches=N)` keeps the effective"
+        " batch; activation checkpointing (`torch.utils.checkpoint.checkpoint` around blocks) trades compute"
+        " for activations"
+    )
+    if ctx.facts.precision in (None, "32-true", "32"):
+        advice[-1] += '; `Trainer(precision="bf16-mixed")` halves activation memory.'
+    else:
+        advice[-1] += "."
+    if severity == "critical":
+        advice.append("At this level one larger batch or longer sequence is an out-of-memory error.")
+    return finding(
+        ctx,
+        "memory_pressure",
+        severity,
+        f"GPU memory {percent(fraction)} full during {stage_name(ctx.stage).lower()}",
+        evidence,
+        advice,
+    )
+
+
+def _rising(values: Sequence[int | None], t: Thresholds) -> tuple[int, int, int] | None:
+    """``(first, last, epochs)`` of the trailing run of epochs over which ``values`` never fell, when it is
+    long enough, rose in its last epoch, and rose by both growth thresholds; else ``None``."""
+    run: list[int] = []
+    for value in reversed(values):
+        if value is None or (run and value > run[-1]):
+            break
+        run.append(value)
+    if len(run) < max(t.memory_growth_epochs, 2) or run[0] <= run[1]:
+        return None
+    first, last = run[-1], run[0]
+    grown = last - first
+    if grown < t.memory_growth_bytes or first <= 0 or not reaches(grown / first, t.memory_growth_fraction):
+        return None
+    return first, last, len(run)
+
+
+def memory_growth(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """Host memory (or the GPU's allocated memory) rises epoch after epoch.
+
+    Notes:
+        1. Reads the peaks of the stage's earlier epochs and this one: ``host_rss_peak`` and
+           ``cuda_max_allocated``.
+        2. Fires, as a warning, when a peak has not fallen over the last ``memory_growth_epochs`` epochs or
+           more (this one included), rose in this epoch, and rose in all by at least
+           ``memory_growth_fraction`` and ``memory_growth_bytes``.
+    """
+    epochs: tuple[EpochSummary, ...] = (*ctx.history, ctx.epoch)
+    found = []
+    for label, values in (
+        ("host memory (RSS peak)", [e.host_rss_peak for e in epochs]),
+        ("GPU allocated memory (peak)", [e.cuda_max_allocated for e in epochs]),
+    ):
+        rise = _rising(values, t)
+        if rise is not None:
+            found.append((label, *rise))
+    if not found:
+        return None
+    evidence = [
+        f"{label} rose over {count} epochs: {size(first)} -> {size(last)}"
+        f" (+{size(last - first)}, +{percent((last - first) / first)})"
+        for label, first, last, count in found
+    ]
+    evidence.append(
+        f"warning: not falling over >= {t.memory_growth_epochs} epochs, rising in this one, by >="
+        f" {limit(t.memory_growth_fraction)} and >= {size(t.memory_growth_bytes)}"
+    )
+    label, first, last, count = found[0]
+    where = "Host" if label.startswith("host") else "GPU"
+    advice = [
+        "Something keeps references from step to step. Usually: losses or outputs kept with their graph"
+        " (append `loss.detach()`, or `loss.item()` at logging time, never `loss`); lists grown in"
+        " `training_step`, `on_*_batch_end` or a callback and never cleared (clear them in"
+        " `on_*_epoch_end`); caches keyed by batch. `tracemalloc` (host) or"
+        " `torch.cuda.memory._record_memory_history()` (GPU) show what holds the memory.",
+    ]
+    return finding(
+        ctx,
+        "memory_growth",
+        "warning",
+        f"{where} memory grows every {stage_name(ctx.stage).lower()} epoch: +{size(last - first)} over {count} epochs",
+        evidence,
+        advice,
+    )

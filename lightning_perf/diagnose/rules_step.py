@@ -1,0 +1,265 @@
+"""
+Training loop rules
+===================
+
+Where the step's time goes besides the model's forward and backward: ``optimizer_heavy``,
+``validation_heavy``, ``framework_overhead``, and whether it is steady: ``step_time_unstable``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from lightning_perf.diagnose.model import Finding, StageEpoch
+from lightning_perf.diagnose.rules import (
+    finding,
+    in_window,
+    limit,
+    ms,
+    on_cuda,
+    percent,
+    reaches,
+    share,
+    stage_name,
+    strongest,
+    times,
+)
+from lightning_perf.diagnose.thresholds import Thresholds
+
+# Lightning's default `Trainer(log_every_n_steps=...)`: spikes with this period are most likely logging.
+LIGHTNING_LOG_EVERY_N_STEPS = 50
+# Spikes are called periodic when at least half of them fall on one period (our judgment: one stray stall
+# should not hide a periodic one, nor should a coincidence of two make a period).
+REGULAR_SHARE = 0.5
+
+
+def optimizer_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """The optimizer's own update (after forward and backward) takes a large share of the step.
+
+    Notes:
+        1. Per window: ``optimizer_update_time`` / step time.
+        2. Fires, as a warning, at ``optimizer_update`` in the window with the largest share.
+        3. Advice depends on whether the update already used multi-tensor (``foreach``) or fused kernels.
+    """
+    best = strongest(ctx.windows, lambda w: share(w.optimizer_update_time, w))
+    if best is None or not reaches(best[1], t.optimizer_update):
+        return None
+    window, value = best
+    foreach = window.optimizer_foreach
+    evidence = [
+        f"optimizer update {percent(value)} of the step ({ms(window.optimizer_update_time)} of"
+        f" {ms(window.step_time)}, {window.optimizer_update_ops:,.0f} operators) {in_window(window, len(ctx.windows))}"
+        f" (warning >= {limit(t.optimizer_update)})",
+        {True: "multi-tensor (foreach) or fused kernels", False: "one kernel per parameter (no foreach)"}.get(
+            foreach, ""
+        ),
+    ]
+    fused = "`torch.optim.AdamW(..., fused=True)`" + (" on CUDA" if on_cuda(ctx) else " (CPU too, torch >= 2.4)")
+    if foreach is False:
+        advice = [
+            "The update runs one small kernel per parameter and operation: pass `foreach=True` to the optimizer"
+            f" in `configure_optimizers` (e.g. `torch.optim.Adam(..., foreach=True)`), or {fused}, which updates"
+            " all parameters in a few kernels."
+        ]
+    else:
+        advice = [
+            f"The update already uses multi-tensor kernels: {fused} is faster still. Fewer, larger parameter"
+            " tensors (e.g. one fused QKV projection instead of three) and fewer optimizer states (SGD with"
+            " momentum instead of Adam, or an 8-bit optimizer) shrink its work."
+        ]
+    return finding(
+        ctx,
+        "optimizer_heavy",
+        "warning",
+        f"Optimizer update takes {percent(value)} of each {stage_name(ctx.stage).lower()} step",
+        evidence,
+        advice,
+        window,
+    )
+
+
+def validation_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """Validation takes a large share of a training epoch.
+
+    Notes:
+        1. Only for a training epoch: the step time of the validation runs during it / (its own step time +
+           theirs).
+        2. Fires, as a warning, at ``validation``.
+    """
+    if ctx.stage != "train" or not ctx.validation:
+        return None
+    val = sum(v.step_time for v in ctx.validation)
+    total = ctx.epoch.step_time + val
+    if total <= 0 or not reaches(val / total, t.validation):
+        return None
+    fraction = val / total
+    runs = len(ctx.validation)
+    batches = sum(v.batches for v in ctx.validation)
+    evidence = [
+        f"validation {percent(fraction)} of the epoch's step time ({val:.2f} s in {runs} run{'s' if runs > 1 else ''}"
+        f" of {batches} batches, training {ctx.epoch.step_time:.2f} s) (warning >= {limit(t.validation)})"
+    ]
+    advice = [
+        "Validate less or faster: `Trainer(limit_val_batches=0.25)` uses a quarter of the validation set,"
+        " `check_val_every_n_epoch=N` validates every N epochs"
+        + (f", and a larger `val_check_interval` runs fewer than the {runs} validations per epoch" if runs > 1 else "")
+        + ". A larger validation `batch_size` (no gradients or optimizer state need memory) makes each batch"
+        " cheaper; Lightning already runs validation under `torch.inference_mode()`."
+    ]
+    return finding(
+        ctx,
+        "validation_heavy",
+        "warning",
+        f"Validation takes {percent(fraction)} of each training epoch",
+        evidence,
+        advice,
+    )
+
+
+def framework_overhead(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """Much of the step runs no torch operator: the loop's Python, hooks, callbacks, logging.
+
+    Notes:
+        1. Per window: ``framework_time`` / step time.
+        2. Fires, as a warning, at ``framework_overhead`` in the window with the largest share.
+    """
+    best = strongest(ctx.windows, lambda w: share(w.framework_time, w))
+    if best is None or not reaches(best[1], t.framework_overhead):
+        return None
+    window, value = best
+    evidence = [
+        f"{percent(value)} of the step outside any torch operator ({ms(window.framework_time)} of"
+        f" {ms(window.step_time)}) {in_window(window, len(ctx.windows))} (warning >= {limit(t.framework_overhead)})"
+    ]
+    advice = [
+        "Look for per-step work outside the model: a callback or hook (`on_train_batch_end`, ...) doing work"
+        " every step; `self.log(..., on_step=True)` of many values or with `sync_dist=True`; the progress bar"
+        " (`TQDMProgressBar(refresh_rate=10)` or `enable_progress_bar=False`); logging too often (raise"
+        " `Trainer(log_every_n_steps=...)`). The gaps between operators in this window's trace show where"
+        " the time goes."
+    ]
+    return finding(
+        ctx,
+        "framework_overhead",
+        "warning",
+        f"{stage_name(ctx.stage)} spends {percent(value)} of each step outside torch operators",
+        evidence,
+        advice,
+        window,
+    )
+
+
+def spikes(step_times: Sequence[float], factor: float) -> tuple[list[int], float]:
+    """Indices of the steps at least ``factor`` times the median (the first step, a warm-up, left out), and
+    the median. Steps that are not finite (NaN: a batch the profiler slowed down) are ignored."""
+    measured = [s for s in step_times if math.isfinite(s)]
+    if len(measured) < 2:
+        return [], 0.0
+    median = statistics.median(measured)
+    if median <= 0:
+        return [], median
+    return [i for i, s in enumerate(step_times) if i > 0 and math.isfinite(s) and reaches(s / median, factor)], median
+
+
+def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
+    """The period of the regular part of ``indices``, and the indices on it; ``None`` when none is regular.
+
+    Notes:
+        1. The period is the gap between consecutive indices that most other gaps are within one of (a
+           one-off stall between two periodic ones splits a gap but leaves the others).
+        2. The indices on it are those in the most common residue class modulo the period (within one batch
+           either way for periods of 10 or more, which absorbs a cadence counted in optimizer steps).
+        3. Regular: at least 3 indices on the period, at least ``REGULAR_SHARE`` of all indices, and filling
+           at least ``REGULAR_SHARE`` of the period's slots between the first and the last of them (indices
+           that merely share a residue of a short period, far apart, are a coincidence).
+    """
+    gaps = [b - a for a, b in zip(indices, indices[1:]) if b - a >= 2]
+    if len(indices) < 3 or not gaps:
+        return None
+    every = max(sorted(gaps), key=lambda g: sum(abs(other - g) <= 1 for other in gaps))
+    slack = 1 if every >= 10 else 0
+
+    def near(i: int, residue: int) -> bool:
+        distance = abs(i % every - residue)
+        return min(distance, every - distance) <= slack
+
+    residue = max(range(every), key=lambda r: sum(near(i, r) for i in indices))
+    on = [i for i in indices if near(i, residue)]
+    slots = round((on[-1] - on[0]) / every) + 1 if on else 0
+    if len(on) < 3 or len(on) < REGULAR_SHARE * len(indices) or len(on) < REGULAR_SHARE * slots:
+        return None
+    return every, on
+
+
+def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """Step times vary a lot, or spike again and again.
+
+    Notes:
+        1. Spread: the epoch's p90 / p50 step time, from every batch.
+        2. Spikes: steps at least ``step_spike_factor`` times the median step (the first step left out); and
+           their period, when most of them are regularly spaced (:func:`period`).
+        3. Fires, as a warning, when the spread reaches ``step_p90_p50`` or there are ``step_spike_count``
+           spikes or more; advice follows the period (e.g. every 50 batches: Lightning's default
+           ``log_every_n_steps``).
+    """
+    epoch = ctx.epoch
+    ratio = epoch.step_time_p90 / epoch.step_time_p50 if epoch.step_time_p50 > 0 else None
+    found, median = spikes(ctx.step_times, t.step_spike_factor)
+    spread = ratio is not None and reaches(ratio, t.step_p90_p50)
+    spiky = len(found) >= t.step_spike_count
+    if not (spread or spiky):
+        return None
+    evidence = []
+    if ratio is not None:
+        evidence.append(
+            f"p90 step {ms(epoch.step_time_p90)} is {times(ratio)} the median {ms(epoch.step_time_p50)}"
+            f" (warning >= {t.step_p90_p50:g}x)"
+        )
+    regular = period(found)
+    every = regular[0] if regular else None
+    if found:
+        shown = ", ".join(str(i) for i in found[:8]) + (", ..." if len(found) > 8 else "")
+        if regular is None:
+            periodic = ""
+        elif len(regular[1]) == len(found):
+            periodic = f" (every {every} batches)"
+        else:
+            periodic = f" ({len(regular[1])} of them every {every} batches)"
+        evidence.append(
+            f"{len(found)} step{'s' if len(found) > 1 else ''} >= {t.step_spike_factor:g}x the median"
+            f" {ms(median)} at batches {shown}{periodic} (warning >= {t.step_spike_count} spikes)"
+        )
+    if spiky and every:
+        likely = (
+            f" ({every} is Lightning's default `log_every_n_steps`: most likely logging)"
+            if every == LIGHTNING_LOG_EVERY_N_STEPS
+            else ""
+        )
+        advice = [
+            f"Something runs every {every} batches{likely}: logging (`.item()` syncs, logger writes: raise"
+            " `Trainer(log_every_n_steps=...)`), checkpointing (`ModelCheckpoint(every_n_train_steps=...)`), a"
+            " `val_check_interval`, or a callback on a step count; Python's garbage collector also runs on a"
+            " cadence (`gc.freeze()` after setup makes its passes cheaper)."
+        ]
+    elif spiky:
+        advice = [
+            "Irregular stalls: garbage collection (`gc.freeze()` after setup), other processes on the machine,"
+            " DataLoader workers falling behind (`persistent_workers=True`, a larger `prefetch_factor`), slow"
+            " disk or network reads, or new input shapes (recompiles with `torch.compile`, cuDNN autotuning with"
+            " `Trainer(benchmark=True)`)."
+        ]
+    else:
+        advice = [
+            f"The slowest tenth of the steps take {times(ratio or 0.0)} the median: varying input sizes (bucket"
+            " batches by length, pad to fixed sizes), an uneven data wait (more `num_workers`, a larger"
+            f" `prefetch_factor`; data wait is {percent(epoch.data_wait_fraction)} of this epoch), or work on some"
+            " steps only (logging, gradient accumulation boundaries)."
+        ]
+    title = (
+        f"{stage_name(ctx.stage)} stalls every {every} batches" if spiky and every
+        else f"{stage_name(ctx.stage)} step time unstable: p90 {times(ratio)} the median" if spread and ratio
+        else f"{stage_name(ctx.stage)} step time spikes {len(found)} times"
+    )
+    return finding(ctx, "step_time_unstable", "warning", title, evidence, advice)

@@ -1,0 +1,315 @@
+"""
+Thresholds
+==========
+
+Every number the bottleneck rules compare against, as one frozen record with a documented default each.
+
+Fractions are shares of a step (or of an epoch, or of the device's memory) between 0 and 1; times are in
+seconds, memory in bytes. Where a default follows a published tool or guide, the comment says which; where
+it is our own judgment, the comment says that, and why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+# --- dataloader_bound -----------------------------------------------------------------------------------
+# torch-tb-profiler's Overview recommends "set num_workers" when the DataLoader takes more than 5% of the
+# step. We warn at 10% (a tenth of every step spent waiting) to stay quiet about the small, unavoidable wait
+# of an in-memory dataset, and call 30% critical: the accelerator then idles about a third of the time, and
+# fixing the input pipeline is worth more than any model-side change.
+DATALOADER_WARNING = 0.10
+DATALOADER_CRITICAL = 0.30
+
+# --- host_sync ------------------------------------------------------------------------------------------
+# One blocking sync per step (a `.item()` on the loss, a `print(loss)`) is enough to drain the CUDA queue:
+# the host stops running ahead and every later launch latency shows as device idle time. Our judgment: one
+# per step is the pattern worth naming, and 5% of the step idle inside syncs is where it costs more than
+# run-to-run noise (HTA's idle-time breakdown calls this "host wait").
+HOST_SYNC_PER_STEP = 1.0
+HOST_SYNC_IDLE = 0.05
+
+# --- device_idle ----------------------------------------------------------------------------------------
+# torch-tb-profiler recommends a larger batch when GPU utilization is below 50%: our critical. 80% busy is
+# our warning: NVIDIA's and PyTorch's tuning guides aim at keeping the GPU saturated, and a well-fed training
+# step on a modern GPU shows 90%+ busy in HTA's temporal breakdown; below 80% a fifth of the device is
+# wasted.
+DEVICE_BUSY_WARNING = 0.80
+DEVICE_BUSY_CRITICAL = 0.50
+
+# --- launch_bound ---------------------------------------------------------------------------------------
+# A kernel launch costs the host about 5-10 us (cudaLaunchKernel plus PyTorch's dispatcher); kernels shorter
+# than that finish before the host can queue the next one, which is what HTA's kernel-launch statistics look
+# for ("GPU kernels shorter than their CPU launch"). Hence a median kernel under 10 us, together with the
+# device below the 80% busy warning above, means the host's launch rate sets the pace.
+LAUNCH_KERNEL_TIME = 10e-6
+LAUNCH_DEVICE_BUSY = 0.80
+# On CPU there is no launch, but each eager operator pays ~5-20 us of dispatch and Python. Our judgment:
+# a thousand operators per step with a median under 20 us, covering half the step or more, is a step made
+# of tiny operators (a Python loop over small tensors), not of arithmetic.
+LAUNCH_CPU_OPS_PER_STEP = 1000.0
+LAUNCH_CPU_OP_TIME = 20e-6
+LAUNCH_CPU_HOST_OPS = 0.50
+
+# --- h2d_copy -------------------------------------------------------------------------------------------
+# Copy time with no kernel running is pure device idle time. Our judgment, aligned with the DataLoader
+# warning: 10% of the step. PyTorch's tuning guide and NVIDIA's CUDA best practices both name pinned memory
+# (`pin_memory=True`) as the fix for slow, blocking host-to-device copies.
+H2D_COPY = 0.10
+
+# --- precision ------------------------------------------------------------------------------------------
+# torch-tb-profiler recommends AMP when tensor-core-eligible kernels run without tensor cores at all. We fire
+# when fp32 GEMM/convolution kernels without tensor cores take 30% of the kernel time or more (our judgment):
+# with TF32 or bf16 these run 2-8x faster (NVIDIA A100: 19.5 TFLOPS fp32 vs 156 TF32 vs 312 bf16), so 30% of
+# the kernel time shrinks by at least a fifth of the step.
+PRECISION_FP32_GEMM = 0.30
+
+# --- memory_pressure ------------------------------------------------------------------------------------
+# torch-tb-profiler warns when peak memory exceeds 90% of the device's. 97% is our critical: the caching
+# allocator then has no room to round up a request and starts freeing its cache and retrying (slow), one
+# larger batch or sequence away from an out-of-memory error.
+MEMORY_PRESSURE_WARNING = 0.90
+MEMORY_PRESSURE_CRITICAL = 0.97
+# Advice only: when a fifth or more of the reserved memory is not allocated, the cache is fragmented and
+# `expandable_segments` is the first thing to try (our judgment; PyTorch's CUDA memory notes describe it).
+MEMORY_FRAGMENTATION = 0.20
+
+# --- memory_growth --------------------------------------------------------------------------------------
+# Our judgment: a leak shows as a peak that rises epoch after epoch. Three epochs (two rises) tell a trend
+# from a one-time warm-up step; 10% and 100 MiB together keep allocator and RSS noise out while still
+# catching the classic leak (losses or outputs kept with their graph), which grows by the epoch.
+MEMORY_GROWTH_EPOCHS = 3
+MEMORY_GROWTH_FRACTION = 0.10
+MEMORY_GROWTH_BYTES = 100 * 2**20
+
+# --- optimizer_heavy ------------------------------------------------------------------------------------
+# Our judgment: an optimizer update is a few elementwise passes over the parameters, normally a few percent
+# of a step; 20% means per-parameter launch overhead (single-tensor loops) or a model whose parameters
+# dwarf its compute. PyTorch's optimizer docs: foreach (default where supported) < fused in speed.
+OPTIMIZER_UPDATE = 0.20
+
+# --- validation_heavy -----------------------------------------------------------------------------------
+# Our judgment: validation that takes 30% of an epoch's step time (3/7 of the training time) costs more
+# than most users meant to spend on monitoring; Lightning's `limit_val_batches` and `val_check_interval`
+# exist for it.
+VALIDATION = 0.30
+
+# --- framework_overhead ---------------------------------------------------------------------------------
+# Our judgment: Lightning's own loop costs tens of microseconds per step, a few percent of all but the
+# smallest steps; 15% of the step outside any torch operator is more than the loop: the user's hooks,
+# callbacks, logging or the progress bar.
+FRAMEWORK_OVERHEAD = 0.15
+
+# --- step_time_unstable ---------------------------------------------------------------------------------
+# Our judgment: in a steady loop p90 stays within ~20% of the median; 1.5x means a tenth of the steps are
+# markedly slow. Spikes of 3x the median, three times or more, are a recurring event (logging, checkpoints,
+# garbage collection), not noise; their period usually names the cause.
+STEP_P90_P50 = 1.5
+STEP_SPIKE_FACTOR = 3.0
+STEP_SPIKE_COUNT = 3
+
+# --- communication_bound --------------------------------------------------------------------------------
+# torch-tb-profiler recommends gradient compression or accumulation when communication takes more than 10%
+# of the step. We count only exposed communication (no compute kernel overlapping it), which is what the
+# step actually waits for, and warn at 15% (our judgment: DDP's bucketing normally hides most of it).
+COMMUNICATION = 0.15
+
+# --- rank_straggler -------------------------------------------------------------------------------------
+# Every rank waits for the slowest at each gradient all-reduce, so one slow rank slows them all (HTA's
+# straggler analysis looks for it in the communication kernels' waits). Our judgment: 1.2x the median over
+# ranks is beyond the few percent that identical GPUs differ by, and costs every rank a sixth of its time.
+RANK_STRAGGLER = 1.2
+
+# --- cpu_threads ----------------------------------------------------------------------------------------
+# torch's default intra-op thread count is the number of physical cores, often half the logical CPUs; any
+# count below this process's share of the CPUs fires as info. Below half the share (e.g. OMP_NUM_THREADS=1
+# from a launcher) is a warning: a compute-bound CPU run then leaves most of its cores unused (our
+# judgment).
+CPU_THREADS_WARNING = 0.50
+
+# How each field is checked: fraction 0..1, ratio >= 1, seconds >= 0, number >= 0, integer >= 1, bytes.
+_KIND = "kind"
+_FRACTION, _RATIO, _SECONDS, _NUMBER, _COUNT, _BYTES = "fraction", "ratio", "seconds", "number", "count", "bytes"
+_ALLOWED = {
+    _FRACTION: "must be a fraction between 0 and 1",
+    _RATIO: "must be a ratio >= 1",
+    _SECONDS: "must be a number of seconds >= 0",
+    _NUMBER: "must be a number >= 0",
+    _COUNT: "must be an integer >= 1",
+    _BYTES: "must be a number of bytes, an integer >= 0",
+}
+# (lower, higher): the first must not exceed the second.
+_ORDERED = (
+    ("dataloader_warning", "dataloader_critical"),
+    ("device_busy_critical", "device_busy_warning"),
+    ("memory_pressure_warning", "memory_pressure_critical"),
+)
+
+
+def _field(default: float, kind: str) -> Any:
+    return field(default=default, metadata={_KIND: kind})
+
+
+class _class_or_instance_method:
+    """A method that receives the instance when called on one, and the class's defaults when called on it."""
+
+    def __init__(self, func: Any) -> None:
+        self.func = func
+        self.__doc__ = func.__doc__
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            return self.func(owner() if instance is None else instance, *args, **kwargs)
+
+        bound.__doc__ = self.func.__doc__
+        return bound
+
+
+@dataclass(frozen=True, kw_only=True)
+class Thresholds:
+    """The thresholds of every bottleneck rule; the defaults and their sources are in this module's comments.
+
+    Fractions are between 0 and 1 (``0.1`` = 10% of the step), times in seconds, memory in bytes. A rule
+    fires at its threshold (``>=``, or ``<`` for the "busy below" thresholds of ``device_idle``).
+
+    Args:
+        dataloader_warning, dataloader_critical: ``dataloader_bound``: data wait / step time.
+        host_sync_per_step: ``host_sync``: host-device synchronizations per step.
+        host_sync_idle: ``host_sync``: device idle time inside those syncs / step time.
+        device_busy_warning, device_busy_critical: ``device_idle``: fires when device busy / step time is
+            below these.
+        launch_kernel_time: ``launch_bound`` (GPU): median kernel duration below this, in seconds...
+        launch_device_busy: ...with device busy / step time below this.
+        launch_cpu_ops_per_step, launch_cpu_op_time, launch_cpu_host_ops: ``launch_bound`` (CPU): at least
+            this many host operators per step, with a median below this duration, covering at least this
+            share of the step.
+        h2d_copy: ``h2d_copy``: exposed host-to-device copy time / step time.
+        precision_fp32_gemm: ``precision``: fp32 GEMM/convolution kernel time without tensor cores / kernel
+            time.
+        memory_pressure_warning, memory_pressure_critical: ``memory_pressure``: peak reserved / capacity.
+        memory_fragmentation: ``memory_pressure`` advice: (reserved - allocated) / reserved from which the
+            advice leads with the allocator's ``expandable_segments``.
+        memory_growth_epochs: ``memory_growth``: epochs (this one included) the peak must not fall over.
+        memory_growth_fraction, memory_growth_bytes: ``memory_growth``: total rise over those epochs,
+            relative and absolute; both must be reached.
+        optimizer_update: ``optimizer_heavy``: optimizer update time / step time.
+        validation: ``validation_heavy``: validation step time / (training + validation step time).
+        framework_overhead: ``framework_overhead``: time outside any torch operator / step time.
+        step_p90_p50: ``step_time_unstable``: p90 / p50 of the step time.
+        step_spike_factor, step_spike_count: ``step_time_unstable``: steps at least this many times the
+            median, at least this many of them.
+        communication: ``communication_bound``: exposed communication time / step time.
+        rank_straggler: ``rank_straggler``: slowest rank's median step / median over ranks.
+        cpu_threads_warning: ``cpu_threads``: torch threads / this process's share of the CPUs below which
+            the finding is a warning rather than info.
+
+    Raises:
+        ValueError: Naming every bad value and what is allowed, in one message (also from
+            :meth:`with_overrides`).
+
+    Example::
+
+        Thresholds().with_overrides({"dataloader_warning": 0.2, "validation": 0.5})
+    """
+
+    dataloader_warning: float = _field(DATALOADER_WARNING, _FRACTION)
+    dataloader_critical: float = _field(DATALOADER_CRITICAL, _FRACTION)
+    host_sync_per_step: float = _field(HOST_SYNC_PER_STEP, _NUMBER)
+    host_sync_idle: float = _field(HOST_SYNC_IDLE, _FRACTION)
+    device_busy_warning: float = _field(DEVICE_BUSY_WARNING, _FRACTION)
+    device_busy_critical: float = _field(DEVICE_BUSY_CRITICAL, _FRACTION)
+    launch_kernel_time: float = _field(LAUNCH_KERNEL_TIME, _SECONDS)
+    launch_device_busy: float = _field(LAUNCH_DEVICE_BUSY, _FRACTION)
+    launch_cpu_ops_per_step: float = _field(LAUNCH_CPU_OPS_PER_STEP, _NUMBER)
+    launch_cpu_op_time: float = _field(LAUNCH_CPU_OP_TIME, _SECONDS)
+    launch_cpu_host_ops: float = _field(LAUNCH_CPU_HOST_OPS, _FRACTION)
+    h2d_copy: float = _field(H2D_COPY, _FRACTION)
+    precision_fp32_gemm: float = _field(PRECISION_FP32_GEMM, _FRACTION)
+    memory_pressure_warning: float = _field(MEMORY_PRESSURE_WARNING, _FRACTION)
+    memory_pressure_critical: float = _field(MEMORY_PRESSURE_CRITICAL, _FRACTION)
+    memory_fragmentation: float = _field(MEMORY_FRAGMENTATION, _FRACTION)
+    memory_growth_epochs: int = _field(MEMORY_GROWTH_EPOCHS, _COUNT)
+    memory_growth_fraction: float = _field(MEMORY_GROWTH_FRACTION, _NUMBER)
+    memory_growth_bytes: int = _field(MEMORY_GROWTH_BYTES, _BYTES)
+    optimizer_update: float = _field(OPTIMIZER_UPDATE, _FRACTION)
+    validation: float = _field(VALIDATION, _FRACTION)
+    framework_overhead: float = _field(FRAMEWORK_OVERHEAD, _FRACTION)
+    step_p90_p50: float = _field(STEP_P90_P50, _RATIO)
+    step_spike_factor: float = _field(STEP_SPIKE_FACTOR, _RATIO)
+    step_spike_count: int = _field(STEP_SPIKE_COUNT, _COUNT)
+    communication: float = _field(COMMUNICATION, _FRACTION)
+    rank_straggler: float = _field(RANK_STRAGGLER, _RATIO)
+    cpu_threads_warning: float = _field(CPU_THREADS_WARNING, _FRACTION)
+
+    def __post_init__(self) -> None:
+        problems = _problems({f.name: getattr(self, f.name) for f in fields(self)})
+        if problems:
+            raise ValueError("Invalid thresholds: " + "; ".join(problems))
+        for f in fields(self):
+            if f.metadata[_KIND] in (_COUNT, _BYTES):  # a config file may give 3.0
+                object.__setattr__(self, f.name, int(getattr(self, f.name)))
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every threshold's name, in declaration order."""
+        return tuple(f.name for f in fields(cls))
+
+    @_class_or_instance_method
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Thresholds:
+        """A copy with ``overrides`` applied, checked as a whole.
+
+        Called on the class (``Thresholds.with_overrides({...})``) it starts from the defaults; called on an
+        instance, from that instance's values.
+
+        Raises:
+            ValueError: Naming each unknown key (and listing the known ones), and each bad value with what
+                is allowed, all in one message.
+        """
+        known = self.names()
+        problems = [
+            f"{key!s}={value!r}: unknown threshold (known: {', '.join(known)})"
+            for key, value in overrides.items()
+            if key not in known
+        ]
+        values = {name: getattr(self, name) for name in known}
+        values.update({key: value for key, value in overrides.items() if key in known})
+        problems += _problems(values, only=set(overrides))
+        if problems:
+            raise ValueError("Invalid threshold overrides: " + "; ".join(problems))
+        return Thresholds(**values)
+
+
+def _kinds() -> dict[str, str]:
+    return {f.name: f.metadata[_KIND] for f in fields(Thresholds)}
+
+
+def _problems(values: Mapping[str, Any], only: set[str] | None = None) -> list[str]:
+    """What is wrong with ``values``: each bad value (of the names in ``only``, if given), then bad orders."""
+    kinds = _kinds()
+    problems = [
+        f"{name}={value!r}: {_ALLOWED[kinds[name]]}"
+        for name, value in values.items()
+        if (only is None or name in only) and not _valid(kinds[name], value)
+    ]
+    for low, high in _ORDERED:
+        a, b = values[low], values[high]
+        if _valid(kinds[low], a) and _valid(kinds[high], b) and a > b:
+            problems.append(f"{low}={a!r} > {high}={b!r}: {low} must not exceed {high}")
+    return problems
+
+
+def _valid(kind: str, value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    if kind == _FRACTION:
+        return 0 <= value <= 1
+    if kind == _RATIO:
+        return value >= 1
+    if kind == _COUNT:
+        return value >= 1 and float(value).is_integer()
+    if kind == _BYTES:
+        return value >= 0 and float(value).is_integer()
+    return value >= 0

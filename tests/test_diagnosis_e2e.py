@@ -1,0 +1,180 @@
+"""Each bottleneck a CPU can show, provoked for real with a Trainer, and the finding that names it; and a
+well-tuned run that gets no warning."""
+
+import time
+
+import pytest
+import torch
+from lightning.pytorch import Callback
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+
+from lightning_perf import PerfCallback
+from models import TinyModel, trainer
+
+WINDOW = {"skip_first": 1, "warmup": 1, "active": 2}  # one 2-batch window per epoch, early
+
+
+def _ids(callback, stage="train", severities=("warning", "critical")):
+    return {f.id for f in callback.findings_for(stage) if f.severity in severities}
+
+
+class Tuned(TinyModel):
+    """Compute-bound: an in-memory TensorDataset read a whole batch per indexing op (a BatchSampler and
+    ``batch_size=None``: no per-item fetch and collate), a few ms of matmuls per batch; validation a
+    fraction of training."""
+
+    def __init__(self, **kwargs):
+        super().__init__(width=1024, depth=4, **kwargs)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(1024, 16, generator=g)
+        self.data = TensorDataset(x, (x.sum(1, keepdim=True) > 0).float())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05, foreach=True)
+
+    def _batched(self, dataset, batch_size):
+        sampler = BatchSampler(SequentialSampler(dataset), batch_size=batch_size, drop_last=False)
+        return DataLoader(dataset, sampler=sampler, batch_size=None)
+
+    def train_dataloader(self):
+        return self._batched(self.data, 64)
+
+    def val_dataloader(self):
+        return self._batched(TensorDataset(*self.data[:256]), 256)
+
+
+def test_a_well_tuned_run_gets_no_warning(tmp_path):
+    callback = PerfCallback(schedule=WINDOW)
+    trainer(tmp_path, [callback], max_epochs=2, log_every_n_steps=50).fit(Tuned())
+    for stage in ("train", "validate"):
+        bad = [f for f in callback.findings_for(stage) if f.severity != "info"]
+        assert not bad, bad
+
+
+def test_slow_dataset_is_dataloader_bound_and_the_advice_is_about_workers(tmp_path):
+    callback = PerfCallback(schedule=WINDOW, stages=["train"])
+    trainer(tmp_path, [callback], limit_val_batches=0).fit(TinyModel(n=48, sleep_s=0.005))
+    [finding] = [f for f in callback.findings if f.id == "dataloader_bound"]
+    assert finding.severity == "critical" and "num_workers" in finding.advice
+    assert finding.window == "train-epoch000-batches0002-0003"
+
+
+class TinyOps(TinyModel):
+    def training_step(self, batch, batch_idx):
+        x = batch[0][:1, :1]
+        for _ in range(1500):  # a Python loop of tiny tensor ops: thousands of dispatches per step
+            x = x * 1.0001 + 0.0001
+        return super().training_step(batch, batch_idx) + 0 * x.sum()
+
+
+def test_a_step_full_of_tiny_ops_is_launch_bound(tmp_path):
+    callback = PerfCallback(schedule=WINDOW, stages=["train"])
+    trainer(tmp_path, [callback], limit_val_batches=0).fit(TinyOps(n=32))
+    assert "launch_bound" in _ids(callback)
+
+
+class HeavyValidation(Tuned):
+    def val_dataloader(self):
+        return DataLoader(self.data, batch_size=16)  # the whole data set, item by item, in small batches
+
+
+def test_a_heavy_validation_set_is_validation_heavy(tmp_path):
+    callback = PerfCallback(schedule=WINDOW)
+    trainer(tmp_path, [callback], limit_train_batches=6).fit(HeavyValidation())
+    assert "validation_heavy" in _ids(callback, "train")
+
+
+class ManySmallParameters(TinyModel):
+    def __init__(self):
+        super().__init__(n=64)
+        self.many = nn.ParameterList(nn.Parameter(torch.zeros(4)) for _ in range(400))
+
+    def training_step(self, batch, batch_idx):
+        extra = torch.stack(list(self.many)).sum() * 0
+        return super().training_step(batch, batch_idx) + extra
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3, foreach=False)  # one kernel per parameter and op
+
+
+def test_a_single_tensor_optimizer_over_many_parameters_is_optimizer_heavy(tmp_path):
+    callback = PerfCallback(schedule=WINDOW, stages=["train"])
+    trainer(tmp_path, [callback], limit_val_batches=0).fit(ManySmallParameters())
+    [finding] = [f for f in callback.findings if f.id == "optimizer_heavy"]
+    assert "foreach" in finding.advice or "fused" in finding.advice
+
+
+class SleepyCallback(Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        time.sleep(0.01)
+
+
+def test_a_callback_that_sleeps_is_framework_overhead(tmp_path):
+    callback = PerfCallback(schedule=WINDOW, stages=["train"])
+    # Before PerfCallback in the list: its sleep is inside the batch's hooks, as a slow logger would be.
+    trainer(tmp_path, [SleepyCallback(), callback], limit_val_batches=0).fit(Tuned())
+    assert "framework_overhead" in _ids(callback)
+
+
+class Leaky(TinyModel):
+    def __init__(self):
+        super().__init__(n=256, batch_size=16)
+        self.wide = nn.Linear(16, 65536)
+        self.kept = []
+
+    def training_step(self, batch, batch_idx):
+        self.kept.append(self.wide(batch[0]).relu())  # 4 MiB a batch, kept with its graph: 64 MiB an epoch
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_leaking_module_shows_memory_growth(tmp_path):
+    callback = PerfCallback(max_windows=0, stages=["train"])
+    trainer(tmp_path, [callback], max_epochs=4, limit_val_batches=0).fit(Leaky())
+    assert "memory_growth" in _ids(callback)
+
+
+class PeriodicStall(TinyModel):
+    def training_step(self, batch, batch_idx):
+        if batch_idx % 8 == 7:
+            time.sleep(0.03)  # a stall every 8 batches: a checkpoint, a sync, a GC pause
+        return super().training_step(batch, batch_idx)
+
+
+def test_periodic_stalls_make_step_time_unstable(tmp_path):
+    callback = PerfCallback(max_windows=0, stages=["train"])
+    trainer(tmp_path, [callback], limit_val_batches=0).fit(PeriodicStall(n=160))
+    [finding] = [f for f in callback.findings if f.id == "step_time_unstable"]
+    assert "8" in finding.evidence  # the period of the stalls
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs at least 2 CPUs")
+def test_one_intra_op_thread_on_a_compute_bound_cpu_run_is_cpu_threads(tmp_path, one_thread):
+    callback = PerfCallback(max_windows=0, stages=["train"])
+    trainer(tmp_path, [callback], limit_val_batches=0).fit(Tuned())
+    assert "cpu_threads" in _ids(callback, severities=("info", "warning", "critical"))
+
+
+def test_findings_reach_tensorboard_the_console_and_the_report(tmp_path, caplog):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    callback = PerfCallback(schedule=WINDOW, stages=["train"])
+    with caplog.at_level("INFO"):
+        t = trainer(tmp_path, [callback], limit_val_batches=0)
+        t.fit(TinyModel(n=48, sleep_s=0.005))
+    console = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lightning-perf | train epoch 0")]
+    assert len(console) == 1 and "dataloader_bound" in console[0] and "->" in console[0]
+    acc = EventAccumulator(t.logger.log_dir, size_guidance={"tensors": 0})
+    acc.Reload()
+    [event] = acc.Tensors("perf/findings/train/text_summary")
+    assert "`dataloader_bound`" in event.tensor_proto.string_val[0].decode()
+    epoch = callback.report["stages"]["train"]["epochs"][0]
+    assert "dataloader_bound" in [f["id"] for f in epoch["findings"]]

@@ -1,0 +1,898 @@
+"""The bottleneck rules on hand-built summaries: each fires at its threshold with the right severity, stays
+silent just below it, names the window that shows it, and adapts its advice to the run; the thresholds'
+overrides; the registry; and that the diagnose package never imports torch or lightning."""
+
+import ast
+import dataclasses
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
+from lightning_perf.diagnose.registry import RULES, diagnose
+from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.records import EpochSummary, TraceSummary
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MiB, GiB = 2**20, 2**30
+W1, W2 = "train-epoch000-batches0006-0008", "train-epoch000-batches0106-0108"
+
+CPU = RunFacts(
+    device="cpu",
+    device_name="x86_64",
+    precision="32-true",
+    cpu_count=8,
+    torch_threads=8,
+    num_workers=4,
+    pin_memory=False,
+    persistent_workers=True,
+    batch_size=32,
+)
+GPU = RunFacts(
+    device="cuda",
+    device_name="NVIDIA A100-SXM4-80GB",
+    precision="bf16-mixed",
+    cpu_count=16,
+    torch_threads=8,
+    num_workers=8,
+    pin_memory=True,
+    persistent_workers=True,
+    batch_size=64,
+)
+FP32_GPU = dataclasses.replace(GPU, precision="32-true")
+
+
+# --- builders: a healthy run unless told otherwise ---------------------------------------------------------
+
+
+def epoch(**kw) -> EpochSummary:
+    """A healthy 100-batch epoch of 10 ms steps, 1% data wait."""
+    values = dict(
+        stage="train",
+        epoch=0,
+        batches=100,
+        samples=3200,
+        step_time=1.0,
+        data_wait=0.01,
+        step_time_p50=0.010,
+        step_time_p90=0.011,
+        step_time_max=0.012,
+        data_wait_fraction=0.01,
+        throughput=3200.0,
+        host_rss=1 * GiB,
+        host_rss_peak=1 * GiB,
+    )
+    values.update(kw)
+    return EpochSummary(**values)
+
+
+def gpu_epoch(**kw) -> EpochSummary:
+    return epoch(**{"cuda_max_allocated": 20 * GiB, "cuda_max_reserved": 24 * GiB, "cuda_capacity": 80 * GiB, **kw})
+
+
+def window(name: str = W1, **kw) -> TraceSummary:
+    """A healthy CPU window: 10 ms steps, almost all of it in a few hundred torch operators."""
+    values = dict(
+        window=name,
+        steps=3,
+        step_time=0.010,
+        dataloader_time=0.0002,
+        optimizer_time=0.004,
+        optimizer_update_time=0.0005,
+        optimizer_update_ops=12.0,
+        optimizer_foreach=True,
+        host_op_time=0.009,
+        framework_time=0.0005,
+        ops_per_step=150.0,
+        median_op_time=30e-6,
+    )
+    values.update(kw)
+    return TraceSummary(**values)
+
+
+def gpu_window(name: str = W1, **kw) -> TraceSummary:
+    """A healthy GPU window: the device busy 95% of the step, no syncs, tensor cores in use."""
+    values = dict(
+        device_busy=0.0095,
+        kernels_per_step=300.0,
+        median_kernel_time=25e-6,
+        kernel_time=0.009,
+        fp32_gemm_time=0.0,
+        h2d_time=0.0003,
+        h2d_exposed_time=0.0001,
+        h2d_pageable=False,
+        syncs_per_step=0.0,
+        sync_idle_time=0.0,
+        device_name="NVIDIA A100-SXM4-80GB",
+        tensor_core_capable=True,
+    )
+    values.update(kw)
+    return window(name, **values)
+
+
+def gw(name: str = W1, **kw) -> TraceSummary:
+    """A GPU window of 1 s steps, 90% busy: every time given reads as a share of the step."""
+    return gpu_window(name, **{"step_time": 1.0, "device_busy": 0.9, **kw})
+
+
+def cw(name: str = W1, **kw) -> TraceSummary:
+    """A CPU window of 1 s steps: every time given reads as a share of the step."""
+    return window(name, **{"step_time": 1.0, **kw})
+
+
+def ctx(epoch_=None, *windows, facts=CPU, **kw) -> StageEpoch:
+    if epoch_ is None:
+        epoch_ = gpu_epoch() if facts.device == "cuda" else epoch()
+    return StageEpoch(epoch=epoch_, windows=windows, facts=facts, step_times=kw.pop("step_times", (0.01,) * 100), **kw)
+
+
+def gpu_ctx(epoch_=None, *windows, **kw) -> StageEpoch:
+    return ctx(epoch_, *(windows or (gpu_window(),)), facts=kw.pop("facts", GPU), **kw)
+
+
+def facts(base: RunFacts = CPU, **kw) -> RunFacts:
+    return dataclasses.replace(base, **kw)
+
+
+def run(rule_id: str, context: StageEpoch, **overrides) -> Finding | None:
+    return RULES[rule_id](context, Thresholds.with_overrides(overrides))
+
+
+def ids(context: StageEpoch, severities=("warning", "critical")) -> set[str]:
+    return {f.id for f in diagnose(context) if f.severity in severities}
+
+
+def history(*peaks_mib, field="host_rss_peak") -> tuple[EpochSummary, ...]:
+    """Epochs 0..n-1 whose ``field`` peaks are the given MiB values (the last one is "this" epoch)."""
+    return tuple(epoch(epoch=i, **{field: int(p * MiB)}) for i, p in enumerate(peaks_mib))
+
+
+def with_history(*peaks_mib, field="host_rss_peak", facts=CPU) -> StageEpoch:
+    epochs = history(*peaks_mib, field=field)
+    return ctx(epochs[-1], facts=facts, history=epochs[:-1])
+
+
+# --- every rule: (context, expected warning/critical finding ids) -------------------------------------------
+
+def tiny_ops(**kw) -> TraceSummary:
+    """A CPU window exactly at launch_bound's thresholds: 1000 operators of 19 us covering half the step."""
+    return cw(**{"ops_per_step": 1000.0, "median_op_time": 19e-6, "host_op_time": 0.5, "framework_time": 0.1, **kw})
+
+
+def fp32_gemms(share: float, name: str = W1, **kw) -> TraceSummary:
+    """A busy tensor-core GPU window whose fp32 GEMMs without tensor cores take ``share`` of kernel time."""
+    return gw(name, **{"device_busy": 0.95, "kernel_time": 1.0, "fp32_gemm_time": share, **kw})
+
+
+def spiky(*indices: int, spike: float = 0.03, n: int = 100) -> tuple[float, ...]:
+    """10 ms steps, with ``spike`` seconds at ``indices``."""
+    return tuple(spike if i in indices else 0.01 for i in range(n))
+
+
+def validated(train: float, val: float) -> StageEpoch:
+    return ctx(epoch(step_time=train), validation=(epoch(stage="validate", step_time=val),))
+
+
+DDP2 = facts(GPU, world_size=2)
+NO_WORKERS_ONE_THREAD = facts(torch_threads=1, num_workers=0)
+
+CASES = {
+    "healthy cpu": (ctx(None, window()), set()),
+    "healthy gpu": (gpu_ctx(), set()),
+    "healthy, no windows": (ctx(), set()),
+    # dataloader_bound: data wait / step >= 10%
+    "data wait at 10%": (ctx(epoch(data_wait_fraction=0.10, data_wait=0.10)), {"dataloader_bound"}),
+    "data wait just below": (ctx(epoch(data_wait_fraction=0.0999, data_wait=0.0999)), set()),
+    # host_sync: >= 1 sync per step with >= 5% of the step idle, CUDA only
+    "syncs at threshold": (gpu_ctx(None, gw(syncs_per_step=1.0, sync_idle_time=0.05)), {"host_sync"}),
+    "syncs with less idle": (gpu_ctx(None, gw(syncs_per_step=1.0, sync_idle_time=0.0499)), set()),
+    "fewer than one sync": (gpu_ctx(None, gw(syncs_per_step=0.99, sync_idle_time=0.2)), set()),
+    "syncs on cpu": (ctx(None, gw(syncs_per_step=3.0, sync_idle_time=0.2)), set()),
+    # device_idle: busy < 80% warning, < 50% critical, CUDA only
+    "busy just below 80%": (gpu_ctx(None, gw(device_busy=0.7999)), {"device_idle"}),
+    "busy at 80%": (gpu_ctx(None, gw(device_busy=0.80)), set()),
+    "idle on cpu": (ctx(None, gw(device_busy=0.1)), set()),
+    # launch_bound, GPU: median kernel < 10 us with busy < 80%
+    "short kernels, idle gpu": (
+        gpu_ctx(None, gw(device_busy=0.79, median_kernel_time=9.9e-6)),
+        {"launch_bound", "device_idle"},
+    ),
+    "10 us kernels": (gpu_ctx(None, gw(device_busy=0.79, median_kernel_time=10e-6)), {"device_idle"}),
+    "short kernels, busy gpu": (gpu_ctx(None, gw(device_busy=0.80, median_kernel_time=2e-6)), set()),
+    # launch_bound, CPU: >= 1000 ops per step, median < 20 us, >= 50% of the step
+    "tiny ops at threshold": (ctx(None, tiny_ops()), {"launch_bound"}),
+    "999 tiny ops": (ctx(None, tiny_ops(ops_per_step=999.0)), set()),
+    "20 us ops": (ctx(None, tiny_ops(ops_per_step=5000.0, median_op_time=20e-6)), set()),
+    "tiny ops not quite half the step": (ctx(None, tiny_ops(ops_per_step=5000.0, host_op_time=0.4999)), set()),
+    # h2d_copy: exposed copies >= 10% of the step, CUDA only
+    "exposed copies at 10%": (gpu_ctx(None, gw(h2d_exposed_time=0.10)), {"h2d_copy"}),
+    "exposed copies just below": (gpu_ctx(None, gw(h2d_exposed_time=0.0999)), set()),
+    # precision: fp32 GEMMs >= 30% of kernel time, "32-true", tensor cores
+    "fp32 gemm at 30%": (gpu_ctx(None, fp32_gemms(0.3), facts=FP32_GPU), {"precision"}),
+    "fp32 gemm just below": (gpu_ctx(None, fp32_gemms(0.2999), facts=FP32_GPU), set()),
+    "fp32 gemm in bf16-mixed": (gpu_ctx(None, fp32_gemms(0.9)), set()),
+    # memory_pressure: reserved / capacity >= 90% warning, >= 97% critical
+    "memory at 90%": (gpu_ctx(gpu_epoch(cuda_max_reserved=72 * GiB)), {"memory_pressure"}),
+    "memory just below 90%": (gpu_ctx(gpu_epoch(cuda_max_reserved=int(71.9 * GiB))), set()),
+    # memory_growth: not falling over >= 3 epochs, +10% and +100 MiB
+    "host memory +10%, +100 MiB": (with_history(1000, 1050, 1100), {"memory_growth"}),
+    "host memory +99 MiB": (with_history(1000, 1050, 1099), set()),
+    # optimizer_heavy: update >= 20% of the step
+    "optimizer at 20%": (ctx(None, cw(optimizer_update_time=0.2, framework_time=0.05)), {"optimizer_heavy"}),
+    "optimizer just below": (ctx(None, cw(optimizer_update_time=0.1999, framework_time=0.05)), set()),
+    # validation_heavy: validation >= 30% of the training epoch's step time
+    "validation at 30%": (validated(0.7, 0.3), {"validation_heavy"}),
+    "validation just below": (validated(0.7, 0.2999), set()),
+    # framework_overhead: outside torch ops >= 15% of the step
+    "framework at 15%": (ctx(None, cw(framework_time=0.15)), {"framework_overhead"}),
+    "framework just below": (ctx(None, cw(framework_time=0.1499)), set()),
+    # step_time_unstable: p90/p50 >= 1.5, or >= 3 steps >= 3x the median
+    "p90 1.5x p50": (ctx(epoch(step_time_p90=0.015)), {"step_time_unstable"}),
+    "p90 just below 1.5x": (ctx(epoch(step_time_p90=0.01499)), set()),
+    "three spikes": (ctx(step_times=spiky(10, 40, 70)), {"step_time_unstable"}),
+    "two spikes": (ctx(step_times=spiky(10, 40)), set()),
+    "three steps just below 3x": (ctx(step_times=spiky(10, 40, 70, spike=0.0299)), set()),
+    # communication_bound: exposed communication >= 15%, distributed only
+    "communication at 15%": (
+        gpu_ctx(None, gw(communication_time=0.3, communication_exposed_time=0.15), facts=DDP2),
+        {"communication_bound"},
+    ),
+    "communication just below": (
+        gpu_ctx(None, gw(communication_time=0.3, communication_exposed_time=0.1499), facts=DDP2),
+        set(),
+    ),
+    "single process, no communication": (gpu_ctx(None, gw(communication_exposed_time=0.5)), set()),
+    # rank_straggler: slowest / median rank >= 1.2
+    "straggler at 1.2x": (ctx(rank_step_times={0: 0.010, 1: 0.010, 2: 0.012}), {"rank_straggler"}),
+    "straggler just below": (ctx(rank_step_times={0: 0.010, 1: 0.010, 2: 0.0119}), set()),
+    # cpu_threads: compute-bound CPU run on fewer threads than CPUs (warning below half, without workers)
+    "one thread of eight": (ctx(facts=NO_WORKERS_ONE_THREAD), {"cpu_threads"}),
+    "one thread, data-bound": (
+        ctx(epoch(data_wait_fraction=0.5, data_wait=0.5), facts=NO_WORKERS_ONE_THREAD),
+        {"dataloader_bound"},
+    ),
+    "one thread on cuda": (gpu_ctx(facts=facts(GPU, torch_threads=1, num_workers=0)), set()),
+}
+
+
+@pytest.mark.parametrize(("context", "expected"), CASES.values(), ids=CASES.keys())
+def test_rules_fire_at_their_threshold_and_not_below(context, expected):
+    assert ids(context) == expected
+
+
+FIRING = {name: case for name, case in CASES.items() if case[1]}
+
+
+@pytest.mark.parametrize(("context", "expected"), FIRING.values(), ids=FIRING.keys())
+def test_every_finding_shows_its_numbers_threshold_and_advice(context, expected):
+    for f in diagnose(context):
+        assert f.stage == context.stage and f.epoch == context.epoch.epoch
+        assert f.title and "\n" not in f.title and len(f.title) < 90, f.title
+        assert re.search(r"\d", f.evidence) and re.search(r"(>=|<) ?\d", f.evidence), f.evidence
+        assert "`" in f.advice, f.advice  # names a concrete argument or call
+
+
+def test_catalogue_ids_and_order_are_fixed():
+    assert list(RULES) == [
+        "dataloader_bound", "host_sync", "device_idle", "launch_bound", "h2d_copy", "precision",
+        "memory_pressure", "memory_growth", "optimizer_heavy", "validation_heavy", "framework_overhead",
+        "step_time_unstable", "communication_bound", "rank_straggler", "cpu_threads",
+    ]  # fmt: skip
+
+
+# --- dataloader_bound ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fraction", "severity"), [(0.10, "warning"), (0.2999, "warning"), (0.30, "critical"), (0.9, "critical")]
+)
+def test_dataloader_severity(fraction, severity):
+    f = run("dataloader_bound", ctx(epoch(data_wait_fraction=fraction, data_wait=fraction)))
+    assert f.severity == severity
+
+
+def test_dataloader_evidence_has_the_numbers_and_thresholds_and_the_window_with_the_most_wait():
+    context = ctx(
+        epoch(data_wait_fraction=0.629, data_wait=0.629),
+        window(W1, step_time=0.02, dataloader_time=0.005),
+        window(W2, step_time=0.02, dataloader_time=0.0116),
+        facts=facts(num_workers=0, cpu_count=2),
+    )
+    f = run("dataloader_bound", context)
+    assert f.title == "Training waits for data 62% of the time"
+    assert f.window == W2
+    assert f.evidence.startswith(
+        "data wait 62% of step time over 100 batches (6.29 ms per batch) (warning >= 10%, critical >= 30%); "
+        f"in window {W2} (the strongest of 2 windows) the DataLoader takes 58% of each step (11.60 ms of 20.00 ms)"
+    )
+    assert "num_workers=0" in f.evidence and "2 CPUs" in f.evidence
+
+
+def test_dataloader_without_windows_points_at_none():
+    assert run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5, data_wait=0.5))).window is None
+
+
+def test_dataloader_names_no_window_whose_batches_did_not_wait():
+    f = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5, data_wait=0.5), cw(dataloader_time=0.0999)))
+    assert f.window is None and "the profiler windows show less (at most 9% of a step in the DataLoader)" in f.evidence
+
+
+def test_dataloader_advice_without_workers_is_to_add_them():
+    f = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5), facts=facts(num_workers=0, cpu_count=8)))
+    assert "`DataLoader(num_workers=7)`" in f.advice and "single largest win" in f.advice
+    assert "does not have many workers" in f.advice
+    assert "persistent_workers" not in f.advice  # no workers to keep alive
+    two_cpus = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5), facts=facts(num_workers=0, cpu_count=2)))
+    assert "`DataLoader(num_workers=1)`" in two_cpus.advice  # Lightning's suggestion: CPUs - 1
+    many = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5), facts=facts(num_workers=0, cpu_count=64)))
+    assert "`DataLoader(num_workers=8)`" in many.advice
+
+
+def test_dataloader_advice_with_every_cpu_a_worker_is_that_the_cpu_is_the_limit():
+    f = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5), facts=facts(num_workers=8, cpu_count=8)))
+    assert "The CPU is the limit" in f.advice and "num_workers=8 already uses all 8 CPUs" in f.advice
+    assert "on_after_batch_transfer" in f.advice and "cache" in f.advice
+    assert "Raise" not in f.advice and "single largest win" not in f.advice
+
+
+def test_dataloader_advice_with_some_workers_is_to_raise_them():
+    f = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5), facts=facts(num_workers=2, cpu_count=8)))
+    assert "from 2 to about 7" in f.advice and "prefetch_factor" in f.advice
+
+
+def test_dataloader_advice_on_pinning_and_persistent_workers_follows_the_facts():
+    unpinned = facts(GPU, pin_memory=False, persistent_workers=False)
+    f = run("dataloader_bound", gpu_ctx(gpu_epoch(data_wait_fraction=0.5), facts=unpinned))
+    assert "`pin_memory=True`" in f.advice and "`persistent_workers=True`" in f.advice
+    assert "start-up at every epoch" in f.advice
+    f = run("dataloader_bound", gpu_ctx(gpu_epoch(data_wait_fraction=0.5)))  # pinned and persistent already
+    assert "pin_memory=True" not in f.advice and "persistent_workers=True" not in f.advice
+    f = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5), facts=facts(pin_memory=False)))
+    assert "pin_memory=True" not in f.advice  # nothing to pin for on CPU
+
+
+def test_dataloader_is_judged_for_every_stage():
+    f = run("dataloader_bound", ctx(epoch(stage="validate", data_wait_fraction=0.4)))
+    assert f.stage == "validate" and f.title.startswith("Validation waits for data 40%")
+
+
+# --- host_sync ----------------------------------------------------------------------------------------------
+
+
+def test_host_sync_names_the_window_with_the_most_idle_time_and_what_causes_syncs():
+    context = gpu_ctx(
+        None,
+        gw(W1, syncs_per_step=4.0, sync_idle_time=0.06),
+        gw(W2, syncs_per_step=2.0, sync_idle_time=0.12),
+    )
+    f = run("host_sync", context)
+    assert f.severity == "warning" and f.window == W2
+    assert "2 host-device syncs per step leave the GPU idle 12% of the step" in f.evidence
+    assert "(warning: >= 1 per step with >= 5% of the step idle)" in f.evidence
+    for pattern in (".item()", "sync_dist=True", "torch.nonzero", "log_every_n_steps"):
+        assert pattern in f.advice
+
+
+# --- device_idle --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("busy", "severity"), [(0.7999, "warning"), (0.50, "warning"), (0.4999, "critical")])
+def test_device_idle_severity(busy, severity):
+    f = run("device_idle", gpu_ctx(None, gw(device_busy=busy)))
+    assert f.severity == severity
+
+
+def test_device_idle_names_the_least_busy_window_and_its_explanation():
+    context = gpu_ctx(
+        gpu_epoch(data_wait_fraction=0.4),
+        gw(W1, device_busy=0.7),
+        gw(W2, device_busy=0.3, dataloader_time=0.5),
+    )
+    f = run("device_idle", context)
+    assert f.window == W2 and f.title == "GPU busy only 30% of each training step"
+    assert "(warning < 80%, critical < 50%)" in f.evidence
+    assert "dataloader_bound" in f.advice and "No other signal" not in f.advice
+
+
+def test_device_idle_advice_names_syncs_or_short_kernels_when_they_explain_it():
+    syncs = gw(device_busy=0.6, syncs_per_step=2.0, sync_idle_time=0.2)
+    assert "host_sync" in run("device_idle", gpu_ctx(None, syncs)).advice
+    short = gw(device_busy=0.6, median_kernel_time=3e-6)
+    assert "launch_bound" in run("device_idle", gpu_ctx(None, short)).advice
+    unexplained = run("device_idle", gpu_ctx(None, gw(device_busy=0.6)))
+    assert "No other signal explains it" in unexplained.advice and "batch_size" in unexplained.advice
+
+
+# --- launch_bound -------------------------------------------------------------------------------------------
+
+
+def test_launch_bound_on_gpu_names_the_least_busy_window_and_suggests_compile():
+    context = gpu_ctx(
+        None,
+        gw(W1, device_busy=0.7, median_kernel_time=4e-6),
+        gw(W2, device_busy=0.4, median_kernel_time=4e-6),
+    )
+    f = run("launch_bound", context)
+    assert f.severity == "warning" and f.window == W2
+    assert "median kernel 4.0 us (threshold < 10.0 us)" in f.evidence and "GPU busy 40%" in f.evidence
+    assert "torch.compile(model)" in f.advice and "trainer.fit" in f.advice and "CUDA graph" in f.advice
+
+
+def test_launch_bound_on_cpu_names_the_window_with_the_most_ops_and_suggests_vectorizing():
+    tiny = dict(step_time=1.0, median_op_time=4e-6, host_op_time=0.8, framework_time=0.1)
+    context = ctx(None, window(W1, ops_per_step=2000.0, **tiny), window(W2, ops_per_step=3000.0, **tiny))
+    f = run("launch_bound", context)
+    assert f.window == W2 and f.title == "Training runs 3,000 tiny operators per step"
+    assert "Vectorize" in f.advice and "CUDA" not in f.advice
+    # The GPU rule reads kernels, not host operators: the same window on CUDA is not launch-bound.
+    assert run("launch_bound", ctx(None, window(ops_per_step=3000.0, **tiny), facts=GPU)) is None
+
+
+# --- h2d_copy -----------------------------------------------------------------------------------------------
+
+
+def test_h2d_copy_from_pageable_memory_advises_pinning():
+    pageable = gw(W2, h2d_time=0.3, h2d_exposed_time=0.2, h2d_pageable=True)
+    f = run("h2d_copy", gpu_ctx(None, gpu_window(W1), pageable, facts=facts(GPU, pin_memory=False)))
+    assert f.window == W2 and f.severity == "warning"
+    assert "take 20% of the step" in f.evidence and "(warning >= 10%)" in f.evidence and "pageable" in f.evidence
+    assert "`DataLoader(pin_memory=True)`" in f.advice and "non_blocking=True" in f.advice
+
+
+def test_h2d_copy_already_pinned_advises_fewer_bytes():
+    pinned = gw(h2d_time=0.3, h2d_exposed_time=0.2, h2d_pageable=False)
+    f = run("h2d_copy", gpu_ctx(None, pinned))
+    assert "pin_memory=True" not in f.advice and "smaller dtypes" in f.advice
+
+
+def test_h2d_copy_is_cuda_only():
+    copies = gw(h2d_exposed_time=0.5)
+    assert run("h2d_copy", ctx(None, copies)) is None
+
+
+# --- precision ----------------------------------------------------------------------------------------------
+
+
+def _fp32_gemms(name=W1, **kw):
+    return gpu_window(name, **{"step_time": 1.0, "device_busy": 0.95, "kernel_time": 1.0, "fp32_gemm_time": 0.6, **kw})
+
+
+@pytest.mark.parametrize(
+    ("precision", "tensor_cores", "fires"),
+    [("32-true", True, True), ("32", True, True), ("bf16-mixed", True, False), ("16-mixed", True, False),
+     ("32-true", False, False), (None, True, False)],
+)  # fmt: skip
+def test_precision_only_for_fp32_on_a_tensor_core_gpu(precision, tensor_cores, fires):
+    context = gpu_ctx(None, _fp32_gemms(tensor_core_capable=tensor_cores), facts=facts(GPU, precision=precision))
+    assert (run("precision", context) is not None) == fires
+
+
+def test_precision_is_cuda_only():
+    assert run("precision", ctx(None, _fp32_gemms(), facts=facts(precision="32-true"))) is None
+
+
+def test_precision_advice_on_ampere_is_bf16_or_tf32_and_on_volta_fp16():
+    a100 = run("precision", gpu_ctx(None, _fp32_gemms(W2), facts=facts(GPU, precision="32-true")))
+    assert a100.window == W2 and a100.title == "60% of GPU time in fp32 matmuls without tensor cores"
+    assert '`Trainer(precision="bf16-mixed")`' in a100.advice
+    assert 'torch.set_float32_matmul_precision("high")' in a100.advice and "2-8x" in a100.advice
+    v100 = _fp32_gemms(device_name="Tesla V100-SXM2-16GB")
+    f = run("precision", gpu_ctx(None, v100, facts=facts(GPU, precision="32-true", device_name="Tesla V100-SXM2-16GB")))
+    assert '`Trainer(precision="16-mixed")`' in f.advice and "bf16-mixed" not in f.advice
+
+
+# --- memory_pressure ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("reserved", "severity"), [(0.90, "warning"), (0.9699, "warning"), (0.97, "critical")])
+def test_memory_pressure_severity(reserved, severity):
+    capacity = 100 * GiB
+    e = gpu_epoch(
+        cuda_capacity=capacity, cuda_max_reserved=int(reserved * capacity), cuda_max_allocated=int(0.89 * capacity)
+    )
+    f = run("memory_pressure", gpu_ctx(e))
+    assert f.severity == severity and f.window is None
+    assert "(warning >= 90%, critical >= 97%)" in f.evidence
+
+
+def test_memory_pressure_advice_leads_with_expandable_segments_when_fragmented():
+    fragmented = gpu_epoch(cuda_capacity=80 * GiB, cuda_max_reserved=76 * GiB, cuda_max_allocated=50 * GiB)
+    f = run("memory_pressure", gpu_ctx(fragmented))
+    assert f.title == "GPU memory 95% full during training"
+    assert "26.0 GiB (34%) reserved but unused" in f.evidence
+    assert f.advice.startswith("The cache is fragmented") and "expandable_segments:True" in f.advice
+    assert "accumulate_grad_batches" in f.advice
+    tight = gpu_epoch(cuda_capacity=80 * GiB, cuda_max_reserved=76 * GiB, cuda_max_allocated=75 * GiB)
+    assert "expandable_segments" not in run("memory_pressure", gpu_ctx(tight)).advice
+
+
+def test_memory_pressure_suggests_bf16_only_in_fp32():
+    full = gpu_epoch(cuda_capacity=80 * GiB, cuda_max_reserved=76 * GiB, cuda_max_allocated=75 * GiB)
+    assert "bf16-mixed" not in run("memory_pressure", gpu_ctx(full)).advice  # already bf16-mixed
+    assert "bf16-mixed" in run("memory_pressure", gpu_ctx(full, facts=facts(GPU, precision="32-true"))).advice
+
+
+def test_memory_pressure_needs_cuda_numbers():
+    assert run("memory_pressure", ctx(epoch())) is None
+
+
+# --- memory_growth ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("peaks", "fires"),
+    [
+        ((1000, 1100, 1200), True),
+        ((1000, 1200), False),  # two epochs are no trend
+        ((900, 1000, 1000, 1100), True),  # flat epochs are allowed inside the run
+        ((1000, 1100, 1100), False),  # not rising in this epoch
+        ((1000, 1300, 1200, 1250, 1300), False),  # fell two epochs ago: the run is 1200 -> 1300, +8%
+        ((2000, 2050, 2150), False),  # +150 MiB but only +7.5%
+        ((500, 530, 560), False),  # +12% but only +60 MiB
+    ],
+)  # fmt: skip
+def test_memory_growth_needs_a_sustained_rise(peaks, fires):
+    assert (run("memory_growth", with_history(*peaks)) is not None) == fires
+
+
+def test_memory_growth_evidence_and_advice():
+    f = run("memory_growth", with_history(1024, 1100, 1200, 1300))
+    assert f.severity == "warning" and f.title == "Host memory grows every training epoch: +276 MiB over 4 epochs"
+    assert "host memory (RSS peak) rose over 4 epochs: 1.0 GiB -> 1.3 GiB (+276 MiB, +26%)" in f.evidence
+    assert ">= 3 epochs" in f.evidence and ">= 10%" in f.evidence and ">= 100 MiB" in f.evidence
+    assert "loss.detach()" in f.advice
+
+
+def test_memory_growth_on_the_gpu():
+    f = run("memory_growth", with_history(1000, 1100, 1200, field="cuda_max_allocated", facts=GPU))
+    assert f.title.startswith("GPU memory grows") and "GPU allocated memory" in f.evidence
+
+
+def test_memory_growth_epochs_is_a_threshold():
+    assert run("memory_growth", with_history(1000, 1100, 1200), memory_growth_epochs=4) is None
+    assert run("memory_growth", with_history(1000, 1200), memory_growth_epochs=2) is not None
+
+
+# --- optimizer_heavy ----------------------------------------------------------------------------------------
+
+
+def test_optimizer_heavy_single_tensor_update_advises_foreach_or_fused():
+    context = ctx(
+        None,
+        cw(W1, optimizer_update_time=0.25, framework_time=0.05),
+        cw(W2, optimizer_update_time=0.40, optimizer_update_ops=1600.0, optimizer_foreach=False, framework_time=0.05),
+    )
+    f = run("optimizer_heavy", context)
+    assert f.window == W2 and f.title == "Optimizer update takes 40% of each training step"
+    assert "1,600 operators" in f.evidence and "(warning >= 20%)" in f.evidence
+    assert "foreach=True" in f.advice and "fused=True" in f.advice
+
+
+def test_optimizer_heavy_with_foreach_already_advises_fused_and_fewer_tensors():
+    f = run("optimizer_heavy", gpu_ctx(None, gw(optimizer_update_time=0.3)))
+    assert "already uses multi-tensor kernels" in f.advice and "fused=True" in f.advice and "on CUDA" in f.advice
+
+
+# --- validation_heavy ---------------------------------------------------------------------------------------
+
+
+def test_validation_heavy_counts_every_validation_run_of_the_epoch():
+    runs = tuple(epoch(stage="validate", epoch=i, step_time=0.5, batches=20) for i in range(3))
+    f = run("validation_heavy", ctx(epoch(step_time=1.0), validation=runs))
+    assert f.title == "Validation takes 60% of each training epoch"
+    assert "1.50 s in 3 runs of 60 batches" in f.evidence and "(warning >= 30%)" in f.evidence
+    assert "limit_val_batches" in f.advice and "check_val_every_n_epoch" in f.advice
+    assert "val_check_interval" in f.advice  # several runs per epoch
+
+
+def test_validation_heavy_is_for_training_epochs_only():
+    val = (epoch(stage="validate", step_time=5.0),)
+    assert run("validation_heavy", ctx(epoch(stage="validate"), validation=val)) is None
+    assert run("validation_heavy", ctx(epoch())) is None
+
+
+# --- framework_overhead -------------------------------------------------------------------------------------
+
+
+def test_framework_overhead_names_the_window_and_the_usual_suspects():
+    context = ctx(None, cw(W1, framework_time=0.2), cw(W2, framework_time=0.5))
+    f = run("framework_overhead", context)
+    assert f.window == W2 and f.title == "Training spends 50% of each step outside torch operators"
+    for pattern in ("sync_dist=True", "TQDMProgressBar(refresh_rate=", "log_every_n_steps", "on_train_batch_end"):
+        assert pattern in f.advice
+
+
+# --- step_time_unstable -------------------------------------------------------------------------------------
+
+
+def _steps(spikes, n=200, base=0.01, spike=0.05):
+    return tuple(spike if i in spikes else base for i in range(n))
+
+
+def test_periodic_spikes_are_named_with_their_period():
+    f = run("step_time_unstable", ctx(step_times=_steps({7, 15, 23, 31, 39})))
+    assert f.title == "Training stalls every 8 batches"
+    assert "5 steps >= 3x the median 10.00 ms at batches 7, 15, 23, 31, 39 (every 8 batches)" in f.evidence
+    assert "(warning >= 3 spikes)" in f.evidence
+    assert "Something runs every 8 batches" in f.advice and "log_every_n_steps" in f.advice
+
+
+def test_a_stray_spike_does_not_hide_the_period():
+    f = run("step_time_unstable", ctx(step_times=_steps({7, 15, 23, 26, 31, 39})))
+    assert f.title == "Training stalls every 8 batches"
+    assert "at batches 7, 15, 23, 26, 31, 39 (5 of them every 8 batches)" in f.evidence
+
+
+@pytest.mark.parametrize(
+    ("indices", "expected"),
+    [
+        ([7, 15, 23, 31], (8, [7, 15, 23, 31])),
+        ([49, 99, 150, 199], (50, [49, 99, 150, 199])),  # a cadence one batch off is still the cadence
+        ([7, 15, 23, 26, 31, 39], (8, [7, 15, 23, 31, 39])),
+        ([5, 17, 60, 61], None),
+        ([10, 20], None),  # two are no period
+        ([3, 9, 30, 31, 70, 74], None),
+    ],
+)
+def test_period(indices, expected):
+    from lightning_perf.diagnose.rules_step import period
+
+    assert period(indices) == expected
+
+
+def test_spikes_every_50_batches_point_at_lightnings_logging_cadence():
+    f = run("step_time_unstable", ctx(step_times=_steps({49, 99, 149, 199})))
+    assert "(50 is Lightning's default `log_every_n_steps`: most likely logging)" in f.advice
+
+
+def test_irregular_spikes_get_generic_advice():
+    f = run("step_time_unstable", ctx(step_times=_steps({5, 17, 60, 61})))
+    assert "every" not in f.title and "Irregular stalls" in f.advice and "gc.freeze()" in f.advice
+
+
+def test_the_first_step_is_warm_up_not_a_spike():
+    assert run("step_time_unstable", ctx(step_times=_steps({0, 50, 100}))) is None
+
+
+def test_a_wide_spread_without_spikes():
+    f = run("step_time_unstable", ctx(epoch(step_time_p90=0.025)))
+    assert f.title == "Training step time unstable: p90 2.50x the median"
+    assert "p90 step 25.00 ms is 2.50x the median 10.00 ms (warning >= 1.5x)" in f.evidence
+    assert "bucket" in f.advice
+
+
+# --- communication_bound and rank_straggler -------------------------------------------------------------------
+
+
+def test_communication_bound_names_the_window_and_ddp_settings():
+    comm = dict(step_time=1.0, device_busy=0.9, communication_time=0.4)
+    context = gpu_ctx(
+        None,
+        gpu_window(W1, communication_exposed_time=0.2, **comm),
+        gpu_window(W2, communication_exposed_time=0.3, **comm),
+        facts=facts(GPU, world_size=8),
+    )
+    f = run("communication_bound", context)
+    assert f.window == W2 and "30% of the step" in f.evidence and "(warning >= 15%)" in f.evidence
+    for pattern in ("gradient_as_bucket_view=True", "bucket_cap_mb", "static_graph=True", "accumulate_grad_batches"):
+        assert pattern in f.advice
+    assert "NCCL_DEBUG" in f.advice
+
+
+def test_communication_in_a_trace_counts_without_world_size():
+    w = cw(communication_time=0.3, communication_exposed_time=0.3)
+    f = run("communication_bound", ctx(None, w))
+    assert f is not None and "gloo" in f.advice
+
+
+def test_rank_straggler_names_the_slow_rank():
+    f = run("rank_straggler", ctx(facts=facts(world_size=4), rank_step_times={0: 0.010, 1: 0.011, 2: 0.010, 3: 0.020}))
+    assert f.title == "Rank 3 is 1.90x slower than the median rank"
+    assert "rank 3's median step 20.00 ms is 1.90x the median over 4 ranks (10.50 ms" in f.evidence
+    assert "(warning >= 1.2x)" in f.evidence and "rank 3" in f.advice and "rank_zero_only" not in f.advice
+    zero = run("rank_straggler", ctx(facts=facts(world_size=2), rank_step_times={0: 0.03, 1: 0.01}))
+    assert zero.title.startswith("Rank 0") and "rank_zero_only" in zero.advice
+
+
+def test_rank_straggler_needs_several_ranks():
+    assert run("rank_straggler", ctx(rank_step_times={0: 0.05})) is None
+    assert run("rank_straggler", ctx(rank_step_times=None)) is None
+
+
+# --- cpu_threads --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("threads", "workers", "severity"),
+    [(1, 0, "warning"), (3, 0, "warning"), (4, 0, "info"), (7, 0, "info"), (8, 0, None),
+     (1, 2, "info"), (6, 2, None), (2, 8, None)],
+)  # fmt: skip
+def test_cpu_threads_severity_follows_the_share_of_cpus_and_the_workers(threads, workers, severity):
+    f = run("cpu_threads", ctx(facts=facts(cpu_count=8, torch_threads=threads, num_workers=workers)))
+    assert (f.severity if f else None) == severity
+
+
+def test_cpu_threads_advice_and_distributed_share():
+    f = run("cpu_threads", ctx(facts=facts(cpu_count=8, torch_threads=1, num_workers=0)))
+    assert f.title == "torch computes on 1 of 8 CPUs" and "`torch.set_num_threads(8)`" in f.advice
+    assert "OMP_NUM_THREADS" in f.advice
+    # Two processes on 8 CPUs: each one's share is 4.
+    f = run("cpu_threads", ctx(facts=facts(cpu_count=8, torch_threads=1, num_workers=0, world_size=2)))
+    assert "`torch.set_num_threads(4)`" in f.advice and "8 shared by 2 processes" in f.evidence
+    assert run("cpu_threads", ctx(facts=facts(cpu_count=8, torch_threads=4, num_workers=0, world_size=2))) is None
+
+
+def test_cpu_threads_needs_the_counts():
+    assert run("cpu_threads", ctx(facts=facts(torch_threads=None, num_workers=0))) is None
+    assert run("cpu_threads", ctx(facts=facts(cpu_count=None, torch_threads=1, num_workers=0))) is None
+
+
+# --- thresholds ---------------------------------------------------------------------------------------------
+
+
+def test_a_custom_threshold_changes_what_fires():
+    data_bound = ctx(epoch(data_wait_fraction=0.15, data_wait=0.15))
+    assert run("dataloader_bound", data_bound) is not None
+    assert run("dataloader_bound", data_bound, dataloader_warning=0.2) is None
+    f = run("dataloader_bound", data_bound, dataloader_critical=0.15)
+    assert f.severity == "critical" and "critical >= 15%" in f.evidence
+    assert diagnose(data_bound, Thresholds(dataloader_warning=0.2)) == []
+
+
+def test_overrides_from_the_class_start_at_the_defaults_and_from_an_instance_at_its_values():
+    assert Thresholds.with_overrides({}) == Thresholds()
+    custom = Thresholds(validation=0.5)
+    assert custom.with_overrides({"h2d_copy": 0.2}) == Thresholds(validation=0.5, h2d_copy=0.2)
+    assert Thresholds.with_overrides({"memory_growth_epochs": 4.0}).memory_growth_epochs == 4  # 4.0 from YAML
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"dataloader_warn": 0.2}, r"dataloader_warn=0\.2: unknown threshold \(known: dataloader_warning, "),
+        ({"dataloader_warning": 1.5}, r"dataloader_warning=1\.5: must be a fraction between 0 and 1"),
+        ({"h2d_copy": -0.1}, r"h2d_copy=-0\.1: must be a fraction between 0 and 1"),
+        ({"validation": "30%"}, r"validation='30%': must be a fraction between 0 and 1"),
+        ({"framework_overhead": True}, r"framework_overhead=True: must be a fraction"),
+        ({"communication": float("nan")}, r"communication=nan: must be a fraction"),
+        ({"rank_straggler": 0.9}, r"rank_straggler=0\.9: must be a ratio >= 1"),
+        ({"launch_kernel_time": -1e-6}, r"launch_kernel_time=-1e-06: must be a number of seconds >= 0"),
+        ({"step_spike_count": 2.5}, r"step_spike_count=2\.5: must be an integer >= 1"),
+        ({"memory_growth_bytes": -1}, r"memory_growth_bytes=-1: must be a number of bytes"),
+        ({"dataloader_warning": 0.5}, r"dataloader_warning=0\.5 > dataloader_critical=0\.3: dataloader_warning must"),
+        ({"device_busy_critical": 0.9}, r"device_busy_critical=0\.9 > device_busy_warning=0\.8"),
+    ],
+)
+def test_bad_overrides_are_named_with_value_and_what_is_allowed(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        Thresholds.with_overrides(overrides)
+
+
+def test_all_bad_overrides_are_reported_in_one_message():
+    with pytest.raises(ValueError) as info:
+        Thresholds.with_overrides({"nope": 1, "dataloader_warning": 2, "rank_straggler": "x"})
+    message = str(info.value)
+    assert message.startswith("Invalid threshold overrides: ")
+    assert all(part in message for part in ("nope=1: unknown", "dataloader_warning=2:", "rank_straggler='x':"))
+    assert "cpu_threads_warning" in message  # the known keys are listed
+
+
+def test_the_constructor_checks_too():
+    with pytest.raises(ValueError, match=r"Invalid thresholds: h2d_copy=2: must be a fraction between 0 and 1"):
+        Thresholds(h2d_copy=2)
+
+
+def test_every_default_is_a_named_constant_with_a_comment():
+    from lightning_perf.diagnose import thresholds
+
+    source = (ROOT / "lightning_perf" / "diagnose" / "thresholds.py").read_text()
+    for f in dataclasses.fields(Thresholds):
+        constant = f.name.upper()
+        assert getattr(thresholds, constant) == f.default, constant
+        lines = source[: source.index(f"\n{constant} = ")].rstrip().splitlines()
+        while re.match(r"[A-Z0-9_]+ = ", lines[-1]):  # constants of one rule share a comment
+            lines.pop()
+        assert lines[-1].startswith("#"), constant
+
+
+# --- registry -----------------------------------------------------------------------------------------------
+
+
+def test_diagnose_sorts_critical_first_then_by_catalogue_order():
+    context = gpu_ctx(
+        gpu_epoch(data_wait_fraction=0.15, step_time_p90=0.02, cuda_max_reserved=79 * GiB),
+        gw(framework_time=0.2),
+    )
+    found = [(f.severity, f.id) for f in diagnose(context)]
+    assert found == [
+        ("critical", "memory_pressure"),
+        ("warning", "dataloader_bound"),
+        ("warning", "framework_overhead"),
+        ("warning", "step_time_unstable"),
+    ]
+
+
+def test_info_findings_come_last():
+    context = ctx(epoch(step_time_p90=0.02), facts=facts(torch_threads=1, num_workers=2))
+    found = [(f.severity, f.id) for f in diagnose(context)]
+    assert found == [("warning", "step_time_unstable"), ("info", "cpu_threads")]
+
+
+def test_a_rule_that_raises_is_skipped_and_reported(monkeypatch):
+    def broken(ctx, t):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setitem(RULES, "host_sync", broken)
+    errors = []
+    context = ctx(epoch(data_wait_fraction=0.5))
+    found = diagnose(context, on_error=lambda rule_id, err: errors.append((rule_id, err)))
+    assert [f.id for f in found] == ["dataloader_bound"]
+    [(rule_id, err)] = errors
+    assert rule_id == "host_sync" and isinstance(err, ZeroDivisionError)
+    assert [f.id for f in diagnose(context)] == ["dataloader_bound"]  # without on_error: skipped silently
+
+
+def test_a_rule_may_return_several_findings(monkeypatch):
+    def twice(ctx, t):
+        return [
+            Finding(id="host_sync", severity=s, title="t", evidence="e", advice="a", stage="train", epoch=0)
+            for s in ("info", "critical")
+        ]
+
+    monkeypatch.setitem(RULES, "host_sync", twice)
+    assert [f.severity for f in diagnose(ctx())] == ["critical", "info"]
+
+
+def test_a_healthy_run_gets_no_warning():
+    for context in (ctx(None, window()), gpu_ctx(), with_history(1000, 1001, 1002)):
+        assert [f for f in diagnose(context) if f.severity != "info"] == []
+
+
+# --- docs ---------------------------------------------------------------------------------------------------
+
+
+def test_the_docs_describe_every_rule_and_threshold():
+    docs = (ROOT / "docs" / "rules.md").read_text()
+    for rule_id in RULES:
+        assert f"`{rule_id}`" in docs, rule_id
+    for name in Thresholds.names():
+        assert f"`{name}`" in docs, name
+
+
+# --- no torch, no lightning ---------------------------------------------------------------------------------
+
+FORBIDDEN = {"torch", "lightning", "pytorch_lightning", "numpy"}
+PURE = [*sorted((ROOT / "lightning_perf" / "diagnose").glob("*.py")), ROOT / "lightning_perf" / "records.py"]
+
+
+@pytest.mark.parametrize("path", PURE, ids=lambda p: p.name)
+def test_diagnosis_modules_import_neither_torch_nor_lightning(path):
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.add(node.module)
+    roots = {name.split(".")[0] for name in imported}
+    assert not roots & FORBIDDEN, sorted(imported)
+    assert {name for name in imported if name.startswith("lightning_perf")} <= {
+        "lightning_perf.records",
+        *(f"lightning_perf.diagnose.{p.stem}" for p in PURE if p.parent.name == "diagnose"),
+    }
+
+
+def test_importing_the_diagnosis_loads_neither_torch_nor_lightning():
+    # A stub parent package, so that lightning_perf/__init__.py (which imports the callback, hence torch)
+    # does not run: only the diagnose package and records are loaded.
+    code = (
+        "import sys, types\n"
+        f"pkg = types.ModuleType('lightning_perf'); pkg.__path__ = [{str(ROOT / 'lightning_perf')!r}]\n"
+        "sys.modules['lightning_perf'] = pkg\n"
+        "import lightning_perf.diagnose.registry\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(FORBIDDEN)!r}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"

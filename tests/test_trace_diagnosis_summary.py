@@ -1,0 +1,409 @@
+"""The per-step trace summary the diagnosis rules read: synthetic traces with exact numbers, real CPU profiles
+recorded here, and the real GPU traces of ../shared/fixtures/gpu-traces."""
+
+import ast
+import copy
+import dataclasses
+import pathlib
+import time
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from lightning_perf import traces
+from lightning_perf.summarize import trace as trace_module
+from lightning_perf.summarize.trace import is_fp32_gemm, summarize_trace
+
+US = 1e-6
+DATALOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+DEVICE = {"pid": 0, "tid": 7}  # device events live on their own pid/tid (device, stream)
+
+
+def _x(cat, name, ts, dur, *, pid=1, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def _op(name, ts, dur, **kw):
+    return _x("cpu_op", name, ts, dur, **kw)
+
+
+def _span(name, ts, dur, **kw):
+    return _x("user_annotation", name, ts, dur, **kw)
+
+
+def _kernel(name, ts, dur, stream=7):
+    return _x("kernel", name, ts, dur, pid=0, tid=stream, device=0)
+
+
+def _summary(*events, rewrite=False, **top):
+    trace = {"traceEvents": list(events), **top}
+    if rewrite:
+        traces.tensorboard_compatible(trace)
+    return summarize_trace(trace, window="w")
+
+
+def _approx(value):
+    return pytest.approx(value, rel=1e-9, abs=1e-12)
+
+
+# --- Synthetic traces -------------------------------------------------------------------------------------
+
+HOST_STEPS = [
+    # Step 0, [0, 100): data, a forward op, then an optimizer step whose closure runs the backward (on the
+    # autograd thread, tid 2), and the update: two top-level add_ (one with a child).
+    _span("ProfilerStep#0", 0, 100),
+    _span(DATALOADER, 0, 10),
+    _op("aten::linear", 10, 20),
+    _op("aten::addmm", 12, 16),
+    _span("Optimizer.step#SGD.step", 40, 50),
+    _op("aten::mul", 41, 4),
+    _op("autograd::engine::evaluate_function: MulBackward0", 50, 10, tid=2),
+    _op("aten::add_", 70, 5),
+    _op("aten::result_type", 71, 1),
+    _op("aten::add_", 76, 4),
+    # Step 1, [100, 200): slow data, an op, an optimizer step without backward inside (all of it is update).
+    _span("ProfilerStep#1", 100, 100),
+    _span(DATALOADER, 100, 30),
+    _op("aten::relu", 140, 10),
+    _span("Optimizer.step#SGD.step", 150, 30),
+    _op("aten::add_", 155, 5),
+    # Outside the steps: not counted.
+    _op("aten::add_", 250, 5),
+    _op("aten::add_", 250, 5, tid=2),
+]
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["torch-categories", "tensorboard-categories"])
+def test_host_side_of_the_steps(rewrite):
+    s = _summary(*copy.deepcopy(HOST_STEPS), rewrite=rewrite)
+    assert (s.window, s.steps) == ("w", 2)
+    assert s.step_time == _approx(100 * US)
+    assert s.dataloader_time == _approx((10 + 30) / 2 * US)
+    assert s.optimizer_time == _approx((50 + 30) / 2 * US)
+    # Step 0's update part starts where the last backward node ends (60), step 1's at the span's start.
+    assert s.optimizer_update_time == _approx((30 + 30) / 2 * US)
+    assert s.optimizer_update_ops == 1.5  # top-level: two add_, then one; result_type is inside an add_
+    assert s.optimizer_foreach is False
+    # Main-thread union: step 0 data 10 + linear 20 + optimizer 50; step 1 data 30 + relu 10 + optimizer 30.
+    assert s.host_op_time == _approx((80 + 70) / 2 * US)
+    assert s.framework_time == _approx((20 + 30) / 2 * US)
+    # cpu_ops of every thread starting in a step: 7 + 2 (the DataLoader span is no operator even as cpu_op).
+    assert s.ops_per_step == 4.5
+    # Top-level main-thread ops: linear 20, mul 4, add_ 5, add_ 4, relu 10, add_ 5.
+    assert s.median_op_time == _approx(5 * US)
+    for name in (
+        "device_busy",
+        "kernels_per_step",
+        "kernel_time",
+        "fp32_gemm_time",
+        "h2d_time",
+        "h2d_pageable",
+        "syncs_per_step",
+        "sync_idle_time",
+        "communication_time",
+        "device_name",
+        "tensor_core_capable",
+    ):
+        assert getattr(s, name) is None, name
+
+
+@pytest.mark.parametrize(
+    "optimizer, update_op, expected",
+    [
+        ("Optimizer.step#SGD.step", "aten::add_", False),
+        ("Optimizer.step#SGD.step", "aten::_foreach_add_", True),
+        ("Optimizer.step#Adam.step", "aten::_fused_adam_", True),
+        ("Optimizer.step#FusedAdam.step", "aten::add_", True),  # apex / DeepSpeed / FBGEMM: fused by class
+        (None, "aten::add_", None),
+    ],
+)
+def test_multi_tensor_optimizer_detection(optimizer, update_op, expected):
+    events = [_span("ProfilerStep#0", 0, 100), _op(update_op, 20, 5), _op("aten::mul_", 21, 2)]
+    if optimizer:
+        events.append(_span(optimizer, 10, 50))
+    s = _summary(*events)
+    assert s.optimizer_foreach is expected
+    assert s.optimizer_update_ops == (1 if optimizer else 0)
+
+
+def test_an_optimizer_step_without_operators_cannot_tell_foreach():
+    assert _summary(_span("ProfilerStep#0", 0, 100), _span("Optimizer.step#SGD.step", 10, 5)).optimizer_foreach is None
+
+
+DEVICE_STEP = [
+    _span("ProfilerStep#0", 0, 100),
+    # Kernels overlap on two streams; the last one runs past the step's end.
+    _kernel("volta_sgemm_128x64_nn", 10, 20),
+    _kernel("ampere_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn", 20, 20, stream=8),
+    _kernel("void at::native::vectorized_elementwise_kernel<4>", 90, 30),
+    _x("gpu_memset", "Memset (Device)", 50, 5, **DEVICE),
+    # One copy half hidden under a kernel, one exposed and from pageable memory, one the other way.
+    _x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 5, 10, pid=0, tid=9),
+    _x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 60, 10, pid=0, tid=9),
+    _x("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 72, 2, **DEVICE),
+    # .item(): the synchronize inside it counts once; the device is idle for all but the DtoH copy.
+    _op("aten::_local_scalar_dense", 70, 18),
+    _x("cuda_runtime", "cudaStreamSynchronize", 71, 16),
+    _x("cuda_runtime", "cudaMemcpyAsync", 1, 1),  # returns at once: no sync
+    _x("cuda_runtime", "cudaDeviceSynchronize", 95, 4),  # a kernel runs all along: no idle time
+    _x("cuda_runtime", "cudaDeviceSynchronize", 150, 10),  # after the step
+]
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["torch-categories", "tensorboard-categories"])
+def test_device_side_of_a_step(rewrite):
+    props = [{"id": 0, "name": "Tesla V100-SXM2-16GB", "computeMajor": 7, "computeMinor": 0}]
+    s = _summary(*copy.deepcopy(DEVICE_STEP), rewrite=rewrite, deviceProperties=props)
+    # Union in [0, 100): copy+kernels [5, 40) 35, memset 5, pageable copy 10, DtoH 2, last kernel [90, 100) 10.
+    assert s.device_busy == _approx(62 * US)
+    assert s.kernels_per_step == 3
+    assert s.kernel_time == _approx(70 * US)  # durations of the kernels starting in the step, summed
+    assert s.median_kernel_time == _approx(20 * US)
+    assert s.fp32_gemm_time == _approx(20 * US)  # the sgemm; the fp16 tensor-core GEMM is not
+    assert s.h2d_time == _approx(20 * US)
+    assert s.h2d_exposed_time == _approx((5 + 10) * US)
+    assert s.h2d_pageable is True
+    assert s.syncs_per_step == 2
+    assert s.sync_idle_time == _approx((18 - 2) * US)
+    assert s.communication_time is None and s.communication_exposed_time is None
+    assert (s.device_name, s.tensor_core_capable) == ("Tesla V100-SXM2-16GB", True)
+
+
+def test_device_properties_of_the_device_the_kernels_ran_on():
+    props = [{"id": 0, "name": "Tesla P100", "computeMajor": 6}, {"id": 1, "name": "A100", "computeMajor": 8}]
+    kernel = {**_kernel("k", 10, 5), "args": {"device": 1}}
+    s = _summary(_span("ProfilerStep#0", 0, 100), kernel, deviceProperties=props)
+    assert (s.device_name, s.tensor_core_capable) == ("A100", True)
+    s = _summary(_span("ProfilerStep#0", 0, 100), _kernel("k", 10, 5), deviceProperties=props[:1])
+    assert (s.device_name, s.tensor_core_capable) == ("Tesla P100", False)
+
+
+def test_nccl_kernels_are_exposed_where_no_compute_kernel_runs():
+    s = _summary(
+        _span("ProfilerStep#0", 0, 100),
+        _op("nccl:all_reduce", 5, 3),  # the host side: ignored when the kernels are there
+        _kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", 10, 40, stream=20),
+        _kernel("volta_h884gemm_64x64_ldg8_nn", 20, 10),
+        _kernel("volta_h884gemm_64x64_ldg8_nn", 40, 20),
+    )
+    assert s.communication_time == _approx(40 * US)
+    assert s.communication_exposed_time == _approx((40 - 10 - 10) * US)
+    assert s.fp32_gemm_time == 0
+
+
+def test_host_collectives_count_without_nccl_kernels():
+    # gloo runs the collective on a worker thread; c10d's call on the main thread overlaps it.
+    s = _summary(
+        _span("ProfilerStep#0", 0, 100),
+        _op("c10d::allreduce_", 10, 10),
+        _span("gloo:all_reduce", 15, 25, tid=9),
+    )
+    assert s.communication_time == _approx(30 * US)
+    assert s.communication_exposed_time == _approx(30 * US)
+    assert s.device_busy is None and s.syncs_per_step is None
+
+
+def test_a_trace_without_profiler_steps_is_one_step():
+    s = _summary(_op("aten::add", 10, 10), _op("aten::mul", 30, 5), _kernel("k", 40, 20))
+    assert s.steps == 1
+    assert s.step_time == _approx(50 * US)
+    assert s.host_op_time == _approx(15 * US)
+    assert s.framework_time == _approx(35 * US)
+    assert s.ops_per_step == 2
+    assert s.device_busy == _approx(20 * US)
+    assert s.optimizer_foreach is None
+
+
+def test_an_empty_trace():
+    s = summarize_trace({"traceEvents": []}, window="empty")
+    assert (s.steps, s.step_time, s.ops_per_step, s.device_busy) == (1, 0.0, 0.0, None)
+
+
+@pytest.mark.parametrize(
+    "name, fp32",
+    [
+        # From the fixtures: cuBLAS / CUTLASS SIMT / MAGMA fp32 GEMMs and cuDNN fp32 convolutions.
+        ("volta_sgemm_128x64_nn", True),
+        ("volta_sgemm_32x32_sliced1x4_tn", True),
+        ("ampere_sgemm_32x128_tn", True),
+        ("void cutlass::Kernel<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(cutlass_80_simt_sgemm_128x32_8x5_nn_align1::Params)", True),
+        ("void magma_sgemmEx_kernel<float, float, float, true, false, 6, 4, 6, 3, 4>(int, int, int, Tensor)", True),
+        ("void sgemm_largek_lds64<true, true, 6, 3, 4, 5, 2, 66>(float*, float const*, float const*, int)", True),
+        ("cudnn_infer_volta_scudnn_128x64_relu_medium_nn_v1", True),
+        ("cudnn_infer_ampere_scudnn_128x64_relu_xregs_large_nn_v1", True),
+        ("void gemmk1_kernel<float, 256, 5, false, false, false, false, cublasGemvTensorStridedBatched<float const>>()", True),
+        ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int, float const*, int)", True),
+        # fp32 xmma (cuBLAS/cuDNN on sm80+ with TF32 off).
+        ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas", True),
+        # From the fixtures: TF32 tensor cores.
+        ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4::Params)", False),
+        ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_warpsize2x2x1_g1_tensor16x8x8_execute_kernel_cudnn_infer", False),
+        ("void cutlass_cudnn_infer::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_128x128_32x4_nhwc_align4>(cutlass_tensorop_s1688fprop_optimized_tf32_128x128_32x4_nhwc_align4::Params)", False),
+        # Half precision tensor cores.
+        ("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize96x64x32_stage3_warpsize2x2x1_tensor16x8x16_kernel", False),
+        ("volta_h884gemm_64x64_ldg8_nn", False),
+        ("ampere_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn", False),
+        ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", False),
+        # Not GEMMs (from the fixtures).
+        ("void fbgemm_gpu::permute_indices_weights_kernel<true, int, float>(int, int, int, int const*, float const*)", False),
+        ("void splitKreduce_kernel<float, float, float, float, true, false, false>(cublasSplitKParams<float>)", False),
+        ("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(cudnn::winograd_nonfused::WinogradDataParams<float, float>)", False),
+        ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", False),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int)", False),
+    ],
+)
+def test_fp32_gemm_classifier(name, fp32):
+    assert is_fp32_gemm(name) is fp32
+
+
+def test_the_module_imports_neither_torch_nor_lightning():
+    tree = ast.parse(pathlib.Path(trace_module.__file__).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert not {m for m in imported if m.split(".")[0] in {"torch", "lightning", "pytorch_lightning"}}
+
+
+# Interval algebra against sets of whole microseconds.
+_intervals = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 20)).map(lambda t: (t[0], t[0] + t[1])), max_size=8)
+
+
+def _points(intervals):
+    return {t for start, end in intervals for t in range(start, end)}
+
+
+@given(_intervals, _intervals)
+def test_interval_union_intersection_and_difference(a, b):
+    ua, ub = trace_module._union(a), trace_module._union(b)
+    assert _points(ua) == _points(a)
+    assert all(end1 < start2 for (_, end1), (start2, _) in zip(ua, ua[1:]))  # sorted, disjoint, not touching
+    assert _points(trace_module._intersect(ua, ub)) == _points(a) & _points(b)
+    assert _points(trace_module._subtract(ua, ub)) == _points(a) - _points(b)
+    assert trace_module._length(trace_module._subtract(ua, ub)) == len(_points(a) - _points(b))
+
+
+# --- Real CPU profiles ------------------------------------------------------------------------------------
+
+
+def _record_cpu_trace(path, *, foreach):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=foreach)
+    dataset = torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randn(64, 1))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        batches = iter(torch.utils.data.DataLoader(dataset, batch_size=16))
+        for step in range(3):
+            with record_function(f"ProfilerStep#{step}"):
+                x, y = next(batches)
+
+                def closure():  # as under Lightning's automatic optimization: forward and backward inside step()
+                    optimizer.zero_grad()
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                    return loss
+
+                optimizer.step(closure)
+    prof.export_chrome_trace(str(path))
+    return traces.read_trace(path)
+
+
+def test_real_cpu_profiles_tell_foreach_from_per_parameter_updates(tmp_path):
+    summaries = {}
+    for foreach in (False, True):
+        trace = _record_cpu_trace(tmp_path / f"foreach-{foreach}.json", foreach=foreach)
+        s = summarize_trace(trace, window=f"foreach-{foreach}")
+        assert summarize_trace(traces.tensorboard_compatible(trace), window=s.window) == s
+        summaries[foreach] = s
+    for foreach, s in summaries.items():
+        assert s.optimizer_foreach is foreach
+        assert s.steps == 3
+        assert s.ops_per_step > 0 and s.median_op_time > 0
+        assert 0 < s.dataloader_time < s.step_time
+        # The closure's forward and backward run inside the optimizer's span, before its update part.
+        assert 0 < s.optimizer_update_time < s.optimizer_time < s.step_time
+        assert 0 < s.host_op_time <= s.step_time
+        assert s.framework_time == pytest.approx(s.step_time - s.host_op_time)
+        assert (s.device_busy, s.kernels_per_step, s.syncs_per_step, s.h2d_time, s.communication_time) == (None,) * 5
+        assert s.tensor_core_capable is None
+    # 4 parameters: per parameter a few operators in a loop, against a few multi-tensor operators in all.
+    assert summaries[False].optimizer_update_ops > summaries[True].optimizer_update_ops
+
+
+# --- Real GPU traces --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Shows:
+    """What a fixture shows, as shares of its mean step time (and syncs per step)."""
+
+    steps: int
+    device_busy: float
+    syncs_per_step: float
+    h2d: float
+    communication: float
+    fp32_gemm: float
+    tensor_cores: bool | None
+
+
+GPU_FIXTURES = {
+    # ResNet-like CNN in fp32 on one V100 (DDP of 1): the device is busy nearly all the step; more than half
+    # of it runs fp32 SIMT GEMMs/convolutions (volta_sgemm, scudnn) on a device with tensor cores: the case
+    # for AMP. No host-device syncs; no copies from the host; no NCCL kernels (world size 1), so the
+    # communication is the host's c10d/nccl calls, well under 1%.
+    "v100_single_rank.json.gz": Shows(5, 0.974, 0, 0, 0.004, 0.561, True),
+    # Same model on 2 A100s: host-bound (222 ms steps, ~4800 operators each, the device busy under a
+    # quarter of it); 8 cudaEventSynchronize per step that leave the device nearly no idle time; NCCL
+    # all-reduce 7% of the step; convolutions and GEMMs on TF32 tensor cores, so fp32 SIMT GEMMs are 0.2%.
+    "a100_nccl_2rank_rank0.json.gz": Shows(3, 0.236, 8, 0, 0.070, 0.002, True),
+    # Recommendation model (FBGEMM embeddings, FusedAdam) on 8 A100s: device busy 84%; 11 syncs per step
+    # (.item() and stream syncs); pinned host-to-device copies 11% of the step (3% exposed); NCCL all-to-all
+    # and all-reduce 35% of the step; TF32 GEMMs mostly, fp32 SIMT sgemm 2%.
+    "a100_8rank_rank3.json.gz": Shows(6, 0.836, 11, 0.109, 0.352, 0.023, True),
+    # The same model on 2 V100s: device busy 96%; a quarter of the step in fp32 volta_sgemm kernels on a
+    # tensor-core device; same syncs; copies 9%; communication 34%.
+    "v100_2rank_rank1.json.gz": Shows(6, 0.963, 11, 0.090, 0.338, 0.268, True),
+    # Two ranks of a 128-rank job (Shampoo + EMA optimizers), no deviceProperties: device busy under half;
+    # 1.5 and 2 syncs per step; pageable host-to-device copies; NCCL 30% of the step; fp32 sgemm 1%.
+    "sampled_128rank_rank0.json.gz": Shows(2, 0.445, 1.5, 0.001, 0.322, 0.010, None),
+    "sampled_128rank_rank1.json.gz": Shows(2, 0.468, 2, 0.010, 0.306, 0.010, None),
+}
+
+
+@pytest.mark.parametrize("name", list(GPU_FIXTURES))
+def test_real_gpu_traces_show_what_they_hold(name, gpu_trace):
+    trace = traces.read_trace(gpu_trace(name))
+    s = summarize_trace(trace, window=name)
+    shows = GPU_FIXTURES[name]
+
+    def share(value):
+        return pytest.approx(value, abs=0.005)
+
+    assert s.steps == shows.steps
+    assert s.device_busy / s.step_time == share(shows.device_busy)
+    assert s.syncs_per_step == shows.syncs_per_step
+    assert s.h2d_time / s.step_time == share(shows.h2d)
+    assert s.communication_time / s.step_time == share(shows.communication)
+    assert s.fp32_gemm_time / s.step_time == share(shows.fp32_gemm)
+    assert s.tensor_core_capable is shows.tensor_cores
+    # Facts every one of them holds.
+    assert 0 < s.device_busy <= s.step_time
+    assert s.kernels_per_step > 100 and 0 < s.median_kernel_time < s.kernel_time
+    assert 0 <= s.h2d_exposed_time <= s.h2d_time
+    assert 0 <= s.sync_idle_time < 0.01 * s.step_time  # the syncs wait on busy devices
+    assert 0 < s.communication_exposed_time <= s.communication_time
+    assert s.optimizer_foreach is True  # foreach SGD, FusedAdam, EMA's _foreach_ ops
+    assert s.framework_time < 0.02 * s.step_time  # plain training loops, no Lightning around them
+    assert s.h2d_pageable is name.startswith("sampled_")
+    # The same summary from the trace rewritten for TensorBoard.
+    assert summarize_trace(traces.tensorboard_compatible(trace), window=name) == s
+
+
+def test_summarizes_the_largest_gpu_trace_in_well_under_a_second(gpu_trace):
+    trace = traces.read_trace(gpu_trace("a100_8rank_rank3.json.gz"))  # 109k events
+    start = time.perf_counter()
+    summarize_trace(trace, window="a100_8rank_rank3")
+    elapsed = time.perf_counter() - start
+    print(f"summarize_trace on 109k events: {elapsed * 1000:.0f} ms")
+    assert elapsed < 2.0  # about 0.1 s measured; slack for a loaded machine
