@@ -103,7 +103,11 @@ def main(argv: list[str] | None = None) -> PerfCallback:
             f" {top.name} ({top.self_cpu_time / 1000:.2f} ms)"
         )
     print(f"Traces, operator tables and perf_report.json: {os.path.abspath(perf.dirpath)}")
-    print("Findings: bottleneck rules arrive in a later release; the traces and tables above are in TensorBoard.")
+    final = {stage: perf.findings_for(stage, epoch=args.epochs - 1) for stage in ("train", "validate")}
+    print("Findings of the last epoch (each printed above at its epoch's end, with advice):")
+    for stage, findings in final.items():
+        names = ", ".join(f"{f.id} ({f.severity})" for f in findings) or "no bottleneck found"
+        print(f"  {stage}: {names}")
     print(f"Open them: tensorboard --logdir {os.path.abspath(perf.tensorboard_logdir)}")
     return perf
 

@@ -3,7 +3,7 @@ Rule registry
 =============
 
 Every bottleneck rule, by id, in catalogue order, and :func:`diagnose`, which runs them all on one stage's
-epoch. The catalogue (what each rule measures, its thresholds and why) is in ``docs/rules.md``.
+epoch. The catalogue (what each rule measures, its thresholds and why) is in README.md, "Bottleneck rules".
 """
 
 from __future__ import annotations

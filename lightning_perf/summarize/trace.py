@@ -91,29 +91,31 @@ def operator_stats(trace: dict[str, Any], *, group_by_input_shape: bool = False)
     """
     events = trace.get("traceEvents", ())
     device_by_external_id: dict[Any, float] = defaultdict(float)
-    by_thread: dict[tuple[Any, Any], list[tuple[float, int, dict[str, Any]]]] = defaultdict(list)
-    has_device = False
-    for event in events:
+    # Per thread: (start, is_memory, -duration, sequence, event). Sorted as plain tuples: by start, an
+    # operator before a memory event at the same time, a longer (parent) before a shorter (child) span.
+    by_thread: dict[tuple[Any, Any], list[tuple[float, int, float, int, dict[str, Any]]]] = defaultdict(list)
+    has_device = has_memory = False
+    for seq, event in enumerate(events):
         ph, cat = event.get("ph"), event.get("cat")
         if ph == "X" and cat in HOST_OP_CATEGORIES:
-            name = event.get("name", "")
-            if not name.startswith("ProfilerStep#"):
-                # Sort key: start, then longer first, so a parent precedes a child that starts with it.
-                by_thread[(event.get("pid"), event.get("tid"))].append((float(event["ts"]), 0, event))
+            if not event.get("name", "").startswith("ProfilerStep#"):
+                item = (float(event["ts"]), 0, -float(event.get("dur", 0)), seq, event)
+                by_thread[(event.get("pid"), event.get("tid"))].append(item)
         elif ph == "X" and cat in DEVICE_CATEGORIES:
             has_device = True
             external_id = event.get("args", {}).get("External id")
             if external_id is not None:
                 device_by_external_id[external_id] += float(event.get("dur", 0))
         elif ph == "i" and event.get("name") == MEMORY_EVENT_NAME:
-            by_thread[(event.get("pid"), event.get("tid"))].append((float(event["ts"]), 1, event))
+            has_memory = True
+            by_thread[(event.get("pid"), event.get("tid"))].append((float(event["ts"]), 1, 0.0, seq, event))
 
     totals: dict[tuple[str, str | None], _Totals] = defaultdict(_Totals)
     for items in by_thread.values():
-        items.sort(key=lambda item: (item[0], item[1], -float(item[2].get("dur", 0))))
+        items.sort()
         _nest(items, device_by_external_id, group_by_input_shape, totals)
 
-    has_memory = "profile_memory" in trace or any(e.get("name") == MEMORY_EVENT_NAME for e in events)
+    has_memory = has_memory or "profile_memory" in trace
     return tuple(
         OperatorStat(
             name=name,
@@ -132,7 +134,7 @@ def operator_stats(trace: dict[str, Any], *, group_by_input_shape: bool = False)
 
 
 def _nest(
-    items: Iterable[tuple[float, int, dict[str, Any]]],
+    items: Iterable[tuple[float, int, float, int, dict[str, Any]]],
     device_by_external_id: dict[Any, float],
     group_by_input_shape: bool,
     totals: dict[tuple[str, str | None], _Totals],
@@ -177,7 +179,7 @@ def _nest(
             parent.children += 1
             parent.last_child = op
 
-    for ts, is_memory, event in items:
+    for ts, is_memory, _, _, event in items:
         while stack and stack[-1].end <= ts and not (is_memory and stack[-1].end == ts):
             finish(stack.pop())
         args = event.get("args", {})
