@@ -33,14 +33,15 @@ from lightning_perf import __version__, layout
 from lightning_perf.collect.batch import BatchSizer
 from lightning_perf.collect.memory import CudaPeaks, host_rss
 from lightning_perf.collect.profiler import ProfilerWindow, WindowState, torch_profiler_active
+from lightning_perf.collect.ranks import gather_ranks, rank_values, rank_work_times
 from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, run_info, stage_dataloaders
 from lightning_perf.collect.steps import StepClock
 from lightning_perf.config import DEFAULT_MAX_WINDOWS, STAGES, PerfConfig, Schedule, SortKey, Stage
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.records import EpochSummary, WindowRecord
+from lightning_perf.records import EpochSummary, RankSummary, WindowRecord
 from lightning_perf.report.charts import step_split_caption, step_split_image
-from lightning_perf.report.findings import console_report, findings_markdown
+from lightning_perf.report.findings import console_report, findings_markdown, ranks_markdown
 from lightning_perf.report.json_report import REPORT_FILENAME, report_dict, write_json_atomically
 from lightning_perf.report.markdown import operator_table
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
@@ -52,6 +53,7 @@ from lightning_perf.summarize.trace import operator_stats, summarize_trace
 
 OPERATORS_TAG = "perf/operators/{stage}"
 FINDINGS_TAG = "perf/findings/{stage}"
+RANKS_TAG = "perf/ranks/{stage}"
 
 
 @dataclass
@@ -102,6 +104,8 @@ class PerfCallback(Callback):
             :class:`~lightning_perf.diagnose.thresholds.Thresholds`), e.g. ``{"dataloader_warning": 0.2}``.
         verbose: What the console shows at each epoch end: ``0`` nothing, ``1`` one line per epoch and the
             warning and critical findings with their advice, ``2`` also info findings and all evidence.
+        ranks: The global ranks that record profiler windows (default: all). Every rank measures its
+            batches and joins the per-epoch cross-rank summary either way.
 
     Raises:
         ValueError: At construction, listing every invalid argument with its value and what is allowed.
@@ -142,6 +146,7 @@ class PerfCallback(Callback):
         batch_size_fn: Callable[[Any], int] | None = None,
         thresholds: dict[str, float] | None = None,
         verbose: int = 1,
+        ranks: Sequence[int] | None = None,
     ) -> None:
         self.config = PerfConfig.build(
             schedule=schedule,
@@ -160,6 +165,7 @@ class PerfCallback(Callback):
             batch_size_fn=batch_size_fn,
             thresholds=thresholds,
             verbose=verbose,
+            ranks=ranks,
         )
         self._plan = make_plan(self.config)
         if self.config.schedule.warmup == 0:
@@ -189,6 +195,9 @@ class PerfCallback(Callback):
         #: The findings of the latest stage epoch that ended (on rank zero).
         self.findings: list[Finding] = []
         self._findings: dict[tuple[str, int], list[Finding]] = {}
+        self._ranks: dict[tuple[str, int], tuple[RankSummary, ...]] = {}
+        self._staged: list[tuple[str, str]] = []  # (written, final) trace paths, published at epoch ends
+        self._world_size = 1
         self._validation_in_train_epoch: list[EpochSummary] = []
 
     @property
@@ -200,6 +209,7 @@ class PerfCallback(Callback):
             epochs=self.epochs,
             windows=self.windows,
             findings=self._findings,
+            ranks=self._ranks,
         )
 
     def findings_for(self, stage: str, epoch: int | None = None) -> list[Finding]:
@@ -245,11 +255,13 @@ class PerfCallback(Callback):
         self._cuda_peaks = CudaPeaks(trainer.strategy.root_device) if self._use_cuda else None
         self._run_info = {**run_info(trainer), "dataloaders": self._run_info.get("dataloaders", {})}
         self._rank = trainer.global_rank
+        self._world_size = trainer.world_size
         self._windows_at_setup = len(self.windows)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._close_window_safely()
+        self._safely("a", self._publish_staged)
         if self._outputs is not None:
             self._outputs.flush()
             self._outputs.close()
@@ -263,6 +275,7 @@ class PerfCallback(Callback):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._close_window_safely()
+        self._safely("a", self._publish_staged)
 
     # ------------------------------------------------------------------ stage hooks
 
@@ -474,8 +487,16 @@ class PerfCallback(Callback):
             return
         if self._window_stage == stage:
             self._safely(stage, self._close_window, shortened=True)
-        self._safely(stage, self._summarize_epoch, stage, self._stages[stage], trainer)
         st = self._stages[stage]
+        summary: EpochSummary | None = None
+        try:
+            summary = self._measure_epoch(stage, st)
+        except Exception as err:
+            self._fail(stage, err)
+        ranks = self._gather_ranks(stage, summary, trainer)  # on every rank, whatever happened above
+        self._safely(stage, self._publish_staged)
+        if summary is not None:
+            self._safely(stage, self._report_epoch, summary, st, trainer, ranks)
         first = self._plan.first_active()
         if (
             st.windows_this_epoch == 0
@@ -490,7 +511,7 @@ class PerfCallback(Callback):
                 f" or pass `batches=[...]`.",
             )
 
-    def _summarize_epoch(self, stage: str, st: _StageState, trainer: pl.Trainer) -> None:
+    def _measure_epoch(self, stage: str, st: _StageState) -> EpochSummary:
         clock = st.clock
         rss = host_rss()
         cuda = self._cuda_peaks.read(stage, utilization=True) if self._cuda_peaks is not None else None
@@ -510,7 +531,42 @@ class PerfCallback(Callback):
             cuda_utilization=cuda.utilization if cuda else None,
         )
         self.epochs.append(summary)
-        findings = self._diagnose(summary, st, trainer) if trainer.is_global_zero else []
+        return summary
+
+    def _gather_ranks(self, stage: str, summary: EpochSummary | None, trainer: pl.Trainer) -> tuple[RankSummary, ...]:
+        """Every rank's epoch numbers, through the strategy's collective; ``()`` in a single process."""
+        if self._world_size <= 1:
+            return ()
+        try:
+            epoch = summary.epoch if summary is not None else None
+            windows = [w.summary for w in self.windows if w.stage == stage and w.epoch == epoch and w.summary]
+            values = rank_values(summary, windows)
+        except Exception:  # whatever went wrong, this rank still takes part in the collective
+            values = rank_values(None, [])
+        try:
+            return gather_ranks(trainer, values)
+        except Exception as err:
+            self._warn_once("gather", f"PerfCallback: gathering the ranks' epoch summaries failed ({err}).")
+            return ()
+
+    def _publish_staged(self) -> None:
+        """Gives this rank's traces their final names once every rank has written its own (after a gather).
+
+        TensorBoard's profiler plugin loads a run directory once, when it first holds a trace: the ranks of a
+        window must appear together, or the later ones would be missed.
+        """
+        staged, self._staged = self._staged, []
+        for written, final in staged:
+            if os.path.exists(written):
+                os.replace(written, final)
+
+    def _report_epoch(
+        self, summary: EpochSummary, st: _StageState, trainer: pl.Trainer, ranks: tuple[RankSummary, ...]
+    ) -> None:
+        stage, clock = summary.stage, st.clock
+        if ranks:
+            self._ranks[(stage, summary.epoch)] = ranks
+        findings = self._diagnose(summary, st, trainer, ranks) if trainer.is_global_zero else []
         if self._batch_size.failed:
             self._warn_once("batch_size_fn", f"PerfCallback: {self._batch_size.failed}; throughput is not measured.")
         if self._outputs is not None:
@@ -521,14 +577,18 @@ class PerfCallback(Callback):
                 self._outputs.add_image(tag, step_split_image(clock.data_wait, clock.compute), step)
                 self._outputs.add_text(tag + "_caption", step_split_caption(clock.data_wait, clock.compute), step)
             self._outputs.add_text(FINDINGS_TAG.format(stage=stage), findings_markdown(summary, findings), step)
+            if ranks:
+                self._outputs.add_text(RANKS_TAG.format(stage=stage), ranks_markdown(summary, ranks), step)
         if trainer.is_global_zero:
-            message = console_report(summary, findings, verbose=self.config.verbose)
+            message = console_report(summary, findings, verbose=self.config.verbose, ranks=ranks)
             if message:
                 rank_zero_info(message)
             if self.report_path is not None:
                 write_json_atomically(self.report, self.report_path)
 
-    def _diagnose(self, summary: EpochSummary, st: _StageState, trainer: pl.Trainer) -> list[Finding]:
+    def _diagnose(
+        self, summary: EpochSummary, st: _StageState, trainer: pl.Trainer, ranks: tuple[RankSummary, ...]
+    ) -> list[Finding]:
         stage = summary.stage
         if stage == "validate" and trainer.state.fn == TrainerFn.FITTING:
             self._validation_in_train_epoch.append(summary)
@@ -544,6 +604,7 @@ class PerfCallback(Callback):
             step_times=tuple(
                 math.nan if p else w + c for w, c, p in zip(st.clock.data_wait, st.clock.compute, st.clock.profiled)
             ),
+            rank_step_times=rank_work_times(ranks) or None,
         )
         findings = diagnose(context, self.config.thresholds, on_error=self._rule_failed)
         self._findings[(stage, summary.epoch)] = findings
@@ -605,6 +666,8 @@ class PerfCallback(Callback):
         window.begin_step(st.batch)
 
     def _open_window(self, stage: str, st: _StageState, trainer: pl.Trainer) -> ProfilerWindow | None:
+        if self.config.ranks is not None and self._rank not in self.config.ranks:
+            return None
         if st.windows_used >= self.config.max_windows:
             if self.config.max_windows > 0:
                 self._info_once(
@@ -660,7 +723,15 @@ class PerfCallback(Callback):
             window_dir = layout.unique_dir(self.dirpath, name)
         os.makedirs(window_dir, exist_ok=True)
         trace_path = os.path.join(window_dir, layout.trace_filename(self._rank))
-        trace = window.save(trace_path, tensorboard_compat=self.config.tensorboard_compat)
+        if self._world_size > 1:
+            # Under a name no trace reader picks up, until every rank has written its own (_publish_staged).
+            written = trace_path + layout.STAGED_SUFFIX
+            self._staged.append((written, trace_path))
+        else:
+            written = trace_path
+        trace = window.save(
+            written, tensorboard_compat=self.config.tensorboard_compat, compress=trace_path.endswith(".gz")
+        )
         record = WindowRecord(
             stage=stage,
             epoch=self._window_epoch,

@@ -140,6 +140,7 @@ class PerfConfig:
     batch_size_fn: Callable[[Any], int] | None = None
     thresholds: Thresholds = field(default_factory=Thresholds)
     verbose: int = 1
+    ranks: tuple[int, ...] | None = None
 
     @classmethod
     def build(cls, **kwargs: Any) -> PerfConfig:
@@ -214,6 +215,19 @@ class PerfConfig:
         if not _is_int(verbose) or not 0 <= verbose <= 2:
             problems.append(f"verbose={verbose!r}: must be 0 (silent), 1 (warnings and critical) or 2 (everything)")
 
+        ranks = kwargs.get("ranks")
+        if ranks is not None:
+            if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
+                problems.append(f"ranks={ranks!r}: must be a list of global ranks >= 0, or None (all ranks)")
+                ranks = None
+            else:
+                ranks = tuple(ranks)
+                if not all(_is_int(r) and r >= 0 for r in ranks):
+                    problems.append(f"ranks={list(ranks)!r}: must be a list of global ranks >= 0, or None (all ranks)")
+                    ranks = None
+                else:
+                    ranks = tuple(sorted(set(ranks)))
+
         sort_by = kwargs["sort_by"]
         if sort_by is not None and sort_by not in SORT_KEYS:
             problems.append(f"sort_by={sort_by!r}: must be None (automatic) or one of {list(SORT_KEYS)}")
@@ -237,6 +251,7 @@ class PerfConfig:
             batch_size_fn=batch_size_fn,
             thresholds=thresholds,
             verbose=verbose,
+            ranks=ranks,
         )
 
 

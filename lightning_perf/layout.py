@@ -22,6 +22,7 @@ import os
 PERF_SUBDIR = "perf"
 TRACE_SUFFIX = ".pt.trace.json.gz"
 OPERATORS_SUFFIX = ".operators.md"
+STAGED_SUFFIX = ".staged"  # a rank's trace before every rank of the window has written its own
 
 
 def window_dirname(stage: str, epoch: int, first_batch: int, last_batch: int) -> str:

@@ -190,3 +190,29 @@ class TraceSummary:
     communication_exposed_time: float | None = None
     device_name: str | None = None
     tensor_core_capable: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSummary:
+    """One rank's view of a stage's epoch, as gathered to rank zero (seconds, bytes; ``None``: unknown).
+
+    Attributes:
+        rank: The global rank.
+        step_time_p50, step_time_p90, step_time_max: Its step-time percentiles.
+        data_wait_fraction: Its data wait over its step time.
+        throughput: Its samples per second.
+        host_rss_peak: Its process's resident memory peak.
+        cuda_max_allocated, cuda_max_reserved: Its CUDA allocator peaks.
+        communication_share: Exposed collective time over step time, in its windows of the epoch.
+    """
+
+    rank: int
+    step_time_p50: float | None
+    step_time_p90: float | None
+    step_time_max: float | None
+    data_wait_fraction: float | None
+    throughput: float | None
+    host_rss_peak: float | None
+    cuda_max_allocated: float | None
+    cuda_max_reserved: float | None
+    communication_share: float | None

@@ -128,16 +128,19 @@ def read_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
         return json.load(f)
 
 
-def write_trace(trace: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Writes a trace atomically: to a temporary name first, then renamed into place.
+def write_trace(trace: dict[str, Any], path: str | os.PathLike[str], *, compress: bool | None = None) -> None:
+    """Writes a trace atomically: to a temporary name first, then renamed into place; gzipped when
+    ``compress`` is true (default: when ``path`` ends in ``.gz``).
 
     TensorBoard's profiler plugin loads a run directory once, as soon as it holds a ``*.pt.trace.json*``
     file; the rename makes sure it never sees a half-written one.
     """
     path = os.fspath(path)
     tmp = f"{path}.{os.getpid()}.tmp"
+    if compress is None:
+        compress = path.endswith(".gz")
     try:
-        if path.endswith(".gz"):
+        if compress:
             # Level 5: within a few % of level 9's size on Kineto JSON, at about a third of its time.
             f = gzip.open(tmp, "wt", encoding="utf-8", compresslevel=5)
         else:

@@ -691,10 +691,20 @@ def test_communication_in_a_trace_counts_without_world_size():
 def test_rank_straggler_names_the_slow_rank():
     f = run("rank_straggler", ctx(facts=facts(world_size=4), rank_step_times={0: 0.010, 1: 0.011, 2: 0.010, 3: 0.020}))
     assert f.title == "Rank 3 is 1.90x slower than the median rank"
-    assert "rank 3's median step 20.00 ms is 1.90x the median over 4 ranks (10.50 ms" in f.evidence
-    assert "(warning >= 1.2x)" in f.evidence and "rank 3" in f.advice and "rank_zero_only" not in f.advice
+    assert "rank 3's own work per step (its median step less its wait in collectives) 20.00 ms is 1.90x the median over 4 ranks (10.50 ms" in f.evidence
+    assert "(warning >= 1.2x, and >= 10% of the" in f.evidence
+    assert "rank 3" in f.advice and "rank_zero_only" not in f.advice
     zero = run("rank_straggler", ctx(facts=facts(world_size=2), rank_step_times={0: 0.03, 1: 0.01}))
     assert zero.title.startswith("Rank 0") and "rank_zero_only" in zero.advice
+
+
+def test_rank_straggler_ignores_an_excess_too_small_to_cost_the_step():
+    # 1.25x the median, but 2 ms of a 40 ms step: the ranks' own work is a small residual beside communication.
+    quiet = ctx(epoch(step_time_p50=0.040), facts=facts(world_size=2), rank_step_times={0: 0.008, 1: 0.012})
+    assert run("rank_straggler", quiet) is None
+    costly = ctx(epoch(step_time_p50=0.012), facts=facts(world_size=2), rank_step_times={0: 0.008, 1: 0.012})
+    assert run("rank_straggler", costly).title.startswith("Rank 1")
+    assert run("rank_straggler", quiet, rank_straggler_cost=0.04) is not None
 
 
 def test_rank_straggler_needs_several_ranks():

@@ -152,8 +152,9 @@ class ProfilerWindow:
         self._profiler.stop_trace()
         self.state = WindowState.STOPPED
 
-    def save(self, path: str, *, tensorboard_compat: bool) -> dict[str, Any]:
-        """Writes the trace of a stopped window to ``path`` (``*.pt.trace.json.gz``), atomically; returns it."""
+    def save(self, path: str, *, tensorboard_compat: bool, compress: bool | None = None) -> dict[str, Any]:
+        """Writes the trace of a stopped window to ``path``, atomically, gzipped if ``compress`` (default: if
+        ``path`` ends in ``.gz``); returns it."""
         self._expect(WindowState.STOPPED)
         # torch's own export, to a temporary file outside the window directory (where a leftover would look
         # like one more trace to the tools that read it).
@@ -167,7 +168,7 @@ class ProfilerWindow:
         traces.keep_steps(trace, self.ran)
         if tensorboard_compat:
             traces.tensorboard_compatible(trace)
-        traces.write_trace(trace, path)
+        traces.write_trace(trace, path, compress=compress)
         return trace
 
     def _close_span(self) -> None:

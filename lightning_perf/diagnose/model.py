@@ -45,7 +45,9 @@ class StageEpoch:
         facts: The run and the stage's DataLoader.
         step_times: This epoch's per-batch step times (seconds), in batch order; NaN for a batch that ran
             inside a profiler window (the profiler slows it down).
-        rank_step_times: Median step time per global rank, when the run is distributed.
+        rank_step_times: Per global rank of a distributed run, its median step time less the share it spent
+            waiting in collectives (its own work: under DDP every rank's step lasts as long as the slowest
+            rank's, so the slow rank is the one that waits least).
     """
 
     epoch: EpochSummary

@@ -77,9 +77,12 @@ def rank_straggler(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     """One rank's steps are slower than the others', and every rank waits for it.
 
     Notes:
-        1. Only for distributed runs with per-rank median step times (``StageEpoch.rank_step_times``).
-        2. Measures the slowest rank's median step / the median over ranks.
-        3. Fires, as a warning, at ``rank_straggler``, naming the rank.
+        1. Only for distributed runs with per-rank step times (``StageEpoch.rank_step_times``: each rank's
+           median step minus the share it spent waiting in collectives, its own work; under DDP every
+           rank's step lasts as long as the slowest rank's, so the slow rank is the one that waits least).
+        2. Measures the slowest rank's time / the median over ranks.
+        3. Fires, as a warning, at ``rank_straggler`` when the excess also costs ``rank_straggler_cost`` of
+           the step (the median step of this rank, which under DDP is every rank's), naming the rank.
     """
     ranks = ctx.rank_step_times
     if not ranks or len(ranks) < 2:
@@ -88,11 +91,16 @@ def rank_straggler(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     slow, slowest = max(ranks.items(), key=lambda item: (item[1], -item[0]))
     if median <= 0 or not reaches(slowest / median, t.rank_straggler):
         return None
+    step = ctx.epoch.step_time_p50
+    if step > 0 and not reaches((slowest - median) / step, t.rank_straggler_cost):
+        return None
     ratio = slowest / median
     fastest = min(ranks.values())
     evidence = [
-        f"rank {slow}'s median step {ms(slowest)} is {times(ratio)} the median over {len(ranks)} ranks"
-        f" ({ms(median)}; fastest {ms(fastest)}) (warning >= {t.rank_straggler:g}x)"
+        f"rank {slow}'s own work per step (its median step less its wait in collectives) {ms(slowest)} is"
+        f" {times(ratio)} the median over {len(ranks)} ranks ({ms(median)}; fastest {ms(fastest)})"
+        f" (warning >= {t.rank_straggler:g}x, and >= {limit(t.rank_straggler_cost)} of the"
+        f" {ms(step)} step)"
     ]
     advice = [
         f"Every rank waits for rank {slow} at each gradient all-reduce. Look at what differs on it:"

@@ -122,6 +122,10 @@ COMMUNICATION = 0.15
 # straggler analysis looks for it in the communication kernels' waits). Our judgment: 1.2x the median over
 # ranks is beyond the few percent that identical GPUs differ by, and costs every rank a sixth of its time.
 RANK_STRAGGLER = 1.2
+# Ours: and the slow rank's extra work must cost every rank at least a tenth of the step. With few ranks the
+# median is close to the mean, and when communication fills most of the step the ranks' own work is a small
+# residual of two noisy numbers: a 1.2x ratio of residuals can then be a few percent of the step.
+RANK_STRAGGLER_COST = 0.10
 
 # --- cpu_threads ----------------------------------------------------------------------------------------
 # torch's default intra-op thread count is the number of physical cores, often half the logical CPUs; any
@@ -202,7 +206,8 @@ class Thresholds:
         step_spike_factor, step_spike_count: ``step_time_unstable``: steps at least this many times the
             median, at least this many of them.
         communication: ``communication_bound``: exposed communication time / step time.
-        rank_straggler: ``rank_straggler``: slowest rank's median step / median over ranks.
+        rank_straggler: ``rank_straggler``: slowest rank's own work per step / median over ranks.
+        rank_straggler_cost: ``rank_straggler``: and its excess over the median, as a share of the step.
         cpu_threads_warning: ``cpu_threads``: torch threads / this process's share of the CPUs below which
             the finding is a warning rather than info.
 
@@ -242,6 +247,7 @@ class Thresholds:
     step_spike_count: int = _field(STEP_SPIKE_COUNT, _COUNT)
     communication: float = _field(COMMUNICATION, _FRACTION)
     rank_straggler: float = _field(RANK_STRAGGLER, _RATIO)
+    rank_straggler_cost: float = _field(RANK_STRAGGLER_COST, _FRACTION)
     cpu_threads_warning: float = _field(CPU_THREADS_WARNING, _FRACTION)
 
     def __post_init__(self) -> None:

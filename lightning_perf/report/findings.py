@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import Finding
-from lightning_perf.records import EpochSummary
+from lightning_perf.records import EpochSummary, RankSummary
 
 CLEAN = "no bottleneck found"
 _SHOWN = {0: (), 1: ("warning", "critical"), 2: ("info", "warning", "critical")}
@@ -31,19 +31,23 @@ def headline(summary: EpochSummary) -> str:
     return ", ".join(parts)
 
 
-def console_report(summary: EpochSummary, findings: Sequence[Finding], *, verbose: int) -> str | None:
+def console_report(
+    summary: EpochSummary, findings: Sequence[Finding], *, verbose: int, ranks: Sequence[RankSummary] = ()
+) -> str | None:
     """What the console shows at an epoch's end: ``None`` at ``verbose=0``.
 
-    ``verbose=1``: the headline and, per warning or critical finding, its title, window and advice; a clean
-    epoch is one line. ``verbose=2``: info findings too, and each finding's evidence.
+    ``verbose=1``: the headline, the per-rank table of a distributed run and, per warning or critical
+    finding, its title, window and advice; a clean single-process epoch is one line. ``verbose=2``: info
+    findings too, and each finding's evidence.
     """
     if verbose <= 0:
         return None
     shown = [f for f in findings if f.severity in _SHOWN[min(verbose, 2)]]
     head = f"lightning-perf | {summary.stage} epoch {summary.epoch} | {headline(summary)}"
-    if not shown:
+    if not shown and not ranks:
         return f"{head} | {CLEAN}"
-    lines = [head]
+    lines = [head if shown else f"{head} | {CLEAN}"]
+    lines += ["  " + line for line in ranks_table(ranks)]
     width = max(len(f.id) for f in shown)
     for f in shown:
         where = f"  [{f.window}]" if f.window else ""
@@ -52,6 +56,54 @@ def console_report(summary: EpochSummary, findings: Sequence[Finding], *, verbos
             lines.append(f"  {'':<8} {'':<{width}}  evidence: {f.evidence}")
         lines.append(f"  {'':<8} {'':<{width}}  -> {f.advice}")
     return "\n".join(lines)
+
+
+_RANK_COLUMNS = ("rank", "step p50", "step p90", "step max", "data wait", "samples/s", "comm exposed", "host peak")
+
+
+def _rank_cells(r: RankSummary) -> list[str]:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1e3:.2f} ms"
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0%}"
+
+    return [
+        str(r.rank),
+        ms(r.step_time_p50),
+        ms(r.step_time_p90),
+        ms(r.step_time_max),
+        pct(r.data_wait_fraction),
+        "-" if r.throughput is None else f"{r.throughput:,.0f}",
+        pct(r.communication_share),
+        "-" if r.host_rss_peak is None else f"{r.host_rss_peak / 2**20:,.0f} MiB",
+    ]
+
+
+def ranks_table(ranks: Sequence[RankSummary]) -> list[str]:
+    """The per-rank table as aligned text lines (empty for a single process)."""
+    if not ranks:
+        return []
+    rows = [list(_RANK_COLUMNS), *(_rank_cells(r) for r in ranks)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_RANK_COLUMNS))]
+    return ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+
+
+def ranks_markdown(summary: EpochSummary, ranks: Sequence[RankSummary]) -> str:
+    """The per-rank table of a distributed epoch as markdown; the slowest rank's median step in bold."""
+    slowest = max((r for r in ranks if r.step_time_p50 is not None), key=lambda r: r.step_time_p50, default=None)
+    lines = [
+        f"**{summary.stage} epoch {summary.epoch}**, every rank:",
+        "",
+        "| " + " | ".join(_RANK_COLUMNS) + " |",
+        "|" + "---:|" * len(_RANK_COLUMNS),
+    ]
+    for r in ranks:
+        cells = _rank_cells(r)
+        if r is slowest and len(ranks) > 1:
+            cells[1] = f"**{cells[1]}**"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def findings_markdown(summary: EpochSummary, findings: Sequence[Finding]) -> str:

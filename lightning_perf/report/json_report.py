@@ -12,7 +12,8 @@ whenever it is read, even after an interrupted run. Its schema (``version`` 1):
       "generated_by": "lightning-perf <version>",
       "run": {torch, lightning, device, device_name, world_size, precision, strategy,
               dataloaders: {<stage>: {num_workers, pin_memory, persistent_workers, batch_size}}},
-      "stages": {<stage>: {"epochs": [{<EpochSummary fields>, "findings": [<Finding fields>, ...]}, ...]}},
+      "stages": {<stage>: {"epochs": [{<EpochSummary fields>, "findings": [<Finding fields>, ...],
+                                       "ranks": [<RankSummary fields>, ...]}, ...]}},
       "windows": [{<WindowRecord fields but operators>, "summary": {<TraceSummary fields>}}, ...]
     }
 
@@ -28,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from lightning_perf.diagnose.model import Finding
-from lightning_perf.records import EpochSummary, WindowRecord
+from lightning_perf.records import EpochSummary, RankSummary, WindowRecord
 
 SCHEMA_VERSION = 1
 REPORT_FILENAME = "perf_report.json"
@@ -41,13 +42,16 @@ def report_dict(
     epochs: Iterable[EpochSummary],
     windows: Iterable[WindowRecord],
     findings: Mapping[tuple[str, int], Sequence[Finding]] | None = None,
+    ranks: Mapping[tuple[str, int], Sequence[RankSummary]] | None = None,
 ) -> dict[str, Any]:
-    """The report as plain JSON-ready data; ``findings`` by ``(stage, epoch)``."""
-    findings = findings or {}
+    """The report as plain JSON-ready data; ``findings`` and ``ranks`` (the per-rank table of a distributed
+    run) by ``(stage, epoch)``."""
+    findings, ranks = findings or {}, ranks or {}
     stages: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for summary in epochs:
         entry = dataclasses.asdict(summary)
         entry["findings"] = [dataclasses.asdict(f) for f in findings.get((summary.stage, summary.epoch), ())]
+        entry["ranks"] = [dataclasses.asdict(r) for r in ranks.get((summary.stage, summary.epoch), ())]
         stages.setdefault(summary.stage, {"epochs": []})["epochs"].append(entry)
     return {
         "version": SCHEMA_VERSION,

@@ -332,7 +332,13 @@ def summarize_trace(trace: dict[str, Any], *, window: str) -> TraceSummary:
     main, step_spans = _main_thread(scan)
     steps = _Steps.of(step_spans) if step_spans else _Steps.whole(scan)
     host = sorted(scan.host.get(main, ()), key=lambda span: (span[0], -span[1]))
-    host_op_time = steps.time(_union([(start, end) for start, end, _, _ in host]))
+    host_ops = _union([(start, end) for start, end, _, _ in host])
+    host_op_time = steps.time(host_ops)
+    # Host collectives (gloo, or nccl's host side) run on the process group's threads while the main thread
+    # waits without a span of its own (in DDP's reducer, inside the optimizer's closure): that wait is
+    # communication, neither the optimizer's update nor framework time.
+    collectives = _union(scan.collectives)
+    waiting = steps.time(_subtract(collectives, host_ops))
     top_level = _top_level_ops(host)
     update_parts = _optimizer_update_parts(scan, steps)
     update_ops, multi_tensor = _update_ops(host, top_level, update_parts)
@@ -348,11 +354,11 @@ def summarize_trace(trace: dict[str, Any], *, window: str) -> TraceSummary:
         step_time=step_time,
         dataloader_time=steps.time(_union(scan.dataloader)),
         optimizer_time=steps.time(_union([(start, end) for start, end, _, _ in scan.optimizer])),
-        optimizer_update_time=steps.time(update_parts),
+        optimizer_update_time=steps.time(_subtract(update_parts, collectives)),
         optimizer_update_ops=steps.per_step(update_ops),
         optimizer_foreach=multi_tensor if optimizers else None,
         host_op_time=host_op_time,
-        framework_time=max(step_time - host_op_time, 0.0),
+        framework_time=max(step_time - host_op_time - waiting, 0.0),
         ops_per_step=steps.per_step(_count_inside(sorted(scan.op_starts), steps.ranges)),
         median_op_time=_median([end - start for start, end, _ in top_level if steps.hold(start)]) * _US,
         **(_device_fields(scan, steps) if scan.device else {}),

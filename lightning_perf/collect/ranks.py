@@ -1,0 +1,61 @@
+"""
+Cross-rank summaries
+====================
+
+Each rank's epoch summary, packed into one small tensor and gathered to every rank through the
+strategy's own collective (``trainer.strategy.all_gather``): one collective per stage epoch, none per
+batch. Every rank calls it at every epoch end, whatever happened to its own measurements (a rank that
+measured nothing sends NaNs), so that no rank is left waiting in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import lightning.pytorch as pl
+import torch
+
+from lightning_perf.records import EpochSummary, RankSummary, TraceSummary
+
+FIELDS = tuple(f.name for f in dataclasses.fields(RankSummary) if f.name != "rank")
+
+
+def rank_values(summary: EpochSummary | None, windows: Sequence[TraceSummary]) -> list[float]:
+    """This rank's numbers for :data:`FIELDS`, NaN where unknown."""
+    shares = [
+        w.communication_exposed_time / w.step_time
+        for w in windows
+        if w.communication_exposed_time is not None and w.step_time > 0
+    ]
+    values = {
+        "communication_share": max(shares) if shares else None,
+        **(
+            {name: getattr(summary, name) for name in FIELDS if hasattr(summary, name)}
+            if summary is not None and summary.batches
+            else {}
+        ),
+    }
+    return [math.nan if values.get(name) is None else float(values[name]) for name in FIELDS]
+
+
+def gather_ranks(trainer: pl.Trainer, values: Sequence[float]) -> tuple[RankSummary, ...]:
+    """Every rank's values, by global rank (a collective: every rank must call it)."""
+    tensor = torch.tensor(list(values), dtype=torch.float64, device=trainer.strategy.root_device)
+    gathered = trainer.strategy.all_gather(tensor)
+    rows = gathered.reshape(-1, len(FIELDS)).cpu().tolist()
+    return tuple(
+        RankSummary(rank=rank, **{name: (None if math.isnan(v) else v) for name, v in zip(FIELDS, row)})
+        for rank, row in enumerate(rows)
+    )
+
+
+def rank_work_times(ranks: Sequence[RankSummary]) -> dict[int, float]:
+    """Each rank's own work per step: its median step less the share it waited in collectives (from its
+    windows; without them, its median step)."""
+    return {
+        r.rank: r.step_time_p50 * (1 - (r.communication_share or 0.0))
+        for r in ranks
+        if r.step_time_p50 is not None
+    }
