@@ -707,6 +707,11 @@ def test_rank_straggler_ignores_an_excess_too_small_to_cost_the_step():
     assert run("rank_straggler", quiet, rank_straggler_cost=0.04) is not None
 
 
+def test_rank_straggler_is_about_training_steps_only():
+    validation = ctx(epoch(stage="validate"), facts=facts(world_size=2), rank_step_times={0: 0.01, 1: 0.03})
+    assert run("rank_straggler", validation) is None
+
+
 def test_rank_straggler_needs_several_ranks():
     assert run("rank_straggler", ctx(rank_step_times={0: 0.05})) is None
     assert run("rank_straggler", ctx(rank_step_times=None)) is None

@@ -77,7 +77,7 @@ def rank_straggler(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     """One rank's steps are slower than the others', and every rank waits for it.
 
     Notes:
-        1. Only for distributed runs with per-rank step times (``StageEpoch.rank_step_times``: each rank's
+        1. Only for training epochs of distributed runs with per-rank step times (``StageEpoch.rank_step_times``: each rank's
            median step minus the share it spent waiting in collectives, its own work; under DDP every
            rank's step lasts as long as the slowest rank's, so the slow rank is the one that waits least).
         2. Measures the slowest rank's time / the median over ranks.
@@ -85,7 +85,9 @@ def rank_straggler(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            the step (the median step of this rank, which under DDP is every rank's), naming the rank.
     """
     ranks = ctx.rank_step_times
-    if not ranks or len(ranks) < 2:
+    if ctx.stage != "train" or not ranks or len(ranks) < 2:
+        # Only training synchronizes the ranks at every step (the gradient all-reduce); in the other stages a
+        # rank's steps do not wait for the others', so per-step differences cost nothing until the epoch's end.
         return None
     median = statistics.median(ranks.values())
     slow, slowest = max(ranks.items(), key=lambda item: (item[1], -item[0]))
