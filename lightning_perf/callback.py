@@ -36,7 +36,15 @@ from lightning_perf.collect.profiler import ProfilerWindow, WindowState, torch_p
 from lightning_perf.collect.ranks import gather_ranks, rank_values, rank_work_times
 from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, run_info, stage_dataloaders
 from lightning_perf.collect.steps import StepClock
-from lightning_perf.config import DEFAULT_MAX_WINDOWS, STAGES, PerfConfig, Schedule, SortKey, Stage
+from lightning_perf.config import (
+    DEFAULT_MAX_TRACE_MB,
+    DEFAULT_MAX_WINDOWS,
+    STAGES,
+    PerfConfig,
+    Schedule,
+    SortKey,
+    Stage,
+)
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.records import EpochSummary, RankSummary, WindowRecord
@@ -52,6 +60,21 @@ from lightning_perf.summarize.steps import summarize_epoch
 from lightning_perf.summarize.trace import operator_stats, summarize_trace
 
 OPERATORS_TAG = "perf/operators/{stage}"
+STRICT_ENV = "LIGHTNING_PERF_STRICT"
+
+
+STATE_VERSION = 1
+
+
+def _restore(cls: Any, values: dict[str, Any]) -> Any:
+    """A record from a checkpoint's plain values, ignoring keys the record no longer has."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{key: value for key, value in values.items() if key in names})
+
+
+def _strict_from_environment() -> bool:
+    return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
+
 FINDINGS_TAG = "perf/findings/{stage}"
 RANKS_TAG = "perf/ranks/{stage}"
 
@@ -106,6 +129,10 @@ class PerfCallback(Callback):
             warning and critical findings with their advice, ``2`` also info findings and all evidence.
         ranks: The global ranks that record profiler windows (default: all). Every rank measures its
             batches and joins the per-epoch cross-rank summary either way.
+        max_trace_mb: The most a window's trace may hold, in MB of (uncompressed) JSON; a larger one keeps
+            its first steps that fit, with a warning.
+        strict: Re-raise a failure of our own collection or reporting instead of warning once and going on.
+            Default (``None``): the environment variable ``LIGHTNING_PERF_STRICT`` (``1`` = strict), else off.
 
     Raises:
         ValueError: At construction, listing every invalid argument with its value and what is allowed.
@@ -147,6 +174,8 @@ class PerfCallback(Callback):
         thresholds: dict[str, float] | None = None,
         verbose: int = 1,
         ranks: Sequence[int] | None = None,
+        max_trace_mb: float = DEFAULT_MAX_TRACE_MB,
+        strict: bool | None = None,
     ) -> None:
         self.config = PerfConfig.build(
             schedule=schedule,
@@ -166,8 +195,11 @@ class PerfCallback(Callback):
             thresholds=thresholds,
             verbose=verbose,
             ranks=ranks,
+            max_trace_mb=max_trace_mb,
+            strict=strict,
         )
         self._plan = make_plan(self.config)
+        self._strict = self.config.strict if self.config.strict is not None else _strict_from_environment()
         if self.config.schedule.warmup == 0:
             rank_zero_warn(
                 "PerfCallback: schedule.warmup=0: the first recorded batch of each window will carry the"
@@ -198,6 +230,7 @@ class PerfCallback(Callback):
         self._ranks: dict[tuple[str, int], tuple[RankSummary, ...]] = {}
         self._staged: list[tuple[str, str]] = []  # (written, final) trace paths, published at epoch ends
         self._world_size = 1
+        self._report_file: str | None = None
         self._validation_in_train_epoch: list[EpochSummary] = []
 
     @property
@@ -218,7 +251,49 @@ class PerfCallback(Callback):
 
     @property
     def report_path(self) -> str | None:
-        return None if self.dirpath is None else os.path.join(self.dirpath, REPORT_FILENAME)
+        """Where ``perf_report.json`` goes: ``perf_report-1.json``, ... when another run's is already there."""
+        return None if self.dirpath is None or self._report_file is None else os.path.join(self.dirpath, self._report_file)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @property
+    @override
+    def state_key(self) -> str:
+        # Two PerfCallbacks with different stages or output directories keep separate state in a checkpoint.
+        return self._generate_state_key(stages=self.config.stages, dirpath=self.config.dirpath)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """Plain values only: where each stage is, and the history the report keeps."""
+        return {
+            "version": STATE_VERSION,
+            "stages": {
+                stage: {"epoch": st.epoch, "total_batches": st.total_batches, "windows_used": st.windows_used}
+                for stage, st in self._stages.items()
+            },
+            "epochs": [dataclasses.asdict(e) for e in self.epochs],
+            "windows": [
+                {f.name: getattr(w, f.name) for f in dataclasses.fields(w) if f.name not in ("operators", "summary")}
+                for w in self.windows
+            ],
+            "findings": [dataclasses.asdict(f) for found in self._findings.values() for f in found],
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s values; tolerates keys a different version wrote or left out."""
+        for stage, saved in state_dict.get("stages", {}).items():
+            if stage in self._stages:
+                st = self._stages[stage]
+                st.epoch = int(saved.get("epoch", st.epoch))
+                st.total_batches = int(saved.get("total_batches", st.total_batches))
+                st.windows_used = int(saved.get("windows_used", st.windows_used))
+        self.epochs = [_restore(EpochSummary, e) for e in state_dict.get("epochs", [])]
+        self.windows = [_restore(WindowRecord, w) for w in state_dict.get("windows", [])]
+        self._findings = {}
+        for f in state_dict.get("findings", []):
+            finding = _restore(Finding, f)
+            self._findings.setdefault((finding.stage, finding.epoch), []).append(finding)
 
     # ------------------------------------------------------------------ setup and teardown
 
@@ -244,6 +319,8 @@ class PerfCallback(Callback):
             raise MisconfigurationException(
                 f"PerfCallback cannot write its output directory dirpath={self.dirpath!r}: {err}"
             ) from err
+        if self._report_file is None or not os.path.exists(os.path.join(self.dirpath, self._report_file)):
+            self._report_file = layout.unused_name(self.dirpath, REPORT_FILENAME)
         logger = trainer.loggers[0] if trainer.loggers else None
         if isinstance(logger, (TensorBoardLogger, CSVLogger)):
             self.tensorboard_logdir = logger.root_dir
@@ -274,8 +351,11 @@ class PerfCallback(Callback):
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Interrupted (an exception, Ctrl-C): save what is open, so the traces and the report stay valid.
         self._close_window_safely()
         self._safely("a", self._publish_staged)
+        if trainer.is_global_zero and self.report_path is not None:
+            self._safely("a", write_json_atomically, self.report, self.report_path)
 
     # ------------------------------------------------------------------ stage hooks
 
@@ -285,6 +365,9 @@ class PerfCallback(Callback):
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if batch_idx != self._stages["train"].batch and "train" in self.config.stages:
+            # Resumed from a mid-epoch checkpoint: Lightning continues the epoch without on_train_epoch_start.
+            self._epoch_start("train", trainer, trainer.current_epoch, trainer.num_training_batches, batch_idx)
         self._batch_start("train", batch)
 
     @override
@@ -413,11 +496,13 @@ class PerfCallback(Callback):
         epoch = self._stages[stage].epoch + 1
         self._epoch_start(stage, trainer, epoch, sum(num_batches))
 
-    def _epoch_start(self, stage: str, trainer: pl.Trainer, epoch: int, num_batches: float) -> None:
+    def _epoch_start(
+        self, stage: str, trainer: pl.Trainer, epoch: int, num_batches: float, first_batch: int = 0
+    ) -> None:
         if stage not in self.config.stages:
             return
         st = self._stages[stage]
-        st.epoch, st.batch, st.num_batches, st.windows_this_epoch = epoch, 0, num_batches, 0
+        st.epoch, st.batch, st.num_batches, st.windows_this_epoch = epoch, first_batch, num_batches, 0
         self._safely(stage, self._start_measuring, stage, st, trainer)
         self._safely(stage, self._before_batch, stage, st, trainer)
         st.clock.epoch_start()
@@ -628,6 +713,8 @@ class PerfCallback(Callback):
         )
 
     def _rule_failed(self, rule_id: str, err: Exception) -> None:
+        if self._strict:
+            raise err
         self._warn_once(
             f"rule:{rule_id}", f"PerfCallback: the {rule_id} rule failed ({type(err).__name__}: {err}); it is skipped."
         )
@@ -730,8 +817,18 @@ class PerfCallback(Callback):
         else:
             written = trace_path
         trace = window.save(
-            written, tensorboard_compat=self.config.tensorboard_compat, compress=trace_path.endswith(".gz")
+            written,
+            tensorboard_compat=self.config.tensorboard_compat,
+            compress=trace_path.endswith(".gz"),
+            max_bytes=int(self.config.max_trace_mb * 2**20),
         )
+        if window.cut_to is not None:
+            self._warn_once(
+                f"cut:{stage}",
+                f"PerfCallback: a {stage} window's trace was larger than max_trace_mb={self.config.max_trace_mb:g};"
+                f" it keeps its first {window.cut_to} step(s). Record fewer batches (`schedule.active`), or raise"
+                " `max_trace_mb`.",
+            )
         record = WindowRecord(
             stage=stage,
             epoch=self._window_epoch,
@@ -765,7 +862,10 @@ class PerfCallback(Callback):
             self._fail(stage, err)
 
     def _fail(self, stage: str, err: Exception) -> None:
-        """Our own collection or reporting failed: drop the stage's window, say so once, let training go on."""
+        """Our own collection or reporting failed: drop the stage's window, say so once, let training go on
+        (or re-raise, when ``strict``)."""
+        if self._strict:
+            raise err
         window = None
         if self._window_stage == stage:
             window, self._window, self._window_stage = self._window, None, None

@@ -35,6 +35,11 @@ SORT_KEYS: tuple[str, ...] = SortKey.__args__  # type: ignore[attr-defined]
 # hundreds of MB at worst, while still covering the first epochs, where most set-up problems show.
 DEFAULT_MAX_WINDOWS = 5
 
+# Default cap on one window's trace, in MB of uncompressed JSON (about a tenth of that gzipped). A 3-batch
+# window of a large model on a busy GPU is tens of MB; 256 leaves room for longer windows and stacks while
+# keeping every trace openable in TensorBoard's trace viewer and Perfetto (both load the whole file).
+DEFAULT_MAX_TRACE_MB = 256.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class Schedule:
@@ -141,6 +146,8 @@ class PerfConfig:
     thresholds: Thresholds = field(default_factory=Thresholds)
     verbose: int = 1
     ranks: tuple[int, ...] | None = None
+    max_trace_mb: float = DEFAULT_MAX_TRACE_MB
+    strict: bool | None = None
 
     @classmethod
     def build(cls, **kwargs: Any) -> PerfConfig:
@@ -228,6 +235,14 @@ class PerfConfig:
                 else:
                     ranks = tuple(sorted(set(ranks)))
 
+        max_trace_mb = kwargs.get("max_trace_mb", DEFAULT_MAX_TRACE_MB)
+        if isinstance(max_trace_mb, bool) or not isinstance(max_trace_mb, (int, float)) or not max_trace_mb > 0:
+            problems.append(f"max_trace_mb={max_trace_mb!r}: must be a number of MB > 0")
+
+        strict = kwargs.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            problems.append(f"strict={strict!r}: must be True, False or None (from the environment)")
+
         sort_by = kwargs["sort_by"]
         if sort_by is not None and sort_by not in SORT_KEYS:
             problems.append(f"sort_by={sort_by!r}: must be None (automatic) or one of {list(SORT_KEYS)}")
@@ -252,6 +267,8 @@ class PerfConfig:
             thresholds=thresholds,
             verbose=verbose,
             ranks=ranks,
+            max_trace_mb=float(max_trace_mb) if not problems else DEFAULT_MAX_TRACE_MB,
+            strict=strict,
         )
 
 

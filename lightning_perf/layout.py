@@ -43,6 +43,16 @@ def operators_filename(global_rank: int) -> str:
     return worker_name(global_rank) + OPERATORS_SUFFIX
 
 
+def unused_name(parent: str, filename: str) -> str:
+    """``filename``, or ``stem-1.ext``, ``stem-2.ext``... if ``parent`` already holds a file of that name."""
+    stem, ext = os.path.splitext(filename)
+    name, n = filename, 0
+    while os.path.exists(os.path.join(parent, name)):
+        n += 1
+        name = f"{stem}-{n}{ext}"
+    return name
+
+
 def unique_dir(parent: str, name: str) -> str:
     """``parent/name``, or ``parent/name-1``, ``-2``... if a directory of that name exists already."""
     path = os.path.join(parent, name)

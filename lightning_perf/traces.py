@@ -27,6 +27,7 @@ This module imports neither torch nor lightning.
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import os
@@ -111,6 +112,25 @@ def _step_number(event: dict[str, Any]) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def cut_to_fraction(trace: dict[str, Any], fraction: float) -> int:
+    """Keeps, in place, the first whole steps holding at most ``fraction`` of the trace's events (at least
+    one step), and the events before the first step; returns how many steps are kept."""
+    steps = sorted(profiler_steps(trace), key=lambda step: step[1])
+    events = trace.get("traceEvents", [])
+    if not steps:
+        return 0
+    budget = max(int(len(events) * fraction), 1)
+    starts = sorted(float(e["ts"]) for e in events if isinstance(e.get("ts"), (int, float)))
+    kept, end = 1, steps[0][2]
+    for number, (_, _, step_end) in enumerate(steps[1:], start=2):
+        if bisect.bisect_right(starts, step_end) > budget:
+            break
+        kept, end = number, step_end
+    trace["traceEvents"] = [e for e in events if not isinstance(e.get("ts"), (int, float)) or float(e["ts"]) <= end]
+    trace.setdefault(METADATA_KEY, {})["cut_to_steps"] = kept
+    return kept
 
 
 def profiler_steps(trace: dict[str, Any]) -> Iterator[tuple[int, float, float]]:

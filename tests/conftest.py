@@ -1,3 +1,4 @@
+import os
 import pathlib
 
 import pytest
@@ -17,3 +18,8 @@ def gpu_trace():
         return path
 
     return get
+
+
+# Our own failures re-raise in the test suite instead of being warned about and skipped (PerfCallback's
+# `strict`), so that a bug of ours cannot hide behind the fail-safe. Tests of the fail-safe pass strict=False.
+os.environ.setdefault("LIGHTNING_PERF_STRICT", "1")

@@ -27,7 +27,7 @@ class Tuned(TinyModel):
     def __init__(self, **kwargs):
         super().__init__(width=1024, depth=4, **kwargs)
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(1024, 16, generator=g)
+        x = torch.randn(2048, 16, generator=g)
         self.data = TensorDataset(x, (x.sum(1, keepdim=True) > 0).float())
 
     def configure_optimizers(self):
@@ -81,7 +81,7 @@ class HeavyValidation(Tuned):
 
 def test_a_heavy_validation_set_is_validation_heavy(tmp_path):
     callback = PerfCallback(schedule=WINDOW)
-    trainer(tmp_path, [callback], limit_train_batches=6).fit(HeavyValidation())
+    trainer(tmp_path, [callback], limit_train_batches=10).fit(HeavyValidation())
     assert "validation_heavy" in _ids(callback, "train")
 
 

@@ -170,7 +170,9 @@ def test_a_failure_in_our_own_output_warns_once_and_training_goes_on(tmp_path):
     # A file where the first two windows' directories should go: writing their traces fails for real.
     for name in ("train-epoch000-batches0001-0001", "train-epoch001-batches0001-0001"):
         (dirpath / name).write_text("in the way")
-    callback = PerfCallback(schedule={"skip_first": 0, "active": 1, "repeat": 2}, stages=["train"], dirpath=str(dirpath))
+    callback = PerfCallback(
+        schedule={"skip_first": 0, "active": 1, "repeat": 2}, stages=["train"], dirpath=str(dirpath), strict=False
+    )
     t = trainer(tmp_path, [callback], max_epochs=2)
     with pytest.warns(UserWarning, match=r"measuring the train stage failed \(FileExistsError") as caught:
         t.fit(TinyModel(n=16))
@@ -203,3 +205,23 @@ def test_an_exception_inside_a_window_still_leaves_a_valid_trace(tmp_path):
     [window] = callback.windows
     assert window.shortened and (window.first_batch, window.last_batch) == (2, 3)
     assert steps(load(window.trace_path)) == [2, 3]  # valid JSON, with the batch that raised
+
+
+def test_strict_re_raises_our_own_failure(tmp_path):
+    dirpath = tmp_path / "perf"
+    dirpath.mkdir()
+    (dirpath / "train-epoch000-batches0001-0001").write_text("in the way")
+    callback = PerfCallback(schedule={"skip_first": 0, "active": 1}, stages=["train"], dirpath=str(dirpath), strict=True)
+    with pytest.raises(FileExistsError):
+        trainer(tmp_path, [callback]).fit(TinyModel(n=16))
+
+
+def test_a_trace_over_max_trace_mb_keeps_its_first_steps_with_a_warning(tmp_path):
+    callback = PerfCallback(schedule={"skip_first": 1, "warmup": 1, "active": 6}, stages=["train"], max_trace_mb=0.05)
+    with pytest.warns(UserWarning, match=r"larger than max_trace_mb=0.05; it keeps its first \d step"):
+        trainer(tmp_path, [callback]).fit(TinyModel(n=48))
+    [window] = callback.windows
+    trace = load(window.trace_path)
+    kept = steps(trace)
+    assert 1 <= len(kept) < 6 and kept == list(range(2, 2 + len(kept)))
+    assert trace["lightning_perf"]["cut_to_steps"] == len(kept)

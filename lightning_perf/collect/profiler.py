@@ -82,6 +82,7 @@ class ProfilerWindow:
         self._span: Any = None
         self._span_batch: int | None = None
         self.ran: set[int] = set()  # batches that really ran while the window recorded
+        self.cut_to: int | None = None  # steps kept when the trace was cut to its size limit
 
     @property
     def recorded(self) -> list[int]:
@@ -152,9 +153,12 @@ class ProfilerWindow:
         self._profiler.stop_trace()
         self.state = WindowState.STOPPED
 
-    def save(self, path: str, *, tensorboard_compat: bool, compress: bool | None = None) -> dict[str, Any]:
+    def save(
+        self, path: str, *, tensorboard_compat: bool, compress: bool | None = None, max_bytes: int | None = None
+    ) -> dict[str, Any]:
         """Writes the trace of a stopped window to ``path``, atomically, gzipped if ``compress`` (default: if
-        ``path`` ends in ``.gz``); returns it."""
+        ``path`` ends in ``.gz``); returns it. A trace whose JSON export is over ``max_bytes`` keeps its first
+        steps that fit (:attr:`cut_to` says how many)."""
         self._expect(WindowState.STOPPED)
         # torch's own export, to a temporary file outside the window directory (where a leftover would look
         # like one more trace to the tools that read it).
@@ -162,10 +166,13 @@ class ProfilerWindow:
         os.close(fd)
         try:
             self._profiler.export_chrome_trace(raw)
+            size = os.path.getsize(raw)
             trace = traces.read_trace(raw)
         finally:
             os.remove(raw)
         traces.keep_steps(trace, self.ran)
+        if max_bytes is not None and size > max_bytes:
+            self.cut_to = traces.cut_to_fraction(trace, max_bytes / size)
         if tensorboard_compat:
             traces.tensorboard_compatible(trace)
         traces.write_trace(trace, path, compress=compress)

@@ -27,6 +27,7 @@ from lightning_perf.diagnose.rules import (
     times,
 )
 from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.records import EpochSummary
 
 # Lightning's default `Trainer(log_every_n_steps=...)`: spikes with this period are most likely logging.
 LIGHTNING_LOG_EVERY_N_STEPS = 50
@@ -80,6 +81,13 @@ def optimizer_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     )
 
 
+def epoch_time(epoch: EpochSummary) -> float:
+    """An epoch's step time over all its batches: the profiled ones (left out of ``step_time``) counted at the
+    mean of the others."""
+    measured = epoch.batches - epoch.profiled_batches
+    return epoch.step_time * epoch.batches / measured if measured > 0 else epoch.step_time
+
+
 def validation_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     """Validation takes a large share of a training epoch.
 
@@ -90,8 +98,9 @@ def validation_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     """
     if ctx.stage != "train" or not ctx.validation:
         return None
-    val = sum(v.step_time for v in ctx.validation)
-    total = ctx.epoch.step_time + val
+    val = sum(epoch_time(v) for v in ctx.validation)
+    train = epoch_time(ctx.epoch)
+    total = train + val
     if total <= 0 or not reaches(val / total, t.validation):
         return None
     fraction = val / total
@@ -99,7 +108,7 @@ def validation_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     batches = sum(v.batches for v in ctx.validation)
     evidence = [
         f"validation {percent(fraction)} of the epoch's step time ({val:.2f} s in {runs} run{'s' if runs > 1 else ''}"
-        f" of {batches} batches, training {ctx.epoch.step_time:.2f} s) (warning >= {limit(t.validation)})"
+        f" of {batches} batches, training {train:.2f} s) (warning >= {limit(t.validation)})"
     ]
     advice = [
         "Validate less or faster: `Trainer(limit_val_batches=0.25)` uses a quarter of the validation set,"

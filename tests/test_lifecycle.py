@@ -1,0 +1,346 @@
+"""Trainer lifecycles around one PerfCallback, each on a real (tiny, CPU) Trainer run: several entry points on
+one trainer, several trainers in one process, fit called twice, fast_dev_run, max_steps, gradient
+accumulation, manual optimization, several validation dataloaders, short epochs, and runs that end in an
+exception or a KeyboardInterrupt while a window records."""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+from lightning.pytorch.trainer.states import TrainerStatus
+
+from kineto import events_in_step, load, op_names, steps
+from lightning_perf import PerfCallback
+from models import TinyModel, trainer
+
+WINDOW_2 = {"skip_first": 1, "warmup": 1, "active": 2}  # records batches 2, 3 of each epoch
+WINDOW_3 = {"skip_first": 1, "warmup": 1, "active": 3}  # records batches 2, 3, 4 of each epoch
+OPTIMIZER_STEP = "Optimizer.step#SGD.step"
+
+
+def _names(callback, stage=None):
+    return [w.name for w in callback.windows if stage is None or w.stage == stage]
+
+
+def _epochs(callback):
+    return [(e.stage, e.epoch) for e in callback.epochs]
+
+
+def _report(callback):
+    with open(callback.report_path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _check_traces(callback):
+    """Every window's trace exists, loads, holds exactly its recorded batches, and no two share a path."""
+    paths = [w.trace_path for w in callback.windows]
+    assert len(set(paths)) == len(paths), paths
+    for window in callback.windows:
+        assert os.path.isfile(window.trace_path), window
+        assert os.path.basename(os.path.dirname(window.trace_path)) == window.name
+        assert steps(load(window.trace_path)) == list(range(window.first_batch, window.last_batch + 1)), window
+
+
+def _trace_files(root):
+    return sorted(str(p) for p in root.rglob("*.pt.trace.json*"))
+
+
+def _per_step(trace, name):
+    """How many ``name`` events lie inside each ProfilerStep span, in step order."""
+    return [sum(e["name"] == name for e in events_in_step(trace, step)) for step in steps(trace)]
+
+
+# ------------------------------------------------------------------ several entry points, several trainers
+
+
+def test_fit_then_validate_test_predict_on_one_trainer(tmp_path):
+    callback = PerfCallback(schedule=WINDOW_2)  # every stage
+    t = trainer(tmp_path, [callback])
+    model = TinyModel(n=16, val_n=16)  # 4 batches in every stage
+    t.fit(model)
+    fit_windows = list(callback.windows)
+    t.validate(model)
+    t.test(model)
+    t.predict(model)
+
+    # The standalone validate() is validation run 1: it does not overwrite fit's validation run 0.
+    assert _names(callback) == [
+        "train-epoch000-batches0002-0003",  # saved at train batch 3, before the epoch's validation run
+        "validate-epoch000-batches0002-0003",
+        "validate-epoch001-batches0002-0003",
+        "test-epoch000-batches0002-0003",
+        "predict-epoch000-batches0002-0003",
+    ]
+    assert callback.windows[: len(fit_windows)] == fit_windows
+    assert len({os.path.dirname(w.trace_path) for w in callback.windows}) == 5
+    _check_traces(callback)
+    assert _epochs(callback) == [("validate", 0), ("train", 0), ("validate", 1), ("test", 0), ("predict", 0)]
+    assert all(e.batches == 4 for e in callback.epochs)
+
+    # Each trace holds only its own stage's marker op (sin/cos/tan/exp), 2 recorded batches of it.
+    markers = {"train": "aten::sin", "validate": "aten::cos", "test": "aten::tan", "predict": "aten::exp"}
+    for window in callback.windows:
+        names = op_names(load(window.trace_path))
+        assert {op: names[op] for op in markers.values()} == {
+            op: (2 if stage == window.stage else 0) for stage, op in markers.items()
+        }, window.name
+
+    # All four entry points share one output directory and one report, which lists everything.
+    assert callback.dirpath == str(tmp_path / "lightning_logs" / "version_0" / "perf")
+    assert os.path.basename(callback.report_path) == "perf_report.json"
+    assert sorted(p.name for p in tmp_path.rglob("perf_report*.json")) == ["perf_report.json"]
+    report = _report(callback)
+    assert [w["name"] for w in report["windows"]] == _names(callback)
+    assert set(report["stages"]) == {"train", "validate", "test", "predict"}
+    assert [e["epoch"] for e in report["stages"]["validate"]["epochs"]] == [0, 1]
+
+
+def test_two_trainers_in_one_process_each_with_its_own_callback(tmp_path):
+    results = []
+    for name in ("first", "second"):
+        root = tmp_path / name
+        callback = PerfCallback(schedule=WINDOW_2, stages=["train", "validate"])
+        trainer(root, [callback]).fit(TinyModel(n=16, val_n=16))
+        results.append((root, callback))
+
+    for root, callback in results:
+        assert _names(callback) == ["train-epoch000-batches0002-0003", "validate-epoch000-batches0002-0003"]
+        assert _epochs(callback) == [("validate", 0), ("train", 0)]
+        _check_traces(callback)
+        assert callback.dirpath == str(root / "lightning_logs" / "version_0" / "perf")
+        assert all(w.trace_path.startswith(str(root) + os.sep) for w in callback.windows)
+        assert _trace_files(root) == sorted(w.trace_path for w in callback.windows)
+        assert [w["name"] for w in _report(callback)["windows"]] == _names(callback)
+
+
+def test_fit_twice_on_one_trainer_keeps_the_first_fits_windows(tmp_path):
+    callback = PerfCallback(schedule=WINDOW_2, stages=["train", "validate"])
+    t = trainer(tmp_path, [callback])
+    model = TinyModel(n=16, val_n=16)
+    t.fit(model)
+    first = list(callback.windows)
+    t.fit_loop.max_epochs = 2
+    t.fit(model)  # Lightning resumes its fit loop: epoch 1 only
+    assert t.current_epoch == 2 and t.global_step == 8
+
+    assert callback.windows[: len(first)] == first
+    assert _names(callback) == [
+        "train-epoch000-batches0002-0003",
+        "validate-epoch000-batches0002-0003",
+        "train-epoch001-batches0002-0003",
+        "validate-epoch001-batches0002-0003",
+    ]
+    _check_traces(callback)  # no two windows share a trace path, every trace is there
+    assert _trace_files(tmp_path) == sorted(w.trace_path for w in callback.windows)
+    assert _epochs(callback) == [("validate", 0), ("train", 0), ("validate", 1), ("train", 1)]
+    assert [w["name"] for w in _report(callback)["windows"]] == _names(callback)
+
+
+@pytest.mark.parametrize(
+    "schedule, expected",
+    [
+        (None, []),  # the default schedule needs 9 batches: fast_dev_run's 1 batch gets none
+        (
+            {"skip_first": 0, "warmup": 0, "active": 1},
+            ["train-epoch000-batches0000-0000", "validate-epoch000-batches0000-0000", "test-epoch000-batches0000-0000"],
+        ),
+    ],
+    ids=["default-schedule", "one-batch-schedule"],
+)
+@pytest.mark.filterwarnings("ignore:PerfCallback. schedule.warmup=0")
+def test_fast_dev_run(tmp_path, monkeypatch, recwarn, schedule, expected):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # anything written relative to the working directory would land here
+    root = tmp_path / "root"
+    callback = PerfCallback(schedule=schedule, stages=["train", "validate", "test"])
+    t = trainer(root, [callback], fast_dev_run=True)
+    model = TinyModel(n=16, val_n=16)
+    t.fit(model)
+    t.test(model)
+
+    assert _names(callback) == expected
+    _check_traces(callback)
+    assert _epochs(callback) == [("validate", 0), ("train", 0), ("test", 0)]
+    assert all(e.batches == 1 for e in callback.epochs)
+    # fast_dev_run replaces the loggers by a DummyLogger: the output goes to <default_root_dir>/perf.
+    assert callback.dirpath == str(root / "perf")
+    report = _report(callback)
+    assert [w["name"] for w in report["windows"]] == expected
+    assert list(cwd.iterdir()) == []
+    assert {p.relative_to(root).parts[0] for p in root.rglob("*")} == {"perf"}
+    assert _trace_files(root) == sorted(w.trace_path for w in callback.windows)
+    short = [w for w in recwarn if "too few for the schedule" in str(w.message)]
+    assert len(short) == (3 if not expected else 0)  # once per stage
+
+
+# ------------------------------------------------------------------ how a training epoch is cut and counted
+
+
+def test_max_steps_stopping_inside_a_window_saves_it_shortened(tmp_path):
+    callback = PerfCallback(schedule={"skip_first": 1, "warmup": 1, "active": 5}, stages=["train"])
+    t = trainer(tmp_path, [callback], max_steps=4, limit_val_batches=0)
+    with pytest.warns(UserWarning, match="train window was cut short"):
+        t.fit(TinyModel(n=64))  # 16 batches per epoch; the run stops after batch 3
+    assert t.global_step == 4
+    [window] = callback.windows
+    assert window.name == "train-epoch000-batches0002-0003" and window.shortened
+    trace = load(window.trace_path)
+    assert steps(trace) == [2, 3]
+    assert op_names(trace)["aten::sin"] == 2
+    [epoch] = callback.epochs
+    assert (epoch.stage, epoch.batches, epoch.profiled_batches) == ("train", 4, 3)  # warm-up 1 + recorded 2
+    assert [w["shortened"] for w in _report(callback)["windows"]] == [True]
+
+
+def test_gradient_accumulation_windows_count_micro_batches(tmp_path):
+    # A window counts batches (micro-batches), not optimizer steps: active=3 with accumulate_grad_batches=2
+    # records 3 batches = 1.5 optimizer steps, and each ProfilerStep span is one batch.
+    callback = PerfCallback(schedule=WINDOW_3, stages=["train"])
+    t = trainer(tmp_path, [callback], accumulate_grad_batches=2, limit_val_batches=0)
+    t.fit(TinyModel(n=32))  # 8 batches, 4 optimizer steps (after batches 1, 3, 5, 7)
+    assert t.global_step == 4
+    [window] = callback.windows
+    assert window.name == "train-epoch000-batches0002-0004" and not window.shortened
+    trace = load(window.trace_path)
+    assert steps(trace) == [2, 3, 4]
+    assert _per_step(trace, "aten::sin") == [1, 1, 1]  # one forward per span
+    assert _per_step(trace, OPTIMIZER_STEP) == [0, 1, 0]  # the optimizer steps after odd batches only
+    for step in steps(trace):
+        inside = events_in_step(trace, step)
+        assert sum(e["name"].startswith("enumerate(DataLoader)#") for e in inside) == 1
+        assert any(e["name"].startswith("autograd::engine::evaluate_function") for e in inside)  # a backward
+    [epoch] = callback.epochs
+    assert epoch.batches == 8 and epoch.loss is not None
+
+
+class ManualOptimization(TinyModel):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = self._loss(batch, "train")
+        self.manual_backward(loss)
+        opt.step()
+        return loss
+
+
+def test_manual_optimization(tmp_path):
+    callback = PerfCallback(schedule=WINDOW_3, stages=["train"])
+    t = trainer(tmp_path, [callback], limit_val_batches=0)
+    t.fit(ManualOptimization(n=32))
+    assert t.global_step == 8
+    [window] = callback.windows
+    assert window.name == "train-epoch000-batches0002-0004"
+    trace = load(window.trace_path)
+    assert steps(trace) == [2, 3, 4]
+    assert _per_step(trace, "aten::sin") == [1, 1, 1]
+    assert _per_step(trace, OPTIMIZER_STEP) == [1, 1, 1]
+    [epoch] = callback.epochs
+    assert epoch.batches == 8 and epoch.loss is not None and epoch.loss > 0
+    assert _report(callback)["stages"]["train"]["epochs"][0]["loss"] == pytest.approx(epoch.loss)
+
+
+class TwoValidationLoaders(TinyModel):
+    def val_dataloader(self):
+        return [self._loader(12), self._loader(20)]  # 3 + 5 batches
+
+
+def test_several_validation_dataloaders_are_one_sequence_of_batches(tmp_path):
+    callback = PerfCallback(schedule=WINDOW_3, stages=["validate"])
+    trainer(tmp_path, [callback]).fit(TwoValidationLoaders(n=16))
+    # Batches 0-2 come from the first dataloader, 3-7 from the second: the window spans both.
+    assert _names(callback) == ["validate-epoch000-batches0002-0004"]
+    trace = load(callback.windows[0].trace_path)
+    assert steps(trace) == [2, 3, 4]
+    assert _per_step(trace, "aten::cos") == [1, 1, 1]
+    assert op_names(trace)["aten::sin"] == 0
+    [epoch] = callback.epochs
+    assert (epoch.stage, epoch.epoch, epoch.batches) == ("validate", 0, 8)
+    assert _report(callback)["stages"]["validate"]["epochs"][0]["batches"] == 8
+
+
+def test_limit_train_batches_below_the_schedule_gives_no_window_and_one_warning(tmp_path, recwarn):
+    callback = PerfCallback(schedule={"skip_first": 5}, stages=["train"])
+    t = trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=3, limit_val_batches=0)
+    t.fit(TinyModel(n=32))
+    assert t.global_step == 6
+    assert callback.windows == []
+    short = [w for w in recwarn if "too few for the schedule" in str(w.message)]
+    assert len(short) == 1
+    assert "train epoch had 3 batches" in str(short[0].message)
+    assert _trace_files(tmp_path) == []
+    assert _epochs(callback) == [("train", 0), ("train", 1)]
+    assert all(e.batches == 3 for e in callback.epochs)
+    assert _report(callback)["windows"] == []
+
+
+# ------------------------------------------------------------------ runs that end while a window records
+
+
+class RaisesInEpoch1(TinyModel):
+    """Raises ``error`` in training_step at batch 3 of epoch 1, inside the window recording batches 2-4."""
+
+    def __init__(self, error: BaseException, **kwargs):
+        super().__init__(**kwargs)
+        self.error = error
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)  # its aten::sin marker first
+        if self.current_epoch == 1 and batch_idx == 3:
+            raise self.error
+        return loss
+
+
+def _check_interrupted(callback, tmp_path):
+    assert _names(callback) == ["train-epoch000-batches0002-0004", "train-epoch001-batches0002-0003"]
+    interrupted = callback.windows[-1]
+    assert interrupted.shortened
+    _check_traces(callback)
+    with open(interrupted.trace_path, "rb") as f:
+        assert f.read(2) == b"\x1f\x8b"  # gzipped, whole (read_trace above parsed all of its JSON)
+    trace = load(interrupted.trace_path)
+    assert steps(trace) == [2, 3]  # the batch that raised is recorded, up to where it raised
+    assert op_names(trace)["aten::sin"] == 2
+    assert _trace_files(tmp_path) == sorted(w.trace_path for w in callback.windows)
+    assert not torch.autograd._profiler_enabled()  # no profiler left running in the process
+    # perf_report.json was first written at epoch 0's end; it still parses, and lists the window saved at
+    # the interruption too (on_exception rewrites it). The interrupted epoch has no summary: it never ended.
+    assert os.path.basename(callback.report_path) == "perf_report.json"
+    report = _report(callback)
+    assert [w["name"] for w in report["windows"]] == _names(callback)
+    assert [(e["stage"], e["epoch"]) for e in report["stages"]["train"]["epochs"]] == [("train", 0)]
+    assert _epochs(callback) == [("train", 0)]
+
+
+def test_an_exception_in_training_step_inside_a_window(tmp_path):
+    callback = PerfCallback(schedule=WINDOW_3, stages=["train"])
+    t = trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=0)
+    with pytest.raises(ValueError, match="boom"), pytest.warns(UserWarning, match="train window was cut short"):
+        t.fit(RaisesInEpoch1(ValueError("boom"), n=32))
+    assert t.state.status == TrainerStatus.INTERRUPTED
+    _check_interrupted(callback, tmp_path)
+
+
+def test_a_keyboard_interrupt_in_training_step_inside_a_window(tmp_path):
+    # What Lightning 2.6 does on a KeyboardInterrupt (lightning/pytorch/trainer/call.py,
+    # _call_and_handle_interrupt): it logs "Detected KeyboardInterrupt, attempting graceful shutdown ...",
+    # sets SIGINT to SIG_IGN for the rest of the process, calls every callback's on_exception (status
+    # INTERRUPTED), tears the trainer down (not the callbacks' teardown), and then calls sys.exit(1): fit
+    # raises SystemExit(1), not KeyboardInterrupt, and does not return.
+    callback = PerfCallback(schedule=WINDOW_3, stages=["train"])
+    t = trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=0)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as exit_info, pytest.warns(UserWarning, match="train window was cut short"):
+            t.fit(RaisesInEpoch1(KeyboardInterrupt(), n=32))
+    finally:
+        signal.signal(signal.SIGINT, handler)  # Lightning left Ctrl+C ignored
+    assert exit_info.value.code == 1
+    assert t.state.status == TrainerStatus.INTERRUPTED
+    _check_interrupted(callback, tmp_path)

@@ -1,0 +1,72 @@
+"""Resuming from checkpoints: finished windows are not repeated, numbering and max_windows continue, the
+report keeps its history; two PerfCallbacks keep separate state."""
+
+import json
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_perf import PerfCallback
+from models import TinyModel, trainer
+
+SCHEDULE = {"skip_first": 1, "warmup": 1, "active": 2}  # records batches 2-3 of each 8-batch epoch
+
+
+def _perf(**kw):
+    return PerfCallback(schedule=SCHEDULE, stages=["train"], **kw)
+
+
+def test_resuming_from_an_end_of_epoch_checkpoint_continues_windows_and_history(tmp_path):
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1)
+    first = _perf(max_windows=3)
+    trainer(tmp_path / "a", [first, checkpoints], max_epochs=2, enable_checkpointing=True).fit(TinyModel(n=32))
+    assert [w.name for w in first.windows] == ["train-epoch000-batches0002-0003", "train-epoch001-batches0002-0003"]
+
+    resumed = _perf(max_windows=3)
+    t = trainer(tmp_path / "b", [resumed], max_epochs=4)
+    t.fit(TinyModel(n=32), ckpt_path=str(tmp_path / "ckpt" / "epoch=1-step=16.ckpt"))
+    # Epochs 0 and 1 are not trained again; only one more window fits under max_windows=3.
+    assert [w.name for w in resumed.windows] == [
+        "train-epoch000-batches0002-0003",
+        "train-epoch001-batches0002-0003",
+        "train-epoch002-batches0002-0003",
+    ]
+    assert [(e.stage, e.epoch) for e in resumed.epochs] == [("train", 0), ("train", 1), ("train", 2), ("train", 3)]
+    report = json.loads(open(resumed.report_path).read())
+    assert [e["epoch"] for e in report["stages"]["train"]["epochs"]] == [0, 1, 2, 3]
+    assert len(report["windows"]) == 3
+
+
+def test_resuming_mid_epoch_does_not_repeat_a_finished_window(tmp_path):
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=5, save_top_k=-1)
+    first = _perf()
+    trainer(tmp_path / "a", [first, checkpoints], max_epochs=1, enable_checkpointing=True).fit(TinyModel(n=32))
+    mid = tmp_path / "ckpt" / "epoch=0-step=5.ckpt"  # after batch 4 of 8: the window (2-3) is done
+    assert mid.exists()
+
+    resumed = _perf()
+    trainer(tmp_path / "b", [resumed], max_epochs=2).fit(TinyModel(n=32), ckpt_path=str(mid))
+    assert [w.name for w in resumed.windows] == ["train-epoch000-batches0002-0003", "train-epoch001-batches0002-0003"]
+    # The resumed epoch 0 is measured from where it went on: batches 5, 6 and 7.
+    resumed_epoch0 = [e for e in resumed.epochs if e.epoch == 0][-1]
+    assert resumed_epoch0.batches == 3
+
+
+def test_two_perf_callbacks_keep_separate_state(tmp_path):
+    train_only = PerfCallback(schedule=SCHEDULE, stages=["train"])
+    validate_only = PerfCallback(schedule={"skip_first": 0, "active": 1}, stages=["validate"])
+    assert train_only.state_key != validate_only.state_key
+    t = trainer(tmp_path, [train_only, validate_only], max_epochs=1)
+    t.fit(TinyModel(n=32, val_n=16))
+    path = tmp_path / "both.ckpt"
+    t.save_checkpoint(path)
+    saved = torch.load(path, weights_only=False)["callbacks"]
+    assert {train_only.state_key, validate_only.state_key} <= set(saved)
+    assert [w["stage"] for w in saved[train_only.state_key]["windows"]] == ["train"]
+    assert [w["stage"] for w in saved[validate_only.state_key]["windows"]] == ["validate"]
+
+
+def test_load_state_dict_tolerates_unknown_and_missing_keys():
+    callback = PerfCallback()
+    callback.load_state_dict({"version": 99, "stages": {"train": {"epoch": 3, "new_field": 1}}, "extra": True})
+    assert callback._stages["train"].epoch == 3 and callback.epochs == [] and callback.windows == []
