@@ -73,12 +73,23 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--active", type=int, default=3)
+    parser.add_argument("--with-stack", action="store_true")
+    parser.add_argument("--profile-memory", action="store_true")
+    parser.add_argument("--record-shapes", action="store_true")
     args = parser.parse_args()
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
 
     timer = EpochEndTimer()
-    perf = PerfCallback(schedule={"active": args.active}, stages=["train"], verbose=0, max_windows=args.epochs)
+    perf = PerfCallback(
+        schedule={"active": args.active},
+        stages=["train"],
+        verbose=0,
+        max_windows=args.epochs,
+        with_stack=args.with_stack,
+        profile_memory=args.profile_memory,
+        record_shapes=args.record_shapes,
+    )
     with tempfile.TemporaryDirectory() as root:
         trainer = pl.Trainer(
             default_root_dir=root,
@@ -93,7 +104,11 @@ def main() -> None:
         sizes = [os.path.getsize(w.trace_path) for w in perf.windows]
     closes = [w.close_seconds for w in perf.windows]
     events = len(perf.windows[0].operators)
-    print(f"torch {torch.__version__}, lightning {pl.__version__}; {args.epochs} epochs, 40 batches each")
+    steps = [w.summary.step_time for w in perf.windows if w.summary]
+    options = [name for name in ("with_stack", "profile_memory", "record_shapes") if getattr(args, name)]
+    print(f"torch {torch.__version__}, lightning {pl.__version__}; {args.epochs} epochs, 40 batches each;"
+          f" {', '.join(options) or 'default options'}")
+    print(f"  recorded step inside a window: median {statistics.median(steps) * 1e3:.2f} ms")
     print(f"  window close ({args.active} batches, {statistics.median(sizes) / 1024:.0f} KiB gzipped, {events} operators):"
           f" median {statistics.median(closes) * 1e3:.1f} ms, max {max(closes) * 1e3:.1f} ms")
     print(f"  epoch end (summary, rules, TensorBoard, perf_report.json):"

@@ -1,0 +1,532 @@
+"""The readers of untrusted traces and reports: valid files load, every broken one is an InputError naming the
+file and the problem, and fuzzed input never escapes as anything else."""
+
+import copy
+import dataclasses
+import gzip
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lightning_perf import traces
+from lightning_perf.diagnose.model import Finding
+from lightning_perf.readers import InputError, load_report, load_trace
+from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
+from lightning_perf.report.json_report import SCHEMA_VERSION, report_dict, write_json_atomically
+from lightning_perf.summarize.trace import operator_stats, summarize_trace
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# --- Inputs ---------------------------------------------------------------------------------------------------
+
+
+def _event(ph, name, ts, dur=None, cat="cpu_op", **args):
+    event = {"ph": ph, "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "args": args}
+    if dur is not None:
+        event["dur"] = dur
+    return event
+
+
+def _trace():
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": 0, "name": "Fake GPU", "computeMajor": 8}],
+        "traceEvents": [
+            {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "ts": 0, "args": {"name": "python"}},
+            _event("X", "ProfilerStep#3", 0, 100, cat="user_annotation"),
+            _event("X", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 1, 20, cat="user_annotation"),
+            _event("X", "aten::mm", 30, 10.5, **{"External id": 7, "Input Dims": [[2, 2], [2, 2]]}),
+            _event("X", "cudaLaunchKernel", 32, 2, cat="cuda_runtime", correlation=9, **{"External id": 7}),
+            _event("X", "sm80_gemm", 40, 5, cat="kernel", device=0, **{"External id": 7}),
+            _event("i", "[memory]", 31, Bytes=512, **{"Device Type": 0}),
+            {"ph": "s", "id": 9, "pid": 1, "tid": 1, "ts": 32, "cat": "ac2g", "name": "ac2g"},
+        ],
+    }
+
+
+def _epoch(stage, number, **kwargs):
+    fields = dict(
+        stage=stage, epoch=number, batches=8, samples=32, step_time=0.8, data_wait=0.2, step_time_p50=0.1,
+        step_time_p90=0.12, step_time_max=0.2, data_wait_fraction=0.25, throughput=40.0,
+    )
+    return EpochSummary(**{**fields, **kwargs})
+
+
+EPOCHS = [
+    _epoch("train", 0, loss=0.69, profiled_batches=2, host_rss=10**9),
+    _epoch("train", 1, samples=None, throughput=None),
+    _epoch("validate", 0, cuda_max_allocated=2**30, cuda_utilization=87),
+]
+
+
+def _report():
+    summary = TraceSummary(
+        window="train_e0_b2-3", steps=2, step_time=0.1, dataloader_time=0.02, optimizer_time=0.05,
+        optimizer_update_time=0.01, optimizer_update_ops=4.0, optimizer_foreach=True, host_op_time=0.07,
+        framework_time=0.01, ops_per_step=30.0, median_op_time=1e-5, device_name="Fake GPU",
+    )
+    windows = [
+        WindowRecord(stage="train", epoch=0, first_batch=2, last_batch=3, name="train_e0_b2-3",
+                     trace_path="perf/train_e0_b2-3/rank0.pt.trace.json.gz", step=2, device="cpu",
+                     close_seconds=0.3, summary=summary),
+        WindowRecord(stage="validate", epoch=0, first_batch=0, last_batch=0, name="validate_e0_b0",
+                     trace_path="perf/validate_e0_b0/rank0.pt.trace.json.gz", step=0, device="cuda",
+                     shortened=True, cuda_max_allocated=2**30),
+    ]
+    finding = Finding(id="dataloader_bound", severity="warning", title="Training waits for data 25% of the time",
+                      evidence="data_wait_fraction 0.25 >= 0.2", advice="DataLoader(num_workers=4)", stage="train",
+                      epoch=0)
+    rank = RankSummary(rank=0, step_time_p50=0.1, step_time_p90=None, step_time_max=0.2, data_wait_fraction=0.25,
+                       throughput=40.0, host_rss_peak=1e9, cuda_max_allocated=None, cuda_max_reserved=None,
+                       communication_share=None)
+    return report_dict(
+        generated_by="lightning-perf 0.1.0",
+        run={"torch": "2.4.0", "lightning": "2.4.0", "device": "cpu", "device_name": None, "world_size": 1,
+             "precision": "32-true", "strategy": "SingleDeviceStrategy", "cpu_count": 8, "torch_threads": 8,
+             "dataloaders": {"train": {"num_workers": 0, "pin_memory": False, "persistent_workers": False,
+                                       "prefetch_factor": None, "batch_size": 4, "drop_last": False},
+                             "predict": None}},
+        epochs=EPOCHS,
+        windows=windows,
+        findings={("train", 0): [finding]},
+        ranks={("train", 0): [rank]},
+    )
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    """A directory for the fuzz tests' files (hypothesis reruns a test in one function-scoped fixture)."""
+    return tmp_path_factory.mktemp("fuzz")
+
+
+# --- Valid inputs ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["rank0.pt.trace.json.gz", "rank0.pt.trace.json"])
+def test_a_trace_written_by_write_trace_loads_unchanged(tmp_path, name):
+    path = tmp_path / name
+    traces.write_trace(_trace(), path)
+    assert load_trace(path) == _trace()
+    assert load_trace(str(path)) == _trace()
+
+
+def test_a_top_level_list_of_events_is_a_trace(tmp_path):
+    path = tmp_path / "list.json"
+    path.write_text(json.dumps(_trace()["traceEvents"]))
+    assert load_trace(path) == {"traceEvents": _trace()["traceEvents"]}
+
+
+def test_events_of_unknown_phases_are_dropped_and_a_byte_order_mark_is_ignored(tmp_path):
+    events = _trace()["traceEvents"]
+    odd = [{"ph": "?", "ts": "x"}, {"name": "no phase"}, {"ph": 5}, {"ph": ["X"]}]
+    path = tmp_path / "odd.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"traceEvents": odd[:2] + events + odd[2:]}).encode())
+    assert load_trace(path)["traceEvents"] == events
+
+
+def test_a_gzipped_trace_is_recognized_by_its_content_whatever_its_name(tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_bytes(gzip.compress(json.dumps(_trace()).encode()))
+    assert load_trace(path) == _trace()
+
+
+def test_real_gpu_traces_load_whole(gpu_trace):
+    path = gpu_trace("a100_nccl_2rank_rank0.json.gz")
+    trace = load_trace(path)
+    assert len(trace["traceEvents"]) == len(traces.read_trace(path)["traceEvents"]) == 40_573
+    assert summarize_trace(trace, window="w").steps == 3
+
+
+def test_a_report_written_by_the_writer_loads_unchanged(tmp_path):
+    path = str(tmp_path / "perf_report.json")
+    write_json_atomically(_report(), path)
+    report = load_report(path)
+    assert report == json.loads(json.dumps(_report()))
+    epochs = [epoch for stage in report["stages"].values() for epoch in stage["epochs"]]
+    assert [EpochSummary(**{f.name: e[f.name] for f in dataclasses.fields(EpochSummary)}) for e in epochs] == EPOCHS
+    assert Finding(**epochs[0]["findings"][0]).id == "dataloader_bound"
+
+
+def test_a_report_may_lack_fields_with_defaults_and_carry_unknown_keys(tmp_path):
+    report = _report()
+    epoch = report["stages"]["train"]["epochs"][0]
+    for name in ("profiled_batches", "cuda_utilization", "findings", "ranks"):
+        del epoch[name]
+    del report["windows"][0]["summary"], report["windows"][1]["shortened"]
+    report["future_section"] = {"anything": [1, 2]}
+    epoch["future_metric"] = "x"
+    path = tmp_path / "perf_report.json"
+    path.write_text(json.dumps(report))
+    loaded = load_report(path)
+    epoch = loaded["stages"]["train"]["epochs"][0]
+    assert (epoch["profiled_batches"], epoch["cuda_utilization"], epoch["findings"], epoch["ranks"]) == (0, None, [], [])
+    assert (loaded["windows"][0]["summary"], loaded["windows"][1]["shortened"]) == (None, False)
+    assert loaded["future_section"] == {"anything": [1, 2]} and epoch["future_metric"] == "x"
+
+
+def test_a_real_run_s_report_and_traces_load(tmp_path):
+    from models import TinyModel, trainer
+
+    from lightning_perf import PerfCallback
+
+    callback = PerfCallback(schedule={"skip_first": 0, "warmup": 1, "active": 2}, verbose=0)
+    trainer(tmp_path, [callback], limit_train_batches=4, limit_val_batches=2).fit(TinyModel(n=16))
+    report = load_report(callback.report_path)
+    assert set(report["stages"]) == {"train", "validate"}
+    assert report["windows"] and all(load_trace(w["trace_path"])["traceEvents"] for w in report["windows"])
+
+
+# --- Broken inputs --------------------------------------------------------------------------------------------
+
+_VALID_GZ = gzip.compress(json.dumps(_trace()).encode())
+
+
+def _bad_crc(data: bytes) -> bytes:
+    return data[:-8] + bytes([data[-8] ^ 0xFF]) + data[-7:]
+
+
+def _with_event(**fields):
+    event = {"ph": "X", "name": "aten::mm", "ts": 1, "dur": 2, **fields}
+    return json.dumps({"traceEvents": [_trace()["traceEvents"][1], {k: v for k, v in event.items() if v != "DEL"}]})
+
+
+TRACE_FAILURES = [
+    ("no_file", "t.json", None, r"no such file"),
+    ("directory", "t.json", "DIR", r"is a directory"),
+    ("empty", "t.json", b"", r"is empty$"),
+    ("truncated_gzip", "t.json.gz", _VALID_GZ[: len(_VALID_GZ) // 2], r"not a valid gzip file \(truncated\?\)"),
+    ("gzip_cut_in_header", "t.json.gz", _VALID_GZ[:5], r"not a valid gzip file"),
+    ("gzip_bad_crc", "t.json.gz", _bad_crc(_VALID_GZ), r"not a valid gzip file \(CRC check failed"),
+    ("gzip_corrupt_stream", "t.json.gz", _VALID_GZ[:12] + b"\xff" * 20 + _VALID_GZ[32:], r"not a valid gzip file \("),
+    ("plain_json_named_gz", "t.json.gz", b'{"traceEvents": []}', r"not a valid gzip file"),
+    ("gzip_of_nothing", "t.json.gz", gzip.compress(b""), r"is empty once decompressed"),
+    ("not_utf8", "t.json", b'{"a": "\xff"}', r"not UTF-8 text \(byte 0xff at offset 7; a binary file\?\)"),
+    ("not_utf8_in_gzip", "t.json.gz", gzip.compress(b"\xc3"), r"not UTF-8 text once decompressed"),
+    ("whitespace", "t.json", b" \n\t", r"holds only whitespace, no JSON"),
+    ("truncated_json", "t.json", b'{"traceEvents": [\n  {"ph": "X"', r"invalid JSON at line 2, column 14: .*truncated\?"),
+    ("bad_json", "t.json", b'{"traceEvents": [}]}', r"invalid JSON at line 1, column 18: Expecting value$"),
+    ("bad_json_in_gzip", "t.json.gz", gzip.compress(b"{x}"), r"invalid JSON once decompressed at line 1, column 2"),
+    ("deep_json", "t.json", b"[" * 100_000, r"invalid JSON: nested too deeply"),
+    ("huge_integer", "t.json", b"9" * 5000, r"invalid JSON: Exceeds the limit"),
+    ("top_level_number", "t.json", b"42", r"the top level must be an object or an array, got 42 \(integer\)"),
+    ("no_trace_events", "t.json", b'{"events": []}', r"field traceEvents is missing \(not a Kineto or Chrome trace\?\)"),
+    ("trace_events_object", "t.json", b'{"traceEvents": {}}', r"field traceEvents must be an array, got \{\} \(object\)"),
+    ("event_not_object", "t.json", b"[[1]]", r"field traceEvents\[0\] must be an object, got \[1\] \(array\)"),
+    ("ts_string", "t.json", _with_event(ts="12"), r"field traceEvents\[1\]\.ts must be a number, got '12' \(string\)"),
+    ("dur_bool", "t.json", _with_event(dur=True), r"field traceEvents\[1\]\.dur must be a number, got True \(boolean\)"),
+    ("dur_negative", "t.json", _with_event(dur=-1), r"field traceEvents\[1\]\.dur must be a number >= 0, got -1"),
+    ("dur_missing", "t.json", _with_event(dur="DEL"), r"field traceEvents\[1\]\.dur is missing \(a complete event"),
+    ("ts_nan", "t.json", _with_event(ts=float("nan")), r"field traceEvents\[1\]\.ts must be a finite number, got nan"),
+    ("dur_overflow", "t.json", _with_event(dur=10**400), r"traceEvents\[1\]\.dur must be a number between -2\*\*63"),
+    ("name_number", "t.json", _with_event(name=3), r"field traceEvents\[1\]\.name must be a string, got 3"),
+    ("args_list", "t.json", _with_event(args=[1]), r"field traceEvents\[1\]\.args must be an object, got \[1\]"),
+    ("args_null", "t.json", _with_event(args=None), r"field traceEvents\[1\]\.args must be an object, got None"),
+    ("cat_list", "t.json", _with_event(cat=["cpu_op"]), r"field traceEvents\[1\]\.cat must be a string"),
+    ("tid_object", "t.json", _with_event(tid={}), r"field traceEvents\[1\]\.tid must be a number or a string"),
+    ("external_id_list", "t.json", _with_event(args={"External id": [1]}), r"traceEvents\[1\]\.args\['External id'\]"),
+    ("flops_string", "t.json", _with_event(args={"flops": "1e9"}), r"traceEvents\[1\]\.args\.flops must be a number or null"),
+    ("instant_ts_missing", "t.json", b'[{"ph": "i", "name": "x"}]', r"field traceEvents\[0\]\.ts is missing"),
+    ("memory_bytes", "t.json", b'[{"ph": "i", "name": "[memory]", "ts": 1, "args": {"Bytes": "8"}}]', r"args\.Bytes"),
+    ("device_properties", "t.json", b'{"traceEvents": [], "deviceProperties": 5}', r"field deviceProperties must be"),
+    ("own_notes", "t.json", b'{"traceEvents": [], "lightning_perf": []}', r"field lightning_perf must be an object"),
+]
+
+
+@pytest.mark.parametrize(("filename", "content", "message"), [c[1:] for c in TRACE_FAILURES], ids=[c[0] for c in TRACE_FAILURES])
+def test_a_broken_trace_is_an_input_error_naming_the_file_and_the_problem(tmp_path, filename, content, message):
+    path = tmp_path / filename
+    if content == "DIR":
+        path.mkdir()
+    elif isinstance(content, str):
+        path.write_text(content)
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(InputError) as info:
+        load_trace(path)
+    first_line = str(info.value).splitlines()[0]
+    assert first_line.startswith(f"{path}: ")
+    assert _search(message, first_line[len(f"{path}: ") :])
+
+
+def _search(pattern, text):
+    import re
+
+    assert re.search(pattern, text), f"{pattern!r} not in {text!r}"
+    return True
+
+
+def test_parse_errors_chain_the_original_exception(tmp_path):
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(_VALID_GZ[:-20])
+    with pytest.raises(InputError) as info:
+        load_trace(path)
+    assert isinstance(info.value.__cause__, EOFError)
+    path.write_bytes(gzip.compress(b"{"))
+    with pytest.raises(InputError) as info:
+        load_trace(path)
+    assert isinstance(info.value.__cause__, json.JSONDecodeError)
+
+
+def _set(path, value):
+    def mutate(report):
+        *parents, last = path
+        for key in parents:
+            report = report[key]
+        if value == "DEL":
+            del report[last]
+        else:
+            report[last] = value
+
+    return mutate
+
+
+EPOCH = ("stages", "train", "epochs", 0)
+REPORT_FAILURES = [
+    ("top_level_list", lambda r: [r], r"not a perf_report\.json: the top level must be an object, got \[\{"),
+    ("no_version", _set(("version",), "DEL"), r"field version is missing \(not a perf_report\.json\?\)"),
+    ("version_string", _set(("version",), "1"), r"field version must be an integer, got '1' \(string\)"),
+    ("version_bool", _set(("version",), True), r"field version must be an integer, got True"),
+    ("version_zero", _set(("version",), 0), r"unknown report schema version 0 \(this lightning-perf reads version 1\)"),
+    ("generated_by", _set(("generated_by",), 1), r"field generated_by must be a string"),
+    ("no_run", _set(("run",), "DEL"), r"field run is missing"),
+    ("run_list", _set(("run",), []), r"field run must be an object, got \[\]"),
+    ("run_world_size", _set(("run", "world_size"), "2"), r"field run\.world_size must be an integer, got '2'"),
+    ("run_dataloaders", _set(("run", "dataloaders"), [1]), r"field run\.dataloaders must be an object"),
+    ("loader_workers", _set(("run", "dataloaders", "train", "num_workers"), "x"),
+     r"field run\.dataloaders\.train\.num_workers must be an integer or null, got 'x'"),
+    ("loader_pin", _set(("run", "dataloaders", "train", "pin_memory"), 1),
+     r"field run\.dataloaders\.train\.pin_memory must be a boolean or null, got 1"),
+    ("no_stages", _set(("stages",), "DEL"), r"field stages is missing"),
+    ("stages_list", _set(("stages",), []), r"field stages must be an object"),
+    ("stage_not_object", _set(("stages", "train"), 3), r"field stages\.train must be an object, got 3"),
+    ("no_epochs", _set(("stages", "train", "epochs"), "DEL"), r"field stages\.train\.epochs is missing"),
+    ("epochs_object", _set(("stages", "train", "epochs"), {}), r"field stages\.train\.epochs must be an array"),
+    ("epoch_not_object", _set(EPOCH, "e"), r"field stages\.train\.epochs\[0\] must be an object, got 'e'"),
+    ("epoch_field_missing", _set((*EPOCH, "step_time_p50"), "DEL"), r"field stages\.train\.epochs\[0\]\.step_time_p50 is missing"),
+    ("epoch_field_type", _set((*EPOCH, "step_time_p50"), "abc"),
+     r"field stages\.train\.epochs\[0\]\.step_time_p50 must be a number, got 'abc' \(string\)"),
+    ("epoch_field_null", _set((*EPOCH, "step_time"), None), r"epochs\[0\]\.step_time must be a number, got None \(null\)"),
+    ("epoch_count_float", _set((*EPOCH, "batches"), 8.0), r"epochs\[0\]\.batches must be an integer, got 8\.0"),
+    ("epoch_optional_type", _set((*EPOCH, "loss"), "0.7"), r"epochs\[0\]\.loss must be a number or null, got '0\.7'"),
+    ("epoch_infinite", _set((*EPOCH, "throughput"), float("inf")), r"epochs\[0\]\.throughput must be a finite number, got inf"),
+    ("epoch_huge", _set((*EPOCH, "host_rss"), 10**30), r"epochs\[0\]\.host_rss must be a number between"),
+    ("epoch_stage_mismatch", _set((*EPOCH, "stage"), "test"),
+     r"field stages\.train\.epochs\[0\]\.stage is 'test' \(string\), but the epoch is listed under 'train'"),
+    ("findings_object", _set((*EPOCH, "findings"), {}), r"epochs\[0\]\.findings must be an array"),
+    ("finding_without_id", _set((*EPOCH, "findings", 0, "id"), "DEL"), r"epochs\[0\]\.findings\[0\]\.id is missing"),
+    ("finding_id_type", _set((*EPOCH, "findings", 0, "advice"), ["x"]), r"findings\[0\]\.advice must be a string"),
+    ("finding_severity", _set((*EPOCH, "findings", 0, "severity"), "fatal"),
+     r"findings\[0\]\.severity must be one of 'info', 'warning', 'critical', got 'fatal'"),
+    ("rank_type", _set((*EPOCH, "ranks", 0, "rank"), "0"), r"epochs\[0\]\.ranks\[0\]\.rank must be an integer"),
+    ("no_windows", _set(("windows",), "DEL"), r"field windows is missing"),
+    ("windows_object", _set(("windows",), {}), r"field windows must be an array"),
+    ("window_name", _set(("windows", 0, "name"), 5), r"field windows\[0\]\.name must be a string, got 5"),
+    ("window_trace_path", _set(("windows", 1, "trace_path"), None), r"field windows\[1\]\.trace_path must be a string"),
+    ("window_stage_missing", _set(("windows", 0, "stage"), "DEL"), r"field windows\[0\]\.stage is missing"),
+    ("window_summary", _set(("windows", 0, "summary"), []), r"field windows\[0\]\.summary must be an object"),
+    ("window_summary_field", _set(("windows", 0, "summary", "optimizer_foreach"), "yes"),
+     r"windows\[0\]\.summary\.optimizer_foreach must be a boolean or null"),
+    ("odd_stage_name", lambda r: r["stages"].update({"my stage": {"epochs": [1]}}), r"field stages\['my stage'\]\.epochs\[0\]"),
+]
+
+
+@pytest.mark.parametrize("mutate, message", [c[1:] for c in REPORT_FAILURES], ids=[c[0] for c in REPORT_FAILURES])
+def test_a_broken_report_is_an_input_error_naming_the_file_and_the_field(tmp_path, mutate, message):
+    report = _report()
+    report = mutate(report) or report
+    path = tmp_path / "perf_report.json"
+    path.write_text(json.dumps(report))
+    with pytest.raises(InputError) as info:
+        load_report(path)
+    first_line = str(info.value).splitlines()[0]
+    assert first_line.startswith(f"{path}: ")
+    assert _search(message, first_line[len(f"{path}: ") :])
+    assert info.value.__cause__ is None  # a structural problem: no parser exception behind it
+
+
+def test_a_newer_report_says_which_release_wrote_it(tmp_path):
+    report = {**_report(), "version": SCHEMA_VERSION + 1, "generated_by": "lightning-perf 9.9.9", "stages": "new"}
+    path = tmp_path / "perf_report.json"
+    path.write_text(json.dumps(report))
+    with pytest.raises(InputError) as info:
+        load_report(path)
+    first, second = str(info.value).splitlines()
+    assert first == f"{path}: report schema version 2 is newer than this lightning-perf reads (version 1)"
+    assert "written by lightning-perf 9.9.9" in second
+
+
+def test_a_report_file_that_is_not_json_is_an_input_error(tmp_path):
+    path = tmp_path / "perf_report.json"
+    path.write_text('{"version": 1,')
+    with pytest.raises(InputError, match=r"perf_report\.json: invalid JSON at line 1, column 15: .*truncated\?"):
+        load_report(path)
+
+
+def test_long_values_are_cut_in_messages(tmp_path):
+    path = tmp_path / "perf_report.json"
+    path.write_text(json.dumps({**_report(), "run": "x" * 1000}))
+    with pytest.raises(InputError) as info:
+        load_report(path)
+    assert str(info.value) == f"{path}: field run must be an object, got '{'x' * 56}... (string)"
+
+
+def test_the_readers_import_neither_torch_nor_lightning():
+    forbidden = ["lightning", "numpy", "pytorch_lightning", "torch"]
+    code = (
+        "import sys, types\n"
+        f"pkg = types.ModuleType('lightning_perf'); pkg.__path__ = [{str(ROOT / 'lightning_perf')!r}]\n"
+        "sys.modules['lightning_perf'] = pkg\n"
+        "import lightning_perf.readers\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+# --- Fuzzing --------------------------------------------------------------------------------------------------
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5),
+    max_leaves=20,
+)
+
+
+def _loads_or_input_error(load, path):
+    try:
+        return load(path)
+    except InputError:
+        return None
+
+
+@FUZZ
+@given(data=st.binary(max_size=500), suffix=st.sampled_from([".json", ".json.gz"]))
+def test_random_bytes_load_or_are_input_errors(scratch, data, suffix):
+    path = scratch / f"bytes{suffix}"
+    path.write_bytes(data)
+    _loads_or_input_error(load_trace, path)
+    _loads_or_input_error(load_report, path)
+
+
+@FUZZ
+@given(cut=st.integers(0, len(_VALID_GZ)), flips=st.lists(st.tuples(st.integers(0, len(_VALID_GZ) - 1), st.integers(1, 255)), max_size=3))
+def test_damaged_gzip_loads_or_is_an_input_error(scratch, cut, flips):
+    data = bytearray(_VALID_GZ[:cut] if cut < len(_VALID_GZ) else _VALID_GZ)
+    for at, mask in flips:
+        if at < len(data):
+            data[at] ^= mask
+    path = scratch / "damaged.json.gz"
+    path.write_bytes(bytes(data))
+    _loads_or_input_error(load_trace, path)
+
+
+@FUZZ
+@given(value=JSON)
+def test_random_json_loads_or_is_an_input_error(scratch, value):
+    path = scratch / "value.json"
+    path.write_text(json.dumps(value))
+    _loads_or_input_error(load_trace, path)
+    _loads_or_input_error(load_report, path)
+    path.write_text(json.dumps({"traceEvents": value}))
+    _loads_or_input_error(load_trace, path)
+
+
+def _leaves(value, path=()):
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+    elif isinstance(value, list) and value:
+        for i, item in enumerate(value):
+            yield from _leaves(item, (*path, i))
+    else:
+        yield path
+
+
+_REPORT = json.loads(json.dumps(_report()))
+_REPORT_LEAVES = list(_leaves(_REPORT))
+
+
+@FUZZ
+@given(where=st.sampled_from(_REPORT_LEAVES), value=JSON | st.just("DEL"), depth=st.integers(0, 4))
+def test_a_mutated_report_loads_into_records_or_is_an_input_error(scratch, where, value, depth):
+    report = copy.deepcopy(_REPORT)
+    where = where[: max(len(where) - depth, 1)]  # a leaf, or one of the containers above it
+    _set(where, value)(report)
+    path = scratch / "perf_report.json"
+    path.write_text(json.dumps(report))
+    loaded = _loads_or_input_error(load_report, path)
+    if loaded is None:
+        return
+    # What loads builds the records the CLI needs.
+    for entry in loaded["stages"].values():
+        for epoch in entry["epochs"]:
+            EpochSummary(**{f.name: epoch[f.name] for f in dataclasses.fields(EpochSummary)})
+            for finding in epoch["findings"]:
+                Finding(**{f.name: finding[f.name] for f in dataclasses.fields(Finding)})
+            for rank in epoch["ranks"]:
+                RankSummary(**{f.name: rank[f.name] for f in dataclasses.fields(RankSummary)})
+    for window in loaded["windows"]:
+        if window["summary"] is not None:
+            TraceSummary(**{f.name: window["summary"][f.name] for f in dataclasses.fields(TraceSummary)})
+
+
+def _mostly(good):
+    """``good`` values with now and then any JSON value instead."""
+    return st.integers(0, 19).flatmap(lambda k: JSON if k == 0 else good)
+
+
+_NUMBERS = st.integers(-5, 200) | st.floats(-5, 200) | st.sampled_from([float("nan"), float("inf"), 10**30])
+_EVENTS = st.fixed_dictionaries(
+    {},
+    optional={
+        "ph": _mostly(st.sampled_from(["X", "X", "X", "i", "M", "s", "f", "B", "q"])),
+        "cat": _mostly(st.sampled_from(["cpu_op", "user_annotation", "cuda_runtime", "kernel", "gpu_memcpy",
+                                        "gpu_memset", "python_function"])),
+        "name": _mostly(st.sampled_from([
+            "ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#x", "Optimizer.step#SGD.step", "aten::mm",
+            "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "[memory]", "cudaStreamSynchronize",
+            "Memcpy HtoD (Pageable -> Device)", "autograd::engine::evaluate_function: MmBackward0",
+            "nccl:all_reduce", "sm80_xmma_gemm_f32f32_tn", "aten::_local_scalar_dense",
+        ])),
+        "ts": _mostly(_NUMBERS),
+        "dur": _mostly(_NUMBERS),
+        "pid": _mostly(st.integers(0, 1) | st.just("Traces")),
+        "tid": _mostly(st.integers(0, 1)),
+        "args": _mostly(st.fixed_dictionaries({}, optional={
+            "External id": _mostly(st.integers(0, 3)),
+            "Bytes": _mostly(st.integers(-100, 100)),
+            "Device Type": _mostly(st.integers(0, 1)),
+            "flops": _mostly(st.integers(0, 100)),
+            "device": _mostly(st.integers(0, 1)),
+            "Input Dims": JSON,
+        })),
+    },
+)
+_TRACES = st.fixed_dictionaries(
+    {"traceEvents": st.lists(_EVENTS, max_size=25)},
+    optional={"deviceProperties": _mostly(st.lists(_mostly(st.fixed_dictionaries({"id": _mostly(st.integers(0, 1)),
+              "name": _mostly(st.text(max_size=5)), "computeMajor": _mostly(st.integers(5, 9))})), max_size=2)),
+              "lightning_perf": _mostly(st.just({}))},
+)
+
+
+@FUZZ
+@given(trace=_TRACES)
+def test_a_trace_that_loads_is_one_the_analyses_can_read(scratch, trace):
+    path = scratch / "fuzzed.json"
+    path.write_text(json.dumps(trace))
+    loaded = _loads_or_input_error(load_trace, path)
+    if loaded is None:
+        return
+    summarize_trace(copy.deepcopy(loaded), window="w")
+    operator_stats(copy.deepcopy(loaded), group_by_input_shape=True)
+    list(traces.profiler_steps(loaded))
+    traces.keep_steps(traces.standard_categories(traces.tensorboard_compatible(loaded)), {1, 2})
