@@ -1,40 +1,58 @@
 """Argument checks: every bad value fails at construction, naming the parameter, the value and what is allowed."""
 
+import inspect
+
 import pytest
 
 from lightning_perf import PerfCallback, Schedule
 from lightning_perf.config import STAGES
 
+# Every argument of PerfCallback, with a bad value and the message it gets (a test checks none is missing).
+BAD_ARGUMENTS = [
+    ({"schedule": {"active": 0}}, r"schedule\.active=0: must be an integer >= 1"),
+    ({"schedule": {"wait": -1}}, r"schedule\.wait=-1: must be an integer >= 0"),
+    ({"schedule": {"warmup": 1.5}}, r"schedule\.warmup=1\.5: must be an integer >= 0"),
+    ({"schedule": {"skip_first": True}}, r"schedule\.skip_first=True: must be an integer >= 0"),
+    ({"schedule": {"repeat": -2}}, r"schedule\.repeat=-2"),
+    ({"schedule": {"actve": 2}}, r"schedule has unknown keys \['actve'\]: allowed keys are"),
+    ({"schedule": 3}, r"schedule=3: must be a Schedule, a mapping of its fields, or None"),
+    ({"batches": [3, -1]}, r"batches=\[3, -1\]: must be a non-empty list of integers >= 0"),
+    ({"batches": []}, r"batches=\[\]: must be a non-empty list"),
+    ({"batches": "1,2"}, r"batches='1,2': must be a list of batch indices"),
+    ({"stages": ["training"]}, r"stages=\['training'\]: \['training'\] not allowed, each must be one of \['train', "),
+    ({"stages": []}, r"stages=\[\]: must be a non-empty list"),
+    ({"max_windows": -1}, r"max_windows=-1: must be an integer >= 0"),
+    ({"row_limit": 0}, r"row_limit=0: must be an integer >= 1"),
+    ({"dirpath": 3}, r"dirpath=3: must be a path or None"),
+    ({"record_shapes": "yes"}, r"record_shapes='yes': must be True or False"),
+    ({"profile_memory": 1}, r"profile_memory=1: must be True or False"),
+    ({"with_stack": None}, r"with_stack=None: must be True or False"),
+    ({"with_flops": "no"}, r"with_flops='no': must be True or False"),
+    ({"tensorboard_compat": 0}, r"tensorboard_compat=0: must be True or False"),
+    ({"sort_by": "cuda_time"}, r"sort_by='cuda_time': must be None \(automatic\) or one of \['self_cpu_time'"),
+    ({"log_loss": "yes"}, r"log_loss='yes': must be True or False"),
+    ({"batch_size_fn": 3}, r"batch_size_fn=3: must be a callable \(batch -> int\) or None"),
+    ({"thresholds": {"dataloader_warnin": 0.2}}, r"thresholds: .*dataloader_warnin"),
+    ({"thresholds": {"dataloader_warning": -1}}, r"thresholds: .*dataloader_warning"),
+    ({"thresholds": [1]}, r"thresholds=\[1\]: must be a mapping of threshold names to numbers"),
+    ({"verbose": 3}, r"verbose=3: must be 0 \(silent\), 1 \(warnings and critical\) or 2 \(everything\)"),
+    ({"ranks": [0, -1]}, r"ranks=\[0, -1\]: must be a list of global ranks >= 0, or None \(all ranks\)"),
+    ({"ranks": "0"}, r"ranks='0': must be a list of global ranks >= 0"),
+    ({"max_trace_mb": 0}, r"max_trace_mb=0: must be a number of MB > 0"),
+    ({"max_trace_mb": True}, r"max_trace_mb=True: must be a number of MB > 0"),
+    ({"strict": "yes"}, r"strict='yes': must be True, False or None"),
+]
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"schedule": {"active": 0}}, r"schedule\.active=0: must be an integer >= 1"),
-        ({"schedule": {"wait": -1}}, r"schedule\.wait=-1: must be an integer >= 0"),
-        ({"schedule": {"warmup": 1.5}}, r"schedule\.warmup=1\.5: must be an integer >= 0"),
-        ({"schedule": {"skip_first": True}}, r"schedule\.skip_first=True: must be an integer >= 0"),
-        ({"schedule": {"repeat": -2}}, r"schedule\.repeat=-2"),
-        ({"schedule": {"actve": 2}}, r"schedule has unknown keys \['actve'\]: allowed keys are"),
-        ({"schedule": 3}, r"schedule=3: must be a Schedule, a mapping of its fields, or None"),
-        ({"batches": [3, -1]}, r"batches=\[3, -1\]: must be a non-empty list of integers >= 0"),
-        ({"batches": []}, r"batches=\[\]: must be a non-empty list"),
-        ({"batches": "1,2"}, r"batches='1,2': must be a list of batch indices"),
-        ({"stages": ["training"]}, r"stages=\['training'\]: \['training'\] not allowed, each must be one of \['train', "),
-        ({"stages": []}, r"stages=\[\]: must be a non-empty list"),
-        ({"max_windows": -1}, r"max_windows=-1: must be an integer >= 0"),
-        ({"row_limit": 0}, r"row_limit=0: must be an integer >= 1"),
-        ({"dirpath": 3}, r"dirpath=3: must be a path or None"),
-        ({"record_shapes": "yes"}, r"record_shapes='yes': must be True or False"),
-        ({"profile_memory": 1}, r"profile_memory=1: must be True or False"),
-        ({"with_stack": None}, r"with_stack=None: must be True or False"),
-        ({"with_flops": "no"}, r"with_flops='no': must be True or False"),
-        ({"tensorboard_compat": 0}, r"tensorboard_compat=0: must be True or False"),
-        ({"sort_by": "cuda_time"}, r"sort_by='cuda_time': must be None \(automatic\) or one of \['self_cpu_time'"),
-    ],
-)
+
+@pytest.mark.parametrize(("kwargs", "message"), BAD_ARGUMENTS)
 def test_bad_argument_is_named_with_value_and_what_is_allowed(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PerfCallback(**kwargs)
+
+
+def test_the_table_covers_every_argument():
+    covered = {key for kwargs, _ in BAD_ARGUMENTS for key in kwargs}
+    assert set(inspect.signature(PerfCallback.__init__).parameters) - {"self"} == covered
 
 
 def test_all_problems_are_reported_at_once():
