@@ -225,3 +225,15 @@ def test_a_trace_over_max_trace_mb_keeps_its_first_steps_with_a_warning(tmp_path
     kept = steps(trace)
     assert 1 <= len(kept) < 6 and kept == list(range(2, 2 + len(kept)))
     assert trace["lightning_perf"]["cut_to_steps"] == len(kept)
+
+
+def test_a_second_run_in_the_same_dirpath_overwrites_nothing(tmp_path):
+    dirpath = str(tmp_path / "shared")
+    first = PerfCallback(schedule={"skip_first": 1, "active": 1}, stages=["train"], dirpath=dirpath)
+    trainer(tmp_path / "a", [first]).fit(TinyModel(n=16))
+    second = PerfCallback(schedule={"skip_first": 1, "active": 1}, stages=["train"], dirpath=dirpath)
+    trainer(tmp_path / "b", [second]).fit(TinyModel(n=16))
+    assert first.windows[0].name == "train-epoch000-batches0002-0002"
+    assert second.windows[0].name == "train-epoch000-batches0002-0002-1"
+    assert first.report_path.endswith("perf_report.json") and second.report_path.endswith("perf_report-1.json")
+    assert load(first.windows[0].trace_path) != load(second.windows[0].trace_path)
