@@ -31,6 +31,7 @@ from typing import Any
 from lightning_perf.diagnose.model import SEVERITIES, Finding, RunFacts
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
 from lightning_perf.report.json_report import SCHEMA_VERSION
+from lightning_perf.summarize.trace import MEMORY_EVENT_NAME
 
 __all__ = ["InputError", "load_report", "load_trace"]
 
@@ -38,7 +39,6 @@ GZIP_MAGIC = b"\x1f\x8b"
 # Event phases of the Chrome trace event format (Kineto writes X, i, M, s, f); events of other phases are
 # dropped. Only X and i events are read by the analyses, so only they are checked beyond their common fields.
 TRACE_PHASES = frozenset("BEXiICbnestfPNODMVvRc()STF")
-MEMORY_EVENT_NAME = "[memory]"  # Kineto's instant event for one allocation or free (``profile_memory``)
 # Run facts that perf_report.json keeps per stage under run["dataloaders"][stage]; the rest are run-level.
 DATALOADER_FACTS = frozenset({"num_workers", "pin_memory", "persistent_workers", "batch_size"})
 SHOWN_CHARS = 60  # a bad value is shown as its repr, cut to this length
@@ -322,8 +322,8 @@ def _checked_trace(data: Any) -> dict[str, Any]:
 def _checked_event(event: Any, i: int) -> bool:
     """Checks event ``i``; ``False`` for one to drop (a phase the format does not know).
 
-    The common case (every field right) runs on plain ``isinstance`` tests: a trace holds 10^5 events. A
-    field's path is built only for the message.
+    The common case (every field right) runs on plain type tests, a trace holding 10^5 events; a field's
+    path is built only for a message.
     """
     if not isinstance(event, dict):
         raise _must(f"traceEvents[{i}]", "an object", event)
@@ -456,8 +456,8 @@ def _check_version(data: dict[str, Any]) -> None:
     if version > SCHEMA_VERSION:
         writer = data.get("generated_by")
         known = isinstance(writer, str) and re.fullmatch(r"lightning-perf [\w.+-]{1,40}", writer)
-        by = f"it was written by {writer}: read it with that release or a newer one" if known else (
-            "read it with the lightning-perf release that wrote it or a newer one"
+        by = f"It was written by {writer}: read it with that release or a newer one" if known else (
+            "Read it with the lightning-perf release that wrote it or a newer one"
         )
         raise _Invalid(
             f"report schema version {version} is newer than this lightning-perf reads (version {SCHEMA_VERSION})"
@@ -470,7 +470,8 @@ def _check_version(data: dict[str, Any]) -> None:
 def _check_epoch(epoch: Any, stage: str, where: str) -> None:
     _check_record(epoch, EPOCH_FIELDS, where)
     if epoch["stage"] != stage:
-        raise _Invalid(f"field {_at(where, 'stage')} is {_shown(epoch['stage'])}, but the epoch is listed under {stage!r}")
+        shown = _shown(epoch["stage"])
+        raise _Invalid(f"field {_at(where, 'stage')} is {shown}, but the epoch is listed under {stage!r}")
     for i, finding in enumerate(_list(epoch, "findings", where, default=[])):
         at = _at(_at(where, "findings"), i)
         _check_record(finding, FINDING_FIELDS, at)
