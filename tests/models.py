@@ -100,3 +100,16 @@ def trainer(tmp_path, callbacks, **kwargs) -> pl.Trainer:
     )
     defaults.update(kwargs)
     return pl.Trainer(callbacks=callbacks, **defaults)
+
+
+class Leaky(TinyModel):
+    """Keeps every step's output with its autograd graph: 4 MiB more host memory every batch, 64 MiB an epoch."""
+
+    def __init__(self) -> None:
+        super().__init__(n=256, batch_size=16)
+        self.wide = nn.Linear(16, 65536)
+        self.kept: list[torch.Tensor] = []
+
+    def training_step(self, batch, batch_idx):
+        self.kept.append(self.wide(batch[0]).relu())  # 16 x 65536 floats = 4 MiB, kept with its graph
+        return super().training_step(batch, batch_idx)

@@ -155,7 +155,7 @@ def test_an_outlier_is_clipped_at_the_99th_percentile_and_capped(n, max_width, p
     outlier = n // 3
     compute[outlier] = 1.0  # one batch 50x slower than the rest
     img = step_split_image(np.zeros(n), compute, height=100, max_width=max_width)
-    baseline, plot_height = 100 - 1, 100 - 1 - TOP_MARGIN
+    baseline = 100 - 1
     blue = _is(img, COMPUTE_COLOUR)
     bar_columns = np.flatnonzero(np.arange(img.shape[1]) % pitch < bar_width)
     assert len(bar_columns) == n * bar_width and blue.any(axis=0).sum() == len(bar_columns)

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
 from lightning_perf import PerfCallback
-from models import TinyModel, trainer
+from models import Leaky, TinyModel, trainer
 
 WINDOW = {"skip_first": 1, "warmup": 1, "active": 2}  # one 2-batch window per epoch, early
 
@@ -115,17 +115,6 @@ def test_a_callback_that_sleeps_is_framework_overhead(tmp_path):
     # Before PerfCallback in the list: its sleep is inside the batch's hooks, as a slow logger would be.
     trainer(tmp_path, [SleepyCallback(), callback], limit_val_batches=0).fit(Tuned())
     assert "framework_overhead" in _ids(callback)
-
-
-class Leaky(TinyModel):
-    def __init__(self):
-        super().__init__(n=256, batch_size=16)
-        self.wide = nn.Linear(16, 65536)
-        self.kept = []
-
-    def training_step(self, batch, batch_idx):
-        self.kept.append(self.wide(batch[0]).relu())  # 4 MiB a batch, kept with its graph: 64 MiB an epoch
-        return super().training_step(batch, batch_idx)
 
 
 def test_a_leaking_module_shows_memory_growth(tmp_path):

@@ -10,12 +10,11 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import CSVLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from torch import nn
 
 
 from lightning_perf import PerfCallback
 from lightning_perf.report.json_report import SCHEMA_VERSION
-from models import TinyModel, trainer
+from models import Leaky, TinyModel, trainer
 
 NO_WINDOWS = {"max_windows": 0}  # these tests are about the always-on metrics
 
@@ -74,19 +73,6 @@ def test_data_wait_fraction_tells_a_slow_dataset_from_an_in_memory_one(tmp_path,
     assert low < train.data_wait_fraction < high, train
     assert train.batches == 12 and train.samples == 384
     assert train.throughput == pytest.approx(384 / train.step_time)
-
-
-class Leaky(TinyModel):
-    """Keeps every step's output, with its autograd graph: host memory grows with every batch."""
-
-    def __init__(self):
-        super().__init__(n=256, batch_size=16)
-        self.wide = nn.Linear(16, 65536)
-        self.kept = []
-
-    def training_step(self, batch, batch_idx):
-        self.kept.append(self.wide(batch[0]).relu())  # 16 x 65536 floats = 4 MiB, kept with its graph
-        return super().training_step(batch, batch_idx)
 
 
 def test_host_memory_peak_grows_for_a_module_that_keeps_its_outputs(tmp_path):
