@@ -23,7 +23,7 @@ from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import TraceSummary
 
-Rule = Callable[[StageEpoch, Thresholds], "Finding | Sequence[Finding] | None"]  # noqa: F401 (Sequence)
+Rule = Callable[[StageEpoch, Thresholds], Finding | Sequence[Finding] | None]
 """A pure function from a stage's epoch and the thresholds to a finding (or ``None``)."""
 
 # A measured share equal to its threshold fires even when floating point puts it a hair below (0.3 computed
