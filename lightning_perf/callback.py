@@ -33,7 +33,7 @@ from lightning_perf import __version__, layout
 from lightning_perf.collect.batch import BatchSizer
 from lightning_perf.collect.memory import CudaPeaks, host_rss
 from lightning_perf.collect.profiler import ProfilerWindow, WindowState, torch_profiler_active
-from lightning_perf.collect.ranks import gather_ranks, rank_values, rank_work_times
+from lightning_perf.collect.ranks import gather_ranks, rank_values
 from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, run_info, stage_dataloaders
 from lightning_perf.collect.steps import StepClock
 from lightning_perf.config import (
@@ -56,6 +56,7 @@ from lightning_perf.report.metrics import batch_metrics, epoch_metrics
 from lightning_perf.report.outputs import Outputs
 from lightning_perf.schedule import Action, make_plan
 from lightning_perf.summarize.operators import default_sort_key, top_operators
+from lightning_perf.summarize.ranks import rank_work_times
 from lightning_perf.summarize.steps import summarize_epoch
 from lightning_perf.summarize.trace import operator_stats, summarize_trace
 

@@ -50,12 +50,3 @@ def gather_ranks(trainer: pl.Trainer, values: Sequence[float]) -> tuple[RankSumm
         for rank, row in enumerate(rows)
     )
 
-
-def rank_work_times(ranks: Sequence[RankSummary]) -> dict[int, float]:
-    """Each rank's own work per step: its median step less the share it waited in collectives (from its
-    windows; without them, its median step)."""
-    return {
-        r.rank: r.step_time_p50 * (1 - (r.communication_share or 0.0))
-        for r in ranks
-        if r.step_time_p50 is not None
-    }

@@ -1,0 +1,440 @@
+"""
+Command line
+============
+
+``lightning-perf`` (or ``python -m lightning_perf``): the offline side of the loop measure, change one
+thing, measure again, compare.
+
+- ``report RUN_DIR``: a run's per-epoch summaries and findings, from its ``perf_report.json``.
+- ``analyze PATH...``: the trace-level rules on any Kineto traces, grouped by rank per directory.
+- ``compare BEFORE AFTER``: two runs (or two traces) side by side; ``--fail-if-slower PCT`` for CI.
+
+One code path with the callback: the same readers, summaries, rules and formatters; no second
+implementation of a rule. Bad input (a missing file, a truncated gzip, a malformed report) is one line on
+stderr and exit code 2. Nothing here imports torch or Lightning, so the commands start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from lightning_perf import __version__
+from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
+from lightning_perf.diagnose.registry import diagnose
+from lightning_perf.readers import InputError, load_report, load_trace
+from lightning_perf.records import EpochSummary, OperatorStat, RankSummary, TraceSummary
+from lightning_perf.report.findings import console_report, ranks_table
+from lightning_perf.report.markdown import format_duration
+from lightning_perf.summarize.ranks import rank_work_times
+from lightning_perf.summarize.steps import summarize_epoch
+from lightning_perf.summarize.trace import operator_stats, summarize_trace
+
+EXIT_OK, EXIT_SLOWER, EXIT_BAD_INPUT = 0, 1, 2
+REPORT_PATTERN = re.compile(r"^perf_report(-\d+)?\.json$")
+TRACE_PATTERN = re.compile(r"\.json(\.gz)?$")
+RANK_PATTERN = re.compile(r"rank[_-]?(\d+)")
+
+
+class UsageError(InputError):
+    """A path that holds nothing this command can read."""
+
+
+# ------------------------------------------------------------------ finding files
+
+
+def find_reports(run_dir: str) -> list[str]:
+    """The ``perf_report*.json`` files under ``run_dir`` (or ``run_dir`` itself when it is one)."""
+    if os.path.isfile(run_dir):
+        return [run_dir]
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"{run_dir}: no such file or directory")
+    found = sorted(
+        os.path.join(root, name) for root, _, files in os.walk(run_dir) for name in files if REPORT_PATTERN.match(name)
+    )
+    if not found:
+        raise UsageError(f"{run_dir}: holds no perf_report.json (is it a run directory written by PerfCallback?)")
+    return found
+
+
+def find_traces(paths: Iterable[str]) -> list[str]:
+    """Kineto trace files: the files given, and the ``*.json``/``*.json.gz`` files under directories given."""
+    found: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            found += sorted(
+                os.path.join(root, name)
+                for root, _, files in os.walk(path)
+                for name in files
+                if TRACE_PATTERN.search(name) and not REPORT_PATTERN.match(name)
+            )
+        elif os.path.exists(path):
+            found.append(path)
+        else:
+            raise UsageError(f"{path}: no such file or directory")
+    if not found:
+        raise UsageError(f"{', '.join(paths)}: holds no Kineto trace (*.json or *.json.gz)")
+    return found
+
+
+def trace_rank(path: str, trace: dict[str, Any]) -> int:
+    """A trace's global rank: its ``distributedInfo``, else a ``rank<N>`` in its file name, else 0."""
+    info = trace.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return info["rank"]
+    match = RANK_PATTERN.search(os.path.basename(path))
+    return int(match.group(1)) if match else 0
+
+
+# ------------------------------------------------------------------ records from a report
+
+
+def _epochs(report: dict[str, Any]) -> list[tuple[EpochSummary, list[Finding], list[RankSummary]]]:
+    names = {f.name for f in dataclasses.fields(EpochSummary)}
+    out = []
+    for stage in report.get("stages", {}).values():
+        for entry in stage.get("epochs", []):
+            summary = EpochSummary(**{k: v for k, v in entry.items() if k in names})
+            findings = [Finding(**f) for f in entry.get("findings", [])]
+            ranks = [RankSummary(**r) for r in entry.get("ranks", [])]
+            out.append((summary, findings, ranks))
+    return out
+
+
+# ------------------------------------------------------------------ report
+
+
+def command_report(args: argparse.Namespace) -> int:
+    reports = [(path, load_report(path)) for path in find_reports(args.run_dir)]
+    if args.json:
+        data: Any = reports[0][1] if len(reports) == 1 else {path: report for path, report in reports}
+        print(json.dumps(data, indent=1))
+        return EXIT_OK
+    for path, report in reports:
+        run = report.get("run", {})
+        print(f"{path}")
+        print(
+            f"  {run.get('device', '?')} {run.get('device_name') or ''}, world size {run.get('world_size', 1)},"
+            f" precision {run.get('precision')}, torch {run.get('torch')}, lightning {run.get('lightning')}"
+        )
+        for summary, findings, ranks in _epochs(report):
+            print(console_report(summary, findings, verbose=args.verbose, ranks=ranks))
+        windows = report.get("windows", [])
+        if windows:
+            print(f"  {len(windows)} profiler window(s): " + ", ".join(w["name"] for w in windows))
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------ analyze
+
+
+def _trace_context(summary: TraceSummary, trace: dict[str, Any], args: argparse.Namespace, world_size: int) -> StageEpoch:
+    """What the rules need from a trace alone: its steps as the epoch, its facts as far as the trace tells."""
+    epoch = summarize_epoch(
+        stage="train",
+        epoch=0,
+        data_wait=[0.0] * summary.steps,
+        compute=[summary.step_time] * summary.steps,
+        batch_sizes=[None] * summary.steps,
+    )
+    info = trace.get("distributedInfo") if isinstance(trace.get("distributedInfo"), dict) else {}
+    facts = RunFacts(
+        device="cuda" if summary.device_busy is not None else "cpu",
+        device_name=summary.device_name,
+        precision=args.precision,
+        world_size=max(world_size, int(info.get("world_size") or 1)),
+    )
+    return StageEpoch(epoch=epoch, windows=(summary,), facts=facts)
+
+
+def _summary_line(s: TraceSummary) -> str:
+    parts = [f"{s.steps} steps of {format_duration(s.step_time * 1e6)}"]
+    if s.device_busy is not None and s.step_time > 0:
+        parts.append(f"device busy {s.device_busy / s.step_time:.0%}")
+    if s.communication_exposed_time is not None and s.step_time > 0:
+        parts.append(f"exposed communication {s.communication_exposed_time / s.step_time:.0%}")
+    parts.append(f"{s.ops_per_step:,.0f} operators per step")
+    return ", ".join(parts)
+
+
+def _print_findings(findings: Sequence[Finding], verbose: int) -> None:
+    shown = [f for f in findings if verbose >= 2 or f.severity != "info"]
+    if not shown:
+        print("    no bottleneck found")
+    for f in shown:
+        print(f"    {f.severity.upper():<8} {f.id}: {f.title}")
+        if verbose >= 2:
+            print(f"             evidence: {f.evidence}")
+        print(f"             -> {f.advice}")
+
+
+def command_analyze(args: argparse.Namespace) -> int:
+    by_dir: dict[str, list[tuple[int, str, TraceSummary, dict[str, Any]]]] = {}
+    for path in find_traces(args.paths):
+        trace = load_trace(path)
+        summary = summarize_trace(trace, window=os.path.basename(path))
+        entry = (trace_rank(path, trace), path, summary, trace)
+        by_dir.setdefault(os.path.dirname(os.path.abspath(path)), []).append(entry)
+        del trace
+    results: dict[str, Any] = {}
+    for directory, entries in by_dir.items():
+        entries.sort(key=lambda e: e[0])
+        if not args.json:
+            print(directory)
+        ranks: list[RankSummary] = []
+        for rank, path, summary, trace in entries:
+            findings = diagnose(_trace_context(summary, trace, args, len(entries)))
+            share = (
+                summary.communication_exposed_time / summary.step_time
+                if summary.communication_exposed_time is not None and summary.step_time > 0
+                else None
+            )
+            ranks.append(
+                RankSummary(
+                    rank=rank,
+                    step_time_p50=summary.step_time,
+                    step_time_p90=None,
+                    step_time_max=None,
+                    data_wait_fraction=summary.dataloader_time / summary.step_time if summary.step_time else None,
+                    throughput=None,
+                    host_rss_peak=None,
+                    cuda_max_allocated=None,
+                    cuda_max_reserved=None,
+                    communication_share=share,
+                )
+            )
+            results[path] = {"rank": rank, "summary": dataclasses.asdict(summary), "findings": [dataclasses.asdict(f) for f in findings]}
+            if not args.json:
+                print(f"  rank {rank}: {os.path.basename(path)}: {_summary_line(summary)}")
+                _print_findings(findings, args.verbose)
+        if len(entries) > 1 and len({r.rank for r in ranks}) == len(ranks):
+            cross = _cross_rank_findings(ranks)
+            results[directory] = {"ranks": [dataclasses.asdict(r) for r in ranks], "findings": [dataclasses.asdict(f) for f in cross]}
+            if not args.json:
+                print("  across ranks:")
+                for line in ranks_table(ranks):
+                    print("    " + line)
+                _print_findings(cross, args.verbose)
+        elif len(entries) > 1 and not args.json:
+            print("  (no cross-rank comparison: these traces do not hold distinct ranks of one run)")
+    if args.json:
+        print(json.dumps(results, indent=1))
+    return EXIT_OK
+
+
+def _cross_rank_findings(ranks: Sequence[RankSummary]) -> list[Finding]:
+    """The cross-rank rules over one window's ranks (the same rule code the callback runs at epoch end)."""
+    median = sorted(r.step_time_p50 or 0.0 for r in ranks)[len(ranks) // 2]
+    epoch = summarize_epoch(stage="train", epoch=0, data_wait=[0.0], compute=[median], batch_sizes=[None])
+    context = StageEpoch(
+        epoch=epoch, facts=RunFacts(world_size=len(ranks)), rank_step_times=rank_work_times(ranks) or None
+    )
+    return [f for f in diagnose(context) if f.id == "rank_straggler"]
+
+
+# ------------------------------------------------------------------ compare
+
+
+@dataclasses.dataclass(frozen=True)
+class _Side:
+    label: str
+    step_p50: float | None
+    step_p90: float | None
+    throughput: float | None
+    data_wait: float | None
+    host_peak: float | None
+    cuda_peak: float | None
+    findings: frozenset[str]
+    operators: dict[str, OperatorStat]
+
+
+def _side_of_run(path: str) -> _Side:
+    report = load_report(find_reports(path)[-1])
+    train = [(s, f) for s, f, _ in _epochs(report) if s.stage == "train" and s.batches]
+    if not train:
+        raise UsageError(f"{path}: its report has no measured training epoch")
+    last, findings = train[-1]  # the last epoch: past start-up effects
+    operators: dict[str, OperatorStat] = {}
+    windows = [w for w in report.get("windows", []) if w["stage"] == "train" and os.path.exists(w["trace_path"])]
+    if windows:
+        trace = load_trace(windows[-1]["trace_path"])
+        operators = {op.name: op for op in operator_stats(trace)}
+    return _Side(
+        label=path,
+        step_p50=last.step_time_p50,
+        step_p90=last.step_time_p90,
+        throughput=last.throughput,
+        data_wait=last.data_wait_fraction,
+        host_peak=last.host_rss_peak,
+        cuda_peak=last.cuda_max_allocated,
+        findings=frozenset(f.id for f in findings if f.severity != "info"),
+        operators={k: v for k, v in operators.items() if not k.startswith("ProfilerStep")},
+    )
+
+
+def _side_of_trace(path: str, args: argparse.Namespace) -> _Side:
+    trace = load_trace(path)
+    summary = summarize_trace(trace, window=os.path.basename(path))
+    findings = diagnose(_trace_context(summary, trace, args, 1))
+    return _Side(
+        label=path,
+        step_p50=summary.step_time,
+        step_p90=None,
+        throughput=None,
+        data_wait=summary.dataloader_time / summary.step_time if summary.step_time else None,
+        host_peak=None,
+        cuda_peak=None,
+        findings=frozenset(f.id for f in findings if f.severity != "info"),
+        operators={op.name: op for op in operator_stats(trace)},
+    )
+
+
+def _side(path: str, args: argparse.Namespace) -> _Side:
+    if os.path.isdir(path) or REPORT_PATTERN.match(os.path.basename(path)):
+        return _side_of_run(path)
+    return _side_of_trace(path, args)
+
+
+def _change(before: float | None, after: float | None, *, lower_is_better: bool = True) -> str:
+    if before is None or after is None or before == 0:
+        return ""
+    change = after / before - 1
+    better = change < 0 if lower_is_better else change > 0
+    word = "better" if better else "worse" if change else "same"
+    return f"{change:+.1%} ({word})"
+
+
+def _op_time(op: OperatorStat) -> float:
+    return op.self_device_time if op.self_device_time else op.self_cpu_time
+
+
+def command_compare(args: argparse.Namespace) -> int:
+    return _print_comparison(_side(args.before, args), _side(args.after, args), args)
+
+
+def _print_comparison(before: _Side, after: _Side, args: argparse.Namespace) -> int:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else format_duration(v * 1e6)
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0%}"
+
+    def mib(v: float | None) -> str:
+        return "-" if v is None else f"{v / 2**20:,.0f} MiB"
+
+    def rate(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.0f}/s"
+
+    rows = [
+        ("step time p50", ms(before.step_p50), ms(after.step_p50), _change(before.step_p50, after.step_p50)),
+        ("step time p90", ms(before.step_p90), ms(after.step_p90), _change(before.step_p90, after.step_p90)),
+        ("throughput", rate(before.throughput), rate(after.throughput), _change(before.throughput, after.throughput, lower_is_better=False)),
+        ("data wait", pct(before.data_wait), pct(after.data_wait), _change(before.data_wait, after.data_wait)),
+        ("host memory peak", mib(before.host_peak), mib(after.host_peak), _change(before.host_peak, after.host_peak)),
+        ("CUDA allocated peak", mib(before.cuda_peak), mib(after.cuda_peak), _change(before.cuda_peak, after.cuda_peak)),
+    ]
+    if args.json:
+        print(json.dumps(_comparison_json(before, after, rows), indent=1))
+    else:
+        print(f"before: {before.label}\nafter:  {after.label}\n")
+        widths = [max(len(r[i]) for r in [("", "before", "after", "change"), *rows]) for i in range(4)]
+        for row in [("", "before", "after", "change"), *rows]:
+            print("  " + "  ".join(cell.ljust(w) if i in (0, 3) else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+        print()
+        print(f"findings fixed: {', '.join(sorted(before.findings - after.findings)) or 'none'}")
+        print(f"findings new:   {', '.join(sorted(after.findings - before.findings)) or 'none'}")
+        print(f"findings kept:  {', '.join(sorted(before.findings & after.findings)) or 'none'}")
+        _print_operator_changes(before, after, args.operators)
+    if args.fail_if_slower is not None and before.step_p50 and after.step_p50:
+        slower = (after.step_p50 / before.step_p50 - 1) * 100
+        if slower > args.fail_if_slower:
+            print(
+                f"lightning-perf: step time p50 is {slower:.1f}% slower (limit --fail-if-slower {args.fail_if_slower:g}%)",
+                file=sys.stderr,
+            )
+            return EXIT_SLOWER
+    return EXIT_OK
+
+
+def _operator_changes(before: _Side, after: _Side) -> list[tuple[str, float, float]]:
+    names = set(before.operators) | set(after.operators)
+    changes = [
+        (name, _op_time(before.operators[name]) if name in before.operators else 0.0, _op_time(after.operators[name]) if name in after.operators else 0.0)
+        for name in names
+    ]
+    return sorted(changes, key=lambda c: -abs(c[2] - c[1]))
+
+
+def _print_operator_changes(before: _Side, after: _Side, limit: int) -> None:
+    changes = _operator_changes(before, after)
+    if not changes:
+        return
+    print(f"\noperators whose self time changed most (per window, {'device' if any(op.self_device_time for op in after.operators.values()) else 'CPU'} time):")
+    for name, b, a in changes[:limit]:
+        word = "faster" if a < b else "slower"
+        print(f"  {name[:60]:<60} {format_duration(b):>10} -> {format_duration(a):>10}  {word}")
+
+
+def _comparison_json(before: _Side, after: _Side, rows: list[tuple[str, str, str, str]]) -> dict[str, Any]:
+    return {
+        "before": before.label,
+        "after": after.label,
+        "metrics": {name: {"before": b, "after": a, "change": c} for name, b, a, c in rows},
+        "findings": {
+            "fixed": sorted(before.findings - after.findings),
+            "new": sorted(after.findings - before.findings),
+            "kept": sorted(before.findings & after.findings),
+        },
+        "operators": [{"name": n, "before_us": b, "after_us": a} for n, b, a in _operator_changes(before, after)[:20]],
+    }
+
+
+# ------------------------------------------------------------------ entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lightning-perf", description=__doc__.split("\n\n")[1].strip())
+    parser.add_argument("--version", action="version", version=f"lightning-perf {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    report = commands.add_parser("report", help="a run's per-epoch summaries and findings")
+    report.add_argument("run_dir", help="a run directory (searched for perf_report.json) or a report file")
+    report.add_argument("--json", action="store_true", help="print the report as JSON")
+    report.add_argument("-v", "--verbose", type=int, default=2, choices=(1, 2), help="2: also info findings and evidence")
+    report.set_defaults(run=command_report)
+
+    analyze = commands.add_parser("analyze", help="the trace-level rules on Kineto traces")
+    analyze.add_argument("paths", nargs="+", help="trace files or directories (a directory of ranks: cross-rank findings)")
+    analyze.add_argument("--precision", default=None, help='the run\'s Lightning precision, e.g. "32-true" (enables the precision rule)')
+    analyze.add_argument("--json", action="store_true")
+    analyze.add_argument("-v", "--verbose", type=int, default=1, choices=(1, 2))
+    analyze.set_defaults(run=command_analyze)
+
+    compare = commands.add_parser("compare", help="two runs or two traces side by side")
+    compare.add_argument("before", help="a run directory, a perf_report.json, or a trace")
+    compare.add_argument("after", help="a run directory, a perf_report.json, or a trace")
+    compare.add_argument("--fail-if-slower", type=float, metavar="PCT", default=None, help="exit 1 if step time p50 grew by more than PCT percent")
+    compare.add_argument("--operators", type=int, default=10, help="how many operators to list")
+    compare.add_argument("--precision", default=None, help=argparse.SUPPRESS)
+    compare.add_argument("--json", action="store_true")
+    compare.set_defaults(run=command_compare)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except InputError as err:
+        print(f"lightning-perf: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

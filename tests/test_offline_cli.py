@@ -1,0 +1,115 @@
+"""The offline command line on real runs and real traces: ``lightning-perf report``, ``analyze`` and
+``compare``, through ``main()`` and as a console script."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from lightning_perf import PerfCallback
+from lightning_perf.cli import main
+from models import TinyModel, trainer
+
+WINDOW = {"skip_first": 1, "warmup": 1, "active": 2}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two real runs of one model (a few ms of compute per batch): data-bound (each item sleeps 5 ms), then
+    the same with in-memory data."""
+    root = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, sleep_s in (("slow", 0.005), ("fast", 0.0)):
+        callback = PerfCallback(schedule=WINDOW, stages=["train"], verbose=0)
+        model = TinyModel(n=48, sleep_s=sleep_s, width=1024, depth=3)
+        trainer(root / name, [callback], max_epochs=2, limit_val_batches=0).fit(model)
+        out[name] = root / name
+    return out
+
+
+def test_report_prints_epochs_and_findings(runs, capsys):
+    assert main(["report", str(runs["slow"])]) == 0
+    out = capsys.readouterr().out
+    assert "perf_report.json" in out and "lightning-perf | train epoch 1 |" in out
+    assert "dataloader_bound" in out and "->" in out
+
+
+def test_report_json_is_the_report(runs, capsys):
+    assert main(["report", str(runs["slow"]), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["version"] == 1 and len(report["stages"]["train"]["epochs"]) == 2
+
+
+def test_analyze_runs_the_trace_rules_on_our_traces(runs, capsys):
+    assert main(["analyze", str(runs["slow"])]) == 0
+    out = capsys.readouterr().out
+    assert out.count("rank 0: rank0.pt.trace.json.gz: 2 steps of") == 2  # one line per window
+
+
+def test_analyze_a_real_gpu_trace(gpu_trace, capsys):
+    assert main(["analyze", str(gpu_trace("v100_single_rank.json.gz")), "--precision", "32-true"]) == 0
+    out = capsys.readouterr().out
+    assert "device busy 97%" in out and "WARNING  precision:" in out
+
+
+def test_analyze_groups_the_ranks_of_a_directory(gpu_trace, tmp_path, capsys):
+    for name in ("sampled_128rank_rank0.json.gz", "sampled_128rank_rank1.json.gz"):
+        shutil.copy(gpu_trace(name), tmp_path / name)
+    assert main(["analyze", str(tmp_path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in result[str(tmp_path)]["ranks"]] == [0, 1]
+    assert {result[str(tmp_path / n)]["rank"] for n in ("sampled_128rank_rank0.json.gz", "sampled_128rank_rank1.json.gz")} == {0, 1}
+
+
+def test_compare_shows_the_gain_and_the_fixed_finding(runs, capsys):
+    assert main(["compare", str(runs["slow"]), str(runs["fast"]), "--fail-if-slower", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "step time p50" in out and "(better)" in out
+    assert "findings fixed: dataloader_bound" in out
+    assert "operators whose self time changed most" in out
+
+
+def test_compare_fails_in_ci_when_slower(runs, capsys):
+    assert main(["compare", str(runs["fast"]), str(runs["slow"]), "--fail-if-slower", "10"]) == 1
+    captured = capsys.readouterr()
+    assert "findings new:   dataloader_bound" in captured.out
+    assert "slower (limit --fail-if-slower 10%)" in captured.err
+
+
+def test_compare_two_traces(runs, capsys):
+    before = sorted(runs["slow"].rglob("*.pt.trace.json.gz"))[0]
+    after = sorted(runs["fast"].rglob("*.pt.trace.json.gz"))[0]
+    assert main(["compare", str(before), str(after), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["metrics"]["step time p50"]["change"].endswith("(better)")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["report", "/nonexistent"], "/nonexistent: no such file or directory"),
+        (["analyze", "{empty}"], "holds no Kineto trace"),
+        (["report", "{empty}"], "holds no perf_report.json"),
+        (["analyze", "{bad}"], "not a valid gzip file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(args, message, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad.pt.trace.json.gz").write_bytes(b"\x1f\x8b\x08 truncated")
+    args = [a.format(empty=tmp_path / "empty", bad=tmp_path / "bad.pt.trace.json.gz") for a in args]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lightning-perf: error: ") and message in err and "Traceback" not in err
+
+
+def test_console_script_and_module_entry_point(runs):
+    for command in (["lightning-perf"], [sys.executable, "-m", "lightning_perf"]):
+        if command[0] == "lightning-perf":
+            command = [str(__import__("pathlib").Path(sys.executable).with_name("lightning-perf"))]
+        proc = subprocess.run([*command, "report", str(runs["fast"])], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert "lightning-perf | train epoch 0 |" in proc.stdout
+    usage = subprocess.run([sys.executable, "-m", "lightning_perf", "nonsense"], capture_output=True, text=True)
+    assert usage.returncode == 2 and "invalid choice" in usage.stderr
