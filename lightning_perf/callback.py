@@ -13,6 +13,7 @@ The callback only wires the layers together: :mod:`lightning_perf.schedule` says
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import os
 import time
@@ -784,6 +785,17 @@ class PerfCallback(Callback):
         return self._window
 
     def _close_window(self, *, shortened: bool) -> None:
+        # Reading a trace back builds many small acyclic objects: the cyclic collector would run over and
+        # over while they are built, for nothing (half the time on large traces), so it waits meanwhile.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._close_window_collecting_later(shortened=shortened)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _close_window_collecting_later(self, *, shortened: bool) -> None:
         window, stage = self._window, self._window_stage
         if window is None or stage is None:
             return

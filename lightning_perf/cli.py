@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import re
@@ -429,11 +430,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # A trace is millions of small, acyclic dicts and lists: the cyclic garbage collector finds nothing in
+    # them but, triggered over and over while they are built, takes half the time (measured with
+    # benchmarks/analyze_speed.py). A command is short-lived, so it runs without it.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         return args.run(args)
     except InputError as err:
         print(f"lightning-perf: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    finally:
+        if collecting:
+            gc.enable()
 
 
 if __name__ == "__main__":
