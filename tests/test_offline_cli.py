@@ -17,11 +17,11 @@ WINDOW = {"skip_first": 1, "warmup": 1, "active": 2}
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two real runs of one model (a few ms of compute per batch): data-bound (each item sleeps 5 ms), then
+    """Two real runs of one model (a few ms of compute per batch): data-bound (each item sleeps 20 ms), then
     the same with in-memory data."""
     root = tmp_path_factory.mktemp("runs")
     out = {}
-    for name, sleep_s in (("slow", 0.005), ("fast", 0.0)):
+    for name, sleep_s in (("slow", 0.02), ("fast", 0.0)):
         callback = PerfCallback(schedule=WINDOW, stages=["train"], verbose=0)
         model = TinyModel(n=48, sleep_s=sleep_s, width=1024, depth=3)
         trainer(root / name, [callback], max_epochs=2, limit_val_batches=0).fit(model)
