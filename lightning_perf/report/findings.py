@@ -8,6 +8,7 @@ what is a finding, and how bad, the rules decide.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import Finding
@@ -22,7 +23,7 @@ def headline(summary: EpochSummary) -> str:
     parts = [
         f"{summary.batches} batches",
         f"step p50 {summary.step_time_p50 * 1e3:.2f} ms, p90 {summary.step_time_p90 * 1e3:.2f} ms",
-        f"data wait {summary.data_wait_fraction:.0%}",
+        f"data wait {math.floor(summary.data_wait_fraction * 100 + 1e-9)}%",  # rounded down, as the rules do
     ]
     if summary.throughput is not None:
         parts.append(f"{summary.throughput:,.0f} samples/s")
