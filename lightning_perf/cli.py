@@ -251,7 +251,7 @@ class _Side:
     data_wait: float | None
     host_peak: float | None
     cuda_peak: float | None
-    findings: frozenset[str]
+    findings: dict[str, str]  # id -> severity, warnings and critical only
     operators: dict[str, OperatorStat]
 
 
@@ -274,7 +274,7 @@ def _side_of_run(path: str) -> _Side:
         data_wait=last.data_wait_fraction,
         host_peak=last.host_rss_peak,
         cuda_peak=last.cuda_max_allocated,
-        findings=frozenset(f.id for f in findings if f.severity != "info"),
+        findings={f.id: f.severity for f in findings if f.severity != "info"},
         operators={k: v for k, v in operators.items() if not k.startswith("ProfilerStep")},
     )
 
@@ -291,7 +291,7 @@ def _side_of_trace(path: str, args: argparse.Namespace) -> _Side:
         data_wait=summary.dataloader_time / summary.step_time if summary.step_time else None,
         host_peak=None,
         cuda_peak=None,
-        findings=frozenset(f.id for f in findings if f.severity != "info"),
+        findings={f.id: f.severity for f in findings if f.severity != "info"},
         operators={op.name: op for op in operator_stats(trace)},
     )
 
@@ -348,9 +348,10 @@ def _print_comparison(before: _Side, after: _Side, args: argparse.Namespace) -> 
         for row in [("", "before", "after", "change"), *rows]:
             print("  " + "  ".join(cell.ljust(w) if i in (0, 3) else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
         print()
-        print(f"findings fixed: {', '.join(sorted(before.findings - after.findings)) or 'none'}")
-        print(f"findings new:   {', '.join(sorted(after.findings - before.findings)) or 'none'}")
-        print(f"findings kept:  {', '.join(sorted(before.findings & after.findings)) or 'none'}")
+        fixed, new, kept = _finding_changes(before, after)
+        print(f"findings fixed: {', '.join(fixed) or 'none'}")
+        print(f"findings new:   {', '.join(new) or 'none'}")
+        print(f"findings kept:  {', '.join(kept) or 'none'}")
         _print_operator_changes(before, after, args.operators)
     if args.fail_if_slower is not None and before.step_p50 and after.step_p50:
         slower = (after.step_p50 / before.step_p50 - 1) * 100
@@ -361,6 +362,17 @@ def _print_comparison(before: _Side, after: _Side, args: argparse.Namespace) -> 
             )
             return EXIT_SLOWER
     return EXIT_OK
+
+
+def _finding_changes(before: _Side, after: _Side) -> tuple[list[str], list[str], list[str]]:
+    """Finding ids fixed, new and kept (a kept one with its change of severity, e.g. ``critical -> warning``)."""
+    fixed = sorted(set(before.findings) - set(after.findings))
+    new = sorted(set(after.findings) - set(before.findings))
+    kept = [
+        name if before.findings[name] == after.findings[name] else f"{name} ({before.findings[name]} -> {after.findings[name]})"
+        for name in sorted(set(before.findings) & set(after.findings))
+    ]
+    return fixed, new, kept
 
 
 def _operator_changes(before: _Side, after: _Side) -> list[tuple[str, float, float]]:
@@ -387,11 +399,7 @@ def _comparison_json(before: _Side, after: _Side, rows: list[tuple[str, str, str
         "before": before.label,
         "after": after.label,
         "metrics": {name: {"before": b, "after": a, "change": c} for name, b, a, c in rows},
-        "findings": {
-            "fixed": sorted(before.findings - after.findings),
-            "new": sorted(after.findings - before.findings),
-            "kept": sorted(before.findings & after.findings),
-        },
+        "findings": dict(zip(("fixed", "new", "kept"), _finding_changes(before, after))),
         "operators": [{"name": n, "before_us": b, "after_us": a} for n, b, a in _operator_changes(before, after)[:20]],
     }
 

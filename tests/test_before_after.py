@@ -1,0 +1,40 @@
+"""The before/after example (examples/before_after) end to end: both configurations for real, then
+``lightning-perf compare`` on them."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_perf.cli import main
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "before_after" / "train.py"
+
+pytestmark = pytest.mark.slow
+
+
+def _run(config: str, root: Path) -> Path:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--config", config, "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "LIGHTNING_PERF_STRICT": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return Path(proc.stdout.strip().splitlines()[-1].removeprefix("Run directory: "))
+
+
+def test_the_fixes_remove_the_findings_and_compare_shows_the_gain(tmp_path, capsys):
+    before, after = _run("before", tmp_path), _run("after", tmp_path)
+    assert main(["compare", str(before), str(after), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["metrics"]["throughput"]["change"].endswith("(better)")
+    assert result["metrics"]["data wait"]["change"].endswith("(better)")
+    assert not result["findings"]["new"]
+    report = json.loads(next(before.rglob("perf_report.json")).read_text())
+    first = {f["id"]: f["severity"] for f in report["stages"]["train"]["epochs"][0]["findings"]}
+    assert first.get("dataloader_bound") == "critical"
