@@ -32,4 +32,4 @@ test: $(VENV)/.test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) lightning_logs demo_logs .pytest_cache
+	rm -rf $(VENV) lightning_logs demo_logs ddp_logs before_after_logs .pytest_cache
