@@ -51,7 +51,7 @@ from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.records import EpochSummary, RankSummary, WindowRecord
 from lightning_perf.report.charts import step_split_caption, step_split_image
 from lightning_perf.report.findings import console_report, findings_markdown, ranks_markdown
-from lightning_perf.report.json_report import REPORT_FILENAME, report_dict, write_json_atomically
+from lightning_perf.report.json_report import REPORT_FILENAME, report_dict, window_dict, write_json_atomically
 from lightning_perf.report.markdown import operator_table
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
 from lightning_perf.report.outputs import Outputs
@@ -274,10 +274,7 @@ class PerfCallback(Callback):
                 for stage, st in self._stages.items()
             },
             "epochs": [dataclasses.asdict(e) for e in self.epochs],
-            "windows": [
-                {f.name: getattr(w, f.name) for f in dataclasses.fields(w) if f.name not in ("operators", "summary")}
-                for w in self.windows
-            ],
+            "windows": [window_dict(w, with_summary=False) for w in self.windows],
             "findings": [dataclasses.asdict(f) for found in self._findings.values() for f in found],
         }
 
@@ -340,7 +337,7 @@ class PerfCallback(Callback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._close_window_safely()
-        self._safely("a", self._publish_staged)
+        self._safely(None, self._publish_staged)
         if self._outputs is not None:
             self._outputs.flush()
             self._outputs.close()
@@ -355,9 +352,9 @@ class PerfCallback(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # Interrupted (an exception, Ctrl-C): save what is open, so the traces and the report stay valid.
         self._close_window_safely()
-        self._safely("a", self._publish_staged)
+        self._safely(None, self._publish_staged)
         if trainer.is_global_zero and self.report_path is not None:
-            self._safely("a", write_json_atomically, self.report, self.report_path)
+            self._safely(None, write_json_atomically, self.report, self.report_path)
 
     # ------------------------------------------------------------------ stage hooks
 
@@ -534,11 +531,23 @@ class PerfCallback(Callback):
         st = self._stages[stage]
         st.clock.batch_end(outputs, keep_loss=self.config.log_loss and stage != "predict")
         st.total_batches += 1
+        # Inline try blocks, not _safely(): free in CPython 3.11 when nothing raises, and no bound-method or
+        # argument-tuple allocation on every batch.
         if st.total_batches % trainer.log_every_n_steps == 0:
-            self._safely(stage, self._log_batch, stage, st, trainer)
-        self._safely(stage, self._end_window_step, stage, st)
+            try:
+                self._log_batch(stage, st, trainer)
+            except Exception as err:
+                self._fail(stage, err)
+        if self._window is not None:
+            try:
+                self._end_window_step(stage, st)
+            except Exception as err:
+                self._fail(stage, err)
         st.batch += 1
-        self._safely(stage, self._before_batch, stage, st, trainer)
+        try:
+            self._before_batch(stage, st, trainer)
+        except Exception as err:
+            self._fail(stage, err)
         # What we did after the batch (logging, closing a window) is no part of the next batch's data wait.
         st.clock.restart()
 
@@ -866,21 +875,21 @@ class PerfCallback(Callback):
         self.windows.append(dataclasses.replace(record, close_seconds=time.perf_counter() - start))
 
     def _close_window_safely(self) -> None:
-        self._safely(self._window_stage or "a", self._close_window, shortened=True)
+        self._safely(self._window_stage, self._close_window, shortened=True)
 
-    def _safely(self, stage: str, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    def _safely(self, stage: str | None, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         try:
             fn(*args, **kwargs)
         except Exception as err:
             self._fail(stage, err)
 
-    def _fail(self, stage: str, err: Exception) -> None:
+    def _fail(self, stage: str | None, err: Exception) -> None:
         """Our own collection or reporting failed: drop the stage's window, say so once, let training go on
         (or re-raise, when ``strict``)."""
         if self._strict:
             raise err
         window = None
-        if self._window_stage == stage:
+        if stage is not None and self._window_stage == stage:
             window, self._window, self._window_stage = self._window, None, None
         if window is not None and window.state not in (WindowState.CREATED, WindowState.STOPPED):
             try:
@@ -889,8 +898,9 @@ class PerfCallback(Callback):
                 pass
         self._warn_once(
             f"error:{type(err).__name__}",
-            f"PerfCallback: measuring the {stage} stage failed ({type(err).__name__}: {err}); what it was"
-            " measuring is lost, training goes on, and later epochs and windows are still measured.",
+            f"PerfCallback: {f'measuring the {stage} stage' if stage else 'saving its output'} failed"
+            f" ({type(err).__name__}: {err}); what it was measuring is lost, training goes on, and later epochs"
+            " and windows are still measured.",
         )
 
     def _warn_once(self, key: str, message: str) -> None:

@@ -135,8 +135,11 @@ def command_report(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ analyze
 
 
-def _trace_context(summary: TraceSummary, trace: dict[str, Any], args: argparse.Namespace, world_size: int) -> StageEpoch:
-    """What the rules need from a trace alone: its steps as the epoch, its facts as far as the trace tells."""
+def trace_context(
+    summary: TraceSummary, trace: dict[str, Any], *, precision: str | None = None, world_size: int = 1
+) -> StageEpoch:
+    """What the rules need from a trace alone: its steps as a training epoch, and the run's facts as far as
+    the trace tells them (the precision it does not: pass Lightning's precision string)."""
     epoch = summarize_epoch(
         stage="train",
         epoch=0,
@@ -148,7 +151,7 @@ def _trace_context(summary: TraceSummary, trace: dict[str, Any], args: argparse.
     facts = RunFacts(
         device="cuda" if summary.device_busy is not None else "cpu",
         device_name=summary.device_name,
-        precision=args.precision,
+        precision=precision,
         world_size=max(world_size, int(info.get("world_size") or 1)),
     )
     return StageEpoch(epoch=epoch, windows=(summary,), facts=facts)
@@ -190,7 +193,7 @@ def command_analyze(args: argparse.Namespace) -> int:
             print(directory)
         ranks: list[RankSummary] = []
         for rank, path, summary, trace in entries:
-            findings = diagnose(_trace_context(summary, trace, args, len(entries)))
+            findings = diagnose(trace_context(summary, trace, precision=args.precision, world_size=len(entries)))
             share = (
                 summary.communication_exposed_time / summary.step_time
                 if summary.communication_exposed_time is not None and summary.step_time > 0
@@ -282,7 +285,7 @@ def _side_of_run(path: str) -> _Side:
 def _side_of_trace(path: str, args: argparse.Namespace) -> _Side:
     trace = load_trace(path)
     summary = summarize_trace(trace, window=os.path.basename(path))
-    findings = diagnose(_trace_context(summary, trace, args, 1))
+    findings = diagnose(trace_context(summary, trace, precision=args.precision))
     return _Side(
         label=path,
         step_p50=summary.step_time,

@@ -5,9 +5,9 @@ its numbers call for, and no others."""
 import pytest
 
 from lightning_perf import traces
-from lightning_perf.diagnose.model import RunFacts, StageEpoch
+from lightning_perf.cli import trace_context
+from lightning_perf.diagnose.model import StageEpoch
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.summarize.steps import summarize_epoch
 from lightning_perf.summarize.trace import summarize_trace
 
 # file: (what it shows, the finding ids (severity) it must yield). Shares are of the mean step.
@@ -30,26 +30,8 @@ CASES = {
 
 
 def _context(trace: dict, name: str) -> StageEpoch:
-    summary = summarize_trace(trace, window=name)
-    epoch = summarize_epoch(
-        stage="train",
-        epoch=0,
-        data_wait=[0.0] * summary.steps,
-        compute=[summary.step_time] * summary.steps,
-        batch_sizes=[None] * summary.steps,
-    )
-    world_size = (trace.get("distributedInfo") or {}).get("world_size", 1)
-    facts = RunFacts(
-        device="cuda",
-        precision="32-true",
-        world_size=world_size,
-        cpu_count=32,
-        torch_threads=16,
-        num_workers=8,
-        pin_memory=True,
-        persistent_workers=True,
-    )
-    return StageEpoch(epoch=epoch, windows=(summary,), facts=facts)
+    """The same context `lightning-perf analyze` builds from a trace (one code path), for a "32-true" run."""
+    return trace_context(summarize_trace(trace, window=name), trace, precision="32-true")
 
 
 @pytest.mark.parametrize(("name", "expected"), list(CASES.items()))

@@ -80,7 +80,9 @@ class StepClock:
         if keep_loss:
             loss = loss_tensor(outputs)
             if loss is not None:
-                self.last_loss = loss.detach()
+                # Lightning hands on_train_batch_end an already detached loss, and eval steps run without
+                # grad: detach (a new tensor) only when the graph would otherwise be kept alive.
+                self.last_loss = loss.detach() if loss.requires_grad else loss
                 self.losses.append(self.last_loss)
 
     @property

@@ -58,13 +58,16 @@ def report_dict(
         "generated_by": generated_by,
         "run": dict(run),
         "stages": stages,
-        "windows": [_window_dict(w) for w in windows],
+        "windows": [window_dict(w) for w in windows],
     }
 
 
-def _window_dict(window: WindowRecord) -> dict[str, Any]:
+def window_dict(window: WindowRecord, *, with_summary: bool = True) -> dict[str, Any]:
+    """A window as plain data: without its operators (they are in the ``*.operators.md`` file beside the
+    trace), and with its trace summary unless ``with_summary`` is false."""
     entry = {f.name: getattr(window, f.name) for f in dataclasses.fields(window) if f.name not in ("operators", "summary")}
-    entry["summary"] = None if window.summary is None else dataclasses.asdict(window.summary)
+    if with_summary:
+        entry["summary"] = None if window.summary is None else dataclasses.asdict(window.summary)
     return entry
 
 
