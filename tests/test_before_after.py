@@ -35,6 +35,14 @@ def test_the_fixes_remove_the_findings_and_compare_shows_the_gain(tmp_path, caps
     assert result["metrics"]["throughput"]["change"].endswith("(better)")
     assert result["metrics"]["data wait"]["change"].endswith("(better)")
     assert not result["findings"]["new"]
-    report = json.loads(next(before.rglob("perf_report.json")).read_text())
-    first = {f["id"]: f["severity"] for f in report["stages"]["train"]["epochs"][0]["findings"]}
-    assert first.get("dataloader_bound") == "critical"
+    # The data-wait share of "before" sits near the 30% line between warning and critical on a 2-core
+    # machine (33% when the README was written, under 30% on a loaded CI runner), so the severity is not
+    # asserted: the finding fires on every training epoch before and the share falls by more than half.
+    shares = {}
+    for name, run in (("before", before), ("after", after)):
+        report = json.loads(next(run.rglob("perf_report.json")).read_text())
+        epochs = report["stages"]["train"]["epochs"]
+        if name == "before":
+            assert all("dataloader_bound" in {f["id"] for f in e["findings"]} for e in epochs)
+        shares[name] = sum(e["data_wait_fraction"] for e in epochs) / len(epochs)
+    assert shares["after"] < shares["before"] / 2, shares
