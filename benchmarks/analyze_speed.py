@@ -5,9 +5,10 @@ Offline trace analysis speed
 How fast lightning-perf analyses a Kineto trace offline, next to the two tools people otherwise point at the
 same file, timed in one run on the same traces:
 
-    ours         ``lightning_perf.readers.load_trace`` (read, gunzip, parse, validate), then
-                 ``summarize_trace`` and ``operator_stats`` (the step summary and the operator table): what
-                 the offline CLI does with a trace. Load and analysis are timed separately.
+    ours         ``lightning_perf.readers.load_kineto`` (read, gunzip, decode into typed events, which
+                 checks them), then ``summarize_trace`` and ``operator_stats`` (the step summary and the
+                 operator table; the first sorts the events out for both): what the offline CLI does with
+                 a trace. Load and analysis are timed separately.
     tb-profiler  torch-tb-profiler's own loader, what TensorBoard's PyTorch Profiler tab runs per worker:
                  ``RunProfileData.parse(worker, span, path, cache_dir)`` then
                  ``RunGenerator(worker, span, data).generate_run_profile()``.
@@ -256,7 +257,7 @@ def _median_runs(runs: int, once: Callable[[], dict[str, float]]) -> Timing:
 
 
 def time_ours(path: pathlib.Path, runs: int) -> Timing:
-    from lightning_perf.readers import load_trace
+    from lightning_perf.readers import load_kineto
     from lightning_perf.summarize.trace import operator_stats, summarize_trace
 
     def once() -> dict[str, float]:
@@ -264,7 +265,7 @@ def time_ours(path: pathlib.Path, runs: int) -> Timing:
         gc.disable()
         try:
             t0 = time.perf_counter()
-            trace = load_trace(path)
+            trace = load_kineto(path)
             t1 = time.perf_counter()
             summarize_trace(trace, window=path.name)
             t2 = time.perf_counter()
@@ -430,7 +431,7 @@ def print_summary(
 
     if "ours" not in tools:
         return
-    print("\ntargets (ours: load_trace + summarize_trace + operator_stats):")
+    print("\ntargets (ours: load_kineto + summarize_trace + operator_stats):")
     for tool in tools:
         if tool == "ours":
             continue

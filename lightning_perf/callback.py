@@ -56,6 +56,7 @@ from lightning_perf.report.markdown import operator_table
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
 from lightning_perf.report.outputs import Outputs
 from lightning_perf.schedule import Action, make_plan
+from lightning_perf.summarize.events import as_trace
 from lightning_perf.summarize.operators import default_sort_key, top_operators
 from lightning_perf.summarize.ranks import rank_work_times
 from lightning_perf.summarize.steps import summarize_epoch
@@ -844,6 +845,8 @@ class PerfCallback(Callback):
             compress=trace_path.endswith(".gz"),
             max_bytes=int(self.config.max_trace_mb * 2**20),
         )
+        typed = as_trace(trace, shapes=self.config.record_shapes)  # the trace as saved, as the analyses read it
+        del trace
         if window.cut_to is not None:
             self._warn_once(
                 f"cut:{stage}",
@@ -863,8 +866,8 @@ class PerfCallback(Callback):
             shortened=shortened,
             cuda_max_allocated=cuda.max_allocated if cuda else None,
             cuda_max_reserved=cuda.max_reserved if cuda else None,
-            operators=operator_stats(trace, group_by_input_shape=self.config.record_shapes),
-            summary=summarize_trace(trace, window=os.path.basename(window_dir)),
+            operators=operator_stats(typed, group_by_input_shape=self.config.record_shapes),
+            summary=summarize_trace(typed, window=os.path.basename(window_dir)),
         )
         sort_by = self.config.sort_by or default_sort_key(record.device)
         table = operator_table(record, top_operators(record.operators, sort_by=sort_by, row_limit=self.config.row_limit), sort_by=sort_by)

@@ -23,17 +23,18 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from lightning_perf import __version__
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.readers import InputError, load_report, load_trace
+from lightning_perf.readers import InputError, load_kineto, load_report
 from lightning_perf.records import EpochSummary, OperatorStat, RankSummary, TraceSummary
 from lightning_perf.report.findings import console_report, ranks_table
 from lightning_perf.report.markdown import format_duration
 from lightning_perf.summarize.ranks import rank_work_times
+from lightning_perf.summarize.events import KinetoTrace
 from lightning_perf.summarize.steps import summarize_epoch
 from lightning_perf.summarize.trace import operator_stats, summarize_trace
 
@@ -84,10 +85,16 @@ def find_traces(paths: Iterable[str]) -> list[str]:
     return found
 
 
-def trace_rank(path: str, trace: dict[str, Any]) -> int:
+def distributed_info(trace: KinetoTrace | Mapping[str, Any]) -> dict[str, Any]:
+    """A trace's ``distributedInfo`` (rank, world size, backend), or ``{}``."""
+    info = trace.distributedInfo if isinstance(trace, KinetoTrace) else trace.get("distributedInfo")
+    return info if isinstance(info, dict) else {}
+
+
+def trace_rank(path: str, trace: KinetoTrace | Mapping[str, Any]) -> int:
     """A trace's global rank: its ``distributedInfo``, else a ``rank<N>`` in its file name, else 0."""
-    info = trace.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+    info = distributed_info(trace)
+    if isinstance(info.get("rank"), int) and not isinstance(info["rank"], bool):
         return info["rank"]
     match = RANK_PATTERN.search(os.path.basename(path))
     return int(match.group(1)) if match else 0
@@ -136,7 +143,7 @@ def command_report(args: argparse.Namespace) -> int:
 
 
 def trace_context(
-    summary: TraceSummary, trace: dict[str, Any], *, precision: str | None = None, world_size: int = 1
+    summary: TraceSummary, trace: KinetoTrace | Mapping[str, Any], *, precision: str | None = None, world_size: int = 1
 ) -> StageEpoch:
     """What the rules need from a trace alone: its steps as a training epoch, and the run's facts as far as
     the trace tells them (the precision it does not: pass Lightning's precision string)."""
@@ -147,7 +154,7 @@ def trace_context(
         compute=[summary.step_time] * summary.steps,
         batch_sizes=[None] * summary.steps,
     )
-    info = trace.get("distributedInfo") if isinstance(trace.get("distributedInfo"), dict) else {}
+    info = distributed_info(trace)
     facts = RunFacts(
         device="cuda" if summary.device_busy is not None else "cpu",
         device_name=summary.device_name,
@@ -181,19 +188,19 @@ def _print_findings(findings: Sequence[Finding], verbose: int) -> None:
 def command_analyze(args: argparse.Namespace) -> int:
     by_dir: dict[str, list[tuple[int, str, TraceSummary, dict[str, Any]]]] = {}
     for path in find_traces(args.paths):
-        trace = load_trace(path)
+        trace = load_kineto(path)
         summary = summarize_trace(trace, window=os.path.basename(path))
-        entry = (trace_rank(path, trace), path, summary, trace)
+        entry = (trace_rank(path, trace), path, summary, {"distributedInfo": distributed_info(trace)})
         by_dir.setdefault(os.path.dirname(os.path.abspath(path)), []).append(entry)
-        del trace
+        del trace  # one trace in memory at a time
     results: dict[str, Any] = {}
     for directory, entries in by_dir.items():
         entries.sort(key=lambda e: e[0])
         if not args.json:
             print(directory)
         ranks: list[RankSummary] = []
-        for rank, path, summary, trace in entries:
-            findings = diagnose(trace_context(summary, trace, precision=args.precision, world_size=len(entries)))
+        for rank, path, summary, metadata in entries:
+            findings = diagnose(trace_context(summary, metadata, precision=args.precision, world_size=len(entries)))
             share = (
                 summary.communication_exposed_time / summary.step_time
                 if summary.communication_exposed_time is not None and summary.step_time > 0
@@ -267,8 +274,7 @@ def _side_of_run(path: str) -> _Side:
     operators: dict[str, OperatorStat] = {}
     windows = [w for w in report.get("windows", []) if w["stage"] == "train" and os.path.exists(w["trace_path"])]
     if windows:
-        trace = load_trace(windows[-1]["trace_path"])
-        operators = {op.name: op for op in operator_stats(trace)}
+        operators = {op.name: op for op in operator_stats(load_kineto(windows[-1]["trace_path"]))}
     return _Side(
         label=path,
         step_p50=last.step_time_p50,
@@ -283,7 +289,7 @@ def _side_of_run(path: str) -> _Side:
 
 
 def _side_of_trace(path: str, args: argparse.Namespace) -> _Side:
-    trace = load_trace(path)
+    trace = load_kineto(path)
     summary = summarize_trace(trace, window=os.path.basename(path))
     findings = diagnose(trace_context(summary, trace, precision=args.precision))
     return _Side(

@@ -28,12 +28,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from lightning_perf.diagnose.model import SEVERITIES, Finding, RunFacts
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
 from lightning_perf.report.json_report import SCHEMA_VERSION
+from lightning_perf.summarize.events import KinetoTrace, as_trace, decode_trace
 from lightning_perf.summarize.trace import MEMORY_EVENT_NAME
 
-__all__ = ["InputError", "load_report", "load_trace"]
+__all__ = ["InputError", "load_kineto", "load_report", "load_trace"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 # Event phases of the Chrome trace event format (Kineto writes X, i, M, s, f); events of other phases are
@@ -219,6 +222,12 @@ def _list(container: dict[str, Any], key: str, where: str, *, default: list[Any]
 def _read_json(path: str | os.PathLike[str]) -> tuple[str, Any]:
     """The file's name for messages and its parsed JSON, gunzipped first where it is gzip (by its name
     ending in ``.gz`` or by its first bytes)."""
+    name, data, compressed = _read_bytes(path)
+    return name, _parse_json(name, data, compressed)
+
+
+def _read_bytes(path: str | os.PathLike[str]) -> tuple[str, bytes, bool]:
+    """The file's name for messages, its content (gunzipped where it is gzip) and whether it was."""
     name = os.fsdecode(path)
     try:
         with open(path, "rb") as f:
@@ -246,6 +255,10 @@ def _read_json(path: str | os.PathLike[str]) -> tuple[str, Any]:
             raise InputError(f"{name}: not a valid gzip file ({err})") from err
         if not data:
             raise InputError(f"{name}: is empty once decompressed")
+    return name, data, compressed
+
+
+def _parse_json(name: str, data: bytes, compressed: bool) -> Any:
     after = " once decompressed" if compressed else ""
 
     try:
@@ -259,7 +272,7 @@ def _read_json(path: str | os.PathLike[str]) -> tuple[str, Any]:
         raise InputError(f"{name}: holds only whitespace{after}, no JSON")
 
     try:
-        return name, json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as err:
         ends_early = " (the file ends early: truncated?)" if err.pos >= len(text.rstrip()) else ""
         raise InputError(
@@ -298,6 +311,40 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
         return _checked_trace(data)
     except _Invalid as err:
         raise InputError(f"{name}: {err}") from None
+
+
+def load_kineto(path: str | os.PathLike[str], *, shapes: bool = False) -> KinetoTrace:
+    """Reads a Kineto trace as :func:`load_trace` does, into the typed events the analyses read.
+
+    A valid trace is decoded straight from its JSON into :class:`~lightning_perf.summarize.events.Event`
+    records, 3-4 times faster than :func:`load_trace` (what the offline CLI's speed rests on); any other file
+    goes through :func:`load_trace`'s checks, for the same messages.
+
+    Args:
+        path: A ``.json`` or ``.json.gz`` trace.
+        shapes: Also read the operators' input shapes (``record_shapes=True`` traces).
+
+    Notes:
+        1. Fields the analyses do not read are not checked, and absent ones take defaults: a complete event
+           without ``dur`` is none long, where :func:`load_trace` refuses it.
+        2. Events of unknown phases are kept, but no analysis reads them.
+
+    Raises:
+        InputError: Naming the file and the problem.
+    """
+    name, data, compressed = _read_bytes(path)
+    try:
+        return decode_trace(data, shapes=shapes)
+    except (msgspec.MsgspecError, RecursionError):
+        pass  # not JSON, a top-level array, a field of the wrong type...: the careful reader says what
+    try:
+        trace = _checked_trace(_parse_json(name, data, compressed))
+    except _Invalid as err:
+        raise InputError(f"{name}: {err}") from None
+    try:
+        return as_trace(trace, shapes=shapes)
+    except msgspec.ValidationError as err:  # a field the checks above leave alone, e.g. an M event's dur
+        raise InputError(f"{name}: {err}".replace(" - at `$.", " at `")) from None
 
 
 def _checked_trace(data: Any) -> dict[str, Any]:

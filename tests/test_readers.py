@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from lightning_perf import traces
 from lightning_perf.diagnose.model import Finding
-from lightning_perf.readers import InputError, load_report, load_trace
+from lightning_perf.readers import InputError, load_kineto, load_report, load_trace
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
 from lightning_perf.report.json_report import SCHEMA_VERSION, report_dict, write_json_atomically
 from lightning_perf.summarize.trace import operator_stats, summarize_trace
@@ -144,6 +144,45 @@ def test_real_gpu_traces_load_whole(gpu_trace):
     assert summarize_trace(trace, window="w").steps == 3
 
 
+def _analyses(trace):
+    return summarize_trace(trace, window="w"), operator_stats(trace)
+
+
+@pytest.mark.parametrize("name", ["a100_nccl_2rank_rank0.json.gz", "v100_single_rank.json.gz"])
+def test_the_typed_reader_gives_the_analyses_what_the_careful_one_gives(gpu_trace, name):
+    path = gpu_trace(name)
+    assert _analyses(load_kineto(path)) == _analyses(load_trace(path))
+
+
+def test_the_typed_reader_falls_back_to_the_careful_one_for_unusual_files(tmp_path):
+    events = _trace()["traceEvents"]
+    odd = [{"ph": "?", "ts": "x"}, {"name": "no phase"}, {"ph": 5}]
+    path = tmp_path / "odd.json"  # events of no known phase, a byte-order mark: the fast path refuses both
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({**_trace(), "traceEvents": odd + events}).encode())
+    assert _analyses(load_kineto(path)) == _analyses(_trace())
+    path.write_text(json.dumps(events))  # a top-level array of events
+    assert _analyses(load_kineto(path)) == _analyses({"traceEvents": events})
+
+
+def test_the_typed_reader_reads_shapes_only_when_asked(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_trace()))
+    by_shape = {op.name: op.input_shapes for op in operator_stats(load_kineto(path, shapes=True), group_by_input_shape=True)}
+    assert by_shape["aten::mm"] == "[[2, 2], [2, 2]]"
+    assert {op.input_shapes for op in operator_stats(load_kineto(path), group_by_input_shape=True)} == {None}
+
+
+def test_a_memory_event_whose_bytes_are_no_number_counts_none(tmp_path):
+    trace = _trace()
+    memory = next(e for e in trace["traceEvents"] if e["name"] == "[memory]")
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    assert {op.name: op.self_cpu_memory for op in operator_stats(load_kineto(path))}["aten::mm"] == 512
+    memory["args"]["Bytes"] = "512"  # the careful reader refuses it; the typed one reads past it
+    path.write_text(json.dumps(trace))
+    assert {op.name: op.self_cpu_memory for op in operator_stats(load_kineto(path))}["aten::mm"] == 0
+
+
 def test_a_report_written_by_the_writer_loads_unchanged(tmp_path):
     path = str(tmp_path / "perf_report.json")
     write_json_atomically(_report(), path)
@@ -243,8 +282,9 @@ def _cases(table):
     return [pytest.param(*case[1:], id=case[0]) for case in table]
 
 
+@pytest.mark.parametrize("load", [load_trace, load_kineto], ids=["load_trace", "load_kineto"])
 @pytest.mark.parametrize(("filename", "content", "message"), _cases(TRACE_FAILURES))
-def test_a_broken_trace_is_an_input_error_naming_the_file_and_the_problem(tmp_path, filename, content, message):
+def test_a_broken_trace_is_an_input_error_naming_the_file_and_the_problem(tmp_path, filename, content, message, load):
     path = tmp_path / filename
     if content == "DIR":
         path.mkdir()
@@ -253,7 +293,7 @@ def test_a_broken_trace_is_an_input_error_naming_the_file_and_the_problem(tmp_pa
     elif content is not None:
         path.write_bytes(content)
     with pytest.raises(InputError) as info:
-        load_trace(path)
+        load(path)
     first_line = str(info.value).splitlines()[0]
     assert first_line.startswith(f"{path}: ")
     assert _search(message, first_line[len(f"{path}: ") :])
@@ -405,6 +445,7 @@ def test_random_bytes_load_or_are_input_errors(scratch, data, suffix):
     path = scratch / f"bytes{suffix}"
     path.write_bytes(data)
     _loads_or_input_error(load_trace, path)
+    _loads_or_input_error(load_kineto, path)
     _loads_or_input_error(load_report, path)
 
 
@@ -421,6 +462,7 @@ def test_damaged_gzip_loads_or_is_an_input_error(scratch, cut, flips):
     path = scratch / "damaged.json.gz"
     path.write_bytes(bytes(data))
     _loads_or_input_error(load_trace, path)
+    _loads_or_input_error(load_kineto, path)
 
 
 @FUZZ
@@ -429,9 +471,11 @@ def test_random_json_loads_or_is_an_input_error(scratch, value):
     path = scratch / "value.json"
     path.write_text(json.dumps(value))
     _loads_or_input_error(load_trace, path)
+    _loads_or_input_error(load_kineto, path)
     _loads_or_input_error(load_report, path)
     path.write_text(json.dumps({"traceEvents": value}))
     _loads_or_input_error(load_trace, path)
+    _loads_or_input_error(load_kineto, path)
 
 
 def _leaves(value, path=()):
@@ -532,7 +576,11 @@ def test_a_trace_that_loads_is_one_the_analyses_can_read(scratch, trace):
     loaded = _loads_or_input_error(load_trace, path)
     if loaded is None:
         return
-    summarize_trace(copy.deepcopy(loaded), window="w")
-    operator_stats(copy.deepcopy(loaded), group_by_input_shape=True)
+    summary = summarize_trace(copy.deepcopy(loaded), window="w")
+    operators = operator_stats(copy.deepcopy(loaded), group_by_input_shape=True)
+    # The typed reader reads every trace the careful one does, into the same summaries.
+    typed = load_kineto(path, shapes=True)
+    assert summarize_trace(typed, window="w") == summary
+    assert operator_stats(typed, group_by_input_shape=True) == operators
     list(traces.profiler_steps(loaded))
     traces.keep_steps(traces.standard_categories(traces.tensorboard_compatible(loaded)), {1, 2})

@@ -21,11 +21,15 @@ import re
 import statistics
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
+import msgspec
+
 from lightning_perf.records import OperatorStat, TraceSummary
+from lightning_perf.summarize.events import Complete, Instant, KinetoTrace, as_trace
 from lightning_perf.traces import DATALOADER_PREFIX, DATALOADER_SUFFIX, PROFILER_STEP_PREFIX
 
 # Host-side operator ranges (torch's ``record_function`` spans are ``user_annotation``), and the device
@@ -41,42 +45,88 @@ MEMORY_EVENT_NAME = "[memory]"
 CUDA_DEVICE_TYPE = 1  # ``args["Device Type"]`` of a [memory] event: c10::DeviceType::CUDA
 
 
-@dataclass
-class _Op:
-    name: str
-    key: tuple[str, str | None]
-    start: float
-    end: float
-    external_id: Any
-    flops: int | None
-    children_time: float = 0.0
-    device_time: float = 0.0  # this op's and its descendants'
-    cpu_memory: int = 0
-    device_memory: int = 0
-    children: int = 0
-    last_child: _Op | None = None
-    self_cpu: float = 0.0
-    self_device: float = 0.0
+Thread = tuple[Any, Any]  # (pid, tid)
+_TS, _DUR = attrgetter("ts"), attrgetter("dur")
 
 
 @dataclass
-class _Totals:
-    calls: int = 0
-    self_cpu: float = 0.0
-    cpu: float = 0.0
-    self_device: float = 0.0
-    device: float = 0.0
-    cpu_memory: int = 0
-    device_memory: int = 0
-    flops: int = 0
+class _Index:
+    """What both summaries read of a trace's events, sorted out in one pass: host spans per thread (sorted by
+    start, the longer of two first, then in trace order), the ``ProfilerStep#N`` spans apart; device activity
+    and ``[memory]`` events in trace order. Built once per trace (:meth:`of` keeps it on the trace)."""
+
+    host: dict[Thread, list[Complete]]  # complete events of HOST_OP_CATEGORIES but ProfilerStep#N spans
+    steps: dict[Thread, list[Complete]]  # the ProfilerStep#N spans
+    device: list[Complete]  # kernels, copies, memsets
+    memory: dict[Thread, list[Instant]]  # [memory] instants
+
+    @classmethod
+    def of(cls, trace: KinetoTrace) -> _Index:
+        cached = trace.__dict__.get("_index")
+        if cached is None:
+            cached = trace.__dict__["_index"] = cls._build(trace)
+        return cached
+
+    @classmethod
+    def _build(cls, trace: KinetoTrace) -> _Index:
+        events = trace.traceEvents
+        complete = [e for e in events if isinstance(e, Complete)]
+        host, steps = {}, {}
+        for thread, spans in _by_thread([e for e in complete if e.cat in HOST_OP_CATEGORIES]).items():
+            step_names = _starts_with({e.name for e in spans}, PROFILER_STEP_PREFIX)
+            if step_names:
+                steps[thread] = [e for e in spans if e.name in step_names]
+                spans = [e for e in spans if e.name not in step_names]
+            host[thread] = _by_start(spans)
+        return cls(
+            host=host,
+            steps=steps,
+            device=[e for e in complete if e.cat in DEVICE_CATEGORIES],
+            memory=_by_thread([e for e in events if type(e) is Instant and e.name == MEMORY_EVENT_NAME]),
+        )
 
 
-def operator_stats(trace: dict[str, Any], *, group_by_input_shape: bool = False) -> tuple[OperatorStat, ...]:
+def _by_thread(events: list[Any]) -> dict[Thread, list[Any]]:
+    groups: dict[Thread, list[Any]] = defaultdict(list)
+    for event in events:
+        groups[(event.pid, event.tid)].append(event)
+    return dict(groups)
+
+
+def _by_start(events: list[Complete]) -> list[Complete]:
+    """``events`` sorted by start, the longer of two starting together first, then in trace order.
+
+    A trace lists a thread's events nearly in order of start: one sort by start is quick, and the few runs of
+    events starting at the same time are then sorted by duration, longest first (stable: ties stay in order).
+    """
+    ordered = sorted(events, key=_TS)
+    starts = [e.ts for e in ordered]
+    run_start = run_end = -1
+    for i in [i for i in range(1, len(starts)) if starts[i] == starts[i - 1]]:
+        if i != run_end + 1:  # a new run of equal starts: [i - 1, i]
+            if run_end > run_start:
+                ordered[run_start : run_end + 1] = sorted(ordered[run_start : run_end + 1], key=_DUR, reverse=True)
+            run_start = i - 1
+        run_end = i
+    if run_end > run_start:
+        ordered[run_start : run_end + 1] = sorted(ordered[run_start : run_end + 1], key=_DUR, reverse=True)
+    return ordered
+
+
+def _starts_with(names: Iterable[str], prefix: str) -> set[str]:
+    return {name for name in names if name.startswith(prefix)}
+
+
+def operator_stats(
+    trace: KinetoTrace | Mapping[str, Any], *, group_by_input_shape: bool = False
+) -> tuple[OperatorStat, ...]:
     """Per-operator statistics of a Kineto trace, like ``key_averages()``.
 
     Args:
-        trace: A loaded Kineto trace (``{"traceEvents": [...], ...}``).
-        group_by_input_shape: One row per operator and input shapes, as ``key_averages(group_by_input_shape=True)``.
+        trace: A Kineto trace, typed (:func:`~lightning_perf.summarize.events.decode_trace`) or as loaded
+            by ``json`` (``{"traceEvents": [...], ...}``).
+        group_by_input_shape: One row per operator and input shapes, as ``key_averages(group_by_input_shape=True)``
+            (a typed trace has them only if it was decoded with ``shapes=True``).
 
     Notes:
         1. Host operators (``cpu_op`` and ``user_annotation`` spans, but not ``ProfilerStep#N``) and runtime
@@ -89,120 +139,127 @@ def operator_stats(trace: dict[str, Any], *, group_by_input_shape: bool = False)
         4. Device columns are ``None`` when the trace has no device activity, memory columns when it was
            recorded without ``profile_memory``.
     """
-    events = trace.get("traceEvents", ())
+    trace = as_trace(trace, shapes=group_by_input_shape)
+    index = _Index.of(trace)
     device_by_external_id: dict[Any, float] = defaultdict(float)
-    # Per thread: (start, is_memory, -duration, sequence, event). Sorted as plain tuples: by start, an
-    # operator before a memory event at the same time, a longer (parent) before a shorter (child) span.
-    by_thread: dict[tuple[Any, Any], list[tuple[float, int, float, int, dict[str, Any]]]] = defaultdict(list)
-    has_device = has_memory = False
-    for seq, event in enumerate(events):
-        ph, cat = event.get("ph"), event.get("cat")
-        if ph == "X" and cat in HOST_OP_CATEGORIES:
-            if not event.get("name", "").startswith("ProfilerStep#"):
-                item = (float(event["ts"]), 0, -float(event.get("dur", 0)), seq, event)
-                by_thread[(event.get("pid"), event.get("tid"))].append(item)
-        elif ph == "X" and cat in DEVICE_CATEGORIES:
-            has_device = True
-            external_id = event.get("args", {}).get("External id")
-            if external_id is not None:
-                device_by_external_id[external_id] += float(event.get("dur", 0))
-        elif ph == "i" and event.get("name") == MEMORY_EVENT_NAME:
-            has_memory = True
-            by_thread[(event.get("pid"), event.get("tid"))].append((float(event["ts"]), 1, 0.0, seq, event))
+    for event in index.device:
+        if event.args.external_id is not None:
+            device_by_external_id[event.args.external_id] += event.dur
 
-    totals: dict[tuple[str, str | None], _Totals] = defaultdict(_Totals)
-    for items in by_thread.values():
-        items.sort()
-        _nest(items, device_by_external_id, group_by_input_shape, totals)
+    totals: dict[tuple[str, str | None], list[Any]] = {}
+    for thread, ops in index.host.items():
+        memory = index.memory.get(thread)
+        if memory:  # by start; at one time an operator before a memory event; then as sorted
+            order = {id(e): seq for seq, e in enumerate(ops + memory)}
+            ops = sorted(ops + memory, key=lambda e: (e.ts, type(e) is Instant, order[id(e)]))
+        _nest(ops, device_by_external_id, group_by_input_shape, totals)
 
-    has_memory = has_memory or "profile_memory" in trace
+    has_device = bool(index.device)
+    has_memory = bool(index.memory) or trace.profile_memory is not msgspec.UNSET
     return tuple(
         OperatorStat(
             name=name,
-            calls=t.calls,
-            self_cpu_time=t.self_cpu,
-            cpu_time=t.cpu,
-            self_device_time=t.self_device if has_device else None,
-            device_time=t.device if has_device else None,
-            self_cpu_memory=t.cpu_memory if has_memory else None,
-            self_device_memory=t.device_memory if has_memory and has_device else None,
+            calls=t[_CALLS],
+            self_cpu_time=t[_SELF_CPU],
+            cpu_time=t[_CPU],
+            self_device_time=t[_SELF_DEVICE] if has_device else None,
+            device_time=t[_DEVICE] if has_device else None,
+            self_cpu_memory=t[_CPU_MEMORY] if has_memory else None,
+            self_device_memory=t[_DEVICE_MEMORY] if has_memory and has_device else None,
             input_shapes=shapes,
-            flops=t.flops or None,
+            flops=t[_FLOPS] or None,
         )
         for (name, shapes), t in totals.items()
     )
 
 
+# The totals of an operator row, a list indexed by these (lists: a trace has 10^5 operators to add up).
+_CALLS, _SELF_CPU, _CPU, _SELF_DEVICE, _DEVICE, _CPU_MEMORY, _DEVICE_MEMORY, _FLOPS = range(8)
+# One operator on the stack of _nest, a list indexed by these.
+(_KEY, _NAME, _END, _DURATION, _CHILDREN_TIME, _DEVICE_TIME, _OWN_DEVICE, _OP_SELF_DEVICE, _OP_CPU_MEMORY,
+ _OP_DEVICE_MEMORY, _CHILDREN, _LAST_CHILD, _OP_SELF_CPU, _OP_FLOPS) = range(14)  # fmt: skip
+_SENTINEL = Complete(name="", ts=float("inf"), dur=0.0)
+
+
 def _nest(
-    items: Iterable[tuple[float, int, float, int, dict[str, Any]]],
-    device_by_external_id: dict[Any, float],
+    events: list[Complete | Instant],
+    device_by_external_id: Mapping[Any, float],
     group_by_input_shape: bool,
-    totals: dict[tuple[str, str | None], _Totals],
+    totals: dict[tuple[str, str | None], list[Any]],
 ) -> None:
-    stack: list[_Op] = []
+    """Adds one thread's operators, sorted, to ``totals``.
 
-    def finish(op: _Op) -> None:
-        child = op.last_child
-        if op.children == 1 and child is not None and child.name == op.name:
-            # Like torch's EventList._remove_dup_nodes: an op whose only child has its own name (an overload
-            # calling another) counts once, with the child's self time, device time and memory folded in.
-            c = totals[child.key]
-            c.calls -= 1
-            c.cpu -= child.end - child.start
-            c.self_cpu -= child.self_cpu
-            c.self_device -= child.self_device
-            c.device -= child.device_time
-            c.cpu_memory -= child.cpu_memory
-            c.device_memory -= child.device_memory
-            op.children_time -= child.self_cpu
-            op.self_device += child.self_device
-            op.cpu_memory += child.cpu_memory
-            op.device_memory += child.device_memory
-        t = totals[op.key]
-        t.calls += 1
-        duration = op.end - op.start
-        op.self_cpu = max(duration - op.children_time, 0.0)
-        if op.external_id is not None:
-            op.self_device += device_by_external_id.get(op.external_id, 0.0)
-        op.device_time += device_by_external_id.get(op.external_id, 0.0) if op.external_id is not None else 0.0
-        t.cpu += duration
-        t.self_cpu += op.self_cpu
-        t.self_device += op.self_device
-        t.device += op.device_time
-        t.cpu_memory += op.cpu_memory
-        t.device_memory += op.device_memory
-        t.flops += op.flops or 0
-        if stack:
-            parent = stack[-1]
-            parent.children_time += duration
-            parent.device_time += op.device_time
-            parent.children += 1
-            parent.last_child = op
-
-    for ts, is_memory, _, _, event in items:
-        while stack and stack[-1].end <= ts and not (is_memory and stack[-1].end == ts):
-            finish(stack.pop())
-        args = event.get("args", {})
+    Each operator is pushed on a stack when it starts and finished when an event starts at or after its end
+    (a sentinel at infinity finishes the last ones): its self time is its duration less its direct
+    children's, its device time its own (``device_by_external_id``) plus its children's.
+    """
+    stack: list[list[Any]] = []
+    for event in (*events, _SENTINEL):
+        ts = event.ts
+        is_memory = type(event) is Instant
+        while stack and stack[-1][_END] <= ts and not (is_memory and stack[-1][_END] == ts):
+            _finish(stack.pop(), stack, totals)
+        if event is _SENTINEL:
+            break
+        args = event.args
         if is_memory:
-            if stack:
-                if args.get("Device Type") == CUDA_DEVICE_TYPE:
-                    stack[-1].device_memory += int(args.get("Bytes", 0))
+            if stack and type(args.bytes) in (int, float):
+                if args.device_type == CUDA_DEVICE_TYPE:
+                    stack[-1][_OP_DEVICE_MEMORY] += int(args.bytes)
                 else:
-                    stack[-1].cpu_memory += int(args.get("Bytes", 0))
+                    stack[-1][_OP_CPU_MEMORY] += int(args.bytes)
             continue
-        shapes = args.get("Input Dims") if group_by_input_shape else None
-        stack.append(
-            _Op(
-                name=event["name"],
-                key=(event["name"], str(shapes) if shapes is not None else None),
-                start=ts,
-                end=ts + float(event.get("dur", 0)),
-                external_id=args.get("External id") if event.get("cat") in OPERATOR_CATEGORIES else None,
-                flops=args.get("flops"),
-            )
-        )
-    while stack:
-        finish(stack.pop())
+        name, own_device = event.name, 0.0
+        if args.external_id is not None and event.cat in OPERATOR_CATEGORIES:
+            own_device = device_by_external_id.get(args.external_id, 0.0)
+        shapes = getattr(args, "input_dims", None) if group_by_input_shape else None
+        key = (name, None if shapes is None else str(shapes))
+        # [key, name, end, duration, children_time, device_time, own_device, self_device, cpu_memory,
+        #  device_memory, children, last_child, self_cpu, flops]
+        stack.append([key, name, ts + event.dur, event.dur, 0.0, 0.0, own_device, own_device, 0, 0, 0, None, 0.0, args.flops])
+
+
+def _finish(op: list[Any], stack: list[list[Any]], totals: dict[tuple[str, str | None], list[Any]]) -> None:
+    """Adds a finished operator to its row and to its parent (the new top of the stack)."""
+    child = op[_LAST_CHILD]
+    if op[_CHILDREN] == 1 and child[_NAME] == op[_NAME]:
+        # Like torch's EventList._remove_dup_nodes: an op whose only child has its own name (an overload
+        # calling another) counts once, with the child's self time, device time and memory folded in.
+        c = totals[child[_KEY]]
+        c[_CALLS] -= 1
+        c[_CPU] -= child[_DURATION]
+        c[_SELF_CPU] -= child[_OP_SELF_CPU]
+        c[_SELF_DEVICE] -= child[_OP_SELF_DEVICE]
+        c[_DEVICE] -= child[_DEVICE_TIME]
+        c[_CPU_MEMORY] -= child[_OP_CPU_MEMORY]
+        c[_DEVICE_MEMORY] -= child[_OP_DEVICE_MEMORY]
+        op[_CHILDREN_TIME] -= child[_OP_SELF_CPU]
+        op[_OP_SELF_DEVICE] += child[_OP_SELF_DEVICE]
+        op[_OP_CPU_MEMORY] += child[_OP_CPU_MEMORY]
+        op[_OP_DEVICE_MEMORY] += child[_OP_DEVICE_MEMORY]
+    duration = op[_DURATION]
+    self_cpu = op[_OP_SELF_CPU] = max(duration - op[_CHILDREN_TIME], 0.0)
+    device_time = op[_DEVICE_TIME] = op[_DEVICE_TIME] + op[_OWN_DEVICE]
+    t = totals.get(op[_KEY])
+    if t is None:
+        totals[op[_KEY]] = [
+            1, self_cpu, duration, op[_OP_SELF_DEVICE], device_time, op[_OP_CPU_MEMORY], op[_OP_DEVICE_MEMORY], op[_OP_FLOPS] or 0
+        ]  # fmt: skip
+    else:
+        t[_CALLS] += 1
+        t[_CPU] += duration
+        t[_SELF_CPU] += self_cpu
+        t[_SELF_DEVICE] += op[_OP_SELF_DEVICE]
+        t[_DEVICE] += device_time
+        t[_CPU_MEMORY] += op[_OP_CPU_MEMORY]
+        t[_DEVICE_MEMORY] += op[_OP_DEVICE_MEMORY]
+        t[_FLOPS] += op[_OP_FLOPS] or 0
+    if stack:
+        parent = stack[-1]
+        parent[_CHILDREN_TIME] += duration
+        parent[_DEVICE_TIME] += device_time
+        parent[_CHILDREN] += 1
+        parent[_LAST_CHILD] = op
 
 
 # --- Step summary ----------------------------------------------------------------------------------------
@@ -242,7 +299,6 @@ _NOT_FP32_MARKS = (
 _FP32_TEMPLATE = re.compile(r"(gemm\w*|grad\w*_engine)<float\b")
 
 Interval = tuple[float, float]
-_OP, _RUNTIME, _ANNOTATION = 0, 1, 2  # kinds of host spans
 
 
 def is_fp32_gemm(name: str) -> bool:
@@ -276,14 +332,15 @@ def is_fp32_gemm(name: str) -> bool:
 class _Scan:
     """What one pass over a trace's events keeps: intervals in microseconds, grouped by what they are."""
 
-    step_spans: dict[tuple[Any, Any], list[Interval]] = field(default_factory=lambda: defaultdict(list))
-    host: dict[tuple[Any, Any], list[tuple[float, float, str, int]]] = field(default_factory=lambda: defaultdict(list))
+    index: _Index
+    step_spans: dict[Thread, list[Interval]] = field(default_factory=dict)
     op_starts: list[float] = field(default_factory=list)  # cpu_ops of every thread
     dataloader: list[Interval] = field(default_factory=list)
-    optimizer: list[tuple[float, float, str, tuple[Any, Any]]] = field(default_factory=list)
+    optimizer: list[tuple[float, float, str, Thread]] = field(default_factory=list)
     backward: list[Interval] = field(default_factory=list)
-    syncs: dict[tuple[Any, Any], list[Interval]] = field(default_factory=lambda: defaultdict(list))
+    syncs: dict[Thread, list[Interval]] = field(default_factory=lambda: defaultdict(list))
     collectives: list[Interval] = field(default_factory=list)
+    not_ops: set[str] = field(default_factory=set)  # names of host spans that are no operators, any category
     device: list[Interval] = field(default_factory=list)  # kernels, copies, memsets
     kernels: list[tuple[float, float, str]] = field(default_factory=list)
     h2d: list[tuple[float, float, bool]] = field(default_factory=list)  # (start, end, pageable)
@@ -328,10 +385,11 @@ def summarize_trace(trace: dict[str, Any], *, window: str) -> TraceSummary:
         8. Communication: NCCL kernels, exposed where no other kernel runs; without them, host collective
            spans on any thread (gloo runs its collectives on worker threads), all exposed.
     """
-    scan = _scan(trace.get("traceEvents", ()))
+    trace = as_trace(trace)
+    scan = _scan(_Index.of(trace))
     main, step_spans = _main_thread(scan)
     steps = _Steps.of(step_spans) if step_spans else _Steps.whole(scan)
-    host = sorted(scan.host.get(main, ()), key=lambda span: (span[0], -span[1]))
+    host = _host_spans(scan.index.host.get(main, ()), scan.not_ops)
     host_ops = _union([(start, end) for start, end, _, _ in host])
     host_op_time = steps.time(host_ops)
     # Host collectives (gloo, or nccl's host side) run on the process group's threads while the main thread
@@ -382,7 +440,7 @@ class _Steps:
     @classmethod
     def whole(cls, scan: _Scan) -> _Steps:
         """The whole trace as one step: from its first host or device event to its last."""
-        intervals = [(start, end) for spans in scan.host.values() for start, end, _, _ in spans] + scan.device
+        intervals = [(e.ts, e.ts + e.dur) for spans in scan.index.host.values() for e in spans] + scan.device
         if not intervals:
             return cls(count=1, ranges=[], total=0.0)
         whole = (min(start for start, _ in intervals), max(end for _, end in intervals))
@@ -403,52 +461,62 @@ class _Steps:
         return count / self.count
 
 
-def _scan(events: Iterable[dict[str, Any]]) -> _Scan:
-    scan = _Scan()
-    for event in events:
-        if event.get("ph") != "X":
-            continue
-        cat = event.get("cat")
-        if cat in HOST_OP_CATEGORIES:
-            name = event.get("name", "")
-            start = float(event["ts"])
-            end = start + float(event.get("dur", 0))
-            thread = (event.get("pid"), event.get("tid"))
-            if name.startswith(PROFILER_STEP_PREFIX):
-                scan.step_spans[thread].append((start, end))
-                continue
-            # By name first: the rewrite for TensorBoard turns DataLoader spans into cpu_ops.
-            if name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX):
-                kind = _ANNOTATION
-                scan.dataloader.append((start, end))
-            elif name.startswith(OPTIMIZER_STEP_PREFIX):
-                kind = _ANNOTATION
-                scan.optimizer.append((start, end, name, thread))
-            elif cat == "cpu_op":
-                kind = _OP
-                scan.op_starts.append(start)
-                if name.startswith(BACKWARD_PREFIX):
-                    scan.backward.append((start, end))
-            else:
-                kind = _ANNOTATION if cat == "user_annotation" else _RUNTIME
-            if name in SYNC_NAMES:
-                scan.syncs[thread].append((start, end))
-            elif name.startswith(HOST_COLLECTIVE_PREFIXES) or name in HOST_COLLECTIVE_NAMES:
-                scan.collectives.append((start, end))
-            scan.host[thread].append((start, end, name, kind))
-        elif cat in DEVICE_CATEGORIES:
-            start = float(event["ts"])
-            end = start + float(event.get("dur", 0))
-            scan.device.append((start, end))
-            if cat == "kernel":
-                scan.kernels.append((start, end, event.get("name", "")))
-                if scan.device_id is None:
-                    scan.device_id = event.get("args", {}).get("device")
-            elif cat == "gpu_memcpy":
-                name = event.get("name", "")
-                if "HtoD" in name:
-                    scan.h2d.append((start, end, "Pageable" in name))
+# Flags of a host span's name, worked out once per name (a trace has 10^5 spans of a few hundred names).
+_STEP, _DATALOADER, _OPTIMIZER, _BACKWARD, _SYNC, _COLLECTIVE = 1, 2, 4, 8, 16, 32
+_NOT_OPS = _DATALOADER | _OPTIMIZER  # annotations by name, whatever their category (the rewrite makes them cpu_ops)
+
+
+def _name_flags(name: str) -> int:
+    flags = 0
+    if name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX):
+        flags |= _DATALOADER
+    elif name.startswith(OPTIMIZER_STEP_PREFIX):
+        flags |= _OPTIMIZER
+    elif name.startswith(BACKWARD_PREFIX):
+        flags |= _BACKWARD
+    if name in SYNC_NAMES:
+        flags |= _SYNC
+    elif name.startswith(HOST_COLLECTIVE_PREFIXES) or name in HOST_COLLECTIVE_NAMES:
+        flags |= _COLLECTIVE
+    return flags
+
+
+def _scan(index: _Index) -> _Scan:
+    scan = _Scan(index=index)
+    for thread, spans in index.steps.items():
+        scan.step_spans[thread] = [(e.ts, e.ts + e.dur) for e in spans]
+    for thread, spans in index.host.items():
+        flags = {name: f for name in {e.name for e in spans} if (f := _name_flags(name))}
+        not_ops = {name for name, f in flags.items() if f & _NOT_OPS}
+        scan.not_ops |= not_ops
+        scan.op_starts += [e.ts for e in spans if e.cat == "cpu_op" and e.name not in not_ops]
+        for e in [e for e in spans if e.name in flags]:  # the few spans whose names say more
+            f, span = flags[e.name], (e.ts, e.ts + e.dur)
+            if f & _DATALOADER:
+                scan.dataloader.append(span)
+            elif f & _OPTIMIZER:
+                scan.optimizer.append((*span, e.name, thread))
+            elif f & _BACKWARD and e.cat == "cpu_op":
+                scan.backward.append(span)
+            if f & _SYNC:
+                scan.syncs[thread].append(span)
+            elif f & _COLLECTIVE:
+                scan.collectives.append(span)
+    for e in index.device:
+        start, end = e.ts, e.ts + e.dur
+        scan.device.append((start, end))
+        if e.cat == "kernel":
+            scan.kernels.append((start, end, e.name))
+            if scan.device_id is None:
+                scan.device_id = e.args.device
+        elif e.cat == "gpu_memcpy" and "HtoD" in e.name:
+            scan.h2d.append((start, end, "Pageable" in e.name))
     return scan
+
+
+def _host_spans(spans: Sequence[Complete], not_ops: set[str]) -> list[tuple[float, float, str, bool]]:
+    """A thread's host spans (sorted) as ``(start, end, name, is_operator)``."""
+    return [(e.ts, e.ts + e.dur, e.name, e.cat == "cpu_op" and e.name not in not_ops) for e in spans]
 
 
 def _main_thread(scan: _Scan) -> tuple[tuple[Any, Any] | None, list[Interval]]:
@@ -459,8 +527,8 @@ def _main_thread(scan: _Scan) -> tuple[tuple[Any, Any] | None, list[Interval]]:
     marked = [thread for _, _, _, thread in scan.optimizer]
     if marked:
         return marked[0], []
-    if scan.host:
-        return max(scan.host, key=lambda thread: len(scan.host[thread])), []
+    if scan.index.host:
+        return max(scan.index.host, key=lambda thread: len(scan.index.host[thread])), []
     return None, []
 
 
@@ -478,9 +546,9 @@ def _optimizer_update_parts(scan: _Scan, steps: _Steps) -> list[Interval]:
     return _union(parts)
 
 
-def _top_level_ops(host: list[tuple[float, float, str, int]]) -> list[tuple[float, float, str]]:
+def _top_level_ops(host: list[tuple[float, float, str, bool]]) -> list[tuple[float, float, str]]:
     """The operators of ``host`` (sorted by start, longest first) inside no other operator."""
-    return _outermost([(start, end, name) for start, end, name, kind in host if kind == _OP])
+    return _outermost([(start, end, name) for start, end, name, is_op in host if is_op])
 
 
 def _outermost(spans: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -497,15 +565,15 @@ def _outermost(spans: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 
 def _update_ops(
-    host: list[tuple[float, float, str, int]], top_level: list[tuple[float, float, str]], update_parts: list[Interval]
+    host: list[tuple[float, float, str, bool]], top_level: list[tuple[float, float, str]], update_parts: list[Interval]
 ) -> tuple[int, bool]:
     """Top-level operators starting in the update parts, and whether any operator there is multi-tensor."""
     if not update_parts:
         return 0, False
     count = sum(1 for start, _, _ in top_level if _inside(start, update_parts))
     multi_tensor = any(
-        kind == _OP and ("_foreach_" in name or "fused" in name) and _inside(start, update_parts)
-        for start, _, name, kind in host
+        is_op and ("_foreach_" in name or "fused" in name) and _inside(start, update_parts)
+        for start, _, name, is_op in host
     )
     return count, multi_tensor
 
@@ -558,9 +626,9 @@ def _communication(scan: _Scan, steps: _Steps) -> dict[str, float | None]:
     return {"communication_time": None, "communication_exposed_time": None}
 
 
-def _device_properties(trace: dict[str, Any], device_id: Any) -> dict[str, Any]:
+def _device_properties(trace: KinetoTrace, device_id: Any) -> dict[str, Any]:
     """Name and tensor cores of the device the kernels ran on (else the first listed)."""
-    properties = [p for p in trace.get("deviceProperties") or () if isinstance(p, dict)]
+    properties = [p for p in trace.deviceProperties or () if isinstance(p, dict)]
     if not properties:
         return {"device_name": None, "tensor_core_capable": None}
     chosen = next((p for p in properties if p.get("id") == device_id), properties[0])

@@ -1,0 +1,142 @@
+"""
+Kineto events as typed records
+==============================
+
+The trace analyses (:mod:`lightning_perf.summarize.trace`) read a handful of fields of two kinds of events:
+complete events (``ph == "X"``: operators, annotations, runtime calls, kernels, copies) and instant events
+(``ph == "i"``: ``[memory]`` allocations). Decoding a trace's JSON straight into slotted records of just those
+fields with msgspec, which skips every other field (call stacks, launch parameters, module hierarchy...) and
+every other kind of event (flows, metadata, counters) without building Python objects for them, is about four
+times faster than ``json.loads`` into dictionaries and takes a fraction of the memory: the 505k-event, 154 MB
+trace of ``benchmarks/analyze_speed.py`` decodes in 0.21 s instead of 0.9 s on the 2-core development machine.
+
+- :func:`decode_trace`: JSON bytes (Kineto's layout: an object with ``traceEvents``) to a :class:`KinetoTrace`;
+- :func:`as_trace`: a trace loaded as dictionaries (the callback's, a test's synthetic one) to one.
+
+Both check what the analyses rely on, as :func:`lightning_perf.readers.load_trace` does: a complete event has
+a string ``name``, a number ``ts`` and a number ``dur >= 0``; an instant event a number ``ts``; where present,
+``cat`` is a string, ``pid`` and ``tid`` numbers or strings, ``args`` an object, and in it ``External id`` a
+number, string or null and ``flops`` a number or null. Otherwise they raise ``msgspec.ValidationError``
+naming the field's path; an event whose ``ph`` is absent or no phase of the format is a ``ValidationError``
+too (:func:`lightning_perf.readers.load_kineto` then drops it, as ``load_trace`` does).
+
+This module imports neither torch nor lightning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Union
+
+import msgspec
+
+__all__ = ["Complete", "Instant", "KinetoTrace", "ShapedKinetoTrace", "as_trace", "decode_trace"]
+
+# ``Union`` rather than ``|``: msgspec evaluates these annotations, on Python 3.10 too.
+Number = Union[int, float]
+Id = Union[int, float, str, None]  # pid, tid, External id: Kineto writes integers, other Chrome traces strings
+# Event phases of the Chrome trace event format that no analysis reads: decoded as empty records.
+OTHER_PHASES = "BEICbnestfPNODMVvRc()STF"
+
+
+class CompleteArgs(msgspec.Struct, gc=False, frozen=True):
+    """The ``args`` of a complete event that the analyses read."""
+
+    external_id: Id = msgspec.field(default=None, name="External id")  # ties a kernel to its operator
+    flops: Union[Number, None] = None
+    device: Any = None  # of a kernel
+
+
+class ShapedCompleteArgs(CompleteArgs, gc=False, frozen=True):
+    """:class:`CompleteArgs` with the operators' input shapes (recorded with ``record_shapes=True``)."""
+
+    input_dims: Any = msgspec.field(default=None, name="Input Dims")
+
+
+class InstantArgs(msgspec.Struct, gc=False, frozen=True):
+    """The ``args`` of a ``[memory]`` event (any type: a value that is no number counts as no bytes)."""
+
+    device_type: Any = msgspec.field(default=None, name="Device Type")
+    bytes: Any = msgspec.field(default=None, name="Bytes")
+
+
+# The args of an event without any (shared: the records are read-only).
+NO_ARGS, NO_SHAPED_ARGS, NO_INSTANT_ARGS = CompleteArgs(), ShapedCompleteArgs(), InstantArgs()
+
+
+class Complete(msgspec.Struct, gc=False, tag="X", tag_field="ph"):
+    """A complete event: a span of ``dur`` microseconds from ``ts`` on a thread or a device stream."""
+
+    name: str
+    ts: float
+    dur: Annotated[float, msgspec.Meta(ge=0)]
+    cat: str = ""
+    pid: Id = None
+    tid: Id = None
+    args: CompleteArgs = NO_ARGS
+
+
+class ShapedComplete(Complete, gc=False, tag="X"):
+    args: ShapedCompleteArgs = NO_SHAPED_ARGS
+
+
+class Instant(msgspec.Struct, gc=False, tag="i", tag_field="ph"):
+    """An instant event (the ``[memory]`` events of ``profile_memory=True``)."""
+
+    ts: float
+    name: str = ""
+    pid: Id = None
+    tid: Id = None
+    args: InstantArgs = NO_INSTANT_ARGS
+
+
+_OTHERS = tuple(msgspec.defstruct(f"Phase{ord(ph)}", [], tag=ph, tag_field="ph", gc=False) for ph in OTHER_PHASES)
+
+
+class KinetoTrace(msgspec.Struct, dict=True):
+    """A Kineto trace: its events, and the top-level fields the analyses read. (``dict=True``: the analyses
+    keep what they sorted out of the events on it, for the next analysis of the same trace.)"""
+
+    traceEvents: list[Union[(Complete, Instant, *_OTHERS)]]  # type: ignore[valid-type]
+    deviceProperties: Union[list[Any], None] = None
+    distributedInfo: Any = None
+    profile_memory: Any = msgspec.UNSET  # present in traces recorded with profile_memory=True
+    lightning_perf: dict[str, Any] = msgspec.field(default_factory=dict)  # this package's notes (traces.py)
+
+
+class ShapedKinetoTrace(KinetoTrace):
+    traceEvents: list[Union[(ShapedComplete, Instant, *_OTHERS)]]  # type: ignore[valid-type]
+
+
+_DECODERS = {shapes: msgspec.json.Decoder(ShapedKinetoTrace if shapes else KinetoTrace) for shapes in (False, True)}
+
+
+def decode_trace(data: bytes | str, *, shapes: bool = False) -> KinetoTrace:
+    """A Kineto trace's JSON (an object with ``traceEvents``) decoded into typed events.
+
+    Args:
+        data: The JSON text, decompressed.
+        shapes: Also decode the operators' ``Input Dims`` (a :class:`ShapedKinetoTrace`).
+
+    Raises:
+        msgspec.DecodeError: The data is not JSON.
+        msgspec.ValidationError: Not a trace, or a field the analyses read is wrong; the message names its
+            path (``Expected `float`, got `str` - at `$.traceEvents[12].dur```).
+    """
+    return _DECODERS[shapes].decode(data)
+
+
+def as_trace(trace: KinetoTrace | Mapping[str, Any], *, shapes: bool = False) -> KinetoTrace:
+    """``trace`` itself if it is typed already, else converted to typed events.
+
+    Args:
+        trace: A :class:`KinetoTrace`, or a trace loaded as dictionaries (``{"traceEvents": [...], ...}``).
+        shapes: Keep the operators' input shapes when converting (a typed trace has them only if it was
+            decoded with ``shapes=True``).
+
+    Raises:
+        msgspec.ValidationError: As :func:`decode_trace`.
+    """
+    if isinstance(trace, KinetoTrace):
+        return trace
+    return msgspec.convert(trace, ShapedKinetoTrace if shapes else KinetoTrace)
