@@ -33,8 +33,7 @@ import msgspec
 from lightning_perf.diagnose.model import SEVERITIES, Finding, RunFacts
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
 from lightning_perf.report.json_report import SCHEMA_VERSION
-from lightning_perf.summarize.events import KinetoTrace, as_trace, decode_trace
-from lightning_perf.summarize.trace import MEMORY_EVENT_NAME
+from lightning_perf.summarize.events import MEMORY_EVENT_NAME, KinetoTrace, as_trace, decode_trace
 
 __all__ = ["InputError", "load_kineto", "load_report", "load_trace"]
 

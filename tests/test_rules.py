@@ -639,6 +639,8 @@ def test_a_stray_spike_does_not_hide_the_period():
         ([7, 15, 23, 31], (8, [7, 15, 23, 31])),
         ([49, 99, 150, 199], (50, [49, 99, 150, 199])),  # a cadence one batch off is still the cadence
         ([7, 15, 23, 26, 31, 39], (8, [7, 15, 23, 31, 39])),
+        # a stray spike one batch before a periodic one: gap 7, which the 8s are within one of too
+        ([7, 15, 23, 31, 39, 47, 55, 62, 63, 71, 79], (8, [7, 15, 23, 31, 39, 47, 55, 63, 71, 79])),
         ([5, 17, 60, 61], None),
         ([10, 20], None),  # two are no period
         ([3, 9, 30, 31, 70, 74], None),

@@ -1,16 +1,28 @@
 """Operator statistics from a trace: synthetic cases, torch's own key_averages() on a real profile, and
 torch-tb-profiler's operator table on real GPU traces."""
 
+import random
 import tempfile
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch_tb_profiler.profiler.data import RunProfileData
 from torch_tb_profiler.profiler.run_generator import RunGenerator
 
 from lightning_perf import traces
+from lightning_perf.summarize import trace as trace_module
 from lightning_perf.summarize.trace import operator_stats
+
+
+@pytest.fixture(autouse=True, params=["stack", "arrays"])
+def nesting(request, monkeypatch):
+    """Every test here twice: operators nested one by one on a stack, and on arrays (which _nest_arrays does
+    for threads of ARRAY_MIN_OPERATORS spans or more, falling back to the stack for spans that do not nest)."""
+    monkeypatch.setattr(trace_module, "ARRAY_MIN_OPERATORS", 10**12 if request.param == "stack" else 0)
+    return request.param
 
 
 def _x(cat, name, ts, dur, tid=1, **args):
@@ -104,3 +116,75 @@ def test_matches_torch_tb_profilers_operator_table_on_real_gpu_traces(name, gpu_
         # The plugin rounds each event to whole microseconds before adding up. (Host self time is checked
         # against key_averages() above: the plugin leaves some runtime calls out of an operator's children.)
         assert op.self_device_time == pytest.approx(row["device_self_duration"], rel=0.01, abs=10), row["name"]
+
+
+# --- The two ways of nesting agree ---------------------------------------------------------------------------
+
+NAMES = ["aten::add", "aten::mm", "aten::copy_"]  # few names: operators calling their namesake are common
+
+
+@st.composite
+def _nested_spans(draw, lo=0, hi=40, depth=0):
+    """Spans on a small integer grid, each child inside its parent, siblings one after the other (touching
+    or not), zero-length ones included."""
+    spans, cursor = [], lo
+    while cursor <= hi and len(spans) < 4 and draw(st.booleans()):
+        start = draw(st.integers(cursor, hi))
+        end = draw(st.integers(start, hi))
+        spans.append((draw(st.sampled_from(NAMES)), start, end - start))
+        if depth < 3:
+            spans += draw(_nested_spans(start, end, depth + 1))
+        cursor = end
+    return spans
+
+
+def _events(spans, seed, cross=()):
+    """Host events of the spans in a shuffled trace order, each launching a kernel now and then."""
+    rng = random.Random(seed)
+    events = []
+    for i, (name, start, dur) in enumerate([*spans, *cross]):
+        category = rng.choice(["cpu_op", "cpu_op", "user_annotation", "cuda_runtime"])
+        args = {"External id": i, **({"flops": rng.randint(1, 9)} if rng.random() < 0.2 else {})}
+        events.append(_x(category, name, start, dur, **args))
+        if rng.random() < 0.3:
+            events.append(_x("kernel", "k", 100 + i, rng.randint(1, 5), tid=7, **{"External id": i}))
+    rng.shuffle(events)
+    return events
+
+
+# The fixture only restores ARRAY_MIN_OPERATORS after the test: each example sets it itself.
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spans=_nested_spans(), seed=st.integers(0, 2**16), shapes=st.booleans())
+def test_arrays_and_stack_nest_operators_alike(spans, seed, shapes, nesting):
+    if nesting == "stack":
+        return  # one comparison of both per example
+    events = _events(spans, seed)
+    for event in events:
+        event["args"]["Input Dims"] = [[len(event["name"]) % 2]]
+    trace = {"traceEvents": events}
+    trace_module.ARRAY_MIN_OPERATORS = 0  # (the fixture restores it)
+    arrays = operator_stats(trace, group_by_input_shape=shapes)
+    trace_module.ARRAY_MIN_OPERATORS = 10**12
+    stack = operator_stats(trace, group_by_input_shape=shapes)
+    assert _same(arrays, stack)
+
+
+def _same(a, b):
+    key = lambda s: (s.name, s.input_shapes or "")  # noqa: E731
+    a, b = sorted(a, key=key), sorted(b, key=key)
+    assert [key(s) for s in a] == [key(s) for s in b]
+    for x, y in zip(a, b):
+        assert (x.calls, x.flops, x.self_cpu_memory) == (y.calls, y.flops, y.self_cpu_memory), x.name
+        for field in ("self_cpu_time", "cpu_time", "self_device_time", "device_time"):
+            assert getattr(x, field) == pytest.approx(getattr(y, field), abs=1e-9), (x.name, field)
+    return True
+
+
+def test_spans_that_do_not_nest_go_to_the_stack(nesting):
+    # aten::mm starts inside aten::add and ends after it: no nesting, so the arrays give up (and add nothing).
+    trace = trace_module.as_trace({"traceEvents": [_x("cpu_op", "aten::add", 0, 10), _x("cpu_op", "aten::mm", 5, 10)]})
+    [spans] = trace_module._Index.of(trace).host.values()
+    totals = {}
+    assert not trace_module._nest_arrays(spans, {}, False, totals) and totals == {}
+    stats = _stats(_x("cpu_op", "aten::add", 0, 10), _x("cpu_op", "aten::mm", 5, 10))
+    assert (stats["aten::add"].self_cpu_time, stats["aten::mm"].self_cpu_time) == (0, 10)

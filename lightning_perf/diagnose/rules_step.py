@@ -177,7 +177,8 @@ def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
 
     Notes:
         1. The period is the gap between consecutive indices that most other gaps are within one of (a
-           one-off stall between two periodic ones splits a gap but leaves the others).
+           one-off stall between two periodic ones splits a gap but leaves the others); of several, the most
+           common one.
         2. The indices on it are those in the most common residue class modulo the period (within one batch
            either way for periods of 10 or more, which absorbs a cadence counted in optimizer steps).
         3. Regular: at least 3 indices on the period, at least ``REGULAR_SHARE`` of all indices, and filling
@@ -187,7 +188,9 @@ def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
     gaps = [b - a for a, b in zip(indices, indices[1:]) if b - a >= 2]
     if len(indices) < 3 or not gaps:
         return None
-    every = max(sorted(gaps), key=lambda g: sum(abs(other - g) <= 1 for other in gaps))
+    # Of the gaps most others are within one of, the most common: a stray spike one batch before a periodic
+    # one leaves a gap of period - 1, which all the others are within one of too.
+    every = max(sorted(gaps), key=lambda g: (sum(abs(other - g) <= 1 for other in gaps), gaps.count(g)))
     slack = 1 if every >= 10 else 0
 
     def near(i: int, residue: int) -> bool:

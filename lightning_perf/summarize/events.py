@@ -35,6 +35,7 @@ __all__ = ["Complete", "Instant", "KinetoTrace", "ShapedKinetoTrace", "as_trace"
 # ``Union`` rather than ``|``: msgspec evaluates these annotations, on Python 3.10 too.
 Number = Union[int, float]
 Id = Union[int, float, str, None]  # pid, tid, External id: Kineto writes integers, other Chrome traces strings
+MEMORY_EVENT_NAME = "[memory]"  # the instant events of profile_memory=True
 # Event phases of the Chrome trace event format that no analysis reads: decoded as empty records.
 OTHER_PHASES = "BEICbnestfPNODMVvRc()STF"
 
