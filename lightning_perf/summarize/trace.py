@@ -57,6 +57,7 @@ class _Index:
     and ``[memory]`` events in trace order. Built once per trace (:meth:`of` keeps it on the trace)."""
 
     host: dict[Thread, list[Complete]]  # complete events of HOST_OP_CATEGORIES but ProfilerStep#N spans
+    names: dict[Thread, set[str]]  # the names in host
     steps: dict[Thread, list[Complete]]  # the ProfilerStep#N spans
     device: list[Complete]  # kernels, copies, memsets
     memory: dict[Thread, list[Instant]]  # [memory] instants
@@ -72,15 +73,18 @@ class _Index:
     def _build(cls, trace: KinetoTrace) -> _Index:
         events = trace.traceEvents
         complete = [e for e in events if isinstance(e, Complete)]
-        host, steps = {}, {}
+        host, names, steps = {}, {}, {}
         for thread, spans in _by_thread([e for e in complete if e.cat in HOST_OP_CATEGORIES]).items():
-            step_names = _starts_with({e.name for e in spans}, PROFILER_STEP_PREFIX)
+            names[thread] = {e.name for e in spans}
+            step_names = _starts_with(names[thread], PROFILER_STEP_PREFIX)
             if step_names:
                 steps[thread] = [e for e in spans if e.name in step_names]
                 spans = [e for e in spans if e.name not in step_names]
+                names[thread] -= step_names
             host[thread] = _by_start(spans)
         return cls(
             host=host,
+            names=names,
             steps=steps,
             device=[e for e in complete if e.cat in DEVICE_CATEGORIES],
             memory=_by_thread([e for e in events if type(e) is Instant and e.name == MEMORY_EVENT_NAME]),
@@ -464,7 +468,7 @@ class _Scan:
     device_id: Any = None
 
 
-def summarize_trace(trace: dict[str, Any], *, window: str) -> TraceSummary:
+def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> TraceSummary:
     """What a window's trace shows, as means per ``ProfilerStep#N`` span, in seconds.
 
     Args:
@@ -507,7 +511,7 @@ def summarize_trace(trace: dict[str, Any], *, window: str) -> TraceSummary:
     main, step_spans = _main_thread(scan)
     steps = _Steps.of(step_spans) if step_spans else _Steps.whole(scan)
     host = _host_spans(scan.index.host.get(main, ()), scan.not_ops)
-    host_ops = _union([(start, end) for start, end, _, _ in host])
+    host_ops = _union_sorted(host)
     host_op_time = steps.time(host_ops)
     # Host collectives (gloo, or nccl's host side) run on the process group's threads while the main thread
     # waits without a span of its own (in DDP's reducer, inside the optimizer's closure): that wait is
@@ -516,7 +520,7 @@ def summarize_trace(trace: dict[str, Any], *, window: str) -> TraceSummary:
     waiting = steps.time(_subtract(collectives, host_ops))
     top_level = _top_level_ops(host)
     update_parts = _optimizer_update_parts(scan, steps)
-    update_ops, multi_tensor = _update_ops(host, top_level, update_parts)
+    update_ops, multi_tensor = _update_ops(host, scan.index.names.get(main, set()), top_level, update_parts)
     optimizers = [name for start, _, name, _ in scan.optimizer if steps.hold(start)]
     if any("fused" in name.lower() for name in optimizers):
         multi_tensor = True  # a fused optimizer class (apex's, DeepSpeed's, FBGEMM's FusedAdam)
@@ -535,7 +539,7 @@ def summarize_trace(trace: dict[str, Any], *, window: str) -> TraceSummary:
         host_op_time=host_op_time,
         framework_time=max(step_time - host_op_time - waiting, 0.0),
         ops_per_step=steps.per_step(_count_inside(sorted(scan.op_starts), steps.ranges)),
-        median_op_time=_median([end - start for start, end, _ in top_level if steps.hold(start)]) * _US,
+        median_op_time=_median([end - start for start, end, _ in _starting_inside(top_level, steps.ranges)]) * _US,
         **(_device_fields(scan, steps) if scan.device else {}),
         **_communication(scan, steps),
         **_device_properties(trace, scan.device_id),
@@ -603,7 +607,7 @@ def _scan(index: _Index) -> _Scan:
     for thread, spans in index.steps.items():
         scan.step_spans[thread] = [(e.ts, e.ts + e.dur) for e in spans]
     for thread, spans in index.host.items():
-        flags = {name: f for name in {e.name for e in spans} if (f := _name_flags(name))}
+        flags = {name: f for name in index.names[thread] if (f := _name_flags(name))}
         not_ops = {name for name, f in flags.items() if f & _NOT_OPS}
         scan.not_ops |= not_ops
         scan.op_starts += [e.ts for e in spans if e.cat == "cpu_op" and e.name not in not_ops]
@@ -682,15 +686,18 @@ def _outermost(spans: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 
 def _update_ops(
-    host: list[tuple[float, float, str, bool]], top_level: list[tuple[float, float, str]], update_parts: list[Interval]
+    host: list[tuple[float, float, str, bool]],
+    names: set[str],
+    top_level: list[tuple[float, float, str]],
+    update_parts: list[Interval],
 ) -> tuple[int, bool]:
     """Top-level operators starting in the update parts, and whether any operator there is multi-tensor."""
     if not update_parts:
         return 0, False
-    count = sum(1 for start, _, _ in top_level if _inside(start, update_parts))
-    multi_tensor = any(
-        is_op and ("_foreach_" in name or "fused" in name) and _inside(start, update_parts)
-        for start, _, name, is_op in host
+    count = len(_starting_inside(top_level, update_parts))
+    multi_tensor_names = {name for name in names if "_foreach_" in name or "fused" in name}
+    multi_tensor = bool(multi_tensor_names) and any(
+        is_op and name in multi_tensor_names and _inside(start, update_parts) for start, _, name, is_op in host
     )
     return count, multi_tensor
 
@@ -768,6 +775,23 @@ def _union(intervals: Iterable[Interval]) -> list[Interval]:
                 merged[-1] = (merged[-1][0], end)
         elif end > start:
             merged.append((start, end))
+    return merged
+
+
+def _union_sorted(spans: Iterable[tuple[float, float, Any, Any]]) -> list[Interval]:
+    """:func:`_union` of spans ``(start, end, ...)`` already sorted by start, without sorting them again."""
+    merged: list[Interval] = []
+    block_start = block_end = None
+    for start, end, _, _ in spans:
+        if block_end is not None and start <= block_end:
+            if end > block_end:
+                block_end = end
+            continue
+        if block_end is not None and block_end > block_start:
+            merged.append((block_start, block_end))
+        block_start, block_end = start, end
+    if block_end is not None and block_end > block_start:
+        merged.append((block_start, block_end))
     return merged
 
 
