@@ -2,7 +2,9 @@
 Trace summaries
 ===============
 
-Two summaries of a Kineto trace, each computed in one lean pass over its events:
+Two summaries of a Kineto trace, computed from one index of its events (:class:`_Index`: host spans per
+thread sorted by start, device activity, memory events), which the first of them builds and keeps on the
+trace for the second:
 
 - :func:`operator_stats`: the same numbers ``torch.profiler``'s ``key_averages()`` gives (calls,
   self/total CPU time, self/total device time, self memory, input shapes), without building its
@@ -11,8 +13,11 @@ Two summaries of a Kineto trace, each computed in one lean pass over its events:
   overhead, device busy time, copies, synchronizations, communication), the input of the trace-level
   diagnosis rules.
 
-Both work on any Kineto JSON, ours (categories renamed by :func:`lightning_perf.traces.tensorboard_compatible`)
-or not, so the callback and the offline CLI share them. This module imports neither torch nor lightning.
+Both take typed events (:mod:`lightning_perf.summarize.events`, what
+:func:`lightning_perf.readers.load_kineto` reads) or a trace loaded with ``json`` (converted), of any
+Kineto trace, ours (categories renamed by :func:`lightning_perf.traces.tensorboard_compatible`) or not, so
+the callback and the offline CLI share them. This module imports neither torch nor lightning (numpy only
+for threads of :data:`ARRAY_MIN_OPERATORS` spans or more).
 """
 
 from __future__ import annotations
