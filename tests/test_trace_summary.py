@@ -175,6 +175,23 @@ def test_arrays_and_stack_nest_operators_alike(spans, seed, shapes, nesting):
     assert _same(arrays, stack)
 
 
+_ANY_SPANS = st.lists(
+    st.tuples(st.sampled_from(NAMES), st.integers(0, 30), st.integers(0, 15).map(float) | st.just(0.25)), max_size=25
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spans=_ANY_SPANS, seed=st.integers(0, 2**16))
+def test_on_any_spans_the_arrays_agree_with_the_stack_or_give_way(spans, seed, nesting):
+    if nesting == "stack":
+        return
+    trace = {"traceEvents": _events(spans, seed)}
+    trace_module.ARRAY_MIN_OPERATORS = 0  # (the fixture restores it)
+    arrays = operator_stats(trace)
+    trace_module.ARRAY_MIN_OPERATORS = 10**12
+    assert _same(arrays, operator_stats(trace))
+
+
 def _same(a, b):
     key = lambda s: (s.name, s.input_shapes or "")  # noqa: E731
     a, b = sorted(a, key=key), sorted(b, key=key)

@@ -85,7 +85,7 @@ class Instant(msgspec.Struct, gc=False, tag="i", tag_field="ph"):
     """An instant event (the ``[memory]`` events of ``profile_memory=True``)."""
 
     ts: float
-    name: str = ""
+    name: Any = ""  # any type, as load_trace allows: only "[memory]" is read
     pid: Id = None
     tid: Id = None
     args: InstantArgs = NO_INSTANT_ARGS
