@@ -586,7 +586,7 @@ class _Steps:
 
     def time(self, merged: Sequence[Interval]) -> float:
         """Seconds per step of merged intervals within the steps."""
-        return self.mean(_length(_intersect(merged, self.ranges)))
+        return self.mean(_length_within(merged, self.ranges))
 
     def mean(self, microseconds: float) -> float:
         """Seconds per step of a total in microseconds."""
@@ -809,19 +809,24 @@ def _union_sorted(spans: Iterable[tuple[float, float, Any, Any]]) -> list[Interv
     return merged
 
 
-def _intersect(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
-    """The time in both of two merged interval lists."""
-    out: list[Interval] = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if start < end:
-            out.append((start, end))
-        if a[i][1] < b[j][1]:
+def _length_within(merged: Sequence[Interval], ranges: Sequence[Interval]) -> float:
+    """The length of merged intervals within merged ``ranges`` (the steps: one or a few): per range, the
+    intervals overlapping it found by bisection, the first and last clipped to it."""
+    total = 0.0
+    for low, high in ranges:
+        i = bisect_right(merged, (low, float("inf"))) - 1  # the last starting at or before low
+        if i < 0 or merged[i][1] <= low:
             i += 1
-        else:
-            j += 1
-    return out
+        j = bisect_left(merged, (high, float("-inf")))  # the first starting at or after high
+        if i >= j:
+            continue
+        if j - i == 1:
+            total += max(min(merged[i][1], high) - max(merged[i][0], low), 0.0)
+            continue
+        total += min(merged[i][1], high) - max(merged[i][0], low)
+        total += sum(end - start for start, end in merged[i + 1 : j - 1])
+        total += min(merged[j - 1][1], high) - merged[j - 1][0]
+    return total
 
 
 def _subtract(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
@@ -840,10 +845,6 @@ def _subtract(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
         if cursor < end:
             out.append((cursor, end))
     return out
-
-
-def _length(intervals: Iterable[Interval]) -> float:
-    return sum(end - start for start, end in intervals)
 
 
 def _inside(point: float, merged: Sequence[Interval]) -> bool:
