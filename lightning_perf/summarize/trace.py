@@ -165,7 +165,7 @@ def operator_stats(
             ops = sorted(ops + memory, key=lambda e: (e.ts, type(e) is Instant, order[id(e)]))
             _nest(ops, device_by_external_id, group_by_input_shape, totals)
         elif len(ops) < ARRAY_MIN_OPERATORS or not _nest_arrays(ops, device_by_external_id, group_by_input_shape, totals):
-            _nest(ops, device_by_external_id, group_by_input_shape, totals)  # spans that do not nest
+            _nest(ops, device_by_external_id, group_by_input_shape, totals)  # a small thread, or spans that do not nest
 
     has_device = bool(index.device)
     has_memory = bool(index.memory) or trace.profile_memory is not msgspec.UNSET
