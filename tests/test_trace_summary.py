@@ -17,12 +17,20 @@ from lightning_perf.summarize import trace as trace_module
 from lightning_perf.summarize.trace import operator_stats
 
 
+def _nest_on(mode):
+    """Operators nested one by one on a stack, or on arrays (what _nest_arrays does for large threads,
+    falling back to the stack for spans that do not nest), whatever the thread's size."""
+    for name in ("ARRAY_MIN_OPERATORS", "ARRAY_MIN_OPERATORS_IMPORTED"):
+        setattr(trace_module, name, 10**12 if mode == "stack" else 0)
+
+
 @pytest.fixture(autouse=True, params=["stack", "arrays"])
-def nesting(request, monkeypatch):
-    """Every test here twice: operators nested one by one on a stack, and on arrays (which _nest_arrays does
-    for threads of ARRAY_MIN_OPERATORS spans or more, falling back to the stack for spans that do not nest)."""
-    monkeypatch.setattr(trace_module, "ARRAY_MIN_OPERATORS", 10**12 if request.param == "stack" else 0)
-    return request.param
+def nesting(request):
+    """Every test here twice: on the stack and on arrays."""
+    saved = trace_module.ARRAY_MIN_OPERATORS, trace_module.ARRAY_MIN_OPERATORS_IMPORTED
+    _nest_on(request.param)
+    yield request.param
+    trace_module.ARRAY_MIN_OPERATORS, trace_module.ARRAY_MIN_OPERATORS_IMPORTED = saved
 
 
 def _x(cat, name, ts, dur, tid=1, **args):
@@ -155,7 +163,7 @@ def _events(spans, seed, cross=()):
     return events
 
 
-# The fixture only restores ARRAY_MIN_OPERATORS after the test: each example sets it itself.
+# The fixture only restores the thresholds after the test: each example sets them itself.
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spans=_nested_spans(), seed=st.integers(0, 2**16), shapes=st.booleans())
 # A span starting at its grandparent's end, inside its overhanging parent: the stack makes it that parent's
@@ -168,9 +176,9 @@ def test_arrays_and_stack_nest_operators_alike(spans, seed, shapes, nesting):
     for event in events:
         event["args"]["Input Dims"] = [[len(event["name"]) % 2]]
     trace = {"traceEvents": events}
-    trace_module.ARRAY_MIN_OPERATORS = 0  # (the fixture restores it)
+    _nest_on("arrays")  # (the fixture restores the thresholds)
     arrays = operator_stats(trace, group_by_input_shape=shapes)
-    trace_module.ARRAY_MIN_OPERATORS = 10**12
+    _nest_on("stack")
     stack = operator_stats(trace, group_by_input_shape=shapes)
     assert _same(arrays, stack)
 
@@ -186,9 +194,9 @@ def test_on_any_spans_the_arrays_agree_with_the_stack_or_give_way(spans, seed, n
     if nesting == "stack":
         return
     trace = {"traceEvents": _events(spans, seed)}
-    trace_module.ARRAY_MIN_OPERATORS = 0  # (the fixture restores it)
+    _nest_on("arrays")  # (the fixture restores the thresholds)
     arrays = operator_stats(trace)
-    trace_module.ARRAY_MIN_OPERATORS = 10**12
+    _nest_on("stack")
     assert _same(arrays, operator_stats(trace))
 
 

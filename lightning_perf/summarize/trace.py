@@ -17,13 +17,14 @@ Both take typed events (:mod:`lightning_perf.summarize.events`, what
 :func:`lightning_perf.readers.load_kineto` reads) or a trace loaded with ``json`` (converted), of any
 Kineto trace, ours (categories renamed by :func:`lightning_perf.traces.tensorboard_compatible`) or not, so
 the callback and the offline CLI share them. This module imports neither torch nor lightning (numpy only
-for threads of :data:`ARRAY_MIN_OPERATORS` spans or more).
+for threads of :data:`ARRAY_MIN_OPERATORS` spans or more, or uses it if something else has).
 """
 
 from __future__ import annotations
 
 import re
 import statistics
+import sys
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -164,7 +165,7 @@ def operator_stats(
             order = {id(e): seq for seq, e in enumerate(ops + memory)}
             ops = sorted(ops + memory, key=lambda e: (e.ts, type(e) is Instant, order[id(e)]))
             _nest(ops, device_by_external_id, group_by_input_shape, totals)
-        elif len(ops) < ARRAY_MIN_OPERATORS or not _nest_arrays(ops, device_by_external_id, group_by_input_shape, totals):
+        elif not _on_arrays(len(ops)) or not _nest_arrays(ops, device_by_external_id, group_by_input_shape, totals):
             _nest(ops, device_by_external_id, group_by_input_shape, totals)  # a small thread, or spans that do not nest
 
     has_device = bool(index.device)
@@ -187,10 +188,17 @@ def operator_stats(
 
 
 # Threads with at least this many host spans are nested on arrays (_nest_arrays), the others one by one
-# (_nest). Measured with benchmarks/analyze_speed.py on the 2-core development machine: arrays take about
-# 0.3 us per span where the stack takes 1 us, but importing numpy into the offline CLI costs 45 ms, which
-# 10^4 spans about win back (in the callback torch has imported numpy already).
+# (_nest). Measured on the 2-core development machine: arrays take about 0.2 us per span and 40 us per
+# thread, the stack 0.6 us per span, so arrays win from about 100 spans on, once numpy is imported. Where it
+# is not yet (the offline CLI; in the callback, torch has imported it), importing it costs 45 ms, which
+# about 10^4 spans win back.
 ARRAY_MIN_OPERATORS = 10_000
+ARRAY_MIN_OPERATORS_IMPORTED = 100
+
+
+def _on_arrays(spans: int) -> bool:
+    """Whether a thread of ``spans`` host spans is nested on arrays."""
+    return spans >= (ARRAY_MIN_OPERATORS_IMPORTED if "numpy" in sys.modules else ARRAY_MIN_OPERATORS)
 
 # The totals of an operator row, a list indexed by these (lists: a trace has 10^5 operators to add up).
 _CALLS, _SELF_CPU, _CPU, _SELF_DEVICE, _DEVICE, _CPU_MEMORY, _DEVICE_MEMORY, _FLOPS = range(8)
