@@ -45,6 +45,7 @@ class CompleteArgs(msgspec.Struct, gc=False, frozen=True):
     """The ``args`` of a complete event that the analyses read."""
 
     external_id: Id = msgspec.field(default=None, name="External id")  # ties a kernel to its operator
+    correlation: Id = None  # ties a kernel to its runtime call (cudaLaunchKernel)
     flops: Union[Number, None] = None
     device: Any = None  # of a kernel
 

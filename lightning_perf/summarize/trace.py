@@ -145,18 +145,15 @@ def operator_stats(
            calls are nested per thread by time; an operator's self time is its duration minus its direct
            children's.
         2. Kernels, copies and memsets add their duration to the self device time of the host operator
-           with the same ``External id`` (the innermost operator that launched them); device total time
-           adds up self device time over an operator and its descendants.
+           that launched them (:class:`_Launches`); device total time adds up self device time over an
+           operator and its descendants.
         3. ``[memory]`` events add their bytes to the innermost operator running on their thread.
         4. Device columns are ``None`` when the trace has no device activity, memory columns when it was
            recorded without ``profile_memory``.
     """
     trace = as_trace(trace, shapes=group_by_input_shape)
     index = _Index.of(trace)
-    device_by_external_id: dict[Any, float] = defaultdict(float)
-    for event in index.device:
-        if event.args.external_id is not None:
-            device_by_external_id[event.args.external_id] += event.dur
+    launches = _Launches.of(index.device)
 
     totals: dict[tuple[str, str | None], list[Any]] = {}
     for thread, ops in index.host.items():
@@ -164,9 +161,9 @@ def operator_stats(
         if memory:  # by start; at one time an operator before a memory event; then as sorted
             order = {id(e): seq for seq, e in enumerate(ops + memory)}
             ops = sorted(ops + memory, key=lambda e: (e.ts, type(e) is Instant, order[id(e)]))
-            _nest(ops, device_by_external_id, group_by_input_shape, totals)
-        elif not _on_arrays(len(ops)) or not _nest_arrays(ops, device_by_external_id, group_by_input_shape, totals):
-            _nest(ops, device_by_external_id, group_by_input_shape, totals)  # a small thread, or spans that do not nest
+            _nest(ops, launches, group_by_input_shape, totals)
+        elif not _on_arrays(len(ops)) or not _nest_arrays(ops, launches, group_by_input_shape, totals):
+            _nest(ops, launches, group_by_input_shape, totals)  # a small thread, or spans that do not nest
 
     has_device = bool(index.device)
     has_memory = bool(index.memory) or trace.profile_memory is not msgspec.UNSET
@@ -185,6 +182,31 @@ def operator_stats(
         )
         for (name, shapes), t in totals.items()
     )
+
+
+@dataclass(frozen=True)
+class _Launches:
+    """Device time (kernels, copies, memsets) by the ``External id`` of what launched it.
+
+    Current traces give device activity the ``External id`` of the operator that launched it (the runtime
+    call in between carries it too). Older ones (torch 1.x; four of the six GPU traces of the fixtures) give
+    it the correlation id of the runtime call (``cudaLaunchKernel``...), as the call's own ``External id``:
+    there the time goes to the operator the call runs in (``by_runtime``), as torch-tb-profiler does.
+    """
+
+    time: Mapping[Any, float]
+    by_runtime: bool
+
+    @classmethod
+    def of(cls, device: Iterable[Complete]) -> _Launches:
+        time: dict[Any, float] = defaultdict(float)
+        by_runtime = True
+        for event in device:
+            args = event.args
+            if args.external_id is not None:
+                time[args.external_id] += event.dur
+                by_runtime = by_runtime and args.external_id == args.correlation
+        return cls(time=dict(time), by_runtime=by_runtime and bool(time))
 
 
 # Threads with at least this many host spans are nested on arrays (_nest_arrays), the others one by one
@@ -210,7 +232,7 @@ _SENTINEL = Complete(name="", ts=float("inf"), dur=0.0)
 
 def _nest(
     events: list[Complete | Instant],
-    device_by_external_id: Mapping[Any, float],
+    launches: _Launches,
     group_by_input_shape: bool,
     totals: dict[tuple[str, str | None], list[Any]],
 ) -> None:
@@ -218,7 +240,7 @@ def _nest(
 
     Each operator is pushed on a stack when it starts and finished when an event starts at or after its end
     (a sentinel at infinity finishes the last ones): its self time is its duration less its direct
-    children's, its device time its own (``device_by_external_id``) plus its children's.
+    children's, its device time what it launched (``launches``) plus its children's.
     """
     stack: list[list[Any]] = []
     for event in (*events, _SENTINEL):
@@ -237,8 +259,14 @@ def _nest(
                     stack[-1][_OP_CPU_MEMORY] += int(args.bytes)
             continue
         name, own_device = event.name, 0.0
-        if args.external_id is not None and event.cat in OPERATOR_CATEGORIES:
-            own_device = device_by_external_id.get(args.external_id, 0.0)
+        if args.external_id is not None and launches.time:
+            if not launches.by_runtime:
+                if event.cat in OPERATOR_CATEGORIES:
+                    own_device = launches.time.get(args.external_id, 0.0)
+            elif stack and event.cat in RUNTIME_CATEGORIES:  # to the operator the call runs in
+                launched = launches.time.get(args.external_id, 0.0)
+                stack[-1][_OWN_DEVICE] += launched
+                stack[-1][_OP_SELF_DEVICE] += launched
         shapes = getattr(args, "input_dims", None) if group_by_input_shape else None
         key = (name, None if shapes is None else str(shapes))
         # [key, name, end, duration, children_time, device_time, own_device, self_device, cpu_memory,
@@ -291,7 +319,7 @@ def _finish(op: list[Any], stack: list[list[Any]], totals: dict[tuple[str, str |
 
 def _nest_arrays(
     ops: list[Complete],
-    device_by_external_id: Mapping[Any, float],
+    launches: _Launches,
     group_by_input_shape: bool,
     totals: dict[tuple[str, str | None], list[Any]],
 ) -> bool:
@@ -348,11 +376,16 @@ def _nest_arrays(
         key_code, unique_keys = name_code, [(name, None) for name in unique_names]
 
     own = np.zeros(n)
-    if device_by_external_id:  # launched by operators, not by runtime calls (which carry the same id)
-        launched = np.fromiter(map(device_by_external_id.get, map(_EXTERNAL_ID_OF, ops), repeat(0.0)), np.float64, n)
+    if launches.time:
+        launched = np.fromiter(map(launches.time.get, map(_EXTERNAL_ID_OF, ops), repeat(0.0)), np.float64, n)
         category_code, categories = _codes(np, list(map(_CAT_OF, ops)))
-        is_operator = np.array([c in OPERATOR_CATEGORIES for c in categories])
-        own = np.where(is_operator[category_code], launched, 0.0)
+        launchers = RUNTIME_CATEGORIES if launches.by_runtime else OPERATOR_CATEGORIES
+        launcher = np.array([c in launchers for c in categories])[category_code]
+        if launches.by_runtime:  # to the operator the call runs in
+            moved = launcher[child]
+            np.add.at(own, parent[moved], launched[child[moved]])
+        else:  # launched by operators, not by the runtime calls in them (which carry the same id)
+            own = np.where(launcher, launched, 0.0)
     subtree_end = np.maximum(np.searchsorted(starts, ends, side="left"), index + 1)
     own_sums = np.concatenate(([0.0], np.cumsum(own)))
     device_time = own_sums[subtree_end] - own_sums[index]
