@@ -15,9 +15,10 @@ and loading it peaks at 324 MiB instead of 809 MiB.
 - :func:`as_trace`: a trace loaded as dictionaries (the callback's, a test's synthetic one) to one.
 
 Both check what the analyses rely on, as :func:`lightning_perf.readers.load_trace` does: a complete event has
-a string ``name``, a number ``ts`` and a number ``dur >= 0``; an instant event a number ``ts``; where present,
-``cat`` is a string, ``pid`` and ``tid`` numbers or strings, ``args`` an object, and in it ``External id`` a
-number, string or null and ``flops`` a number or null. Otherwise they raise ``msgspec.ValidationError``
+a string ``name``, a number ``ts`` and a number ``dur >= 0``, and where present a string ``cat``, an object
+``args`` and in it an ``External id`` (and ``correlation``) that is a number, string or null and ``flops`` a
+number or null; an instant event has a number ``ts``, and where present an object ``args``; both, where
+present, numbers or strings as ``pid`` and ``tid``. Otherwise they raise ``msgspec.ValidationError``
 naming the field's path; an event whose ``ph`` is absent or no phase of the format is a ``ValidationError``
 too (:func:`lightning_perf.readers.load_kineto` then drops it, as ``load_trace`` does).
 
