@@ -99,8 +99,9 @@ class _StageState:
 class PerfCallback(Callback):
     r"""Profiles chosen batches of each stage and logs what they show.
 
-    Outside its windows the callback does a few integer comparisons per batch: no profiler, no
-    ``record_function``, no module hooks, no device synchronization.
+    Outside its windows the callback does two clock reads, a batch-size lookup, a few list appends and
+    integer comparisons per batch: no profiler, no ``record_function``, no module hooks, no device
+    synchronization.
 
     Args:
         schedule: When to record, as :class:`~lightning_perf.Schedule` or a mapping of its fields
@@ -534,7 +535,8 @@ class PerfCallback(Callback):
         st.total_batches += 1
         # Inline try blocks, not _safely(): free in CPython 3.11 when nothing raises, and no bound-method or
         # argument-tuple allocation on every batch.
-        if st.total_batches % trainer.log_every_n_steps == 0:
+        cadence = trainer.log_every_n_steps  # 0 (e.g. Trainer(barebones=True)): no per-batch scalars
+        if cadence and st.total_batches % cadence == 0:
             try:
                 self._log_batch(stage, st, trainer)
             except Exception as err:
@@ -738,6 +740,8 @@ class PerfCallback(Callback):
             if self._window_stage == stage:
                 self._close_window(shortened=True)
             return
+        if self._window is None and st.windows_used >= self.config.max_windows:
+            return  # this stage has used all its windows: nothing to plan, nothing to format, every batch
         action = self._plan.action(st.batch, st.num_batches)
         if action is Action.NONE:
             return
@@ -767,14 +771,6 @@ class PerfCallback(Callback):
     def _open_window(self, stage: str, st: _StageState, trainer: pl.Trainer) -> ProfilerWindow | None:
         if self.config.ranks is not None and self._rank not in self.config.ranks:
             return None
-        if st.windows_used >= self.config.max_windows:
-            if self.config.max_windows > 0:
-                self._info_once(
-                    f"max:{stage}",
-                    f"PerfCallback: {stage} reached max_windows={self.config.max_windows}; no more {stage} traces"
-                    " in this run.",
-                )
-            return None
         if torch_profiler_active():
             self._warn_once(
                 f"busy:{stage}",
@@ -792,6 +788,12 @@ class PerfCallback(Callback):
         self._window_stage = stage
         self._window_epoch = st.epoch
         st.windows_used += 1
+        if st.windows_used == self.config.max_windows:
+            self._info_once(
+                f"max:{stage}",
+                f"PerfCallback: this {stage} window is the last of max_windows={self.config.max_windows}; no more"
+                f" {stage} traces in this run.",
+            )
         return self._window
 
     def _close_window(self, *, shortened: bool) -> None:

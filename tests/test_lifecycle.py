@@ -10,6 +10,7 @@ import signal
 import pytest
 import torch
 from lightning.pytorch.trainer.states import TrainerStatus
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from kineto import events_in_step, load, op_names, steps
 from lightning_perf import PerfCallback
@@ -278,6 +279,21 @@ def test_limit_train_batches_below_the_schedule_gives_no_window_and_one_warning(
     assert _epochs(callback) == [("train", 0), ("train", 1)]
     assert all(e.batches == 3 for e in callback.epochs)
     assert _report(callback)["windows"] == []
+
+
+def test_log_every_n_steps_zero_logs_no_batch_scalars_and_trains_on(tmp_path):
+    # Lightning accepts 0 (Trainer(barebones=True) sets it): no per-batch scalars, everything else as usual.
+    callback = PerfCallback(schedule=WINDOW_2, stages=["train"])
+    t = trainer(tmp_path, [callback], log_every_n_steps=0, limit_val_batches=0)
+    t.fit(TinyModel(n=32))
+    assert _names(callback) == ["train-epoch000-batches0002-0003"]
+    assert _epochs(callback) == [("train", 0)] and callback.epochs[0].batches == 8
+    t.logger.finalize("success")
+    acc = EventAccumulator(t.logger.log_dir)
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "perf/train/epoch/step_time_p50_ms" in tags
+    assert not [tag for tag in tags if tag.startswith("perf/train/batch/")]
 
 
 # ------------------------------------------------------------------ runs that end while a window records

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lightning_perf.collect.memory import NestedPeaks
+from lightning_perf.collect.steps import LOSS_FOLD, StepClock
 from lightning_perf.records import WindowRecord
 from lightning_perf.report.json_report import SCHEMA_VERSION, report_dict, write_json_atomically
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
@@ -78,3 +79,19 @@ def test_report_is_plain_json_and_written_atomically(tmp_path):
     write_json_atomically(report, str(path))
     assert json.loads(path.read_text()) == report
     assert [p.name for p in tmp_path.iterdir()] == ["perf_report.json"]
+
+
+def test_the_epoch_loss_is_the_mean_of_every_batch_loss_however_long_the_epoch():
+    import torch
+
+    clock = StepClock(batch_size=lambda batch: None)
+    for epoch_length in (3, 2 * LOSS_FOLD + 7):
+        clock.epoch_start()
+        for i in range(epoch_length):
+            clock.batch_start(None)
+            clock.batch_end(torch.tensor(float(i), requires_grad=True) * 2, keep_loss=True)
+            assert clock.last_loss is not None and not clock.last_loss.requires_grad
+        assert len(clock.losses) < LOSS_FOLD  # summed on the device as they come, not kept one by one
+        assert clock.mean_loss() == pytest.approx(epoch_length - 1)  # the mean of 0, 2, 4, ... 2(n-1)
+    clock.epoch_start()
+    assert clock.mean_loss() is None

@@ -127,11 +127,14 @@ def test_explicit_batches_replace_the_schedule(tmp_path):
     assert _names(callback) == ["train-epoch000-batches0002-0003", "train-epoch000-batches0006-0006"]
 
 
-def test_max_windows_caps_each_stage_over_the_run(tmp_path):
+def test_max_windows_caps_each_stage_over_the_run(tmp_path, caplog):
     callback = PerfCallback(schedule={"skip_first": 0, "warmup": 1, "active": 1, "repeat": 0}, stages=["train", "validate"], max_windows=3)
-    trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=32, val_n=16))
+    with caplog.at_level("INFO"):
+        trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=32, val_n=16))
     assert len(_names(callback, "train")) == 3
     assert len(_names(callback, "validate")) == 3
+    last = [r.getMessage() for r in caplog.records if "the last of max_windows=3" in r.getMessage()]
+    assert sorted(m.split()[2] for m in last) == ["train", "validate"]  # once per stage, when it opens
 
 
 def test_test_and_predict_stages_get_their_own_windows(tmp_path):

@@ -27,6 +27,10 @@ from typing import Any
 
 import torch
 
+# A stage keeps at most this many batch losses on their device before summing them into one there (no
+# synchronization): a tensor per batch held to the epoch's end would hold a caching-allocator block each.
+LOSS_FOLD = 256
+
 
 def loss_tensor(outputs: Any) -> Any:
     """The loss a ``*_step`` returned: the tensor itself, or the ``"loss"`` entry of a mapping; else ``None``."""
@@ -54,12 +58,15 @@ class StepClock:
         self.compute: list[float] = []
         self.batch_sizes: list[int | None] = []
         self.profiled: list[bool] = []  # the batch ran inside a profiler window (warm-up or recording)
-        self.losses: list[Any] = []  # detached 0-d tensors, still on their device
+        self.losses: list[Any] = []  # detached 0-d tensors, still on their device, not yet summed
         self.last_loss: Any = None  # this batch's, or None
+        self._loss_sum: Any = None  # the earlier losses of the epoch, summed on their device
+        self._loss_count = 0
 
     def epoch_start(self) -> None:
         self._last_end = self._clock()
         self.data_wait, self.compute, self.batch_sizes, self.profiled, self.losses = [], [], [], [], []
+        self._loss_sum, self._loss_count = None, 0
 
     def restart(self) -> None:
         """Restarts the data-wait clock (after a validation run inside a training epoch)."""
@@ -73,9 +80,9 @@ class StepClock:
         self.profiled.append(profiled)
 
     def batch_end(self, outputs: Any, keep_loss: bool) -> None:
-        now = self._clock()
-        self.compute.append(now - self._start)
-        self._last_end = now
+        """Ends the batch's compute time; the caller then does its own per-batch work and :meth:`restart`\ s
+        the data-wait clock, so that this work is no part of the next batch's data wait."""
+        self.compute.append(self._clock() - self._start)  # (the caller restarts the data-wait clock)
         self.last_loss = None
         if keep_loss:
             loss = loss_tensor(outputs)
@@ -84,6 +91,14 @@ class StepClock:
                 # grad: detach (a new tensor) only when the graph would otherwise be kept alive.
                 self.last_loss = loss.detach() if loss.requires_grad else loss
                 self.losses.append(self.last_loss)
+                if len(self.losses) >= LOSS_FOLD:
+                    self._fold_losses()
+
+    def _fold_losses(self) -> None:
+        total = torch.stack(self.losses).float().sum()
+        self._loss_sum = total if self._loss_sum is None else self._loss_sum + total
+        self._loss_count += len(self.losses)
+        self.losses = []
 
     @property
     def batches(self) -> int:
@@ -91,6 +106,8 @@ class StepClock:
 
     def mean_loss(self) -> float | None:
         """The mean of the epoch's losses: one device synchronization, at the epoch's end."""
-        if not self.losses:
+        if self.losses:
+            self._fold_losses()
+        if not self._loss_count:
             return None
-        return float(torch.stack(self.losses).float().mean())
+        return float(self._loss_sum) / self._loss_count
