@@ -85,6 +85,11 @@ class TinyModel(pl.LightningModule):
         return self._loader(self.val_n)
 
 
+def window_names(callback, stage=None) -> list[str]:
+    """The names of the windows a PerfCallback saved, of one stage or all."""
+    return [w.name for w in callback.windows if stage is None or w.stage == stage]
+
+
 def trainer(tmp_path, callbacks, **kwargs) -> pl.Trainer:
     """A quiet CPU Trainer writing under ``tmp_path``."""
     defaults = dict(

@@ -60,6 +60,8 @@ def test_a_well_tuned_run_gets_no_warning(tmp_path, one_thread):
     for stage in ("train", "validate"):
         bad = [f for f in callback.findings_for(stage) if f.severity != "info"]
         assert not bad, bad
+    diagnosed = sorted((e["stage"], e["epoch"]) for s in callback.report["stages"].values() for e in s["epochs"])
+    assert diagnosed == [("train", 0), ("train", 1), ("validate", 0), ("validate", 1)]  # both stages, every epoch
 
 
 def test_slow_dataset_is_dataloader_bound_and_the_advice_is_about_workers(tmp_path):
@@ -146,6 +148,7 @@ def test_periodic_stalls_make_step_time_unstable(tmp_path):
     trainer(tmp_path, [callback], limit_val_batches=0).fit(PeriodicStall(n=320))
     [finding] = [f for f in callback.findings if f.id == "step_time_unstable"]
     assert "8" in finding.evidence  # the period of the stalls
+    assert finding.title == "Training stalls every 8 batches"
 
 
 @pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs at least 2 CPUs")

@@ -14,15 +14,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from kineto import events_in_step, load, op_names, steps
 from lightning_perf import PerfCallback
-from models import TinyModel, trainer
+from models import TinyModel, trainer, window_names
 
 WINDOW_2 = {"skip_first": 1, "warmup": 1, "active": 2}  # records batches 2, 3 of each epoch
 WINDOW_3 = {"skip_first": 1, "warmup": 1, "active": 3}  # records batches 2, 3, 4 of each epoch
 OPTIMIZER_STEP = "Optimizer.step#SGD.step"
-
-
-def _names(callback, stage=None):
-    return [w.name for w in callback.windows if stage is None or w.stage == stage]
 
 
 def _epochs(callback):
@@ -67,7 +63,7 @@ def test_fit_then_validate_test_predict_on_one_trainer(tmp_path):
     t.predict(model)
 
     # The standalone validate() is validation run 1: it does not overwrite fit's validation run 0.
-    assert _names(callback) == [
+    assert window_names(callback) == [
         "train-epoch000-batches0002-0003",  # saved at train batch 3, before the epoch's validation run
         "validate-epoch000-batches0002-0003",
         "validate-epoch001-batches0002-0003",
@@ -93,7 +89,7 @@ def test_fit_then_validate_test_predict_on_one_trainer(tmp_path):
     assert os.path.basename(callback.report_path) == "perf_report.json"
     assert sorted(p.name for p in tmp_path.rglob("perf_report*.json")) == ["perf_report.json"]
     report = _report(callback)
-    assert [w["name"] for w in report["windows"]] == _names(callback)
+    assert [w["name"] for w in report["windows"]] == window_names(callback)
     assert set(report["stages"]) == {"train", "validate", "test", "predict"}
     assert [e["epoch"] for e in report["stages"]["validate"]["epochs"]] == [0, 1]
 
@@ -107,13 +103,13 @@ def test_two_trainers_in_one_process_each_with_its_own_callback(tmp_path):
         results.append((root, callback))
 
     for root, callback in results:
-        assert _names(callback) == ["train-epoch000-batches0002-0003", "validate-epoch000-batches0002-0003"]
+        assert window_names(callback) == ["train-epoch000-batches0002-0003", "validate-epoch000-batches0002-0003"]
         assert _epochs(callback) == [("validate", 0), ("train", 0)]
         _check_traces(callback)
         assert callback.dirpath == str(root / "lightning_logs" / "version_0" / "perf")
         assert all(w.trace_path.startswith(str(root) + os.sep) for w in callback.windows)
         assert _trace_files(root) == sorted(w.trace_path for w in callback.windows)
-        assert [w["name"] for w in _report(callback)["windows"]] == _names(callback)
+        assert [w["name"] for w in _report(callback)["windows"]] == window_names(callback)
 
 
 def test_fit_twice_on_one_trainer_keeps_the_first_fits_windows(tmp_path):
@@ -127,7 +123,7 @@ def test_fit_twice_on_one_trainer_keeps_the_first_fits_windows(tmp_path):
     assert t.current_epoch == 2 and t.global_step == 8
 
     assert callback.windows[: len(first)] == first
-    assert _names(callback) == [
+    assert window_names(callback) == [
         "train-epoch000-batches0002-0003",
         "validate-epoch000-batches0002-0003",
         "train-epoch001-batches0002-0003",
@@ -136,7 +132,7 @@ def test_fit_twice_on_one_trainer_keeps_the_first_fits_windows(tmp_path):
     _check_traces(callback)  # no two windows share a trace path, every trace is there
     assert _trace_files(tmp_path) == sorted(w.trace_path for w in callback.windows)
     assert _epochs(callback) == [("validate", 0), ("train", 0), ("validate", 1), ("train", 1)]
-    assert [w["name"] for w in _report(callback)["windows"]] == _names(callback)
+    assert [w["name"] for w in _report(callback)["windows"]] == window_names(callback)
 
 
 @pytest.mark.parametrize(
@@ -162,7 +158,7 @@ def test_fast_dev_run(tmp_path, monkeypatch, recwarn, schedule, expected):
     t.fit(model)
     t.test(model)
 
-    assert _names(callback) == expected
+    assert window_names(callback) == expected
     _check_traces(callback)
     assert _epochs(callback) == [("validate", 0), ("train", 0), ("test", 0)]
     assert all(e.batches == 1 for e in callback.epochs)
@@ -256,7 +252,7 @@ def test_several_validation_dataloaders_are_one_sequence_of_batches(tmp_path):
     callback = PerfCallback(schedule=WINDOW_3, stages=["validate"])
     trainer(tmp_path, [callback]).fit(TwoValidationLoaders(n=16))
     # Batches 0-2 come from the first dataloader, 3-7 from the second: the window spans both.
-    assert _names(callback) == ["validate-epoch000-batches0002-0004"]
+    assert window_names(callback) == ["validate-epoch000-batches0002-0004"]
     trace = load(callback.windows[0].trace_path)
     assert steps(trace) == [2, 3, 4]
     assert _per_step(trace, "aten::cos") == [1, 1, 1]
@@ -286,7 +282,7 @@ def test_log_every_n_steps_zero_logs_no_batch_scalars_and_trains_on(tmp_path):
     callback = PerfCallback(schedule=WINDOW_2, stages=["train"])
     t = trainer(tmp_path, [callback], log_every_n_steps=0, limit_val_batches=0)
     t.fit(TinyModel(n=32))
-    assert _names(callback) == ["train-epoch000-batches0002-0003"]
+    assert window_names(callback) == ["train-epoch000-batches0002-0003"]
     assert _epochs(callback) == [("train", 0)] and callback.epochs[0].batches == 8
     t.logger.finalize("success")
     acc = EventAccumulator(t.logger.log_dir)
@@ -314,7 +310,7 @@ class RaisesInEpoch1(TinyModel):
 
 
 def _check_interrupted(callback, tmp_path):
-    assert _names(callback) == ["train-epoch000-batches0002-0004", "train-epoch001-batches0002-0003"]
+    assert window_names(callback) == ["train-epoch000-batches0002-0004", "train-epoch001-batches0002-0003"]
     interrupted = callback.windows[-1]
     assert interrupted.shortened
     _check_traces(callback)
@@ -329,7 +325,7 @@ def _check_interrupted(callback, tmp_path):
     # the interruption too (on_exception rewrites it). The interrupted epoch has no summary: it never ended.
     assert os.path.basename(callback.report_path) == "perf_report.json"
     report = _report(callback)
-    assert [w["name"] for w in report["windows"]] == _names(callback)
+    assert [w["name"] for w in report["windows"]] == window_names(callback)
     assert [(e["stage"], e["epoch"]) for e in report["stages"]["train"]["epochs"]] == [("train", 0)]
     assert _epochs(callback) == [("train", 0)]
 

@@ -267,7 +267,9 @@ FIRING = {name: case for name, case in CASES.items() if case[1]}
 
 @pytest.mark.parametrize(("context", "expected"), FIRING.values(), ids=FIRING.keys())
 def test_every_finding_shows_its_numbers_threshold_and_advice(context, expected):
-    for f in diagnose(context):
+    findings = diagnose(context)
+    assert findings
+    for f in findings:
         assert f.stage == context.stage and f.epoch == context.epoch.epoch
         assert f.title and "\n" not in f.title and len(f.title) < 90, f.title
         assert re.search(r"\d", f.evidence) and re.search(r"(>=|<) ?\d", f.evidence), f.evidence

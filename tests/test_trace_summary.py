@@ -196,15 +196,15 @@ def _events(spans, seed, cross=()):
     return events
 
 
-# The fixture only restores the thresholds after the test: each example sets them itself.
+# The fixture only restores the thresholds after the test: each example sets them itself (and compares both
+# ways, so the test runs once).
+@pytest.mark.parametrize("nesting", ["arrays"], indirect=True)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spans=_nested_spans(), seed=st.integers(0, 2**16), shapes=st.booleans())
 # A span starting at its grandparent's end, inside its overhanging parent: the stack makes it that parent's
 # child; the arrays would make it its grandparent's (found by hypothesis).
 @example(spans=[("aten::add", 0, 39.0), ("aten::add", 1, 38.25), ("aten::mm", 1, 38.25), ("aten::add", 39, 0.0)], seed=0, shapes=False)
 def test_arrays_and_stack_nest_operators_alike(spans, seed, shapes, nesting):
-    if nesting == "stack":
-        return  # one comparison of both per example
     events = _events(spans, seed)
     for event in events:
         event["args"]["Input Dims"] = [[len(event["name"]) % 2]]
@@ -221,11 +221,10 @@ _ANY_SPANS = st.lists(
 )
 
 
+@pytest.mark.parametrize("nesting", ["arrays"], indirect=True)  # (compares both ways: runs once)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spans=_ANY_SPANS, seed=st.integers(0, 2**16))
 def test_on_any_spans_the_arrays_agree_with_the_stack_or_give_way(spans, seed, nesting):
-    if nesting == "stack":
-        return
     trace = {"traceEvents": _events(spans, seed)}
     _nest_on("arrays")  # (the fixture restores the thresholds)
     arrays = operator_stats(trace)

@@ -67,7 +67,7 @@ def test_write_trace_is_gzip_json_and_leaves_no_temporary_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
     with gzip.open(path, "rt") as f:
         assert json.load(f)["traceEvents"][0]["name"] == "aten::mm"
-    assert traces.read_trace(path) == traces.read_trace(path)
+    assert traces.read_trace(path) == _trace(_event("cpu_op", "aten::mm", 0, 1))
 
 
 def _plugin_profile(path, tmp_path):

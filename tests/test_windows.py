@@ -9,13 +9,9 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from kineto import events_in_step, load, op_names, steps
 from lightning_perf import PerfCallback
-from models import TinyModel, trainer
+from models import TinyModel, trainer, window_names
 
 SCHEDULE_3 = {"skip_first": 1, "warmup": 1, "active": 3}  # records batches 2, 3, 4 of each epoch
-
-
-def _names(callback, stage=None):
-    return [w.name for w in callback.windows if stage is None or w.stage == stage]
 
 
 def test_train_step_span_holds_exactly_one_batch(tmp_path):
@@ -50,7 +46,7 @@ class SanityMarked(TinyModel):
 def test_sanity_check_is_never_counted_or_recorded(tmp_path):
     callback = PerfCallback(schedule={"skip_first": 0, "warmup": 0, "active": 1}, stages=["validate"], max_windows=1)
     trainer(tmp_path, [callback], num_sanity_val_steps=2).fit(SanityMarked(n=16))
-    assert _names(callback) == ["validate-epoch000-batches0000-0000"]
+    assert window_names(callback) == ["validate-epoch000-batches0000-0000"]
     names = op_names(load(callback.windows[0].trace_path))
     assert names["aten::cos"] == 1 and names["aten::atan"] == 0
 
@@ -86,7 +82,7 @@ def test_window_open_at_epoch_end_is_closed_and_saved_there(tmp_path):
     callback = PerfCallback(schedule={"skip_first": 2, "warmup": 1, "active": 10}, stages=["train"])
     with pytest.warns(UserWarning, match="train window was cut short by the end of its epoch"):
         trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=32))  # 8 batches per epoch
-    assert _names(callback) == ["train-epoch000-batches0003-0007", "train-epoch001-batches0003-0007"]
+    assert window_names(callback) == ["train-epoch000-batches0003-0007", "train-epoch001-batches0003-0007"]
     assert all(w.shortened for w in callback.windows)
     assert steps(load(callback.windows[1].trace_path)) == [3, 4, 5, 6, 7]
 
@@ -104,7 +100,7 @@ def test_stage_too_short_gets_no_window_and_one_warning(tmp_path, recwarn):
 def test_repeat_two_gives_two_windows_every_epoch(tmp_path):
     callback = PerfCallback(schedule={"skip_first": 0, "wait": 1, "warmup": 1, "active": 2, "repeat": 2}, stages=["train"])
     trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=48))  # 12 batches per epoch
-    assert _names(callback) == [
+    assert window_names(callback) == [
         "train-epoch000-batches0002-0003",
         "train-epoch000-batches0006-0007",
         "train-epoch001-batches0002-0003",
@@ -117,22 +113,22 @@ def test_repeat_zero_records_every_full_cycle_of_the_epoch(tmp_path):
         schedule={"skip_first": 0, "wait": 1, "warmup": 1, "active": 2, "repeat": 0}, stages=["train"], max_windows=10
     )
     trainer(tmp_path, [callback]).fit(TinyModel(n=40))  # 10 batches: cycles at 0 and 4; one at 8 would not fit
-    assert _names(callback) == ["train-epoch000-batches0002-0003", "train-epoch000-batches0006-0007"]
+    assert window_names(callback) == ["train-epoch000-batches0002-0003", "train-epoch000-batches0006-0007"]
     assert not any(w.shortened for w in callback.windows)
 
 
 def test_explicit_batches_replace_the_schedule(tmp_path):
     callback = PerfCallback(batches=[2, 3, 6], stages=["train"])
     trainer(tmp_path, [callback]).fit(TinyModel(n=40))
-    assert _names(callback) == ["train-epoch000-batches0002-0003", "train-epoch000-batches0006-0006"]
+    assert window_names(callback) == ["train-epoch000-batches0002-0003", "train-epoch000-batches0006-0006"]
 
 
 def test_max_windows_caps_each_stage_over_the_run(tmp_path, caplog):
     callback = PerfCallback(schedule={"skip_first": 0, "warmup": 1, "active": 1, "repeat": 0}, stages=["train", "validate"], max_windows=3)
     with caplog.at_level("INFO"):
         trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=32, val_n=16))
-    assert len(_names(callback, "train")) == 3
-    assert len(_names(callback, "validate")) == 3
+    assert len(window_names(callback, "train")) == 3
+    assert len(window_names(callback, "validate")) == 3
     last = [r.getMessage() for r in caplog.records if "the last of max_windows=3" in r.getMessage()]
     assert sorted(m.split()[2] for m in last) == ["train", "validate"]  # once per stage, when it opens
 
@@ -143,7 +139,7 @@ def test_test_and_predict_stages_get_their_own_windows(tmp_path):
     model = TinyModel(n=16, val_n=16)
     t.test(model)
     t.predict(model)
-    assert _names(callback) == ["test-epoch000-batches0001-0002", "predict-epoch000-batches0001-0002"]
+    assert window_names(callback) == ["test-epoch000-batches0001-0002", "predict-epoch000-batches0001-0002"]
     test_names = op_names(load(callback.windows[0].trace_path))
     predict_names = op_names(load(callback.windows[1].trace_path))
     assert test_names["aten::tan"] == 2 and test_names["aten::exp"] == 0
