@@ -844,7 +844,7 @@ class PerfCallback(Callback):
         trace = window.save(
             written,
             tensorboard_compat=self.config.tensorboard_compat,
-            compress=trace_path.endswith(".gz"),
+            compress=True,  # (the staged name does not end in .gz)
             max_bytes=int(self.config.max_trace_mb * 2**20),
         )
         typed = as_trace(trace, shapes=self.config.record_shapes)  # the trace as saved, as the analyses read it

@@ -35,7 +35,7 @@ from lightning_perf.report.findings import console_report, ranks_table
 from lightning_perf.report.markdown import format_duration
 from lightning_perf.summarize.ranks import rank_work_times
 from lightning_perf.summarize.events import KinetoTrace
-from lightning_perf.summarize.steps import summarize_epoch
+from lightning_perf.summarize.steps import percentile, summarize_epoch
 from lightning_perf.summarize.trace import operator_stats, summarize_trace
 
 EXIT_OK, EXIT_SLOWER, EXIT_BAD_INPUT = 0, 1, 2
@@ -143,10 +143,11 @@ def command_report(args: argparse.Namespace) -> int:
 
 
 def trace_context(
-    summary: TraceSummary, trace: KinetoTrace | Mapping[str, Any], *, precision: str | None = None, world_size: int = 1
+    summary: TraceSummary, info: Mapping[str, Any], *, precision: str | None = None, world_size: int = 1
 ) -> StageEpoch:
-    """What the rules need from a trace alone: its steps as a training epoch, and the run's facts as far as
-    the trace tells them (the precision it does not: pass Lightning's precision string)."""
+    """What the rules need from a trace alone: its steps (``summary``) as a training epoch, and the run's facts
+    as far as the trace tells them (``info``: its :func:`distributed_info`; the precision it does not tell:
+    pass Lightning's precision string)."""
     epoch = summarize_epoch(
         stage="train",
         epoch=0,
@@ -154,7 +155,6 @@ def trace_context(
         compute=[summary.step_time] * summary.steps,
         batch_sizes=[None] * summary.steps,
     )
-    info = distributed_info(trace)
     facts = RunFacts(
         device="cuda" if summary.device_busy is not None else "cpu",
         device_name=summary.device_name,
@@ -190,7 +190,7 @@ def command_analyze(args: argparse.Namespace) -> int:
     for path in find_traces(args.paths):
         trace = load_kineto(path)
         summary = summarize_trace(trace, window=os.path.basename(path))
-        entry = (trace_rank(path, trace), path, summary, {"distributedInfo": distributed_info(trace)})
+        entry = (trace_rank(path, trace), path, summary, distributed_info(trace))
         by_dir.setdefault(os.path.dirname(os.path.abspath(path)), []).append(entry)
         del trace  # one trace in memory at a time
     results: dict[str, Any] = {}
@@ -199,8 +199,8 @@ def command_analyze(args: argparse.Namespace) -> int:
         if not args.json:
             print(directory)
         ranks: list[RankSummary] = []
-        for rank, path, summary, metadata in entries:
-            findings = diagnose(trace_context(summary, metadata, precision=args.precision, world_size=len(entries)))
+        for rank, path, summary, info in entries:
+            findings = diagnose(trace_context(summary, info, precision=args.precision, world_size=len(entries)))
             share = (
                 summary.communication_exposed_time / summary.step_time
                 if summary.communication_exposed_time is not None and summary.step_time > 0
@@ -241,7 +241,7 @@ def command_analyze(args: argparse.Namespace) -> int:
 
 def _cross_rank_findings(ranks: Sequence[RankSummary]) -> list[Finding]:
     """The cross-rank rules over one window's ranks (the same rule code the callback runs at epoch end)."""
-    median = sorted(r.step_time_p50 or 0.0 for r in ranks)[len(ranks) // 2]
+    median = percentile([r.step_time_p50 or 0.0 for r in ranks], 50)
     epoch = summarize_epoch(stage="train", epoch=0, data_wait=[0.0], compute=[median], batch_sizes=[None])
     context = StageEpoch(
         epoch=epoch, facts=RunFacts(world_size=len(ranks)), rank_step_times=rank_work_times(ranks) or None
@@ -284,14 +284,14 @@ def _side_of_run(path: str) -> _Side:
         host_peak=last.host_rss_peak,
         cuda_peak=last.cuda_max_allocated,
         findings={f.id: f.severity for f in findings if f.severity != "info"},
-        operators={k: v for k, v in operators.items() if not k.startswith("ProfilerStep")},
+        operators=operators,
     )
 
 
 def _side_of_trace(path: str, args: argparse.Namespace) -> _Side:
     trace = load_kineto(path)
     summary = summarize_trace(trace, window=os.path.basename(path))
-    findings = diagnose(trace_context(summary, trace, precision=args.precision))
+    findings = diagnose(trace_context(summary, distributed_info(trace), precision=args.precision))
     return _Side(
         label=path,
         step_p50=summary.step_time,

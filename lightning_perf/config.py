@@ -84,45 +84,32 @@ class Schedule:
         return self.wait + self.warmup + self.active
 
 
-def schedule_problems(values: Mapping[str, Any], prefix: str = "schedule.") -> list[str]:
+def schedule_problems(values: Mapping[str, Any]) -> list[str]:
     """The problems with a schedule's field values, one line each; empty if they are valid."""
     problems = []
     for f in fields(Schedule):
         value = values.get(f.name, f.default)
         minimum = 1 if f.name == "active" else 0
         if not _is_int(value) or value < minimum:
-            problems.append(f"{prefix}{f.name}={value!r}: must be an integer >= {minimum}")
+            problems.append(f"schedule.{f.name}={value!r}: must be an integer >= {minimum}")
     return problems
 
 
-def to_schedule(value: Schedule | Mapping[str, Any] | None) -> Schedule:
-    """Accepts a :class:`Schedule`, a plain mapping (YAML) of its fields, or ``None`` for the default.
-
-    Raises:
-        ValueError: If the mapping has unknown keys or invalid values.
-    """
+def _to_schedule(value: Schedule | Mapping[str, Any] | None) -> tuple[Schedule, list[str]]:
+    """A :class:`Schedule` from itself, a plain mapping (YAML) of its fields, or ``None`` (the default); and
+    the problems with ``value``, one line each (the default schedule stands in while there are any)."""
     if value is None:
-        return Schedule()
+        return Schedule(), []
     if isinstance(value, Schedule):
-        return value
-    if isinstance(value, Mapping):
-        known = {f.name for f in fields(Schedule)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(
-                _format_problems(
-                    "PerfCallback", [f"schedule has unknown keys {unknown}: allowed keys are {sorted(known)}"]
-                )
-            )
-        problems = schedule_problems(value)
-        if problems:
-            raise ValueError(_format_problems("PerfCallback", problems))
-        return Schedule(**value)
-    raise ValueError(
-        _format_problems(
-            "PerfCallback", [f"schedule={value!r}: must be a Schedule, a mapping of its fields, or None"]
-        )
-    )
+        return value, []
+    if not isinstance(value, Mapping):
+        return Schedule(), [f"schedule={value!r}: must be a Schedule, a mapping of its fields, or None"]
+    known = {f.name for f in fields(Schedule)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        return Schedule(), [f"schedule has unknown keys {unknown}: allowed keys are {sorted(known)}"]
+    problems = schedule_problems(value)
+    return (Schedule(), problems) if problems else (Schedule(**value), [])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,12 +143,7 @@ class PerfConfig:
         Raises:
             ValueError: Naming each bad parameter, the value given and what is allowed.
         """
-        problems: list[str] = []
-        schedule = Schedule()
-        try:
-            schedule = to_schedule(kwargs["schedule"])
-        except ValueError as err:
-            problems.extend(_unformat(str(err)))
+        schedule, problems = _to_schedule(kwargs["schedule"])
 
         batches = kwargs["batches"]
         if batches is not None:
@@ -267,7 +249,7 @@ class PerfConfig:
             thresholds=thresholds,
             verbose=verbose,
             ranks=ranks,
-            max_trace_mb=float(max_trace_mb) if not problems else DEFAULT_MAX_TRACE_MB,
+            max_trace_mb=float(max_trace_mb),
             strict=strict,
         )
 
@@ -282,6 +264,3 @@ _HEADER = "{owner} got invalid arguments:"
 def _format_problems(owner: str, problems: Sequence[str]) -> str:
     return "\n".join([_HEADER.format(owner=owner), *(f"  - {p}" for p in problems)])
 
-
-def _unformat(message: str) -> list[str]:
-    return [line.removeprefix("  - ") for line in message.splitlines()[1:]]

@@ -17,6 +17,7 @@ callback, the tests and (later) the offline CLI agree.
 
 from __future__ import annotations
 
+import gzip
 import os
 
 PERF_SUBDIR = "perf"
@@ -61,3 +62,20 @@ def unique_dir(parent: str, name: str) -> str:
         n += 1
         path = os.path.join(parent, f"{name}-{n}")
     return path
+
+
+def write_atomically(text: str, path: str | os.PathLike[str], *, compress: bool = False) -> None:
+    """Writes ``text`` (UTF-8, gzipped where ``compress``) to a temporary name beside ``path``, then renames it
+    into place: a reader (TensorBoard, a crashed run's user) sees the old file or the new one, never half of one.
+    """
+    path = os.fspath(path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        # gzip level 5: within a few % of level 9's size on Kineto JSON, at about a third of its time.
+        opened = gzip.open(tmp, "wt", encoding="utf-8", compresslevel=5) if compress else open(tmp, "w", encoding="utf-8")
+        with opened as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

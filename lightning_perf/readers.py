@@ -33,14 +33,15 @@ import msgspec
 from lightning_perf.diagnose.model import SEVERITIES, Finding, RunFacts
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
 from lightning_perf.report.json_report import SCHEMA_VERSION
-from lightning_perf.summarize.events import MEMORY_EVENT_NAME, KinetoTrace, as_trace, decode_trace
+from lightning_perf.summarize.events import MEMORY_EVENT_NAME, OTHER_PHASES, KinetoTrace, as_trace, decode_trace
+from lightning_perf.traces import METADATA_KEY
 
 __all__ = ["InputError", "load_kineto", "load_report", "load_trace"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 # Event phases of the Chrome trace event format (Kineto writes X, i, M, s, f); events of other phases are
 # dropped. Only X and i events are read by the analyses, so only they are checked beyond their common fields.
-TRACE_PHASES = frozenset("BEXiICbnestfPNODMVvRc()STF")
+TRACE_PHASES = frozenset(OTHER_PHASES) | {"X", "i"}
 # Run facts that perf_report.json keeps per stage under run["dataloaders"][stage]; the rest are run-level.
 DATALOADER_FACTS = frozenset({"num_workers", "pin_memory", "persistent_workers", "batch_size"})
 SHOWN_CHARS = 60  # a bad value is shown as its repr, cut to this length
@@ -360,9 +361,8 @@ def _checked_trace(data: Any) -> dict[str, Any]:
         raise _must("traceEvents", "an array", events)
     if data.get("deviceProperties") is not None and not isinstance(data["deviceProperties"], list):
         raise _must("deviceProperties", "an array or null", data["deviceProperties"])
-    metadata = "lightning_perf"
-    if metadata in data and not isinstance(data[metadata], dict):
-        raise _must(metadata, "an object", data[metadata])
+    if METADATA_KEY in data and not isinstance(data[METADATA_KEY], dict):
+        raise _must(METADATA_KEY, "an object", data[METADATA_KEY])
     data["traceEvents"] = [event for i, event in enumerate(events) if _checked_event(event, i)]
     return data
 

@@ -29,10 +29,6 @@ class Action(enum.Enum):
     RECORD = 2
     RECORD_AND_SAVE = 3
 
-    @property
-    def records(self) -> bool:
-        return self in (Action.RECORD, Action.RECORD_AND_SAVE)
-
 
 class WindowPlan(Protocol):
     """A plan: the action for each batch index of an epoch, given how many batches it has."""

@@ -34,6 +34,8 @@ import os
 from collections.abc import Collection, Iterator
 from typing import Any
 
+from lightning_perf.layout import write_atomically
+
 DATALOADER_PREFIX = "enumerate(DataLoader)#"
 DATALOADER_SUFFIX = ".__next__"
 PROFILER_STEP_PREFIX = "ProfilerStep#"
@@ -156,19 +158,6 @@ def write_trace(trace: dict[str, Any], path: str | os.PathLike[str], *, compress
     file; the rename makes sure it never sees a half-written one.
     """
     path = os.fspath(path)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    if compress is None:
-        compress = path.endswith(".gz")
-    try:
-        if compress:
-            # Level 5: within a few % of level 9's size on Kineto JSON, at about a third of its time.
-            f = gzip.open(tmp, "wt", encoding="utf-8", compresslevel=5)
-        else:
-            f = open(tmp, "w", encoding="utf-8")
-        with f:
-            # One dumps() call: json.dump() streams through the pure-Python encoder, ~3x slower.
-            f.write(json.dumps(trace, separators=(",", ":")))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    # One dumps() call: json.dump() streams through the pure-Python encoder, ~3x slower.
+    text = json.dumps(trace, separators=(",", ":"))
+    write_atomically(text, path, compress=path.endswith(".gz") if compress is None else compress)

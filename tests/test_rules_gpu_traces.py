@@ -5,7 +5,7 @@ its numbers call for, and no others."""
 import pytest
 
 from lightning_perf import traces
-from lightning_perf.cli import trace_context
+from lightning_perf.cli import distributed_info, trace_context
 from lightning_perf.diagnose.model import StageEpoch
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.summarize.trace import summarize_trace
@@ -31,7 +31,7 @@ CASES = {
 
 def _context(trace: dict, name: str) -> StageEpoch:
     """The same context `lightning-perf analyze` builds from a trace (one code path), for a "32-true" run."""
-    return trace_context(summarize_trace(trace, window=name), trace, precision="32-true")
+    return trace_context(summarize_trace(trace, window=name), distributed_info(trace), precision="32-true")
 
 
 @pytest.mark.parametrize(("name", "expected"), list(CASES.items()))

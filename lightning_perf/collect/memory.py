@@ -10,8 +10,6 @@ returns ``None`` where its source does not exist (no ``/proc``, no CUDA), never 
 from __future__ import annotations
 
 import os
-import resource
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -26,15 +24,6 @@ def host_rss() -> int | None:
             return int(f.read().split()[1]) * _PAGE_SIZE
     except (OSError, ValueError, IndexError):
         return None
-
-
-def host_rss_lifetime_peak() -> int | None:
-    """The process's peak resident set size since it started, in bytes (``getrusage``)."""
-    try:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    except (OSError, ValueError):
-        return None
-    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,9 +19,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 
-from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
+from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import TraceSummary
+
+# Lightning's precision strings of full fp32 training.
+FP32_PRECISIONS = frozenset({"32-true", "32"})
 
 Rule = Callable[[StageEpoch, Thresholds], Finding | Sequence[Finding] | None]
 """A pure function from a stage's epoch and the thresholds to a finding (or ``None``)."""
@@ -105,6 +108,11 @@ def strongest(
 def in_window(window: TraceSummary, count: int) -> str:
     """``"in window W"``, noting when it was picked among several."""
     return f"in window {window.window}" + (f" (the strongest of {count} windows)" if count > 1 else "")
+
+
+def cpus_per_process(facts: RunFacts) -> int | None:
+    """The CPUs each process of the run has (the machine's, shared by its processes); ``None``: unknown."""
+    return None if facts.cpu_count is None else max(1, facts.cpu_count // max(facts.world_size, 1))
 
 
 def on_cuda(ctx: StageEpoch) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.rules import (
+    cpus_per_process,
     finding,
     in_window,
     limit,
@@ -32,9 +33,9 @@ MAX_SUGGESTED_WORKERS = 8
 def suggested_workers(facts: RunFacts) -> int:
     """Workers to suggest: Lightning's ``suggested_max_num_workers`` (CPUs per process minus one), at most 8;
     4 when the CPU count is unknown."""
-    if facts.cpu_count is None:
+    per_process = cpus_per_process(facts)
+    if per_process is None:
         return 4
-    per_process = facts.cpu_count // max(facts.world_size, 1)
     return max(1, min(MAX_SUGGESTED_WORKERS, per_process - 1))
 
 

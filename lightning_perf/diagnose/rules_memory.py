@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import Finding, StageEpoch
-from lightning_perf.diagnose.rules import finding, limit, percent, reaches, size, stage_name
+from lightning_perf.diagnose.rules import FP32_PRECISIONS, finding, limit, percent, reaches, size, stage_name
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary
 
@@ -55,7 +55,7 @@ def memory_pressure(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         " batch; activation checkpointing (`torch.utils.checkpoint.checkpoint` around blocks) trades compute"
         " for activations"
     )
-    if ctx.facts.precision in (None, "32-true", "32"):
+    if ctx.facts.precision is None or ctx.facts.precision in FP32_PRECISIONS:
         advice[-1] += '; `Trainer(precision="bf16-mixed")` halves activation memory.'
     else:
         advice[-1] += "."

@@ -8,10 +8,10 @@ what is a finding, and how bad, the rules decide.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import Finding
+from lightning_perf.diagnose.rules import ms, percent
 from lightning_perf.records import EpochSummary, RankSummary
 
 CLEAN = "no bottleneck found"
@@ -22,8 +22,8 @@ def headline(summary: EpochSummary) -> str:
     """An epoch's headline numbers on one line."""
     parts = [
         f"{summary.batches} batches",
-        f"step p50 {summary.step_time_p50 * 1e3:.2f} ms, p90 {summary.step_time_p90 * 1e3:.2f} ms",
-        f"data wait {math.floor(summary.data_wait_fraction * 100 + 1e-9)}%",  # rounded down, as the rules do
+        f"step p50 {ms(summary.step_time_p50)}, p90 {ms(summary.step_time_p90)}",
+        f"data wait {percent(summary.data_wait_fraction)}",  # rounded down, as in the findings
     ]
     if summary.throughput is not None:
         parts.append(f"{summary.throughput:,.0f} samples/s")
@@ -63,20 +63,20 @@ _RANK_COLUMNS = ("rank", "step p50", "step p90", "step max", "data wait", "sampl
 
 
 def _rank_cells(r: RankSummary) -> list[str]:
-    def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v * 1e3:.2f} ms"
+    def time(v: float | None) -> str:
+        return "-" if v is None else ms(v)
 
-    def pct(v: float | None) -> str:
-        return "-" if v is None else f"{v:.0%}"
+    def share(v: float | None) -> str:
+        return "-" if v is None else percent(v)  # rounded down, as in the findings and the headline
 
     return [
         str(r.rank),
-        ms(r.step_time_p50),
-        ms(r.step_time_p90),
-        ms(r.step_time_max),
-        pct(r.data_wait_fraction),
+        time(r.step_time_p50),
+        time(r.step_time_p90),
+        time(r.step_time_max),
+        share(r.data_wait_fraction),
         "-" if r.throughput is None else f"{r.throughput:,.0f}",
-        pct(r.communication_share),
+        share(r.communication_share),
         "-" if r.host_rss_peak is None else f"{r.host_rss_peak / 2**20:,.0f} MiB",
     ]
 

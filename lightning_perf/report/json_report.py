@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from lightning_perf.diagnose.model import Finding
+from lightning_perf.layout import write_atomically
 from lightning_perf.records import EpochSummary, RankSummary, WindowRecord
 
 SCHEMA_VERSION = 1
@@ -73,11 +73,4 @@ def window_dict(window: WindowRecord, *, with_summary: bool = True) -> dict[str,
 
 def write_json_atomically(data: Mapping[str, Any], path: str) -> None:
     """Writes ``data`` to ``path`` through a temporary file and a rename: readers see the old or the new file."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, allow_nan=False)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    write_atomically(json.dumps(data, indent=1, allow_nan=False), path)

@@ -23,7 +23,6 @@ for threads of :data:`ARRAY_MIN_OPERATORS` spans or more, or uses it if somethin
 from __future__ import annotations
 
 import re
-import statistics
 import sys
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
@@ -37,6 +36,7 @@ import msgspec
 
 from lightning_perf.records import OperatorStat, TraceSummary
 from lightning_perf.summarize.events import MEMORY_EVENT_NAME, Complete, Instant, KinetoTrace, as_trace
+from lightning_perf.summarize.steps import percentile
 from lightning_perf.traces import DATALOADER_PREFIX, DATALOADER_SUFFIX, PROFILER_STEP_PREFIX
 
 # Host-side operator ranges (torch's ``record_function`` spans are ``user_annotation``), and the device
@@ -113,15 +113,14 @@ def _by_start(events: list[Complete]) -> list[Complete]:
     """
     ordered = sorted(events, key=_TS)
     starts = [e.ts for e in ordered]
-    run_start = run_end = -1
+    runs: list[list[int]] = []  # [first, last] of each run of equal starts
     for i in [i for i in range(1, len(starts)) if starts[i] == starts[i - 1]]:
-        if i != run_end + 1:  # a new run of equal starts: [i - 1, i]
-            if run_end > run_start:
-                ordered[run_start : run_end + 1] = sorted(ordered[run_start : run_end + 1], key=_DUR, reverse=True)
-            run_start = i - 1
-        run_end = i
-    if run_end > run_start:
-        ordered[run_start : run_end + 1] = sorted(ordered[run_start : run_end + 1], key=_DUR, reverse=True)
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i - 1, i])
+    for first, last in runs:
+        ordered[first : last + 1] = sorted(ordered[first : last + 1], key=_DUR, reverse=True)
     return ordered
 
 
@@ -594,7 +593,7 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
         host_op_time=host_op_time,
         framework_time=max(step_time - host_op_time - waiting, 0.0),
         ops_per_step=steps.per_step(_count_inside(sorted(scan.op_starts), steps.ranges)),
-        median_op_time=_median([end - start for start, end, _ in _starting_inside(top_level, steps.ranges)]) * _US,
+        median_op_time=percentile([end - start for start, end, _ in _starting_inside(top_level, steps.ranges)], 50) * _US,
         **(_device_fields(scan, steps) if scan.device else {}),
         **_communication(scan, steps),
         **_device_properties(trace, scan.device_id),
@@ -767,7 +766,7 @@ def _device_fields(scan: _Scan, steps: _Steps) -> dict[str, Any]:
     return {
         "device_busy": steps.time(busy),
         "kernels_per_step": steps.per_step(len(kernels)),
-        "median_kernel_time": _median([end - start for start, end, _ in kernels]) * _US,
+        "median_kernel_time": percentile([end - start for start, end, _ in kernels], 50) * _US,
         "kernel_time": steps.mean(sum(end - start for start, end, _ in kernels)),
         "fp32_gemm_time": steps.mean(sum(end - start for start, end, name in kernels if fp32[name])),
         "h2d_time": steps.time(h2d),
@@ -905,6 +904,3 @@ def _starting_inside(
     starts = [item[0] for item in items]
     return [item for start, end in merged for item in items[bisect_left(starts, start) : bisect_left(starts, end)]]
 
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
