@@ -53,6 +53,7 @@ forks one worker process per rank, one here).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import gzip
 import json
@@ -62,6 +63,7 @@ import os
 import pathlib
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -316,6 +318,34 @@ def time_hta(path: pathlib.Path, runs: int, workdir: pathlib.Path, breakdown: bo
         shutil.rmtree(trace_dir, ignore_errors=True)
 
 
+def time_tool(tool: str, path: pathlib.Path, runs: int, workdir: pathlib.Path, breakdown: bool) -> Timing:
+    if tool == "ours":
+        return time_ours(path, runs)
+    if tool == "tb":
+        return time_tb(path, runs, workdir)
+    return time_hta(path, runs, workdir, breakdown)
+
+
+def time_isolated(tool: str, path: pathlib.Path, runs: int, workdir: pathlib.Path, breakdown: bool) -> Timing:
+    """:func:`time_tool` in a new Python process (this script with ``--worker``), which imports the tool before
+    timing it: no trace timed before, nor another tool's leftovers, weighs on this one."""
+    command = [sys.executable, __file__, "--worker", tool, str(path), "--workdir", str(workdir)]
+    command += ["--repeat", str(runs)] + (["--hta-breakdown"] if breakdown else [])
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return Timing(error=f"worker exited {done.returncode}: {done.stderr.strip()[-200:]}")
+    return Timing(**json.loads(lines[-1]))
+
+
+def worker(tool: str, path: pathlib.Path, runs: int, workdir: pathlib.Path, breakdown: bool) -> None:
+    logging.disable(logging.ERROR)
+    warnings.simplefilter("ignore")
+    tools, notes = available_tools([tool])
+    timing = time_tool(tool, path, runs, workdir, breakdown) if tools else Timing(error=notes[tool])
+    print(json.dumps(dataclasses.asdict(timing)))
+
+
 def available_tools(wanted: list[str]) -> tuple[list[str], dict[str, str]]:
     """The tools of ``wanted`` that import here, and a note for each that does not; imports them now, so that
     no import is timed."""
@@ -479,7 +509,15 @@ def main() -> None:
     parser.add_argument("--keep-synthetic", type=pathlib.Path, help="also copy the synthetic trace to this path")
     parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated, of ours,tb,hta (default: all)")
     parser.add_argument("--hta-breakdown", action="store_true", help="time HTA's parse plus get_temporal_breakdown")
+    parser.add_argument(
+        "--in-process", action="store_true", help="time every tool on every trace in this one process"
+    )
+    parser.add_argument("--worker", choices=TOOLS, help=argparse.SUPPRESS)  # time_isolated's child
+    parser.add_argument("--workdir", type=pathlib.Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.traces[0], args.repeat, args.workdir, args.hta_breakdown)  # --repeat: its runs
+        return
     wanted = [tool.strip() for tool in args.tools.split(",") if tool.strip()]
     if unknown := [tool for tool in wanted if tool not in TOOLS]:
         parser.error(f"unknown tool(s) {', '.join(unknown)}; choose from {', '.join(TOOLS)}")
@@ -526,16 +564,12 @@ def main() -> None:
             return
 
         names = ", ".join(LABELS[t] for t in tools)
-        print(f"tools: {names}; python {sys.version.split()[0]}, {os.cpu_count()} CPU(s)")
+        where = "all in this process" if args.in_process else "each tool on each trace in a new process"
+        print(f"tools: {names}; python {sys.version.split()[0]}, {os.cpu_count()} CPU(s); {where}")
         results: dict[str, dict[str, Timing]] = {}
         for trace in traces:
-            r: dict[str, Timing] = {}
-            if "ours" in tools:
-                r["ours"] = time_ours(trace.path, runs["ours"])
-            if "tb" in tools:
-                r["tb"] = time_tb(trace.path, runs["tb"], workdir)
-            if "hta" in tools:
-                r["hta"] = time_hta(trace.path, runs["hta"], workdir, args.hta_breakdown)
+            timed = time_tool if args.in_process else time_isolated
+            r = {tool: timed(tool, trace.path, runs[tool], workdir, args.hta_breakdown) for tool in tools}
             results[trace.label] = r
             print_trace(trace, r, runs, args.hta_breakdown)
         print_summary(traces, results, tools, notes)

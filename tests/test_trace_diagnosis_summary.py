@@ -7,9 +7,10 @@ import dataclasses
 import pathlib
 import time
 
+import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -284,6 +285,74 @@ def test_interval_union_intersection_and_difference(a, b):
     assert sum(end - start for start, end in trace_module._subtract(ua, ub)) == len(_points(a) - _points(b))
     spans = sorted(((start, end, "", False) for start, end in a), key=lambda span: (span[0], -span[1]))
     assert trace_module._union_sorted(spans) == ua
+    starts, ends = np.array([span[0] for span in spans], dtype=float), np.array([span[1] for span in spans], dtype=float)
+    assert trace_module._merge_arrays(starts, ends) == ua
+
+
+# The arrays' ways of sorting out a thread's host spans and device activity, against plain Python.
+_HOST = st.lists(
+    st.tuples(
+        st.sampled_from(["aten::add", "aten::mm", "ProfilerStep#1", "Optimizer.step#SGD.step", "aten::copy_"]),
+        st.sampled_from(["cpu_op", "cpu_op", "user_annotation", "cuda_runtime"]),
+        st.integers(0, 12),  # a small grid: spans often start together, or where others end
+        st.integers(0, 5) | st.just(0.25),
+    ),
+    max_size=20,
+)
+
+
+@given(_HOST)
+@example([("aten::add", "cpu_op", 0, 5), ("aten::mm", "cpu_op", 5, 5)])  # the second starts as the first ends
+@example([("aten::add", "cpu_op", 3, 1), ("aten::mm", "cpu_op", 3, 4), ("aten::add", "cpu_op", 3, 4)])  # ties
+def test_a_thread_s_spans_sort_by_start_longest_first_then_in_trace_order(spans):
+    events = [_x(cat, name, ts, dur, flops=i) for i, (name, cat, ts, dur) in enumerate(spans)]  # flops: identity
+    index = trace_module._Index.of(trace_module.as_trace({"traceEvents": events}))
+    typed = trace_module.as_trace({"traceEvents": events}).traceEvents
+    ordered = sorted(typed, key=lambda e: (e.ts, -e.dur))  # stable: ties in trace order
+    host = [e for e in ordered if not e.name.startswith("ProfilerStep#")]
+    steps = [e for e in ordered if e.name.startswith("ProfilerStep#")]
+    assert [e.args.flops for e in index.host.get((1, 1), [])] == [e.args.flops for e in host]
+    assert [e.args.flops for e in index.steps.get((1, 1), [])] == [e.args.flops for e in steps]
+    if host:
+        columns = index.columns[(1, 1)]
+        assert [columns.names[code] for code in columns.name_code] == [e.name for e in host]
+        assert columns.names == list(dict.fromkeys(e.name for e in host))  # in order of first appearance
+        assert [columns.categories[code] for code in columns.category_code] == [e.cat for e in host]
+        assert columns.starts.tolist() == [e.ts for e in host]
+        assert columns.ends.tolist() == [e.ts + e.dur for e in host]
+        assert index.names[(1, 1)] == {e.name for e in host}
+        # Top-level operators: cpu_ops inside no other cpu_op (annotations are no parents).
+        main = trace_module._MainThread.of(trace_module._scan(index), (1, 1))
+        ops = [(e.ts, e.ts + e.dur) for e in host if e.cat == "cpu_op" and not e.name.startswith("Optimizer.step#")]
+        assert main.top_level_ops() == trace_module._outermost(ops)
+
+
+_DEVICE = st.lists(
+    st.tuples(
+        st.sampled_from(["kernel", "kernel", "gpu_memcpy", "gpu_memset"]),
+        st.sampled_from(
+            ["volta_sgemm_128x64_nn", "ncclKernel_AllReduce", "elementwise", "Memcpy HtoD (Pageable -> Device)",
+             "Memcpy HtoD (Pinned -> Device)", "Memcpy DtoH (Device -> Pageable)"]
+        ),  # fmt: skip
+        st.integers(0, 20),
+        st.integers(0, 6),
+    ),
+    max_size=25,
+)
+
+
+@given(_DEVICE, st.lists(st.tuples(st.integers(0, 18), st.integers(1, 6)), min_size=1, max_size=3))
+@example([("kernel", "elementwise", 10, 2), ("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 1, 2)], [(0, 10)])
+def test_device_activity_sorts_out_alike_on_arrays_and_one_by_one(device, step_spans):
+    events = trace_module.as_trace({"traceEvents": [_x(cat, name, ts, dur) for cat, name, ts, dur in device]}).traceEvents
+    events = sorted(events, key=lambda e: e.ts)
+    steps = trace_module._Steps.of([(start, start + length) for start, length in step_spans])
+    python, arrays = trace_module._device_sets(events, steps), trace_module._device_sets_arrays(events, steps)
+    for field in dataclasses.fields(python):
+        a, b = getattr(python, field.name), getattr(arrays, field.name)
+        if field.name == "step_kernel_times":
+            a, b = sorted(a), sorted(b)  # (the same kernels, in another order for equal starts)
+        assert a == b, field.name  # (whole microseconds: exact)
 
 
 # --- Real CPU profiles ------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from torch_tb_profiler.profiler.data import RunProfileData
 from torch_tb_profiler.profiler.run_generator import RunGenerator
 
 from lightning_perf import traces
+from lightning_perf.readers import load_kineto
 from lightning_perf.summarize import trace as trace_module
 from lightning_perf.summarize.trace import operator_stats
 
@@ -20,17 +21,16 @@ from lightning_perf.summarize.trace import operator_stats
 def _nest_on(mode):
     """Operators nested one by one on a stack, or on arrays (what _nest_arrays does for large threads,
     falling back to the stack for spans that do not nest), whatever the thread's size."""
-    for name in ("ARRAY_MIN_OPERATORS", "ARRAY_MIN_OPERATORS_IMPORTED"):
-        setattr(trace_module, name, 10**12 if mode == "stack" else 0)
+    trace_module.ARRAY_MIN_OPERATORS = 10**12 if mode == "stack" else 0
 
 
 @pytest.fixture(autouse=True, params=["stack", "arrays"])
 def nesting(request):
     """Every test here twice: on the stack and on arrays."""
-    saved = trace_module.ARRAY_MIN_OPERATORS, trace_module.ARRAY_MIN_OPERATORS_IMPORTED
+    saved = trace_module.ARRAY_MIN_OPERATORS
     _nest_on(request.param)
     yield request.param
-    trace_module.ARRAY_MIN_OPERATORS, trace_module.ARRAY_MIN_OPERATORS_IMPORTED = saved
+    trace_module.ARRAY_MIN_OPERATORS = saved
 
 
 def _x(cat, name, ts, dur, tid=1, **args):
@@ -247,8 +247,42 @@ def test_spans_that_do_not_nest_go_to_the_stack(nesting):
     # aten::mm starts inside aten::add and ends after it, and aten::relu starts in between: the stack makes
     # it aten::mm's child, which the arrays cannot, so they give up (and add nothing).
     events = [_x("cpu_op", "aten::add", 0, 10), _x("cpu_op", "aten::mm", 5, 10), _x("cpu_op", "aten::relu", 12, 1)]
-    [spans] = trace_module._Index.of(trace_module.as_trace({"traceEvents": events})).host.values()
+    index = trace_module._Index.of(trace_module.as_trace({"traceEvents": events}))
+    [(thread, spans)] = index.host.items()
     totals = {}
-    assert not trace_module._nest_arrays(spans, trace_module._Launches.of([]), False, totals) and totals == {}
+    launches = trace_module._Launches.of([])
+    assert not trace_module._nest_arrays(spans, index.columns[thread], launches, False, totals) and totals == {}
     stats = _stats(*events)
     assert [stats[name].self_cpu_time for name in ("aten::add", "aten::mm", "aten::relu")] == [0, 9, 1]
+
+
+def test_spans_whose_end_rounds_to_their_start_nest_on_arrays(nesting):
+    # Absolute timestamps (1.7e15 us, as in the V100 fixture) keep a quarter of a microsecond: a 0.121 us
+    # span ends where it starts, and the stack finishes it when the next span starts at that time. The arrays
+    # count it as the zero-length span it has become, so the thread nests on arrays, as the stack does.
+    base = 1712195495536774.75
+    events = [
+        _x("cpu_op", "aten::to", base, 2.0),
+        _x("cpu_op", "aten::result_type", base, 0.121),
+        _x("cpu_op", "aten::result_type", base + 0.25, 0.211),
+        _x("cpu_op", "aten::empty", base + 0.5, 0.5),
+    ]
+    index = trace_module._Index.of(trace_module.as_trace({"traceEvents": events}))
+    [(thread, spans)] = index.host.items()
+    assert index.columns[thread].ends[1] == index.columns[thread].starts[1]  # 0.121 us rounded away
+    totals = {}
+    assert trace_module._nest_arrays(spans, index.columns[thread], trace_module._Launches.of([]), False, totals)
+    stats = _stats(*events)
+    assert stats["aten::to"].self_cpu_time == pytest.approx(2.0 - 0.121 - 0.211 - 0.5)
+    assert stats["aten::result_type"].calls == 2
+
+
+def test_every_large_thread_of_the_gpu_traces_nests_on_arrays(gpu_trace):
+    # Including the V100 trace's main thread, whose sub-microsecond spans end where they start once rounded.
+    for name in ("v100_single_rank", "a100_nccl_2rank_rank0", "v100_2rank_rank1"):
+        trace = load_kineto(gpu_trace(f"{name}.json.gz"))
+        index = trace_module._Index.of(trace)
+        launches = trace_module._Launches.of(index.device)
+        for thread, spans in index.host.items():
+            if len(spans) >= 1000:
+                assert trace_module._nest_arrays(spans, index.columns[thread], launches, False, {}), (name, thread)

@@ -80,7 +80,7 @@ class StepClock:
         self.profiled.append(profiled)
 
     def batch_end(self, outputs: Any, keep_loss: bool) -> None:
-        """Ends the batch's compute time; the caller then does its own per-batch work and :meth:`restart`\ s
+        """Ends the batch's compute time; the caller then does its own per-batch work and :meth:`restarts <restart>`
         the data-wait clock, so that this work is no part of the next batch's data wait."""
         self.compute.append(self._clock() - self._start)  # (the caller restarts the data-wait clock)
         self.last_loss = None

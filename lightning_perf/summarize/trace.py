@@ -16,26 +16,33 @@ trace for the second:
 Both take typed events (:mod:`lightning_perf.summarize.events`, what
 :func:`lightning_perf.readers.load_kineto` reads) or a trace loaded with ``json`` (converted), of any
 Kineto trace, ours (categories renamed by :func:`lightning_perf.traces.tensorboard_compatible`) or not, so
-the callback and the offline CLI share them. This module imports neither torch nor lightning (numpy only
-for threads of :data:`ARRAY_MIN_OPERATORS` spans or more, or uses it if something else has).
+the callback and the offline CLI share them. This module imports neither torch nor lightning; numpy holds
+the columns of the events that the analyses work through on arrays.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from lightning_perf.records import OperatorStat, TraceSummary
-from lightning_perf.summarize.events import MEMORY_EVENT_NAME, Complete, Instant, KinetoTrace, as_trace
+from lightning_perf.summarize.events import (
+    MEMORY_EVENT_NAME,
+    Complete,
+    Instant,
+    KinetoTrace,
+    ShapedComplete,
+    as_trace,
+)
 from lightning_perf.summarize.steps import percentile
 from lightning_perf.traces import DATALOADER_PREFIX, DATALOADER_SUFFIX, PROFILER_STEP_PREFIX
 
@@ -46,6 +53,8 @@ from lightning_perf.traces import DATALOADER_PREFIX, DATALOADER_SUFFIX, PROFILER
 OPERATOR_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "Runtime"})
 HOST_OP_CATEGORIES = OPERATOR_CATEGORIES | RUNTIME_CATEGORIES
+_HOST_CATEGORIES = sorted(HOST_OP_CATEGORIES)  # a host span's category, as a code: its index here
+_HOST_CATEGORY_CODE = {category: code for code, category in enumerate(_HOST_CATEGORIES)}
 # Device activity launched by a host operator, tied to it by ``args["External id"]``.
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 CUDA_DEVICE_TYPE = 1  # ``args["Device Type"]`` of a [memory] event: c10::DeviceType::CUDA
@@ -54,6 +63,8 @@ CUDA_DEVICE_TYPE = 1  # ``args["Device Type"]`` of a [memory] event: c10::Device
 Thread = tuple[Any, Any]  # (pid, tid)
 _TS, _DUR, _NAME_OF, _CAT_OF = attrgetter("ts"), attrgetter("dur"), attrgetter("name"), attrgetter("cat")
 _EXTERNAL_ID_OF, _FLOPS_OF = attrgetter("args.external_id"), attrgetter("args.flops")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_COMPLETE_TYPES = (Complete, ShapedComplete)
 
 
 @dataclass
@@ -64,9 +75,10 @@ class _Index:
 
     host: dict[Thread, list[Complete]]  # complete events of HOST_OP_CATEGORIES but ProfilerStep#N spans
     names: dict[Thread, set[str]]  # the names in host
-    steps: dict[Thread, list[Complete]]  # the ProfilerStep#N spans
+    steps: dict[Thread, list[Complete]]  # the ProfilerStep#N spans, sorted as host
     device: list[Complete]  # kernels, copies, memsets
     memory: dict[Thread, list[Instant]]  # [memory] instants
+    columns: dict[Thread, _Columns]  # host as arrays
 
     @classmethod
     def of(cls, trace: KinetoTrace) -> _Index:
@@ -77,24 +89,53 @@ class _Index:
 
     @classmethod
     def _build(cls, trace: KinetoTrace) -> _Index:
+        # A trace holds 10^5 events, and each pass over them costs: list comprehensions with type tests (twice
+        # as fast as isinstance; faster than one loop sorting the events out with appends).
         events = trace.traceEvents
-        complete = [e for e in events if isinstance(e, Complete)]
-        host, names, steps = {}, {}, {}
-        for thread, spans in _by_thread([e for e in complete if e.cat in HOST_OP_CATEGORIES]).items():
-            names[thread] = {e.name for e in spans}
-            step_names = _starts_with(names[thread], PROFILER_STEP_PREFIX)
-            if step_names:
-                steps[thread] = [e for e in spans if e.name in step_names]
-                spans = [e for e in spans if e.name not in step_names]
-                names[thread] -= step_names
-            host[thread] = _by_start(spans)
+        complete = [e for e in events if type(e) in _COMPLETE_TYPES]
+        threads = _by_thread([e for e in complete if e.cat in HOST_OP_CATEGORIES])
+        host, names, steps, columns = {}, {}, {}, {}
+        for thread, spans in threads.items():
+            host[thread], thread_steps, columns[thread] = _sorted(spans)
+            names[thread] = set(columns[thread].names)
+            if thread_steps:
+                steps[thread] = thread_steps
         return cls(
             host=host,
             names=names,
             steps=steps,
             device=[e for e in complete if e.cat in DEVICE_CATEGORIES],
             memory=_by_thread([e for e in events if type(e) is Instant and e.name == MEMORY_EVENT_NAME]),
+            columns=columns,
         )
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """One thread's host spans (as sorted in :class:`_Index`) as numpy arrays: times in microseconds, names
+    and categories as codes into lists (the distinct names in order of first appearance). What the operator
+    table and the step summary read of a thread's spans, taken from the events once for both."""
+
+    starts: Any
+    durations: Any
+    ends: Any
+    name_code: Any
+    names: list[str]
+    category_code: Any
+    categories: list[str]
+
+    def named(self, names: Container[str] | Callable[[str], bool]) -> Any:
+        """Whether each span's name is one of ``names`` (a set or a mapping, or a predicate on a name)."""
+        test = names if callable(names) else names.__contains__
+        return _by_code([bool(test(name)) for name in self.names], self.name_code)
+
+    def of_category(self, categories: Iterable[str]) -> Any:
+        return _by_code([category in categories for category in self.categories], self.category_code)
+
+
+def _by_code(flags: list[bool], codes: Any) -> Any:
+    """Each code's flag, as a boolean array (``flags``: one per distinct value)."""
+    return np.array(flags, dtype=bool)[codes] if flags else np.zeros(len(codes), dtype=bool)
 
 
 def _by_thread(events: list[Any]) -> dict[Thread, list[Any]]:
@@ -105,27 +146,29 @@ def _by_thread(events: list[Any]) -> dict[Thread, list[Any]]:
     return dict(groups)
 
 
-def _by_start(events: list[Complete]) -> list[Complete]:
-    """``events`` sorted by start, the longer of two starting together first, then in trace order.
-
-    A trace lists a thread's events nearly in order of start: one sort by start is quick, and the few runs of
-    events starting at the same time are then sorted by duration, longest first (stable: ties stay in order).
-    """
-    ordered = sorted(events, key=_TS)
-    starts = [e.ts for e in ordered]
-    runs: list[list[int]] = []  # [first, last] of each run of equal starts
-    for i in [i for i in range(1, len(starts)) if starts[i] == starts[i - 1]]:
-        if runs and runs[-1][1] == i - 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i - 1, i])
-    for first, last in runs:
-        ordered[first : last + 1] = sorted(ordered[first : last + 1], key=_DUR, reverse=True)
-    return ordered
-
-
-def _starts_with(names: Iterable[str], prefix: str) -> set[str]:
-    return {name for name in names if name.startswith(prefix)}
+def _sorted(spans: list[Complete]) -> tuple[list[Complete], list[Complete], _Columns]:
+    """A thread's host spans sorted by start, the longer of two starting together first, then in trace order
+    (stable sorts of the arrays), the ``ProfilerStep#N`` spans apart, and the others' columns."""
+    n = len(spans)
+    starts = np.fromiter(map(_TS, spans), dtype=np.float64, count=n)
+    durations = np.fromiter(map(_DUR, spans), dtype=np.float64, count=n)
+    name_code, names = _codes(list(map(_NAME_OF, spans)))
+    category_code = np.fromiter(map(_HOST_CATEGORY_CODE.__getitem__, map(_CAT_OF, spans)), dtype=np.intp, count=n)
+    order = np.argsort(starts, kind="stable")  # quick on a nearly sorted trace; then the ties: longer first
+    ordered = starts[order]
+    tied = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if len(tied):
+        runs = np.unique(np.concatenate((tied, tied + 1)))  # the positions of the runs of equal starts
+        order[runs] = order[runs][np.lexsort((-durations[order[runs]], ordered[runs]))]
+    is_step = _by_code([name.startswith(PROFILER_STEP_PREFIX) for name in names], name_code[order])
+    steps, order = order[is_step], order[~is_step]
+    name_code, names = _first_appearance(name_code[order], names)
+    starts, durations = starts[order], durations[order]
+    return (
+        list(map(spans.__getitem__, order.tolist())),
+        list(map(spans.__getitem__, steps.tolist())),
+        _Columns(starts, durations, starts + durations, name_code, names, category_code[order], _HOST_CATEGORIES),
+    )
 
 
 def operator_stats(
@@ -161,7 +204,9 @@ def operator_stats(
             order = {id(e): seq for seq, e in enumerate(ops + memory)}
             ops = sorted(ops + memory, key=lambda e: (e.ts, type(e) is Instant, order[id(e)]))
             _nest(ops, launches, group_by_input_shape, totals)
-        elif not _on_arrays(len(ops)) or not _nest_arrays(ops, launches, group_by_input_shape, totals):
+        elif not _on_arrays(len(ops)) or not _nest_arrays(
+            ops, index.columns[thread], launches, group_by_input_shape, totals
+        ):
             _nest(ops, launches, group_by_input_shape, totals)  # a small thread, or spans that do not nest
 
     has_device = bool(index.device)
@@ -209,17 +254,14 @@ class _Launches:
 
 
 # Threads with at least this many host spans are nested on arrays (_nest_arrays), the others one by one
-# (_nest). Measured on the 2-core development machine: arrays take about 0.2 us per span and 40 us per
-# thread, the stack 0.6 us per span, so arrays win from about 100 spans on, once numpy is imported. Where it
-# is not yet (the offline CLI; in the callback, torch has imported it), importing it costs 45 ms, which
-# about 10^4 spans win back.
-ARRAY_MIN_OPERATORS = 10_000
-ARRAY_MIN_OPERATORS_IMPORTED = 100
+# (_nest); so are device events (_DeviceSets). Measured on the 2-core development machine: arrays take about
+# 0.2 us per span and 40 us per thread, the stack 0.6 us per span, so arrays win from about 100 spans on.
+ARRAY_MIN_OPERATORS = 100
 
 
 def _on_arrays(spans: int) -> bool:
-    """Whether a thread of ``spans`` host spans is nested on arrays."""
-    return spans >= (ARRAY_MIN_OPERATORS_IMPORTED if "numpy" in sys.modules else ARRAY_MIN_OPERATORS)
+    """Whether ``spans`` events are worked through on arrays (else one by one)."""
+    return spans >= ARRAY_MIN_OPERATORS
 
 # The totals of an operator row, a list indexed by these (lists: a trace has 10^5 operators to add up).
 _CALLS, _SELF_CPU, _CPU, _SELF_DEVICE, _DEVICE, _CPU_MEMORY, _DEVICE_MEMORY, _FLOPS = range(8)
@@ -318,6 +360,7 @@ def _finish(op: list[Any], stack: list[list[Any]], totals: dict[tuple[str, str |
 
 def _nest_arrays(
     ops: list[Complete],
+    columns: _Columns,
     launches: _Launches,
     group_by_input_shape: bool,
     totals: dict[tuple[str, str | None], list[Any]],
@@ -330,7 +373,9 @@ def _nest_arrays(
     Notes:
         1. Depth: the spans open when a span starts (``end > start``) among those before it, which is its
            index less those ending at or before its start; of all spans, ``searchsorted`` counts the latter,
-           plus the zero-length spans starting with it and sorted after it (last, at one start).
+           plus the zero-length spans starting with it and sorted after it (last, at one start). Zero-length
+           means ending at their start, as the stack sees it: spans of a few tenths of a microsecond do on
+           absolute timestamps, which keep a quarter of a microsecond.
         2. Parent: the last span before it one level up, where the spans nest; every parent is checked to be
            open at its child's start, or nothing is added. A child may end after its parent (absolute
            timestamps, 1.7e15 us, keep a quarter of a microsecond): the stack keeps the parent under it until
@@ -340,14 +385,10 @@ def _nest_arrays(
            start before its end, so device time over descendants is a difference of prefix sums.
         4. Operators whose only child has their name fold the child in (:func:`_finish`), children first.
     """
-    import numpy as np  # here: the offline CLI starts 45 ms sooner without it, and most traces go without
-
     n = len(ops)
-    starts = np.fromiter(map(_TS, ops), dtype=np.float64, count=n)
-    durations = np.fromiter(map(_DUR, ops), dtype=np.float64, count=n)
-    ends = starts + durations
+    starts, durations, ends = columns.starts, columns.durations, columns.ends
     index = np.arange(n)
-    zero_length = np.concatenate(([0], np.cumsum(durations == 0)))
+    zero_length = np.concatenate(([0], np.cumsum(ends == starts)))  # durations that rounding ate too
     same_start_end = np.searchsorted(starts, starts, side="right")
     closed = np.searchsorted(np.sort(ends), starts, side="right") - (zero_length[same_start_end] - zero_length[index])
     depth = index - closed
@@ -367,19 +408,23 @@ def _nest_arrays(
         if between.any():
             return False
 
-    name_code, unique_names = _codes(np, list(map(_NAME_OF, ops)))
+    name_code, unique_names = columns.name_code, columns.names
     if group_by_input_shape:
         shapes = [None if (d := getattr(e.args, "input_dims", None)) is None else str(d) for e in ops]
-        key_code, unique_keys = _codes(np, list(zip(map(_NAME_OF, ops), shapes)))
+        key_code, unique_keys = _codes(list(zip(map(_NAME_OF, ops), shapes)))
     else:
         key_code, unique_keys = name_code, [(name, None) for name in unique_names]
 
     own = np.zeros(n)
     if launches.time:
-        launched = np.fromiter(map(launches.time.get, map(_EXTERNAL_ID_OF, ops), repeat(0.0)), np.float64, n)
-        category_code, categories = _codes(np, list(map(_CAT_OF, ops)))
-        launchers = RUNTIME_CATEGORIES if launches.by_runtime else OPERATOR_CATEGORIES
-        launcher = np.array([c in launchers for c in categories])[category_code]
+        launcher = columns.of_category(RUNTIME_CATEGORIES if launches.by_runtime else OPERATOR_CATEGORIES)
+        launching = launcher.nonzero()[0]  # only their External ids are looked up (a pass over their args)
+        launched = np.zeros(n)
+        launched[launching] = np.fromiter(
+            map(launches.time.get, map(_EXTERNAL_ID_OF, map(ops.__getitem__, launching.tolist())), repeat(0.0)),
+            dtype=np.float64,
+            count=len(launching),
+        )
         if launches.by_runtime:  # to the operator the call runs in
             moved = launcher[child]
             np.add.at(own, parent[moved], launched[child[moved]])
@@ -430,7 +475,17 @@ def _nest_arrays(
     return True
 
 
-def _codes(np: Any, values: list[Any]) -> tuple[Any, list[Any]]:
+def _first_appearance(codes: Any, values: list[Any]) -> tuple[Any, list[Any]]:
+    """``codes`` into ``values`` renumbered as :func:`_codes` numbers them: the values they hold, in order of
+    first appearance."""
+    held, first = np.unique(codes, return_index=True)
+    held = held[np.argsort(first)]
+    renumbered = np.zeros(len(values), dtype=np.intp)
+    renumbered[held] = np.arange(len(held))
+    return renumbered[codes], [values[code] for code in held.tolist()]
+
+
+def _codes(values: list[Any]) -> tuple[Any, list[Any]]:
     """Each value's position among the distinct values (in order of first appearance), and those."""
     distinct = list(dict.fromkeys(values))
     code_of = {value: i for i, value in enumerate(distinct)}
@@ -472,6 +527,7 @@ _NOT_FP32_MARKS = (
 # cuBLAS/cuDNN kernels whose template arguments say fp32: ``gemmk1_kernel<float, ...>``,
 # ``cudnn::detail::dgrad_engine<float, ...>``, ``wgrad_alg0_engine<float, ...>``.
 _FP32_TEMPLATE = re.compile(r"(gemm\w*|grad\w*_engine)<float\b")
+_NOT_FP32 = re.compile("|".join(map(re.escape, _NOT_FP32_MARKS)))
 
 Interval = tuple[float, float]
 
@@ -494,7 +550,7 @@ def is_fp32_gemm(name: str) -> bool:
         5. FBGEMM's kernels (``fbgemm_gpu::...``) are no GEMMs: ``fbgemm`` is ignored in the name.
     """
     n = name.lower().replace("fbgemm", "")
-    if any(mark in n for mark in _NOT_FP32_MARKS):
+    if _NOT_FP32.search(n):
         return False
     if "sgemm" in n or "scudnn" in n:
         return True
@@ -509,16 +565,13 @@ class _Scan:
 
     index: _Index
     step_spans: dict[Thread, list[Interval]] = field(default_factory=dict)
-    op_starts: list[float] = field(default_factory=list)  # cpu_ops of every thread
     dataloader: list[Interval] = field(default_factory=list)
     optimizer: list[tuple[float, float, str, Thread]] = field(default_factory=list)
     backward: list[Interval] = field(default_factory=list)
     syncs: dict[Thread, list[Interval]] = field(default_factory=lambda: defaultdict(list))
     collectives: list[Interval] = field(default_factory=list)
     not_ops: set[str] = field(default_factory=set)  # names of host spans that are no operators, any category
-    device: list[Interval] = field(default_factory=list)  # kernels, copies, memsets
-    kernels: list[tuple[float, float, str]] = field(default_factory=list)
-    h2d: list[tuple[float, float, bool]] = field(default_factory=list)  # (start, end, pageable)
+    device: list[Complete] = field(default_factory=list)  # kernels, copies, memsets, sorted by start
     device_id: Any = None
 
 
@@ -564,17 +617,17 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
     scan = _scan(_Index.of(trace))
     main, step_spans = _main_thread(scan)
     steps = _Steps.of(step_spans) if step_spans else _Steps.whole(scan)
-    host = _host_spans(scan.index.host.get(main, ()), scan.not_ops)
-    host_ops = _union_sorted(host)
+    host = _MainThread.of(scan, main)
+    host_ops = host.union()
     host_op_time = steps.time(host_ops)
     # Host collectives (gloo, or nccl's host side) run on the process group's threads while the main thread
     # waits without a span of its own (in DDP's reducer, inside the optimizer's closure): that wait is
     # communication, neither the optimizer's update nor framework time.
     collectives = _union(scan.collectives)
     waiting = steps.time(_subtract(collectives, host_ops))
-    top_level = _top_level_ops(host)
+    top_level = host.top_level_ops()
     update_parts = _optimizer_update_parts(scan, steps)
-    update_ops, multi_tensor = _update_ops(host, scan.index.names.get(main, set()), top_level, update_parts)
+    update_ops, multi_tensor = host.update_ops(scan.index.names.get(main, set()), top_level, update_parts)
     optimizers = [name for start, _, name, _ in scan.optimizer if steps.hold(start)]
     if any("fused" in name.lower() for name in optimizers):
         multi_tensor = True  # a fused optimizer class (apex's, DeepSpeed's, FBGEMM's FusedAdam)
@@ -592,10 +645,9 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
         optimizer_foreach=multi_tensor if optimizers else None,
         host_op_time=host_op_time,
         framework_time=max(step_time - host_op_time - waiting, 0.0),
-        ops_per_step=steps.per_step(_count_inside(sorted(scan.op_starts), steps.ranges)),
-        median_op_time=percentile([end - start for start, end, _ in _starting_inside(top_level, steps.ranges)], 50) * _US,
-        **(_device_fields(scan, steps) if scan.device else {}),
-        **_communication(scan, steps),
+        ops_per_step=steps.per_step(_operators_in(scan, steps.ranges)),
+        median_op_time=percentile([end - start for start, end in _starting_inside(top_level, steps.ranges)], 50) * _US,
+        **_device_and_communication(scan, steps),
         **_device_properties(trace, scan.device_id),
     )
 
@@ -615,7 +667,7 @@ class _Steps:
     @classmethod
     def whole(cls, scan: _Scan) -> _Steps:
         """The whole trace as one step: from its first host or device event to its last."""
-        intervals = [(e.ts, e.ts + e.dur) for spans in scan.index.host.values() for e in spans] + scan.device
+        intervals = [(e.ts, e.ts + e.dur) for spans in (*scan.index.host.values(), scan.device) for e in spans]
         if not intervals:
             return cls(count=1, ranges=[], total=0.0)
         whole = (min(start for start, _ in intervals), max(end for _, end in intervals))
@@ -664,8 +716,9 @@ def _scan(index: _Index) -> _Scan:
         flags = {name: f for name in index.names[thread] if (f := _name_flags(name))}
         not_ops = {name for name, f in flags.items() if f & _NOT_OPS}
         scan.not_ops |= not_ops
-        scan.op_starts += [e.ts for e in spans if e.cat == "cpu_op" and e.name not in not_ops]
-        for e in [e for e in spans if e.name in flags]:  # the few spans whose names say more
+        if not flags:
+            continue
+        for e in map(spans.__getitem__, index.columns[thread].named(flags).nonzero()[0].tolist()):  # by name
             f, span = flags[e.name], (e.ts, e.ts + e.dur)
             if f & _DATALOADER:
                 scan.dataloader.append(span)
@@ -677,21 +730,9 @@ def _scan(index: _Index) -> _Scan:
                 scan.syncs[thread].append(span)
             elif f & _COLLECTIVE:
                 scan.collectives.append(span)
-    for e in index.device:
-        start, end = e.ts, e.ts + e.dur
-        scan.device.append((start, end))
-        if e.cat == "kernel":
-            scan.kernels.append((start, end, e.name))
-            if scan.device_id is None:
-                scan.device_id = e.args.device
-        elif e.cat == "gpu_memcpy" and "HtoD" in e.name:
-            scan.h2d.append((start, end, "Pageable" in e.name))
+    scan.device = sorted(index.device, key=_TS)
+    scan.device_id = next((e.args.device for e in index.device if e.cat == "kernel"), None)
     return scan
-
-
-def _host_spans(spans: Sequence[Complete], not_ops: set[str]) -> list[tuple[float, float, str, bool]]:
-    """A thread's host spans (sorted) as ``(start, end, name, is_operator)``."""
-    return [(e.ts, e.ts + e.dur, e.name, e.cat == "cpu_op" and e.name not in not_ops) for e in spans]
 
 
 def _main_thread(scan: _Scan) -> tuple[tuple[Any, Any] | None, list[Interval]]:
@@ -721,11 +762,6 @@ def _optimizer_update_parts(scan: _Scan, steps: _Steps) -> list[Interval]:
     return _union(parts)
 
 
-def _top_level_ops(host: list[tuple[float, float, str, bool]]) -> list[tuple[float, float, str]]:
-    """The operators of ``host`` (sorted by start, longest first) inside no other operator."""
-    return _outermost([(start, end, name) for start, end, name, is_op in host if is_op])
-
-
 def _outermost(spans: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     """The spans (``(start, end, ...)`` sorted by start, longest first) that lie inside no other."""
     top = []
@@ -739,41 +775,155 @@ def _outermost(spans: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return top
 
 
-def _update_ops(
-    host: list[tuple[float, float, str, bool]],
-    names: set[str],
-    top_level: list[tuple[float, float, str]],
-    update_parts: list[Interval],
-) -> tuple[int, bool]:
-    """Top-level operators starting in the update parts, and whether any operator there is multi-tensor."""
-    if not update_parts:
-        return 0, False
-    count = len(_starting_inside(top_level, update_parts))
-    multi_tensor_names = {name for name in names if "_foreach_" in name or "fused" in name}
-    multi_tensor = bool(multi_tensor_names) and any(
-        is_op and name in multi_tensor_names and _inside(start, update_parts) for start, _, name, is_op in host
+@dataclass(frozen=True)
+class _MainThread:
+    """The main thread's host spans (on arrays: :class:`_Columns`), and which of them are operators:
+    ``cpu_op`` spans that are no DataLoader or optimizer annotation (:data:`_NOT_OPS`)."""
+
+    columns: _Columns | None  # None: no main thread
+    is_op: Any
+
+    @classmethod
+    def of(cls, scan: _Scan, main: Thread | None) -> _MainThread:
+        if main not in scan.index.host:
+            return cls(columns=None, is_op=None)
+        columns = scan.index.columns[main]
+        return cls(columns=columns, is_op=_operator_mask(columns, scan.not_ops))
+
+    def union(self) -> list[Interval]:
+        """The union of the thread's host spans."""
+        if self.columns is None:
+            return []
+        return _merge_arrays(self.columns.starts, self.columns.ends)
+
+    def top_level_ops(self) -> list[Interval]:
+        """The operators inside no other operator (annotations are no parents): those starting at or after
+        every earlier operator's end (spans sorted by start, longest first)."""
+        if self.columns is None:
+            return []
+        starts, ends = self.columns.starts[self.is_op], self.columns.ends[self.is_op]
+        if not len(starts):
+            return []
+        covered_until = np.concatenate(([-np.inf], np.maximum.accumulate(ends)[:-1]))
+        top = starts >= covered_until
+        return list(zip(starts[top].tolist(), ends[top].tolist()))
+
+    def update_ops(self, names: set[str], top_level: list[Interval], update_parts: list[Interval]) -> tuple[int, bool]:
+        """Top-level operators starting in the update parts, and whether any operator there is multi-tensor."""
+        if not update_parts or self.columns is None:
+            return 0, False
+        count = len(_starting_inside(top_level, update_parts))
+        multi_tensor_names = {name for name in names if "_foreach_" in name or "fused" in name}
+        if not multi_tensor_names:
+            return count, False
+        starts = self.columns.starts[self.is_op & self.columns.named(multi_tensor_names)]
+        return count, any(_inside(start, update_parts) for start in starts.tolist())
+
+
+def _operator_mask(columns: _Columns, not_ops: set[str]) -> Any:
+    return columns.of_category(("cpu_op",)) & ~columns.named(not_ops)
+
+
+def _operators_in(scan: _Scan, ranges: list[Interval]) -> int:
+    """The operators (:class:`_MainThread`'s) of every thread starting in ``ranges``."""
+    count = 0
+    for thread in scan.index.host:
+        columns = scan.index.columns[thread]
+        starts = columns.starts[_operator_mask(columns, scan.not_ops)]  # sorted
+        for low, high in ranges:
+            count += int(np.searchsorted(starts, high, side="left") - np.searchsorted(starts, low, side="left"))
+    return count
+
+
+@dataclass(frozen=True)
+class _DeviceSets:
+    """What the device fields are computed from: merged intervals of all device activity (``busy``), all
+    kernels, host-to-device copies, NCCL and other kernels; and the kernels starting in the steps."""
+
+    busy: list[Interval]
+    kernels: list[Interval]
+    h2d: list[Interval]
+    nccl: list[Interval]
+    compute: list[Interval]
+    step_kernel_times: list[float]  # durations (end - start) of the kernels starting in the steps
+    step_fp32_gemm_time: float  # their sum over fp32 GEMMs
+    h2d_pageable: bool  # a pageable host-to-device copy starts in the steps
+
+    @classmethod
+    def of(cls, device: list[Complete], steps: _Steps) -> _DeviceSets:
+        """From device events sorted by start: on arrays for many (:func:`_on_arrays`), else one by one."""
+        return _device_sets_arrays(device, steps) if _on_arrays(len(device)) else _device_sets(device, steps)
+
+
+def _device_sets(device: list[Complete], steps: _Steps) -> _DeviceSets:
+    spans = [(e.ts, e.ts + e.dur, e) for e in device]
+    kernels = [span for span in spans if span[2].cat == "kernel"]
+    h2d = [span for span in spans if span[2].cat == "gpu_memcpy" and "HtoD" in span[2].name]
+    in_steps = _starting_inside(kernels, steps.ranges)
+    fp32 = {name: is_fp32_gemm(name) for name in {e.name for _, _, e in in_steps}}
+    return _DeviceSets(
+        busy=_union_sorted(spans),
+        kernels=_union_sorted(kernels),
+        h2d=_union_sorted(h2d),
+        nccl=_union_sorted([span for span in kernels if COMMUNICATION_KERNEL_MARK in span[2].name]),
+        compute=_union_sorted([span for span in kernels if COMMUNICATION_KERNEL_MARK not in span[2].name]),
+        step_kernel_times=[end - start for start, end, _ in in_steps],
+        step_fp32_gemm_time=sum(end - start for start, end, e in in_steps if fp32[e.name]),
+        h2d_pageable=any("Pageable" in e.name for start, _, e in h2d if steps.hold(start)),
     )
-    return count, multi_tensor
 
 
-def _device_fields(scan: _Scan, steps: _Steps) -> dict[str, Any]:
-    busy = _union(scan.device)
-    kernels = _starting_inside(sorted(scan.kernels), steps.ranges)
-    all_kernels = _union([(start, end) for start, end, _ in scan.kernels])
-    fp32 = {name: is_fp32_gemm(name) for name in {name for _, _, name in kernels}}
-    h2d = _union([(start, end) for start, end, _ in scan.h2d])
+def _device_sets_arrays(device: list[Complete], steps: _Steps) -> _DeviceSets:
+    """:func:`_device_sets` on arrays: kinds of events by their category's and name's codes, unions by a
+    running maximum of ends (:func:`_merge_arrays`)."""
+    n = len(device)
+    starts = np.fromiter(map(_TS, device), dtype=np.float64, count=n)
+    ends = starts + np.fromiter(map(_DUR, device), dtype=np.float64, count=n)
+    category_code, categories = _codes(list(map(_CAT_OF, device)))
+    name_code, names = _codes(list(map(_NAME_OF, device)))
+    kernel = _by_code([c == "kernel" for c in categories], category_code)
+    memcpy = _by_code([c == "gpu_memcpy" for c in categories], category_code)
+    nccl = _by_code([COMMUNICATION_KERNEL_MARK in name for name in names], name_code)
+    h2d = memcpy & _by_code(["HtoD" in name for name in names], name_code)
+    pageable = h2d & _by_code(["Pageable" in name for name in names], name_code)
+    in_steps = np.zeros(n, dtype=bool)
+    for low, high in steps.ranges:
+        in_steps[np.searchsorted(starts, low, side="left") : np.searchsorted(starts, high, side="left")] = True
+    step_kernels = np.flatnonzero(kernel & in_steps)
+    fp32 = {int(code): is_fp32_gemm(names[code]) for code in np.unique(name_code[step_kernels])}
+    times = ends[step_kernels] - starts[step_kernels]
+    fp32_kernel = np.array([fp32[code] for code in name_code[step_kernels].tolist()], dtype=bool)
+    return _DeviceSets(
+        busy=_merge_arrays(starts, ends),
+        kernels=_merge_arrays(starts[kernel], ends[kernel]),
+        h2d=_merge_arrays(starts[h2d], ends[h2d]),
+        nccl=_merge_arrays(starts[kernel & nccl], ends[kernel & nccl]),
+        compute=_merge_arrays(starts[kernel & ~nccl], ends[kernel & ~nccl]),
+        step_kernel_times=times.tolist(),
+        step_fp32_gemm_time=sum(times[fp32_kernel].tolist()),
+        h2d_pageable=bool((pageable & in_steps).any()),
+    )
+
+
+def _device_and_communication(scan: _Scan, steps: _Steps) -> dict[str, Any]:
+    """The device fields of :class:`~lightning_perf.records.TraceSummary` (none without device activity), and
+    its communication fields."""
+    if not scan.device:
+        return _communication(scan, steps, None)
+    sets = _DeviceSets.of(scan.device, steps)
     syncs = _top_level_syncs(scan.syncs, steps)
     return {
-        "device_busy": steps.time(busy),
-        "kernels_per_step": steps.per_step(len(kernels)),
-        "median_kernel_time": percentile([end - start for start, end, _ in kernels], 50) * _US,
-        "kernel_time": steps.mean(sum(end - start for start, end, _ in kernels)),
-        "fp32_gemm_time": steps.mean(sum(end - start for start, end, name in kernels if fp32[name])),
-        "h2d_time": steps.time(h2d),
-        "h2d_exposed_time": steps.time(_subtract(h2d, all_kernels)),
-        "h2d_pageable": any(pageable for start, _, pageable in scan.h2d if steps.hold(start)),
+        "device_busy": steps.time(sets.busy),
+        "kernels_per_step": steps.per_step(len(sets.step_kernel_times)),
+        "median_kernel_time": percentile(sets.step_kernel_times, 50) * _US,
+        "kernel_time": steps.mean(sum(sets.step_kernel_times)),
+        "fp32_gemm_time": steps.mean(sets.step_fp32_gemm_time),
+        "h2d_time": steps.time(sets.h2d),
+        "h2d_exposed_time": steps.time(_subtract(sets.h2d, sets.kernels)),
+        "h2d_pageable": sets.h2d_pageable,
         "syncs_per_step": steps.per_step(len(syncs)),
-        "sync_idle_time": steps.time(_subtract(_union(syncs), busy)),
+        "sync_idle_time": steps.time(_subtract(_union(syncs), sets.busy)),
+        **_communication(scan, steps, sets),
     }
 
 
@@ -787,16 +937,11 @@ def _top_level_syncs(syncs: dict[tuple[Any, Any], list[Interval]], steps: _Steps
     ]
 
 
-def _communication(scan: _Scan, steps: _Steps) -> dict[str, float | None]:
-    nccl = [(start, end) for start, end, name in scan.kernels if COMMUNICATION_KERNEL_MARK in name]
-    if nccl:
-        communication = _union(nccl)
-        compute = _union(
-            [(start, end) for start, end, name in scan.kernels if COMMUNICATION_KERNEL_MARK not in name]
-        )
+def _communication(scan: _Scan, steps: _Steps, sets: _DeviceSets | None) -> dict[str, float | None]:
+    if sets is not None and sets.nccl:
         return {
-            "communication_time": steps.time(communication),
-            "communication_exposed_time": steps.time(_subtract(communication, compute)),
+            "communication_time": steps.time(sets.nccl),
+            "communication_exposed_time": steps.time(_subtract(sets.nccl, sets.compute)),
         }
     if scan.collectives:
         host_time = steps.time(_union(scan.collectives))
@@ -832,11 +977,11 @@ def _union(intervals: Iterable[Interval]) -> list[Interval]:
     return merged
 
 
-def _union_sorted(spans: Iterable[tuple[float, float, Any, Any]]) -> list[Interval]:
+def _union_sorted(spans: Sequence[tuple[Any, ...]]) -> list[Interval]:
     """:func:`_union` of spans ``(start, end, ...)`` already sorted by start, without sorting them again."""
     merged: list[Interval] = []
     block_start = block_end = None
-    for start, end, _, _ in spans:
+    for start, end in zip(map(_FIRST, spans), map(_SECOND, spans)):
         if block_end is not None and start <= block_end:
             if end > block_end:
                 block_end = end
@@ -847,6 +992,18 @@ def _union_sorted(spans: Iterable[tuple[float, float, Any, Any]]) -> list[Interv
     if block_end is not None and block_end > block_start:
         merged.append((block_start, block_end))
     return merged
+
+
+def _merge_arrays(starts: Any, ends: Any) -> list[Interval]:
+    """:func:`_union_sorted` of intervals given as arrays of starts (sorted) and ends: a new block starts
+    where a start lies beyond every end before it; a block ends at the running maximum of ends."""
+    if not len(starts):
+        return []
+    reach = np.maximum.accumulate(ends)
+    first = np.flatnonzero(np.concatenate(([True], starts[1:] > reach[:-1])))
+    block_starts, block_ends = starts[first], reach[np.append(first[1:] - 1, len(starts) - 1)]
+    kept = block_ends > block_starts
+    return list(zip(block_starts[kept].tolist(), block_ends[kept].tolist()))
 
 
 def _length_within(merged: Sequence[Interval], ranges: Sequence[Interval]) -> float:
@@ -891,10 +1048,6 @@ def _inside(point: float, merged: Sequence[Interval]) -> bool:
     """Whether ``point`` lies in one of the merged intervals (start included, end not)."""
     i = bisect_right(merged, (point, float("inf"))) - 1
     return i >= 0 and point < merged[i][1]
-
-
-def _count_inside(sorted_points: Sequence[float], merged: Sequence[Interval]) -> int:
-    return sum(bisect_left(sorted_points, end) - bisect_left(sorted_points, start) for start, end in merged)
 
 
 def _starting_inside(
