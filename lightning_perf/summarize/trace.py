@@ -550,6 +550,8 @@ def is_fp32_gemm(name: str) -> bool:
         5. FBGEMM's kernels (``fbgemm_gpu::...``) are no GEMMs: ``fbgemm`` is ignored in the name.
     """
     n = name.lower().replace("fbgemm", "")
+    if "gemm" not in n and "scudnn" not in n and "_engine<float" not in n:
+        return False  # what rules 2 to 4 need (most kernels: elementwise, reductions, copies, NCCL)
     if _NOT_FP32.search(n):
         return False
     if "sgemm" in n or "scudnn" in n:
