@@ -69,9 +69,10 @@ _COMPLETE_TYPES = (Complete, ShapedComplete)
 
 @dataclass
 class _Index:
-    """What both summaries read of a trace's events, sorted out in one pass: host spans per thread (sorted by
-    start, the longer of two first, then in trace order), the ``ProfilerStep#N`` spans apart; device activity
-    and ``[memory]`` events in trace order. Built once per trace (:meth:`of` keeps it on the trace)."""
+    """What both summaries read of a trace's events, sorted out once: host spans per thread (sorted by start,
+    the longer of two first, then in trace order; also as numpy columns), the ``ProfilerStep#N`` spans apart;
+    device activity and ``[memory]`` events in trace order. Built once per trace (:meth:`of` keeps it on the
+    trace)."""
 
     host: dict[Thread, list[Complete]]  # complete events of HOST_OP_CATEGORIES but ProfilerStep#N spans
     names: dict[Thread, set[str]]  # the names in host
@@ -587,10 +588,10 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
         window: The window's name, copied to the summary.
 
     Notes:
-        1. One pass sorts the complete (``ph == "X"``) events into lists of intervals: host spans
-           (``cpu_op``, ``user_annotation``, runtime calls) per thread, and by name the step, DataLoader,
-           optimizer, backward, synchronization and collective spans; kernels, copies and memsets. Flow
-           events, ``python_function`` and ``gpu_user_annotation`` are skipped.
+        1. The complete (``ph == "X"``) events are sorted out once (:class:`_Index`): host spans
+           (``cpu_op``, ``user_annotation``, runtime calls) per thread, as numpy columns, and by name the
+           step, DataLoader, optimizer, backward, synchronization and collective spans; kernels, copies and
+           memsets. Flow events, ``python_function`` and ``gpu_user_annotation`` are skipped.
         2. The main thread holds the ``ProfilerStep#N`` spans; the steps' time ranges ``S`` are their union.
            A trace without them counts as one step over its whole time range (``steps == 1``), and its main
            thread is the one holding an optimizer span, else the one with most host spans.
