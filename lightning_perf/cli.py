@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from lightning_perf import __version__
+from lightning_perf.config import STAGES
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.readers import InputError, load_kineto, load_report
@@ -37,6 +38,7 @@ from lightning_perf.summarize.ranks import rank_work_times
 from lightning_perf.summarize.events import KinetoTrace
 from lightning_perf.summarize.steps import percentile, summarize_epoch
 from lightning_perf.summarize.trace import operator_stats, summarize_trace
+from lightning_perf.traces import METADATA_KEY
 
 EXIT_OK, EXIT_SLOWER, EXIT_BAD_INPUT = 0, 1, 2
 REPORT_PATTERN = re.compile(r"^perf_report(-\d+)?\.json$")
@@ -91,6 +93,13 @@ def distributed_info(trace: KinetoTrace | Mapping[str, Any]) -> dict[str, Any]:
     return info if isinstance(info, dict) else {}
 
 
+def trace_stage(trace: KinetoTrace | Mapping[str, Any]) -> str:
+    """The stage a trace of ours was recorded in (its ``lightning_perf`` metadata), else ``"train"``."""
+    notes = trace.lightning_perf if isinstance(trace, KinetoTrace) else trace.get(METADATA_KEY)
+    stage = notes.get("stage") if isinstance(notes, dict) else None
+    return stage if stage in STAGES else "train"
+
+
 def trace_rank(path: str, trace: KinetoTrace | Mapping[str, Any]) -> int:
     """A trace's global rank: its ``distributedInfo``, else a ``rank<N>`` in its file name, else 0."""
     info = distributed_info(trace)
@@ -143,13 +152,18 @@ def command_report(args: argparse.Namespace) -> int:
 
 
 def trace_context(
-    summary: TraceSummary, info: Mapping[str, Any], *, precision: str | None = None, world_size: int = 1
+    summary: TraceSummary,
+    info: Mapping[str, Any],
+    *,
+    stage: str = "train",
+    precision: str | None = None,
+    world_size: int = 1,
 ) -> StageEpoch:
-    """What the rules need from a trace alone: its steps (``summary``) as a training epoch, and the run's facts
-    as far as the trace tells them (``info``: its :func:`distributed_info`; the precision it does not tell:
-    pass Lightning's precision string)."""
+    """What the rules need from a trace alone: its steps (``summary``) as an epoch of ``stage`` (a trace of
+    ours says which: :func:`trace_stage`), and the run's facts as far as the trace tells them (``info``: its
+    :func:`distributed_info`; the precision it does not tell: pass Lightning's precision string)."""
     epoch = summarize_epoch(
-        stage="train",
+        stage=stage,
         epoch=0,
         data_wait=[0.0] * summary.steps,
         compute=[summary.step_time] * summary.steps,
@@ -186,11 +200,11 @@ def _print_findings(findings: Sequence[Finding], verbose: int) -> None:
 
 
 def command_analyze(args: argparse.Namespace) -> int:
-    by_dir: dict[str, list[tuple[int, str, TraceSummary, dict[str, Any]]]] = {}
+    by_dir: dict[str, list[tuple[int, str, TraceSummary, dict[str, Any], str]]] = {}
     for path in find_traces(args.paths):
         trace = load_kineto(path)
         summary = summarize_trace(trace, window=os.path.basename(path))
-        entry = (trace_rank(path, trace), path, summary, distributed_info(trace))
+        entry = (trace_rank(path, trace), path, summary, distributed_info(trace), trace_stage(trace))
         by_dir.setdefault(os.path.dirname(os.path.abspath(path)), []).append(entry)
         del trace  # one trace in memory at a time
     results: dict[str, Any] = {}
@@ -199,8 +213,9 @@ def command_analyze(args: argparse.Namespace) -> int:
         if not args.json:
             print(directory)
         ranks: list[RankSummary] = []
-        for rank, path, summary, info in entries:
-            findings = diagnose(trace_context(summary, info, precision=args.precision, world_size=len(entries)))
+        for rank, path, summary, info, stage in entries:
+            context = trace_context(summary, info, stage=stage, precision=args.precision, world_size=len(entries))
+            findings = diagnose(context)
             share = (
                 summary.communication_exposed_time / summary.step_time
                 if summary.communication_exposed_time is not None and summary.step_time > 0
@@ -291,7 +306,8 @@ def _side_of_run(path: str) -> _Side:
 def _side_of_trace(path: str, args: argparse.Namespace) -> _Side:
     trace = load_kineto(path)
     summary = summarize_trace(trace, window=os.path.basename(path))
-    findings = diagnose(trace_context(summary, distributed_info(trace), precision=args.precision))
+    context = trace_context(summary, distributed_info(trace), stage=trace_stage(trace), precision=args.precision)
+    findings = diagnose(context)
     return _Side(
         label=path,
         step_p50=summary.step_time,

@@ -9,7 +9,9 @@ import sys
 import pytest
 
 from lightning_perf import PerfCallback
-from lightning_perf.cli import main
+from lightning_perf.cli import main, trace_context, trace_stage
+from lightning_perf.readers import load_kineto
+from lightning_perf.summarize.trace import summarize_trace
 from models import TinyModel, trainer
 
 WINDOW = {"skip_first": 1, "warmup": 1, "active": 2}
@@ -46,6 +48,19 @@ def test_analyze_runs_the_trace_rules_on_our_traces(runs, capsys):
     assert main(["analyze", str(runs["slow"])]) == 0
     out = capsys.readouterr().out
     assert out.count("rank 0: rank0.pt.trace.json.gz: 2 steps of") == 2  # one line per window
+
+
+def test_analyze_diagnoses_each_trace_of_ours_as_the_stage_it_was_recorded_in(tmp_path, gpu_trace):
+    callback = PerfCallback(schedule=WINDOW, stages=["train", "validate"], verbose=0)
+    trainer(tmp_path, [callback], max_epochs=1).fit(TinyModel(n=32))
+    stages = {w.stage for w in callback.windows}
+    assert stages == {"train", "validate"}
+    for window in callback.windows:
+        trace = load_kineto(window.trace_path)
+        assert trace_stage(trace) == window.stage
+        summary = summarize_trace(trace, window=window.name)
+        assert trace_context(summary, {}, stage=trace_stage(trace)).epoch.stage == window.stage
+    assert trace_stage(load_kineto(gpu_trace("v100_single_rank.json.gz"))) == "train"  # not ours: "train"
 
 
 def test_analyze_a_real_gpu_trace(gpu_trace, capsys):
