@@ -113,15 +113,20 @@ def trace_rank(path: str, trace: KinetoTrace | Mapping[str, Any]) -> int:
 
 
 def _epochs(report: dict[str, Any]) -> list[tuple[EpochSummary, list[Finding], list[RankSummary]]]:
-    names = {f.name for f in dataclasses.fields(EpochSummary)}
     out = []
     for stage in report.get("stages", {}).values():
         for entry in stage.get("epochs", []):
-            summary = EpochSummary(**{k: v for k, v in entry.items() if k in names})
-            findings = [Finding(**f) for f in entry.get("findings", [])]
-            ranks = [RankSummary(**r) for r in entry.get("ranks", [])]
+            summary = _record(EpochSummary, entry)
+            findings = [_record(Finding, f) for f in entry.get("findings", [])]
+            ranks = [_record(RankSummary, r) for r in entry.get("ranks", [])]
             out.append((summary, findings, ranks))
     return out
+
+
+def _record(cls: type[Any], entry: Mapping[str, Any]) -> Any:
+    """A record of a checked report (:func:`~lightning_perf.readers.load_report`), leaving out the keys a newer
+    writer added."""
+    return cls(**{f.name: entry[f.name] for f in dataclasses.fields(cls) if f.name in entry})
 
 
 # ------------------------------------------------------------------ report

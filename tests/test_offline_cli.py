@@ -44,6 +44,21 @@ def test_report_json_is_the_report(runs, capsys):
     assert report["version"] == 1 and len(report["stages"]["train"]["epochs"]) == 2
 
 
+def test_report_reads_a_newer_writer_s_report(runs, tmp_path, capsys):
+    # load_report lets keys it does not know through (a newer writer's additions): the commands ignore them.
+    [path] = runs["slow"].rglob("perf_report.json")
+    report = json.loads(path.read_text())
+    for stage in report["stages"].values():
+        for epoch in stage["epochs"]:
+            epoch["new_epoch_field"] = 1
+            for finding in epoch["findings"]:
+                finding["confidence"] = 0.9
+    (tmp_path / "perf_report.json").write_text(json.dumps(report))
+    assert main(["report", str(tmp_path)]) == 0
+    assert "dataloader_bound" in capsys.readouterr().out
+    assert main(["compare", str(runs["slow"]), str(tmp_path)]) == 0
+
+
 def test_analyze_runs_the_trace_rules_on_our_traces(runs, capsys):
     assert main(["analyze", str(runs["slow"])]) == 0
     out = capsys.readouterr().out

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from lightning_perf.collect.memory import NestedPeaks
 from lightning_perf.collect.steps import LOSS_FOLD, StepClock
-from lightning_perf.records import WindowRecord
+from lightning_perf.records import RankSummary, WindowRecord
+from lightning_perf.report.findings import CLEAN, console_report, ranks_table
 from lightning_perf.report.json_report import SCHEMA_VERSION, report_dict, write_json_atomically
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
 from lightning_perf.summarize.steps import percentile, summarize_epoch
@@ -95,3 +96,17 @@ def test_the_epoch_loss_is_the_mean_of_every_batch_loss_however_long_the_epoch()
         assert clock.mean_loss() == pytest.approx(epoch_length - 1)  # the mean of 0, 2, 4, ... 2(n-1)
     clock.epoch_start()
     assert clock.mean_loss() is None
+
+
+def test_a_clean_distributed_epoch_prints_its_rank_table():
+    # A distributed epoch with no finding to show: the headline says so, and the per-rank table follows.
+    summary = summarize_epoch(stage="train", epoch=0, data_wait=[0.01] * 4, compute=[0.1] * 4, batch_sizes=[8] * 4)
+    ranks = [
+        RankSummary(rank=r, step_time_p50=0.11, step_time_p90=0.12, step_time_max=0.13, data_wait_fraction=0.09,
+                    throughput=72.0, host_rss_peak=None, cuda_max_allocated=None, cuda_max_reserved=None,
+                    communication_share=None)
+        for r in (0, 1)
+    ]  # fmt: skip
+    text = console_report(summary, [], verbose=1, ranks=ranks)
+    assert text.splitlines()[0].endswith(f"| {CLEAN}")
+    assert len(text.splitlines()) == 1 + len(ranks_table(ranks)) and "rank" in text.splitlines()[1]

@@ -49,7 +49,7 @@ def console_report(
         return f"{head} | {CLEAN}"
     lines = [head if shown else f"{head} | {CLEAN}"]
     lines += ["  " + line for line in ranks_table(ranks)]
-    width = max(len(f.id) for f in shown)
+    width = max((len(f.id) for f in shown), default=0)
     for f in shown:
         where = f"  [{f.window}]" if f.window else ""
         lines.append(f"  {f.severity.upper():<8} {f.id:<{width}}  {f.title}{where}")
