@@ -17,13 +17,7 @@ callback, the tests and (later) the offline CLI agree.
 
 from __future__ import annotations
 
-import gzip
 import os
-
-try:  # Intel's ISA-L (a dependency where it has wheels)
-    from isal import igzip
-except ImportError:
-    igzip = None
 
 PERF_SUBDIR = "perf"
 TRACE_SUFFIX = ".pt.trace.json.gz"
@@ -69,31 +63,15 @@ def unique_dir(parent: str, name: str) -> str:
     return path
 
 
-def write_atomically(data: str | bytes, path: str | os.PathLike[str], *, compress: bool = False) -> None:
-    """Writes ``data`` (text as UTF-8; gzipped where ``compress``) to a temporary name beside ``path``, then
-    renames it into place: a reader (TensorBoard, a crashed run's user) sees the old file or the new one, never
-    half of one."""
+def write_atomically(data: str | bytes, path: str | os.PathLike[str]) -> None:
+    """Writes ``data`` (text as UTF-8) to a temporary name beside ``path``, then renames it into place: a
+    reader (TensorBoard, a crashed run's user) sees the old file or the new one, never half of one."""
     path = os.fspath(path)
-    data = data.encode("utf-8") if isinstance(data, str) else data
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "wb") as f:
-            f.write(gzip_bytes(data) if compress else data)
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-
-
-# A window's trace is gzipped on the training thread, while training waits. ISA-L's level 1 does it 8 times
-# faster than zlib's level 5, for files a quarter larger (a 29 MB CPU trace: 13 ms and 2.2 MB, against
-# 104 ms and 1.75 MB); without ISA-L, zlib's level 5 is within a few % of level 9's size at a third of its time.
-ISAL_GZIP_LEVEL = 1
-ZLIB_GZIP_LEVEL = 5
-
-
-def gzip_bytes(data: bytes) -> bytes:
-    """``data`` gzipped, with ISA-L where installed."""
-    if igzip is not None:
-        return igzip.compress(data, compresslevel=ISAL_GZIP_LEVEL)
-    return gzip.compress(data, compresslevel=ZLIB_GZIP_LEVEL)

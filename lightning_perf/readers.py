@@ -18,7 +18,6 @@ This module imports neither torch nor lightning.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import math
 import os
@@ -30,21 +29,15 @@ from typing import Any
 
 import msgspec
 
-try:  # Intel's ISA-L inflates gzip 2-3 times faster than zlib (a fifth of the analysis time of a trace)
-    from isal import isal_zlib as _fast_zlib
-except ImportError:  # a platform without its wheels: zlib
-    _fast_zlib = None
-
 from lightning_perf.diagnose.model import SEVERITIES, Finding, RunFacts
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
 from lightning_perf.report.json_report import SCHEMA_VERSION
 from lightning_perf.summarize.events import MEMORY_EVENT_NAME, OTHER_PHASES, KinetoTrace, as_trace, decode_trace
-from lightning_perf.traces import METADATA_KEY
+from lightning_perf.traces import METADATA_KEY, gunzip
 
 __all__ = ["InputError", "load_kineto", "load_report", "load_trace"]
 
 GZIP_MAGIC = b"\x1f\x8b"
-_GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate stream (zlib's convention)
 # Event phases of the Chrome trace event format (Kineto writes X, i, M, s, f); events of other phases are
 # dropped. Only X and i events are read by the analyses, so only they are checked beyond their common fields.
 TRACE_PHASES = frozenset(OTHER_PHASES) | {"X", "i"}
@@ -254,7 +247,7 @@ def _read_bytes(path: str | os.PathLike[str]) -> tuple[str, bytes, bool]:
     compressed = name.endswith(".gz") or data.startswith(GZIP_MAGIC)
     if compressed:
         try:
-            data = _gunzip(data)
+            data = gunzip(data)
         except EOFError as err:
             raise InputError(f"{name}: not a valid gzip file (truncated?)") from err
         except (OSError, zlib.error, ValueError) as err:  # gzip.BadGzipFile is an OSError
@@ -262,22 +255,6 @@ def _read_bytes(path: str | os.PathLike[str]) -> tuple[str, bytes, bool]:
         if not data:
             raise InputError(f"{name}: is empty once decompressed")
     return name, data, compressed
-
-
-def _gunzip(data: bytes) -> bytes:
-    """``gzip.decompress(data)``, with ISA-L where installed for the common case (a whole, valid, single-member
-    file); anything else (several members, a truncated or corrupt file) goes through ``gzip`` itself, for its
-    result or its error."""
-    if _fast_zlib is not None:
-        inflater = _fast_zlib.decompressobj(_GZIP_WBITS)
-        try:
-            inflated = inflater.decompress(data)
-        except Exception:  # noqa: BLE001 - isal's own error types; gzip says what is wrong
-            pass
-        else:
-            if inflater.eof and not inflater.unused_data:
-                return inflated
-    return gzip.decompress(data)
 
 
 def _parse_json(name: str, data: bytes, compressed: bool) -> Any:

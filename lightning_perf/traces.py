@@ -31,12 +31,18 @@ import bisect
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Collection, Iterator
 from typing import Any
 
 import msgspec
 
 from lightning_perf.layout import write_atomically
+
+try:  # Intel's ISA-L (a dependency where it has wheels): gzip 2-3x (inflate) and 8x (fastest level) faster than zlib
+    from isal import igzip, isal_zlib
+except ImportError:  # without its wheels: zlib
+    igzip = isal_zlib = None
 
 DATALOADER_PREFIX = "enumerate(DataLoader)#"
 DATALOADER_SUFFIX = ".__next__"
@@ -160,6 +166,39 @@ def write_trace(trace: dict[str, Any], path: str | os.PathLike[str], *, compress
     file; the rename makes sure it never sees a half-written one.
     """
     path = os.fspath(path)
+    if compress is None:
+        compress = path.endswith(".gz")
     # msgspec: the same bytes as json.dumps(trace, separators=(",", ":")), 5 times faster (35 ms for 29 MB).
     data = msgspec.json.encode(trace)
-    write_atomically(data, path, compress=path.endswith(".gz") if compress is None else compress)
+    write_atomically(gzip_bytes(data) if compress else data, path)
+
+
+# A window's trace is gzipped on the training thread, while training waits. ISA-L's level 1 does it 8 times
+# faster than zlib's level 5, for files about 10% larger (a 29 MB CPU trace: 13 ms and 2.2 MB, against
+# 104 ms and 1.75 MB); without ISA-L, zlib's level 5 is within a few % of level 9's size at a third of its time.
+ISAL_GZIP_LEVEL = 1
+ZLIB_GZIP_LEVEL = 5
+_GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate stream (zlib's convention)
+
+
+def gzip_bytes(data: bytes) -> bytes:
+    """``data`` gzipped, with ISA-L where installed."""
+    if igzip is not None:
+        return igzip.compress(data, compresslevel=ISAL_GZIP_LEVEL)
+    return gzip.compress(data, compresslevel=ZLIB_GZIP_LEVEL)
+
+
+def gunzip(data: bytes) -> bytes:
+    """``gzip.decompress(data)``, with ISA-L where installed for the common case (a whole, valid, single-member
+    file); anything else (several members, a truncated or corrupt file) goes through ``gzip`` itself, for its
+    result or its error."""
+    if isal_zlib is not None:
+        inflater = isal_zlib.decompressobj(_GZIP_WBITS)
+        try:
+            inflated = inflater.decompress(data)
+        except Exception:  # noqa: BLE001 - isal's own error types; gzip says what is wrong
+            pass
+        else:
+            if inflater.eof and not inflater.unused_data:
+                return inflated
+    return gzip.decompress(data)

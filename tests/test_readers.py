@@ -13,7 +13,7 @@ from purity import heavy_modules_loaded_by
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from lightning_perf import readers, traces
+from lightning_perf import traces
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.readers import InputError, load_kineto, load_report, load_trace
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
@@ -141,9 +141,10 @@ def test_a_gzipped_trace_is_recognized_by_its_content_whatever_its_name(tmp_path
 def test_gunzip_gives_what_gzip_gives_or_raises_what_it_raises(monkeypatch, inflater):
     # ISA-L inflates the common case (one whole member); every other case goes through gzip itself.
     if inflater == "isal":
-        assert readers._fast_zlib is not None  # a dependency: installed wherever its wheels are
+        assert traces.isal_zlib is not None and traces.igzip is not None  # a dependency where it has wheels
     else:
-        monkeypatch.setattr(readers, "_fast_zlib", None)
+        monkeypatch.setattr(traces, "isal_zlib", None)
+        monkeypatch.setattr(traces, "igzip", None)
     whole = gzip.compress(json.dumps(_trace()).encode())
     cases = {
         "whole": whole,
@@ -156,12 +157,14 @@ def test_gunzip_gives_what_gzip_gives_or_raises_what_it_raises(monkeypatch, infl
     for case, data in cases.items():
         try:
             expected = gzip.decompress(data)
-        except Exception as err:  # noqa: BLE001 - whatever gzip raises, _gunzip raises the same
+        except Exception as err:  # noqa: BLE001 - whatever gzip raises, gunzip raises the same
             with pytest.raises(type(err)) as raised:
-                readers._gunzip(data)
+                traces.gunzip(data)
             assert str(raised.value) == str(err), case
         else:
-            assert readers._gunzip(data) == expected, case
+            assert traces.gunzip(data) == expected, case
+    text = json.dumps(_trace()).encode()
+    assert gzip.decompress(traces.gzip_bytes(text)) == text  # what write_trace writes, gzip reads
 
 
 def test_real_gpu_traces_load_whole(gpu_trace):

@@ -25,10 +25,10 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -63,7 +63,6 @@ CUDA_DEVICE_TYPE = 1  # ``args["Device Type"]`` of a [memory] event: c10::Device
 Thread = tuple[Any, Any]  # (pid, tid)
 _TS, _DUR, _NAME_OF, _CAT_OF = attrgetter("ts"), attrgetter("dur"), attrgetter("name"), attrgetter("cat")
 _EXTERNAL_ID_OF, _FLOPS_OF = attrgetter("args.external_id"), attrgetter("args.flops")
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _COMPLETE_TYPES = (Complete, ShapedComplete)
 
 
@@ -75,7 +74,6 @@ class _Index:
     trace)."""
 
     host: dict[Thread, list[Complete]]  # complete events of HOST_OP_CATEGORIES but ProfilerStep#N spans
-    names: dict[Thread, set[str]]  # the names in host
     steps: dict[Thread, list[Complete]]  # the ProfilerStep#N spans, sorted as host
     device: list[Complete]  # kernels, copies, memsets
     memory: dict[Thread, list[Instant]]  # [memory] instants
@@ -95,15 +93,13 @@ class _Index:
         events = trace.traceEvents
         complete = [e for e in events if type(e) in _COMPLETE_TYPES]
         threads = _by_thread([e for e in complete if e.cat in HOST_OP_CATEGORIES])
-        host, names, steps, columns = {}, {}, {}, {}
+        host, steps, columns = {}, {}, {}
         for thread, spans in threads.items():
             host[thread], thread_steps, columns[thread] = _sorted(spans)
-            names[thread] = set(columns[thread].names)
             if thread_steps:
                 steps[thread] = thread_steps
         return cls(
             host=host,
-            names=names,
             steps=steps,
             device=[e for e in complete if e.cat in DEVICE_CATEGORIES],
             memory=_by_thread([e for e in events if type(e) is Instant and e.name == MEMORY_EVENT_NAME]),
@@ -113,9 +109,10 @@ class _Index:
 
 @dataclass(frozen=True)
 class _Columns:
-    """One thread's host spans (as sorted in :class:`_Index`) as numpy arrays: times in microseconds, names
-    and categories as codes into lists (the distinct names in order of first appearance). What the operator
-    table and the step summary read of a thread's spans, taken from the events once for both."""
+    """One thread's host spans (as sorted in :class:`_Index`) as numpy arrays: times in microseconds, names as
+    codes into the list of the distinct ones (in order of first appearance), categories as indices into
+    :data:`_HOST_CATEGORIES`. What the operator table and the step summary read of a thread's spans, taken from
+    the events once for both."""
 
     starts: Any
     durations: Any
@@ -123,15 +120,18 @@ class _Columns:
     name_code: Any
     names: list[str]
     category_code: Any
-    categories: list[str]
 
-    def named(self, names: Container[str] | Callable[[str], bool]) -> Any:
-        """Whether each span's name is one of ``names`` (a set or a mapping, or a predicate on a name)."""
-        test = names if callable(names) else names.__contains__
-        return _by_code([bool(test(name)) for name in self.names], self.name_code)
+    @classmethod
+    def empty(cls) -> _Columns:
+        nothing = np.zeros(0)
+        return cls(nothing, nothing, nothing, np.zeros(0, dtype=np.intp), [], np.zeros(0, dtype=np.intp))
 
-    def of_category(self, categories: Iterable[str]) -> Any:
-        return _by_code([category in categories for category in self.categories], self.category_code)
+    def named(self, names: Container[str]) -> Any:
+        """Whether each span's name is one of ``names``."""
+        return _by_code([name in names for name in self.names], self.name_code)
+
+    def of_category(self, categories: Container[str]) -> Any:
+        return _by_code([category in categories for category in _HOST_CATEGORIES], self.category_code)
 
 
 def _by_code(flags: list[bool], codes: Any) -> Any:
@@ -168,7 +168,7 @@ def _sorted(spans: list[Complete]) -> tuple[list[Complete], list[Complete], _Col
     return (
         list(map(spans.__getitem__, order.tolist())),
         list(map(spans.__getitem__, steps.tolist())),
-        _Columns(starts, durations, starts + durations, name_code, names, category_code[order], _HOST_CATEGORIES),
+        _Columns(starts, durations, starts + durations, name_code, names, category_code[order]),
     )
 
 
@@ -255,13 +255,13 @@ class _Launches:
 
 
 # Threads with at least this many host spans are nested on arrays (_nest_arrays), the others one by one
-# (_nest); so are device events (_DeviceSets). Measured on the 2-core development machine: arrays take about
+# (_nest). Measured on the 2-core development machine: arrays take about
 # 0.2 us per span and 40 us per thread, the stack 0.6 us per span, so arrays win from about 100 spans on.
 ARRAY_MIN_OPERATORS = 100
 
 
 def _on_arrays(spans: int) -> bool:
-    """Whether ``spans`` events are worked through on arrays (else one by one)."""
+    """Whether a thread of ``spans`` host spans is nested on arrays."""
     return spans >= ARRAY_MIN_OPERATORS
 
 # The totals of an operator row, a list indexed by these (lists: a trace has 10^5 operators to add up).
@@ -630,7 +630,7 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
     waiting = steps.time(_subtract(collectives, host_ops))
     top_level = host.top_level_ops()
     update_parts = _optimizer_update_parts(scan, steps)
-    update_ops, multi_tensor = host.update_ops(scan.index.names.get(main, set()), top_level, update_parts)
+    update_ops, multi_tensor = host.update_ops(top_level, update_parts)
     optimizers = [name for start, _, name, _ in scan.optimizer if steps.hold(start)]
     if any("fused" in name.lower() for name in optimizers):
         multi_tensor = True  # a fused optimizer class (apex's, DeepSpeed's, FBGEMM's FusedAdam)
@@ -670,10 +670,11 @@ class _Steps:
     @classmethod
     def whole(cls, scan: _Scan) -> _Steps:
         """The whole trace as one step: from its first host or device event to its last."""
-        intervals = [(e.ts, e.ts + e.dur) for spans in (*scan.index.host.values(), scan.device) for e in spans]
-        if not intervals:
+        bounds = [(c.starts.min(), c.ends.max()) for c in scan.index.columns.values() if len(c.starts)]
+        bounds += [(e.ts, e.ts + e.dur) for e in scan.device]
+        if not bounds:
             return cls(count=1, ranges=[], total=0.0)
-        whole = (min(start for start, _ in intervals), max(end for _, end in intervals))
+        whole = (float(min(start for start, _ in bounds)), float(max(end for _, end in bounds)))
         return cls(count=1, ranges=[whole], total=whole[1] - whole[0])
 
     def hold(self, point: float) -> bool:
@@ -716,7 +717,7 @@ def _scan(index: _Index) -> _Scan:
     for thread, spans in index.steps.items():
         scan.step_spans[thread] = [(e.ts, e.ts + e.dur) for e in spans]
     for thread, spans in index.host.items():
-        flags = {name: f for name in index.names[thread] if (f := _name_flags(name))}
+        flags = {name: f for name in index.columns[thread].names if (f := _name_flags(name))}
         not_ops = {name for name, f in flags.items() if f & _NOT_OPS}
         scan.not_ops |= not_ops
         if not flags:
@@ -780,30 +781,24 @@ def _outermost(spans: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 @dataclass(frozen=True)
 class _MainThread:
-    """The main thread's host spans (on arrays: :class:`_Columns`), and which of them are operators:
-    ``cpu_op`` spans that are no DataLoader or optimizer annotation (:data:`_NOT_OPS`)."""
+    """The main thread's host spans (:class:`_Columns`; none if the trace has no host spans), and which of them
+    are operators: ``cpu_op`` spans that are no DataLoader or optimizer annotation (:data:`_NOT_OPS`)."""
 
-    columns: _Columns | None  # None: no main thread
+    columns: _Columns
     is_op: Any
 
     @classmethod
     def of(cls, scan: _Scan, main: Thread | None) -> _MainThread:
-        if main not in scan.index.host:
-            return cls(columns=None, is_op=None)
-        columns = scan.index.columns[main]
+        columns = scan.index.columns.get(main) or _Columns.empty()
         return cls(columns=columns, is_op=_operator_mask(columns, scan.not_ops))
 
     def union(self) -> list[Interval]:
         """The union of the thread's host spans."""
-        if self.columns is None:
-            return []
         return _merge_arrays(self.columns.starts, self.columns.ends)
 
     def top_level_ops(self) -> list[Interval]:
         """The operators inside no other operator (annotations are no parents): those starting at or after
         every earlier operator's end (spans sorted by start, longest first)."""
-        if self.columns is None:
-            return []
         starts, ends = self.columns.starts[self.is_op], self.columns.ends[self.is_op]
         if not len(starts):
             return []
@@ -811,16 +806,15 @@ class _MainThread:
         top = starts >= covered_until
         return list(zip(starts[top].tolist(), ends[top].tolist()))
 
-    def update_ops(self, names: set[str], top_level: list[Interval], update_parts: list[Interval]) -> tuple[int, bool]:
+    def update_ops(self, top_level: list[Interval], update_parts: list[Interval]) -> tuple[int, bool]:
         """Top-level operators starting in the update parts, and whether any operator there is multi-tensor."""
-        if not update_parts or self.columns is None:
+        if not update_parts:
             return 0, False
         count = len(_starting_inside(top_level, update_parts))
-        multi_tensor_names = {name for name in names if "_foreach_" in name or "fused" in name}
-        if not multi_tensor_names:
-            return count, False
-        starts = self.columns.starts[self.is_op & self.columns.named(multi_tensor_names)]
-        return count, any(_inside(start, update_parts) for start in starts.tolist())
+        multi_tensor = self.is_op & self.columns.named(
+            {name for name in self.columns.names if "_foreach_" in name or "fused" in name}
+        )
+        return count, any(_inside(start, update_parts) for start in self.columns.starts[multi_tensor].tolist())
 
 
 def _operator_mask(columns: _Columns, not_ops: set[str]) -> Any:
@@ -854,58 +848,35 @@ class _DeviceSets:
 
     @classmethod
     def of(cls, device: list[Complete], steps: _Steps) -> _DeviceSets:
-        """From device events sorted by start: on arrays for many (:func:`_on_arrays`), else one by one."""
-        return _device_sets_arrays(device, steps) if _on_arrays(len(device)) else _device_sets(device, steps)
-
-
-def _device_sets(device: list[Complete], steps: _Steps) -> _DeviceSets:
-    spans = [(e.ts, e.ts + e.dur, e) for e in device]
-    kernels = [span for span in spans if span[2].cat == "kernel"]
-    h2d = [span for span in spans if span[2].cat == "gpu_memcpy" and "HtoD" in span[2].name]
-    in_steps = _starting_inside(kernels, steps.ranges)
-    fp32 = {name: is_fp32_gemm(name) for name in {e.name for _, _, e in in_steps}}
-    return _DeviceSets(
-        busy=_union_sorted(spans),
-        kernels=_union_sorted(kernels),
-        h2d=_union_sorted(h2d),
-        nccl=_union_sorted([span for span in kernels if COMMUNICATION_KERNEL_MARK in span[2].name]),
-        compute=_union_sorted([span for span in kernels if COMMUNICATION_KERNEL_MARK not in span[2].name]),
-        step_kernel_times=[end - start for start, end, _ in in_steps],
-        step_fp32_gemm_time=sum(end - start for start, end, e in in_steps if fp32[e.name]),
-        h2d_pageable=any("Pageable" in e.name for start, _, e in h2d if steps.hold(start)),
-    )
-
-
-def _device_sets_arrays(device: list[Complete], steps: _Steps) -> _DeviceSets:
-    """:func:`_device_sets` on arrays: kinds of events by their category's and name's codes, unions by a
-    running maximum of ends (:func:`_merge_arrays`)."""
-    n = len(device)
-    starts = np.fromiter(map(_TS, device), dtype=np.float64, count=n)
-    ends = starts + np.fromiter(map(_DUR, device), dtype=np.float64, count=n)
-    category_code, categories = _codes(list(map(_CAT_OF, device)))
-    name_code, names = _codes(list(map(_NAME_OF, device)))
-    kernel = _by_code([c == "kernel" for c in categories], category_code)
-    memcpy = _by_code([c == "gpu_memcpy" for c in categories], category_code)
-    nccl = _by_code([COMMUNICATION_KERNEL_MARK in name for name in names], name_code)
-    h2d = memcpy & _by_code(["HtoD" in name for name in names], name_code)
-    pageable = h2d & _by_code(["Pageable" in name for name in names], name_code)
-    in_steps = np.zeros(n, dtype=bool)
-    for low, high in steps.ranges:
-        in_steps[np.searchsorted(starts, low, side="left") : np.searchsorted(starts, high, side="left")] = True
-    step_kernels = np.flatnonzero(kernel & in_steps)
-    fp32 = {int(code): is_fp32_gemm(names[code]) for code in np.unique(name_code[step_kernels])}
-    times = ends[step_kernels] - starts[step_kernels]
-    fp32_kernel = np.array([fp32[code] for code in name_code[step_kernels].tolist()], dtype=bool)
-    return _DeviceSets(
-        busy=_merge_arrays(starts, ends),
-        kernels=_merge_arrays(starts[kernel], ends[kernel]),
-        h2d=_merge_arrays(starts[h2d], ends[h2d]),
-        nccl=_merge_arrays(starts[kernel & nccl], ends[kernel & nccl]),
-        compute=_merge_arrays(starts[kernel & ~nccl], ends[kernel & ~nccl]),
-        step_kernel_times=times.tolist(),
-        step_fp32_gemm_time=sum(times[fp32_kernel].tolist()),
-        h2d_pageable=bool((pageable & in_steps).any()),
-    )
+        """From device events sorted by start: kinds of events by their category's and name's codes, unions by
+        a running maximum of ends (:func:`_merge_arrays`)."""
+        n = len(device)
+        starts = np.fromiter(map(_TS, device), dtype=np.float64, count=n)
+        ends = starts + np.fromiter(map(_DUR, device), dtype=np.float64, count=n)
+        category_code, categories = _codes(list(map(_CAT_OF, device)))
+        name_code, names = _codes(list(map(_NAME_OF, device)))
+        kernel = _by_code([c == "kernel" for c in categories], category_code)
+        memcpy = _by_code([c == "gpu_memcpy" for c in categories], category_code)
+        nccl = _by_code([COMMUNICATION_KERNEL_MARK in name for name in names], name_code)
+        h2d = memcpy & _by_code(["HtoD" in name for name in names], name_code)
+        pageable = h2d & _by_code(["Pageable" in name for name in names], name_code)
+        in_steps = np.zeros(n, dtype=bool)
+        for low, high in steps.ranges:
+            in_steps[np.searchsorted(starts, low, side="left") : np.searchsorted(starts, high, side="left")] = True
+        step_kernels = np.flatnonzero(kernel & in_steps)
+        fp32 = {int(code): is_fp32_gemm(names[code]) for code in np.unique(name_code[step_kernels])}
+        times = ends[step_kernels] - starts[step_kernels]
+        fp32_kernel = np.array([fp32[code] for code in name_code[step_kernels].tolist()], dtype=bool)
+        return cls(
+            busy=_merge_arrays(starts, ends),
+            kernels=_merge_arrays(starts[kernel], ends[kernel]),
+            h2d=_merge_arrays(starts[h2d], ends[h2d]),
+            nccl=_merge_arrays(starts[kernel & nccl], ends[kernel & nccl]),
+            compute=_merge_arrays(starts[kernel & ~nccl], ends[kernel & ~nccl]),
+            step_kernel_times=times.tolist(),
+            step_fp32_gemm_time=sum(times[fp32_kernel].tolist()),
+            h2d_pageable=bool((pageable & in_steps).any()),
+        )
 
 
 def _device_and_communication(scan: _Scan, steps: _Steps) -> dict[str, Any]:
@@ -980,26 +951,9 @@ def _union(intervals: Iterable[Interval]) -> list[Interval]:
     return merged
 
 
-def _union_sorted(spans: Sequence[tuple[Any, ...]]) -> list[Interval]:
-    """:func:`_union` of spans ``(start, end, ...)`` already sorted by start, without sorting them again."""
-    merged: list[Interval] = []
-    block_start = block_end = None
-    for start, end in zip(map(_FIRST, spans), map(_SECOND, spans)):
-        if block_end is not None and start <= block_end:
-            if end > block_end:
-                block_end = end
-            continue
-        if block_end is not None and block_end > block_start:
-            merged.append((block_start, block_end))
-        block_start, block_end = start, end
-    if block_end is not None and block_end > block_start:
-        merged.append((block_start, block_end))
-    return merged
-
-
 def _merge_arrays(starts: Any, ends: Any) -> list[Interval]:
-    """:func:`_union_sorted` of intervals given as arrays of starts (sorted) and ends: a new block starts
-    where a start lies beyond every end before it; a block ends at the running maximum of ends."""
+    """:func:`_union` of intervals given as arrays of starts (sorted) and ends: a new block starts where a
+    start lies beyond every end before it; a block ends at the running maximum of ends."""
     if not len(starts):
         return []
     reach = np.maximum.accumulate(ends)
