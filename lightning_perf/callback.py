@@ -48,7 +48,7 @@ from lightning_perf.config import (
 )
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.records import EpochSummary, RankSummary, WindowRecord
+from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
 from lightning_perf.report.charts import step_split_caption, step_split_image
 from lightning_perf.report.findings import console_report, findings_markdown, ranks_markdown
 from lightning_perf.report.json_report import REPORT_FILENAME, report_dict, window_dict, write_json_atomically
@@ -234,6 +234,7 @@ class PerfCallback(Callback):
         self._ranks: dict[tuple[str, int], tuple[RankSummary, ...]] = {}
         self._staged: list[tuple[str, str]] = []  # (written, final) trace paths, published at epoch ends
         self._world_size = 1
+        self._records = True  # this rank records windows (config.ranks); decided at setup
         self._report_file: str | None = None
         self._validation_in_train_epoch: list[EpochSummary] = []
 
@@ -334,6 +335,7 @@ class PerfCallback(Callback):
         self._run_info = {**run_info(trainer), "dataloaders": self._run_info.get("dataloaders", {})}
         self._rank = trainer.global_rank
         self._world_size = trainer.world_size
+        self._records = self.config.ranks is None or self._rank in self.config.ranks
         self._windows_at_setup = len(self.windows)
 
     @override
@@ -637,9 +639,7 @@ class PerfCallback(Callback):
         if self._world_size <= 1:
             return ()
         try:
-            epoch = summary.epoch if summary is not None else None
-            windows = [w.summary for w in self.windows if w.stage == stage and w.epoch == epoch and w.summary]
-            values = rank_values(summary, windows)
+            values = rank_values(summary, self._window_summaries(stage, summary.epoch) if summary else ())
         except Exception:  # whatever went wrong, this rank still takes part in the collective
             values = rank_values(None, [])
         try:
@@ -685,6 +685,10 @@ class PerfCallback(Callback):
             if self.report_path is not None:
                 write_json_atomically(self.report, self.report_path)
 
+    def _window_summaries(self, stage: str, epoch: int) -> tuple[TraceSummary, ...]:
+        """The trace summaries of the stage epoch's windows."""
+        return tuple(w.summary for w in self.windows if w.stage == stage and w.epoch == epoch and w.summary)
+
     def _diagnose(
         self, summary: EpochSummary, st: _StageState, trainer: pl.Trainer, ranks: tuple[RankSummary, ...]
     ) -> list[Finding]:
@@ -697,7 +701,7 @@ class PerfCallback(Callback):
         context = StageEpoch(
             epoch=summary,
             history=tuple(e for e in self.epochs[:-1] if e.stage == stage),
-            windows=tuple(w.summary for w in self.windows if w.stage == stage and w.epoch == summary.epoch and w.summary),
+            windows=self._window_summaries(stage, summary.epoch),
             validation=validation,
             facts=self._facts(stage),
             step_times=tuple(
@@ -740,8 +744,8 @@ class PerfCallback(Callback):
             if self._window_stage == stage:
                 self._close_window(shortened=True)
             return
-        if self._window is None and st.windows_used >= self.config.max_windows:
-            return  # this stage has used all its windows: nothing to plan, nothing to format, every batch
+        if self._window is None and (not self._records or st.windows_used >= self.config.max_windows):
+            return  # no window to open on this rank, or no more for this stage: nothing to plan, every batch
         action = self._plan.action(st.batch, st.num_batches)
         if action is Action.NONE:
             return
@@ -769,8 +773,6 @@ class PerfCallback(Callback):
         window.begin_step(st.batch)
 
     def _open_window(self, stage: str, st: _StageState, trainer: pl.Trainer) -> ProfilerWindow | None:
-        if self.config.ranks is not None and self._rank not in self.config.ranks:
-            return None
         if torch_profiler_active():
             self._warn_once(
                 f"busy:{stage}",
@@ -832,19 +834,18 @@ class PerfCallback(Callback):
         name = layout.window_dirname(stage, self._window_epoch, recorded[0], recorded[-1])
         window_dir = os.path.join(self.dirpath, name)
         if os.path.exists(os.path.join(window_dir, layout.trace_filename(self._rank))):
-            window_dir = layout.unique_dir(self.dirpath, name)
+            window_dir = os.path.join(self.dirpath, layout.unused_name(self.dirpath, name))
         os.makedirs(window_dir, exist_ok=True)
         trace_path = os.path.join(window_dir, layout.trace_filename(self._rank))
         if self._world_size > 1:
             # Under a name no trace reader picks up, until every rank has written its own (_publish_staged).
-            written = trace_path + layout.STAGED_SUFFIX
+            written = layout.staged_path(trace_path)
             self._staged.append((written, trace_path))
         else:
             written = trace_path
         trace = window.save(
             written,
             tensorboard_compat=self.config.tensorboard_compat,
-            compress=True,  # (the staged name does not end in .gz)
             max_bytes=int(self.config.max_trace_mb * 2**20),
         )
         typed = as_trace(trace, shapes=self.config.record_shapes)  # the trace as saved, as the analyses read it

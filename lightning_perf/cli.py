@@ -30,9 +30,10 @@ from lightning_perf import __version__
 from lightning_perf.config import STAGES
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import diagnose
+from lightning_perf.diagnose.rules import percent, share
 from lightning_perf.readers import InputError, load_kineto, load_report
 from lightning_perf.records import EpochSummary, OperatorStat, RankSummary, TraceSummary
-from lightning_perf.report.findings import console_report, ranks_table
+from lightning_perf.report.findings import CLEAN, console_report, ranks_table
 from lightning_perf.report.markdown import format_duration
 from lightning_perf.summarize.ranks import rank_work_times
 from lightning_perf.summarize.events import KinetoTrace
@@ -185,10 +186,10 @@ def trace_context(
 
 def _summary_line(s: TraceSummary) -> str:
     parts = [f"{s.steps} steps of {format_duration(s.step_time * 1e6)}"]
-    if s.device_busy is not None and s.step_time > 0:
-        parts.append(f"device busy {s.device_busy / s.step_time:.0%}")
-    if s.communication_exposed_time is not None and s.step_time > 0:
-        parts.append(f"exposed communication {s.communication_exposed_time / s.step_time:.0%}")
+    if (busy := share(s.device_busy, s)) is not None:
+        parts.append(f"device busy {percent(busy)}")
+    if (exposed := share(s.communication_exposed_time, s)) is not None:
+        parts.append(f"exposed communication {percent(exposed)}")
     parts.append(f"{s.ops_per_step:,.0f} operators per step")
     return ", ".join(parts)
 
@@ -196,7 +197,7 @@ def _summary_line(s: TraceSummary) -> str:
 def _print_findings(findings: Sequence[Finding], verbose: int) -> None:
     shown = [f for f in findings if verbose >= 2 or f.severity != "info"]
     if not shown:
-        print("    no bottleneck found")
+        print(f"    {CLEAN}")
     for f in shown:
         print(f"    {f.severity.upper():<8} {f.id}: {f.title}")
         if verbose >= 2:
@@ -205,41 +206,22 @@ def _print_findings(findings: Sequence[Finding], verbose: int) -> None:
 
 
 def command_analyze(args: argparse.Namespace) -> int:
-    by_dir: dict[str, list[tuple[int, str, TraceSummary, dict[str, Any], str]]] = {}
+    by_dir: dict[str, list[str]] = {}
     for path in find_traces(args.paths):
-        trace = load_kineto(path)
-        summary = summarize_trace(trace, window=os.path.basename(path))
-        entry = (trace_rank(path, trace), path, summary, distributed_info(trace), trace_stage(trace))
-        by_dir.setdefault(os.path.dirname(os.path.abspath(path)), []).append(entry)
-        del trace  # one trace in memory at a time
+        by_dir.setdefault(os.path.dirname(os.path.abspath(path)), []).append(path)
     results: dict[str, Any] = {}
-    for directory, entries in by_dir.items():
+    for directory, paths in by_dir.items():
+        entries = []
+        for path in paths:
+            trace, summary, findings = _analyzed(path, precision=args.precision, world_size=len(paths))
+            entries.append((trace_rank(path, trace), path, summary, findings))
+            del trace  # one trace in memory at a time
         entries.sort(key=lambda e: e[0])
         if not args.json:
             print(directory)
         ranks: list[RankSummary] = []
-        for rank, path, summary, info, stage in entries:
-            context = trace_context(summary, info, stage=stage, precision=args.precision, world_size=len(entries))
-            findings = diagnose(context)
-            share = (
-                summary.communication_exposed_time / summary.step_time
-                if summary.communication_exposed_time is not None and summary.step_time > 0
-                else None
-            )
-            ranks.append(
-                RankSummary(
-                    rank=rank,
-                    step_time_p50=summary.step_time,
-                    step_time_p90=None,
-                    step_time_max=None,
-                    data_wait_fraction=summary.dataloader_time / summary.step_time if summary.step_time else None,
-                    throughput=None,
-                    host_rss_peak=None,
-                    cuda_max_allocated=None,
-                    cuda_max_reserved=None,
-                    communication_share=share,
-                )
-            )
+        for rank, path, summary, findings in entries:
+            ranks.append(_rank_of_trace(rank, summary))
             results[path] = {"rank": rank, "summary": dataclasses.asdict(summary), "findings": [dataclasses.asdict(f) for f in findings]}
             if not args.json:
                 print(f"  rank {rank}: {os.path.basename(path)}: {_summary_line(summary)}")
@@ -257,6 +239,33 @@ def command_analyze(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results, indent=1))
     return EXIT_OK
+
+
+def _analyzed(
+    path: str, *, precision: str | None, world_size: int = 1
+) -> tuple[KinetoTrace, TraceSummary, list[Finding]]:
+    """A trace, its summary and the trace-level rules' findings (of ``world_size`` traces analysed together)."""
+    trace = load_kineto(path)
+    summary = summarize_trace(trace, window=os.path.basename(path))
+    info = distributed_info(trace)
+    context = trace_context(summary, info, stage=trace_stage(trace), precision=precision, world_size=world_size)
+    return trace, summary, diagnose(context)
+
+
+def _rank_of_trace(rank: int, summary: TraceSummary) -> RankSummary:
+    """A rank's row of the cross-rank table, as far as one of its traces tells it."""
+    return RankSummary(
+        rank=rank,
+        step_time_p50=summary.step_time,
+        step_time_p90=None,
+        step_time_max=None,
+        data_wait_fraction=share(summary.dataloader_time, summary),
+        throughput=None,
+        host_rss_peak=None,
+        cuda_max_allocated=None,
+        cuda_max_reserved=None,
+        communication_share=share(summary.communication_exposed_time, summary),
+    )
 
 
 def _cross_rank_findings(ranks: Sequence[RankSummary]) -> list[Finding]:
@@ -303,25 +312,27 @@ def _side_of_run(path: str) -> _Side:
         data_wait=last.data_wait_fraction,
         host_peak=last.host_rss_peak,
         cuda_peak=last.cuda_max_allocated,
-        findings={f.id: f.severity for f in findings if f.severity != "info"},
+        findings=_severities(findings),
         operators=operators,
     )
 
 
+def _severities(findings: Sequence[Finding]) -> dict[str, str]:
+    """The warning and critical findings' severities, by rule."""
+    return {f.id: f.severity for f in findings if f.severity != "info"}
+
+
 def _side_of_trace(path: str, args: argparse.Namespace) -> _Side:
-    trace = load_kineto(path)
-    summary = summarize_trace(trace, window=os.path.basename(path))
-    context = trace_context(summary, distributed_info(trace), stage=trace_stage(trace), precision=args.precision)
-    findings = diagnose(context)
+    trace, summary, findings = _analyzed(path, precision=args.precision)
     return _Side(
         label=path,
         step_p50=summary.step_time,
         step_p90=None,
         throughput=None,
-        data_wait=summary.dataloader_time / summary.step_time if summary.step_time else None,
+        data_wait=share(summary.dataloader_time, summary),
         host_peak=None,
         cuda_peak=None,
-        findings={f.id: f.severity for f in findings if f.severity != "info"},
+        findings=_severities(findings),
         operators={op.name: op for op in operator_stats(trace)},
     )
 

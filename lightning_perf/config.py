@@ -145,19 +145,14 @@ class PerfConfig:
         """
         schedule, problems = _to_schedule(kwargs["schedule"])
 
-        batches = kwargs["batches"]
-        if batches is not None:
-            if isinstance(batches, (str, bytes)) or not isinstance(batches, Iterable):
-                problems.append(f"batches={batches!r}: must be a list of batch indices >= 0, or None")
-                batches = None
-            else:
-                batches = tuple(batches)
-                bad = [b for b in batches if not _is_int(b) or b < 0]
-                if bad or not batches:
-                    problems.append(f"batches={list(batches)!r}: must be a non-empty list of integers >= 0")
-                    batches = None
-                else:
-                    batches = tuple(sorted(set(batches)))
+        batches = _indices(
+            "batches",
+            kwargs["batches"],
+            problems,
+            not_a_list="must be a list of batch indices >= 0, or None",
+            bad="must be a non-empty list of integers >= 0",
+            non_empty=True,
+        )
 
         stages = kwargs["stages"]
         if isinstance(stages, str):
@@ -204,18 +199,8 @@ class PerfConfig:
         if not _is_int(verbose) or not 0 <= verbose <= 2:
             problems.append(f"verbose={verbose!r}: must be 0 (silent), 1 (warnings and critical) or 2 (everything)")
 
-        ranks = kwargs.get("ranks")
-        if ranks is not None:
-            if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
-                problems.append(f"ranks={ranks!r}: must be a list of global ranks >= 0, or None (all ranks)")
-                ranks = None
-            else:
-                ranks = tuple(ranks)
-                if not all(_is_int(r) and r >= 0 for r in ranks):
-                    problems.append(f"ranks={list(ranks)!r}: must be a list of global ranks >= 0, or None (all ranks)")
-                    ranks = None
-                else:
-                    ranks = tuple(sorted(set(ranks)))
+        allowed = "must be a list of global ranks >= 0, or None (all ranks)"
+        ranks = _indices("ranks", kwargs.get("ranks"), problems, not_a_list=allowed, bad=allowed)
 
         max_trace_mb = kwargs.get("max_trace_mb", DEFAULT_MAX_TRACE_MB)
         if isinstance(max_trace_mb, bool) or not isinstance(max_trace_mb, (int, float)) or not max_trace_mb > 0:
@@ -252,6 +237,24 @@ class PerfConfig:
             max_trace_mb=float(max_trace_mb),
             strict=strict,
         )
+
+
+def _indices(
+    name: str, value: Any, problems: list[str], *, not_a_list: str, bad: str, non_empty: bool = False
+) -> tuple[int, ...] | None:
+    """``value``, a list of integers >= 0 or None, sorted and without repeats; None, with a problem added that
+    names it (``not_a_list``: it is no list; ``bad``: an item is no integer >= 0, or, where ``non_empty``, the
+    list is empty)."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        problems.append(f"{name}={value!r}: {not_a_list}")
+        return None
+    values = tuple(value)
+    if not all(_is_int(v) and v >= 0 for v in values) or (non_empty and not values):
+        problems.append(f"{name}={list(values)!r}: {bad}")
+        return None
+    return tuple(sorted(set(values)))
 
 
 def _is_int(value: Any) -> bool:

@@ -22,7 +22,15 @@ import os
 PERF_SUBDIR = "perf"
 TRACE_SUFFIX = ".pt.trace.json.gz"
 OPERATORS_SUFFIX = ".operators.md"
-STAGED_SUFFIX = ".staged"  # a rank's trace before every rank of the window has written its own
+STAGED_MARK = ".staged"  # in a rank's trace name until every rank of the window has written its own
+
+
+def staged_path(trace_path: str) -> str:
+    """Where a rank writes its trace until every rank of the window has written its own:
+    ``rank0.pt.trace.json.gz`` -> ``rank0.pt.trace.json.staged.gz``, a name no trace reader picks up (it ends
+    in neither ``.json`` nor ``.json.gz``), gzipped like the final one."""
+    base, gz = os.path.splitext(trace_path)
+    return base + STAGED_MARK + gz
 
 
 def window_dirname(stage: str, epoch: int, first_batch: int, last_batch: int) -> str:
@@ -44,23 +52,14 @@ def operators_filename(global_rank: int) -> str:
 
 
 def unused_name(parent: str, filename: str) -> str:
-    """``filename``, or ``stem-1.ext``, ``stem-2.ext``... if ``parent`` already holds a file of that name."""
+    """``filename``, or ``stem-1.ext``, ``stem-2.ext``... if ``parent`` already holds a file or directory of
+    that name."""
     stem, ext = os.path.splitext(filename)
     name, n = filename, 0
     while os.path.exists(os.path.join(parent, name)):
         n += 1
         name = f"{stem}-{n}{ext}"
     return name
-
-
-def unique_dir(parent: str, name: str) -> str:
-    """``parent/name``, or ``parent/name-1``, ``-2``... if a directory of that name exists already."""
-    path = os.path.join(parent, name)
-    n = 0
-    while os.path.exists(path):
-        n += 1
-        path = os.path.join(parent, f"{name}-{n}")
-    return path
 
 
 def write_atomically(data: str | bytes, path: str | os.PathLike[str]) -> None:

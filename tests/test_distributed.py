@@ -13,6 +13,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch_tb_profiler import io as tb_io
 from torch_tb_profiler.profiler.loader import RunLoader
 
+from lightning_perf import layout
+
 SCRIPT = Path(__file__).resolve().parent / "ddp_script.py"
 ROOT = SCRIPT.parents[1]
 
@@ -54,7 +56,7 @@ def test_every_rank_writes_its_own_trace_into_each_window(plain):
         "train-epoch000-batches0003-0004": ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"],
         "train-epoch001-batches0003-0004": ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"],
     }
-    assert not list(root.rglob("*.staged"))  # every trace published under its final name
+    assert not list(root.rglob(f"*{layout.STAGED_MARK}*"))  # every trace published under its final name
     # Each rank's windows opened and closed on the same batches.
     assert [Path(p).parent.name for p in results[0]["windows"]] == [Path(p).parent.name for p in results[1]["windows"]]
 

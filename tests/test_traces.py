@@ -3,12 +3,15 @@
 import copy
 import gzip
 import json
+import os
 
 import pytest
+from torch_tb_profiler.consts import WORKER_PATTERN
 from torch_tb_profiler.profiler.data import RunProfileData
 from torch_tb_profiler.profiler.run_generator import RunGenerator
 
-from lightning_perf import traces
+from lightning_perf import layout, traces
+from lightning_perf.cli import UsageError, find_traces
 
 
 def _event(cat, name, ts, dur, **args):
@@ -95,3 +98,13 @@ def test_real_gpu_trace_shows_runtime_and_operator_device_time_only_after_rewrit
     assert _overview_shares(after)["Runtime"] > 0
     assert _overview_shares(after)["Kernel"] > 0
     assert sum(r["device_self_duration"] for r in after.operation_table_by_name["data"]) > 0
+
+
+def test_a_staged_trace_is_gzipped_under_a_name_no_trace_reader_picks_up(tmp_path):
+    final = str(tmp_path / layout.trace_filename(0))
+    staged = layout.staged_path(final)
+    traces.write_trace({"traceEvents": []}, staged)
+    assert gzip.decompress(open(staged, "rb").read()) == b'{"traceEvents":[]}'  # gzipped, as the final one
+    assert WORKER_PATTERN.match(os.path.basename(final)) and not WORKER_PATTERN.match(os.path.basename(staged))
+    with pytest.raises(UsageError, match="holds no Kineto trace"):  # nor the offline CLI
+        find_traces([str(tmp_path)])

@@ -236,3 +236,12 @@ def test_a_second_run_in_the_same_dirpath_overwrites_nothing(tmp_path):
     assert second.windows[0].name == "train-epoch000-batches0002-0002-1"
     assert first.report_path.endswith("perf_report.json") and second.report_path.endswith("perf_report-1.json")
     assert load(first.windows[0].trace_path) != load(second.windows[0].trace_path)
+
+
+def test_a_rank_left_out_of_ranks_records_no_window_but_measures_every_batch(tmp_path):
+    # A single process is global rank 0: ranks=[1] leaves it out.
+    callback = PerfCallback(schedule=SCHEDULE_3, ranks=[1])
+    trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=16))
+    assert callback.windows == [] and not list(tmp_path.rglob("*.pt.trace.json*"))
+    train = [e for e in callback.epochs if e.stage == "train"]
+    assert len(train) == 2 and all(e.batches == 16 // 4 for e in train)

@@ -153,11 +153,9 @@ class ProfilerWindow:
         self._profiler.stop_trace()
         self.state = WindowState.STOPPED
 
-    def save(
-        self, path: str, *, tensorboard_compat: bool, compress: bool | None = None, max_bytes: int | None = None
-    ) -> dict[str, Any]:
-        """Writes the trace of a stopped window to ``path``, atomically, gzipped if ``compress`` (default: if
-        ``path`` ends in ``.gz``); returns it. A trace whose JSON export is over ``max_bytes`` keeps its first
+    def save(self, path: str, *, tensorboard_compat: bool, max_bytes: int | None = None) -> dict[str, Any]:
+        """Writes the trace of a stopped window to ``path``, atomically, gzipped if ``path`` ends in ``.gz``;
+        returns it. A trace whose JSON export is over ``max_bytes`` keeps its first
         steps that fit (:attr:`cut_to` says how many)."""
         self._expect(WindowState.STOPPED)
         # torch's own export, to a temporary file outside the window directory (where a leftover would look
@@ -175,7 +173,7 @@ class ProfilerWindow:
             self.cut_to = traces.cut_to_fraction(trace, max_bytes / size)
         if tensorboard_compat:
             traces.tensorboard_compatible(trace)
-        traces.write_trace(trace, path, compress=compress)
+        traces.write_trace(trace, path)
         return trace
 
     def _close_span(self) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import lightning.pytorch as pl
 import torch
 
+from lightning_perf.diagnose.rules import share
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary
 
 FIELDS = tuple(f.name for f in dataclasses.fields(RankSummary) if f.name != "rank")
@@ -24,13 +25,9 @@ FIELDS = tuple(f.name for f in dataclasses.fields(RankSummary) if f.name != "ran
 
 def rank_values(summary: EpochSummary | None, windows: Sequence[TraceSummary]) -> list[float]:
     """This rank's numbers for :data:`FIELDS`, NaN where unknown."""
-    shares = [
-        w.communication_exposed_time / w.step_time
-        for w in windows
-        if w.communication_exposed_time is not None and w.step_time > 0
-    ]
+    shares = [s for w in windows if (s := share(w.communication_exposed_time, w)) is not None]
     values = {
-        "communication_share": max(shares) if shares else None,
+        "communication_share": max(shares, default=None),
         **(
             {name: getattr(summary, name) for name in FIELDS if hasattr(summary, name)}
             if summary is not None and summary.batches
