@@ -2,6 +2,7 @@ import os
 import pathlib
 
 import pytest
+from models import torch_threads
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 GPU_TRACES = SHARED / "fixtures" / "gpu-traces"
@@ -23,3 +24,11 @@ def gpu_trace():
 # Our own failures re-raise in the test suite instead of being warned about and skipped (PerfCallback's
 # `strict`), so that a bug of ours cannot hide behind the fail-safe. Tests of the fail-safe pass strict=False.
 os.environ.setdefault("LIGHTNING_PERF_STRICT", "1")
+
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op torch thread for the test (:func:`models.torch_threads`)."""
+    with torch_threads(1):
+        yield

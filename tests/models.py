@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 import lightning.pytorch as pl
 import torch
@@ -118,3 +120,16 @@ class Leaky(TinyModel):
     def training_step(self, batch, batch_idx):
         self.kept.append(self.wide(batch[0]).relu())  # 16 x 65536 floats = 4 MiB, kept with its graph
         return super().training_step(batch, batch_idx)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` for a while: the timing-based end-to-end tests then measure the
+    same on a 2-core runner whatever else runs beside them (two runs of 2 threads each on 2 cores slowed a
+    few-ms step 20-fold)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

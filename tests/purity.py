@@ -12,14 +12,11 @@ HEAVY = ("lightning", "numpy", "pytorch_lightning", "torch")
 
 
 def heavy_modules_loaded_by(module: str) -> list[str]:
-    """Imports ``module`` in a fresh interpreter, under a stub ``lightning_perf`` parent package (whose real
-    ``__init__`` imports the callback, hence torch), and lists the heavy top-level modules that got loaded."""
+    """Imports ``module`` in a fresh interpreter (``lightning_perf``'s own ``__init__`` imports the callback
+    only on first use) and lists the heavy top-level modules that got loaded."""
     code = (
-        "import sys, types\n"
-        f"pkg = types.ModuleType('lightning_perf'); pkg.__path__ = [{str(ROOT / 'lightning_perf')!r}]\n"
-        "sys.modules['lightning_perf'] = pkg\n"
         f"import {module}\n"
-        f"import json; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(HEAVY)!r}))))\n"
+        f"import json, sys; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(HEAVY)!r}))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -22,7 +22,7 @@ def _run(config: str, root: Path) -> Path:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "LIGHTNING_PERF_STRICT": "1"},
+        env={**os.environ, "LIGHTNING_PERF_STRICT": "1", "OMP_NUM_THREADS": "1"},  # (see conftest.torch_threads)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return Path(proc.stdout.strip().splitlines()[-1].removeprefix("Run directory: "))

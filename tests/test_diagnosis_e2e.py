@@ -19,14 +19,6 @@ def _ids(callback, stage="train", severities=("warning", "critical")):
     return {f.id for f in callback.findings_for(stage) if f.severity in severities}
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class Tuned(TinyModel):
     """Compute-bound: an in-memory TensorDataset read a whole batch per indexing op (a BatchSampler and
     ``batch_size=None``: no per-item fetch and collate), a few ms of matmuls per batch; validation a
@@ -122,7 +114,7 @@ class SleepyCallback(Callback):
         time.sleep(0.01)
 
 
-def test_a_callback_that_sleeps_is_framework_overhead(tmp_path):
+def test_a_callback_that_sleeps_is_framework_overhead(tmp_path, one_thread):
     callback = PerfCallback(schedule=WINDOW, stages=["train"])
     # Before PerfCallback in the list: its sleep is inside the batch's hooks, as a slow logger would be.
     trainer(tmp_path, [SleepyCallback(), callback], limit_val_batches=0).fit(Tuned())
@@ -142,7 +134,7 @@ class PeriodicStall(TinyModel):
         return super().training_step(batch, batch_idx)
 
 
-def test_periodic_stalls_make_step_time_unstable(tmp_path):
+def test_periodic_stalls_make_step_time_unstable(tmp_path, one_thread):
     callback = PerfCallback(max_windows=0, stages=["train"])
     # 80 batches, 10 stalls: a loaded machine's own stray spikes (>= 3x a 1 ms median) stay under half of them
     trainer(tmp_path, [callback], limit_val_batches=0).fit(PeriodicStall(n=320))

@@ -300,6 +300,7 @@ TRACE_FAILURES = [
     ("cat_list", "t.json", _with_event(cat=["cpu_op"]), r"field traceEvents\[1\]\.cat must be a string"),
     ("tid_object", "t.json", _with_event(tid={}), r"field traceEvents\[1\]\.tid must be a number or a string"),
     ("external_id_list", "t.json", _with_event(args={"External id": [1]}), r"traceEvents\[1\]\.args\['External id'\]"),
+    ("correlation_list", "t.json", _with_event(args={"correlation": [1]}), r"traceEvents\[1\]\.args\['correlation'\]"),
     ("flops_string", "t.json", _with_event(args={"flops": "1e9"}), r"\[1\]\.args\.flops must be a number or null"),
     ("instant_ts_missing", "t.json", b'[{"ph": "i", "name": "x"}]', r"field traceEvents\[0\]\.ts is missing"),
     ("memory_bytes", "t.json", b'[{"ph": "i", "name": "[memory]", "ts": 1, "args": {"Bytes": "8"}}]', r"args\.Bytes"),

@@ -319,7 +319,6 @@ def test_a_thread_s_spans_sort_by_start_longest_first_then_in_trace_order(spans)
         assert [trace_module._HOST_CATEGORIES[code] for code in columns.category_code] == [e.cat for e in host]
         assert columns.starts.tolist() == [e.ts for e in host]
         assert columns.ends.tolist() == [e.ts + e.dur for e in host]
-        assert set(columns.names) == {e.name for e in host}
         # Top-level operators: cpu_ops inside no other cpu_op (annotations are no parents).
         main = trace_module._MainThread.of(trace_module._scan(index), (1, 1))
         ops = [(e.ts, e.ts + e.dur) for e in host if e.cat == "cpu_op" and not e.name.startswith("Optimizer.step#")]

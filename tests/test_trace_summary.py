@@ -214,6 +214,11 @@ def test_arrays_and_stack_nest_operators_alike(spans, seed, shapes, nesting):
     _nest_on("stack")
     stack = operator_stats(trace, group_by_input_shape=shapes)
     assert _same(arrays, stack)
+    if spans and all(dur == int(dur) for _, _, dur in spans):  # spans that nest: the arrays took them
+        index = trace_module._Index.of(trace_module.as_trace(trace))
+        [(thread, ops)] = index.host.items()
+        launches = trace_module._Launches.of(index.device)
+        assert trace_module._nest_arrays(ops, index.columns[thread], launches, shapes, {})
 
 
 _ANY_SPANS = st.lists(
@@ -283,6 +288,7 @@ def test_every_large_thread_of_the_gpu_traces_nests_on_arrays(gpu_trace):
         trace = load_kineto(gpu_trace(f"{name}.json.gz"))
         index = trace_module._Index.of(trace)
         launches = trace_module._Launches.of(index.device)
-        for thread, spans in index.host.items():
-            if len(spans) >= 1000:
-                assert trace_module._nest_arrays(spans, index.columns[thread], launches, False, {}), (name, thread)
+        large = [(thread, spans) for thread, spans in index.host.items() if len(spans) >= 1000]
+        assert len(large) == 2, name  # the main thread and the autograd one
+        for thread, spans in large:
+            assert trace_module._nest_arrays(spans, index.columns[thread], launches, False, {}), (name, thread)

@@ -230,8 +230,10 @@ def test_a_second_run_in_the_same_dirpath_overwrites_nothing(tmp_path):
     dirpath = str(tmp_path / "shared")
     first = PerfCallback(schedule={"skip_first": 1, "active": 1}, stages=["train"], dirpath=dirpath)
     trainer(tmp_path / "a", [first]).fit(TinyModel(n=16))
+    first_files = {path: open(path, "rb").read() for path in (first.windows[0].trace_path, first.report_path)}
     second = PerfCallback(schedule={"skip_first": 1, "active": 1}, stages=["train"], dirpath=dirpath)
     trainer(tmp_path / "b", [second]).fit(TinyModel(n=16))
+    assert {path: open(path, "rb").read() for path in first_files} == first_files  # the first run's files as they were
     assert first.windows[0].name == "train-epoch000-batches0002-0002"
     assert second.windows[0].name == "train-epoch000-batches0002-0002-1"
     assert first.report_path.endswith("perf_report.json") and second.report_path.endswith("perf_report-1.json")
