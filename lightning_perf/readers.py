@@ -344,7 +344,7 @@ def load_kineto(path: str | os.PathLike[str], *, shapes: bool = False) -> Kineto
         raise InputError(f"{name}: {err}") from None
     try:
         return as_trace(trace, shapes=shapes)
-    except msgspec.ValidationError as err:  # a field the checks above leave alone, e.g. an M event's dur
+    except msgspec.ValidationError as err:  # a field the checks above leave alone
         raise InputError(f"{name}: {err}".replace(" - at `$.", " at `")) from None
 
 
@@ -388,8 +388,9 @@ def _checked_event(event: Any, i: int) -> bool:
     elif not isinstance(args, dict):
         raise _must(f"traceEvents[{i}].args", "an object", args)
     elif args:
-        if "External id" in args and type(args["External id"]) not in (int, str):
-            _check(f"traceEvents[{i}].args['External id']", args["External id"], ("float", "str"), nullable=True)
+        for key in ("External id", "correlation"):  # as summarize.events.CompleteArgs types them
+            if key in args and type(args[key]) not in (int, str):
+                _check(f"traceEvents[{i}].args[{key!r}]", args[key], ("float", "str"), nullable=True)
         if "flops" in args:
             _check(f"traceEvents[{i}].args.flops", args["flops"], ("float",), nullable=True)
     if ph == "X":

@@ -120,6 +120,11 @@ class EpochSummary:
     cuda_capacity: int | None = None
     cuda_utilization: int | None = None
 
+    @property
+    def measured_batches(self) -> int:
+        """The batches the times, percentiles and throughput are over: those not profiled."""
+        return self.batches - self.profiled_batches
+
 
 @dataclass(frozen=True, kw_only=True)
 class TraceSummary:

@@ -74,8 +74,8 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     severity = "critical" if reaches(fraction, t.dataloader_critical) else "warning"
     facts = ctx.facts
     evidence = [
-        f"data wait {percent(fraction)} of step time over {epoch.batches - epoch.profiled_batches} batches"
-        f" ({ms(epoch.data_wait / max(epoch.batches - epoch.profiled_batches, 1))} per batch)"
+        f"data wait {percent(fraction)} of step time over {epoch.measured_batches} batches"
+        f" ({ms(epoch.data_wait / max(epoch.measured_batches, 1))} per batch)"
         f" (warning >= {limit(t.dataloader_warning)}, critical >= {limit(t.dataloader_critical)})"
     ]
     best = strongest(ctx.windows, lambda w: share(w.dataloader_time, w))

@@ -28,7 +28,6 @@ from lightning_perf.diagnose.rules import (
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import TraceSummary
 
-# Lightning's precision strings for plain fp32 training ("32" is the pre-2.0 spelling).
 # Tensor-core GPUs without bf16 or TF32 (Volta, Turing): there, only fp16 ("16-mixed") uses the tensor cores.
 PRE_AMPERE_NAMES = ("V100", "GV100", "TITAN V", "T4", "TITAN RTX", "RTX 20", "QUADRO RTX")
 
@@ -316,7 +315,7 @@ def cpu_threads(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     if reaches(ctx.epoch.data_wait_fraction, t.dataloader_warning):
         return None
     workers = facts.num_workers or 0
-    per_process = cpus_per_process(facts) or 1
+    per_process = cpus_per_process(facts)  # (cpus is known: at least 1)
     available = max(1, per_process - workers)
     if threads >= available:
         return None

@@ -84,7 +84,7 @@ def optimizer_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 def epoch_time(epoch: EpochSummary) -> float:
     """An epoch's step time over all its batches: the profiled ones (left out of ``step_time``) counted at the
     mean of the others."""
-    measured = epoch.batches - epoch.profiled_batches
+    measured = epoch.measured_batches
     return epoch.step_time * epoch.batches / measured if measured > 0 else epoch.step_time
 
 
