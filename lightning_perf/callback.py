@@ -48,7 +48,7 @@ from lightning_perf.config import (
 )
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
+from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord, from_values
 from lightning_perf.report.charts import step_split_caption, step_split_image
 from lightning_perf.report.findings import console_report, findings_markdown, ranks_markdown
 from lightning_perf.report.json_report import REPORT_FILENAME, report_dict, window_dict, write_json_atomically
@@ -67,12 +67,6 @@ STRICT_ENV = "LIGHTNING_PERF_STRICT"
 
 
 STATE_VERSION = 1
-
-
-def _restore(cls: Any, values: dict[str, Any]) -> Any:
-    """A record from a checkpoint's plain values, ignoring keys the record no longer has."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{key: value for key, value in values.items() if key in names})
 
 
 def _strict_from_environment() -> bool:
@@ -279,23 +273,32 @@ class PerfCallback(Callback):
             "epochs": [dataclasses.asdict(e) for e in self.epochs],
             "windows": [window_dict(w, with_summary=False) for w in self.windows],
             "findings": [dataclasses.asdict(f) for found in self._findings.values() for f in found],
+            "ranks": [
+                {"stage": stage, "epoch": epoch, "ranks": [dataclasses.asdict(r) for r in ranks]}
+                for (stage, epoch), ranks in self._ranks.items()
+            ],
         }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores :meth:`state_dict`'s values; tolerates keys a different version wrote or left out."""
+        """Restores :meth:`state_dict`'s values; tolerates the keys a different version wrote or left out at the
+        top level, and the record fields a newer one added."""
         for stage, saved in state_dict.get("stages", {}).items():
             if stage in self._stages:
                 st = self._stages[stage]
                 st.epoch = int(saved.get("epoch", st.epoch))
                 st.total_batches = int(saved.get("total_batches", st.total_batches))
                 st.windows_used = int(saved.get("windows_used", st.windows_used))
-        self.epochs = [_restore(EpochSummary, e) for e in state_dict.get("epochs", [])]
-        self.windows = [_restore(WindowRecord, w) for w in state_dict.get("windows", [])]
+        self.epochs = [from_values(EpochSummary, e) for e in state_dict.get("epochs", [])]
+        self.windows = [from_values(WindowRecord, w) for w in state_dict.get("windows", [])]
         self._findings = {}
         for f in state_dict.get("findings", []):
-            finding = _restore(Finding, f)
+            finding = from_values(Finding, f)
             self._findings.setdefault((finding.stage, finding.epoch), []).append(finding)
+        self._ranks = {
+            (saved["stage"], saved["epoch"]): tuple(from_values(RankSummary, r) for r in saved["ranks"])
+            for saved in state_dict.get("ranks", [])
+        }
 
     # ------------------------------------------------------------------ setup and teardown
 

@@ -32,7 +32,7 @@ from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnose.rules import percent, share
 from lightning_perf.readers import InputError, load_kineto, load_report
-from lightning_perf.records import EpochSummary, OperatorStat, RankSummary, TraceSummary
+from lightning_perf.records import EpochSummary, OperatorStat, RankSummary, TraceSummary, from_values
 from lightning_perf.report.findings import CLEAN, console_report, ranks_table
 from lightning_perf.report.markdown import format_duration
 from lightning_perf.summarize.ranks import rank_work_times
@@ -117,17 +117,11 @@ def _epochs(report: dict[str, Any]) -> list[tuple[EpochSummary, list[Finding], l
     out = []
     for stage in report.get("stages", {}).values():
         for entry in stage.get("epochs", []):
-            summary = _record(EpochSummary, entry)
-            findings = [_record(Finding, f) for f in entry.get("findings", [])]
-            ranks = [_record(RankSummary, r) for r in entry.get("ranks", [])]
+            summary = from_values(EpochSummary, entry)  # (checked by load_report)
+            findings = [from_values(Finding, f) for f in entry.get("findings", [])]
+            ranks = [from_values(RankSummary, r) for r in entry.get("ranks", [])]
             out.append((summary, findings, ranks))
     return out
-
-
-def _record(cls: type[Any], entry: Mapping[str, Any]) -> Any:
-    """A record of a checked report (:func:`~lightning_perf.readers.load_report`), leaving out the keys a newer
-    writer added."""
-    return cls(**{f.name: entry[f.name] for f in dataclasses.fields(cls) if f.name in entry})
 
 
 # ------------------------------------------------------------------ report

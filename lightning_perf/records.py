@@ -8,7 +8,10 @@ strings only, so every layer after ``collect`` can be tested without torch or a 
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,3 +224,12 @@ class RankSummary:
     cuda_max_allocated: float | None
     cuda_max_reserved: float | None
     communication_share: float | None
+
+
+_Record = TypeVar("_Record")
+
+
+def from_values(cls: type[_Record], values: Mapping[str, Any]) -> _Record:
+    """A record (one of the dataclasses here, or :class:`~lightning_perf.diagnose.model.Finding`) from plain
+    values (a checkpoint's, a report's), leaving out the keys it has no field for: a newer writer's."""
+    return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})

@@ -1,12 +1,14 @@
 """Resuming from checkpoints: finished windows are not repeated, numbering and max_windows continue, the
 report keeps its history; two PerfCallbacks keep separate state."""
 
+import dataclasses
 import json
 
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_perf import PerfCallback
+from lightning_perf.records import RankSummary
 from models import TinyModel, trainer
 
 SCHEDULE = {"skip_first": 1, "warmup": 1, "active": 2}  # records batches 2-3 of each 8-batch epoch
@@ -70,3 +72,21 @@ def test_load_state_dict_tolerates_unknown_and_missing_keys():
     callback = PerfCallback()
     callback.load_state_dict({"version": 99, "stages": {"train": {"epoch": 3, "new_field": 1}}, "extra": True})
     assert callback._stages["train"].epoch == 3 and callback.epochs == [] and callback.windows == []
+
+
+def test_the_per_rank_tables_survive_a_checkpoint(tmp_path):
+    # A distributed run's cross-rank table of each epoch is part of the report's history: a resumed run keeps it.
+    first = _perf()
+    trainer(tmp_path / "a", [first], max_epochs=1).fit(TinyModel(n=16))
+    rows = tuple(
+        RankSummary(rank=r, step_time_p50=0.01, step_time_p90=0.02, step_time_max=0.03, data_wait_fraction=0.1,
+                    throughput=100.0, host_rss_peak=2**30, cuda_max_allocated=None, cuda_max_reserved=None,
+                    communication_share=0.2)
+        for r in (0, 1)
+    )  # fmt: skip
+    first._ranks[("train", 0)] = rows  # what the epoch's gather gives a 2-process run
+    state = json.loads(json.dumps(first.state_dict()))  # plain values, as a checkpoint keeps them
+    resumed = _perf()
+    resumed.load_state_dict(state)
+    [epoch] = resumed.report["stages"]["train"]["epochs"]
+    assert epoch["ranks"] == [dataclasses.asdict(r) for r in rows]
