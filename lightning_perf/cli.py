@@ -289,7 +289,11 @@ class _Side:
 
 
 def _side_of_run(path: str) -> _Side:
-    report = load_report(find_reports(path)[-1])
+    reports = find_reports(path)
+    if len(reports) > 1:
+        shown = ", ".join(os.path.relpath(r, path) for r in reports[:3]) + (", ..." if len(reports) > 3 else "")
+        raise UsageError(f"{path}: holds {len(reports)} reports ({shown}); compare one run: pass its directory")
+    report = load_report(reports[0])
     train = [(s, f) for s, f, _ in _epochs(report) if s.stage == "train" and s.batches]
     if not train:
         raise UsageError(f"{path}: its report has no measured training epoch")

@@ -60,6 +60,13 @@ def test_report_reads_a_newer_writer_s_report(runs, tmp_path, capsys):
     assert main(["compare", str(runs["slow"]), str(tmp_path)]) == 0
 
 
+def test_compare_refuses_a_directory_of_several_runs(runs, capsys):
+    # Which one would it compare? (By name, version_9 sorts after version_10.)
+    assert main(["compare", str(runs["slow"].parent), str(runs["fast"])]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 reports (fast/" in err and "pass its directory" in err
+
+
 def test_analyze_runs_the_trace_rules_on_our_traces(runs, capsys):
     assert main(["analyze", str(runs["slow"])]) == 0
     out = capsys.readouterr().out
