@@ -37,7 +37,8 @@ Reading the output:
   ``/proc/stat``). Above a few % the step times are disturbed: trust the ratios only as far as the per-round
   ranges agree.
 * ``stall at window close``: what the training thread loses when a window ends. For (b) the callback's own
-  measure, ``WindowRecord.close_seconds`` (stopping the profiler, writing the trace, the operator table), and
+  measure, ``WindowRecord.close_seconds`` (stopping the profiler, torch's trace export; the rest runs on a
+  background thread, and what it takes from training shows in the steps after the close), and
   the extra time of the step whose ``on_train_batch_end`` closed the window (the window's ``last_batch``)
   over its run's median. For (c) the extra time of the step in which Lightning stops its profiler and
   exports the trace: batch 4 (Lightning steps the profiler at the end of each ``training_step``; the

@@ -3,12 +3,15 @@ Training-thread stalls
 ======================
 
 How long ``PerfCallback`` holds the training thread at the two moments it does real work: when a profiler
-window closes (stop the profiler, export and rewrite the trace, operator table, trace summary) and at an
-epoch's end (epoch summary, the bottleneck rules, TensorBoard text and image, ``perf_report.json``).
+window closes (stop the profiler, torch's trace export: ``WindowRecord.close_seconds``; the rewrite, the
+operator table and the trace summary follow on a background thread) and at an epoch's end (waiting for that
+thread if it is still busy, epoch summary, the bottleneck rules, TensorBoard text and image,
+``perf_report.json``). ``benchmarks/close_stall.py`` measures the window close on a realistic model, next to
+Lightning's ``PyTorchProfiler``.
 
 Run it from the repository root::
 
-    python benchmarks/stall.py [--epochs 5] [--width 256] [--active 3]
+    python benchmarks/stall.py [--epochs 5] [--width 256] [--active 3] [--threads 1]
 
 It trains a small MLP on random data on the CPU with ``PerfCallback()`` (a window of ``--active`` batches
 every epoch) and prints the median and max of each stall, and the trace size of a window.
@@ -76,7 +79,10 @@ def main() -> None:
     parser.add_argument("--with-stack", action="store_true")
     parser.add_argument("--profile-memory", action="store_true")
     parser.add_argument("--record-shapes", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
 
@@ -109,7 +115,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, lightning {pl.__version__}; {args.epochs} epochs, 40 batches each;"
           f" {', '.join(options) or 'default options'}")
     print(f"  recorded step inside a window: median {statistics.median(steps) * 1e3:.2f} ms")
-    print(f"  window close ({args.active} batches, {statistics.median(sizes) / 1024:.0f} KiB gzipped, {events} operators):"
+    print(f"  window close, training thread ({args.active} batches, {statistics.median(sizes) / 1024:.0f} KiB gzipped, {events} operators):"
           f" median {statistics.median(closes) * 1e3:.1f} ms, max {max(closes) * 1e3:.1f} ms")
     print(f"  epoch end (summary, rules, TensorBoard, perf_report.json):"
           f" median {statistics.median(timer.durations) * 1e3:.1f} ms, max {max(timer.durations) * 1e3:.1f} ms")

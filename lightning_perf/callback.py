@@ -13,18 +13,16 @@ The callback only wires the layers together: :mod:`lightning_perf.schedule` says
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-from lightning.pytorch.profilers import PyTorchProfiler
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
@@ -33,8 +31,9 @@ from typing_extensions import override
 from lightning_perf import __version__, layout
 from lightning_perf.collect.batch import BatchSizer
 from lightning_perf.collect.memory import CudaPeaks, host_rss
+from lightning_perf.collect.packages import lightning_classes
 from lightning_perf.collect.profiler import ProfilerWindow, WindowState, torch_profiler_active
-from lightning_perf.collect.ranks import gather_ranks, rank_values
+from lightning_perf.collect.ranks import EXCEPTION_WAIT_SECONDS, WAIT_SECONDS, RankExchange, rank_values
 from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, run_info, stage_dataloaders
 from lightning_perf.collect.steps import StepClock
 from lightning_perf.config import (
@@ -48,25 +47,35 @@ from lightning_perf.config import (
 )
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord, from_values
+from lightning_perf.readers import InputError, load_report
+from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord, from_values, plain
 from lightning_perf.report.charts import step_split_caption, step_split_image
-from lightning_perf.report.findings import console_report, findings_markdown, ranks_markdown
-from lightning_perf.report.json_report import REPORT_FILENAME, report_dict, window_dict, write_json_atomically
-from lightning_perf.report.markdown import operator_table
+from lightning_perf.report.findings import ShownFindings, console_report, findings_markdown, ranks_markdown
+from lightning_perf.report.json_report import REPORT_FILENAME, ReportFile, report_dict, report_epochs, window_dict
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
 from lightning_perf.report.outputs import Outputs
 from lightning_perf.schedule import Action, make_plan
-from lightning_perf.summarize.events import as_trace
-from lightning_perf.summarize.operators import default_sort_key, top_operators
 from lightning_perf.summarize.ranks import rank_work_times
 from lightning_perf.summarize.steps import summarize_epoch
-from lightning_perf.summarize.trace import operator_stats, summarize_trace
+from lightning_perf.window_close import ClosedWindow, WindowWorker, process_window
 
-OPERATORS_TAG = "perf/operators/{stage}"
 STRICT_ENV = "LIGHTNING_PERF_STRICT"
 
 
-STATE_VERSION = 1
+# Version 2 keeps only what resuming needs, bounded however long the run: each stage's position, the windows
+# (at most max_windows per stage), the rules' recent history, and the report's path (a resumed run takes the
+# earlier epochs back from that report). Version 1 also kept every epoch, finding and per-rank table.
+STATE_VERSION = 2
+# The earlier epochs of a stage the rules see (memory_growth reads a trailing run of epochs; its count
+# saturates here), and so what a checkpoint keeps of them.
+HISTORY_EPOCHS = 32
+
+
+def _draws_step_split(epoch: int, has_window: bool) -> bool:
+    """Whether an epoch gets a step-split image: at a stage's epochs 0, 1, 2, 4, 8, ... and at every epoch
+    with a profiler window. TensorBoard keeps a sample of 4 images per tag by default, so one per epoch of a
+    long run would be work nobody sees."""
+    return has_window or epoch & (epoch - 1) == 0
 
 
 def _strict_from_environment() -> bool:
@@ -88,6 +97,8 @@ class _StageState:
     windows_used: int = 0
     windows_this_epoch: int = 0
     host_rss_peak: int | None = None
+    in_epoch: bool = False  # between its epoch start and end: what an interruption leaves to summarize
+    history: deque[EpochSummary] = dataclasses.field(default_factory=lambda: deque(maxlen=HISTORY_EPOCHS))
 
 
 class PerfCallback(Callback):
@@ -107,7 +118,8 @@ class PerfCallback(Callback):
         stages: Which of ``"train"``, ``"validate"``, ``"test"``, ``"predict"`` to profile.
         max_windows: At most this many windows per stage per run (``0``: none).
         dirpath: Output directory. Default: ``<logger.log_dir>/perf`` (``<default_root_dir>/perf`` without
-            a logger), so that ``tensorboard --logdir <logger root>`` shows a run's scalars and traces.
+            a logger), so that ``tensorboard --logdir <logger root>`` shows a run's scalars and traces. Under
+            ``Trainer(fast_dev_run=...)`` nothing is written (no window, event file or report).
         record_shapes: Record operator input shapes (``torch.profiler`` option; larger traces).
         profile_memory: Record tensor allocations (``torch.profiler`` option; slower windows).
         with_stack: Record Python call stacks (``torch.profiler`` option; much larger, slower traces).
@@ -124,7 +136,8 @@ class PerfCallback(Callback):
         thresholds: Overrides of the bottleneck rules' thresholds, by name (see
             :class:`~lightning_perf.diagnose.thresholds.Thresholds`), e.g. ``{"dataloader_warning": 0.2}``.
         verbose: What the console shows at each epoch end: ``0`` nothing, ``1`` one line per epoch and the
-            warning and critical findings with their advice, ``2`` also info findings and all evidence.
+            warning and critical findings with their advice, ``2`` also info findings and all evidence. A
+            finding that persists unchanged is printed once, then named on the epoch's line.
         ranks: The global ranks that record profiler windows (default: all). Every rank measures its
             batches and joins the per-epoch cross-rank summary either way.
         max_trace_mb: The most a window's trace may hold, in MB of (uncompressed) JSON; a larger one keeps
@@ -140,8 +153,9 @@ class PerfCallback(Callback):
     Logged (see README, "Logged metrics", for units and cadence):
         ``perf/<stage>/batch/*`` and ``perf/<stage>/epoch/*`` scalars to every logger; the images
         ``perf/<stage>/step_split``; the text ``perf/operators/<stage>`` (one operator table per window) and
-        ``perf/findings/<stage>`` (each epoch's findings). Training series are at the trainer's
-        ``global_step``, the other stages' at their own batch count.
+        ``perf/findings/<stage>`` (each epoch's findings). On TensorBoard, training series are at the trainer's
+        ``global_step``, the other stages' at their own batch count; a logger with one step axis (CSV, W&B,
+        ...) gets them at the step Lightning logs its own rows at, with ``epoch``.
 
     Example::
 
@@ -216,6 +230,7 @@ class PerfCallback(Callback):
         self._rank = 0
         self._window_step = 0
         self._windows_at_setup = 0
+        self._worker = WindowWorker()  # writes and summarizes closed windows off the training thread, in order
         self.dirpath: str | None = None
         self.tensorboard_logdir: str | None = None
         #: Every window saved so far in this process, in order.
@@ -227,9 +242,13 @@ class PerfCallback(Callback):
         self._findings: dict[tuple[str, int], list[Finding]] = {}
         self._ranks: dict[tuple[str, int], tuple[RankSummary, ...]] = {}
         self._staged: list[tuple[str, str]] = []  # (written, final) trace paths, published at epoch ends
+        self._exchange: RankExchange[list[tuple[str, str]]] | None = None  # the cross-rank gathers; at setup
         self._world_size = 1
         self._records = True  # this rank records windows (config.ranks); decided at setup
         self._report_file: str | None = None
+        self._report: ReportFile | None = None  # on rank zero, from setup on
+        self._shown = ShownFindings()
+        self._state_key: str | None = None
         self._validation_in_train_epoch: list[EpochSummary] = []
 
     @property
@@ -250,8 +269,11 @@ class PerfCallback(Callback):
 
     @property
     def report_path(self) -> str | None:
-        """Where ``perf_report.json`` goes: ``perf_report-1.json``, ... when another run's is already there."""
-        return None if self.dirpath is None or self._report_file is None else os.path.join(self.dirpath, self._report_file)
+        """Where ``perf_report.json`` goes: ``perf_report-1.json``, ... when another run's is already there;
+        ``None`` before setup, and under ``fast_dev_run`` (nothing is written)."""
+        if self.dirpath is None or self._report_file is None:
+            return None
+        return os.path.join(self.dirpath, self._report_file)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -259,52 +281,83 @@ class PerfCallback(Callback):
     @override
     def state_key(self) -> str:
         # Two PerfCallbacks with different stages or output directories keep separate state in a checkpoint.
-        return self._generate_state_key(stages=self.config.stages, dirpath=self.config.dirpath)
+        # (Lightning asks for it at every hook call: built once.)
+        if self._state_key is None:
+            self._state_key = self._generate_state_key(stages=self.config.stages, dirpath=self.config.dirpath)
+        return self._state_key
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """Plain values only: where each stage is, and the history the report keeps."""
+        """Plain values only, bounded however long the run: where each stage is, its windows, the rules' recent
+        history, and where the report is (a resumed run takes the earlier epochs back from it)."""
+        self._join_windows()
         return {
             "version": STATE_VERSION,
             "stages": {
-                stage: {"epoch": st.epoch, "total_batches": st.total_batches, "windows_used": st.windows_used}
+                stage: {
+                    "epoch": st.epoch,
+                    "total_batches": st.total_batches,
+                    "windows_used": st.windows_used,
+                    "history": [plain(e) for e in st.history],
+                }
                 for stage, st in self._stages.items()
             },
-            "epochs": [dataclasses.asdict(e) for e in self.epochs],
             "windows": [window_dict(w, with_summary=False) for w in self.windows],
-            "findings": [dataclasses.asdict(f) for found in self._findings.values() for f in found],
-            "ranks": [
-                {"stage": stage, "epoch": epoch, "ranks": [dataclasses.asdict(r) for r in ranks]}
-                for (stage, epoch), ranks in self._ranks.items()
-            ],
+            "report_path": self.report_path,
         }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores :meth:`state_dict`'s values; tolerates the keys a different version wrote or left out at the
-        top level, and the record fields a newer one added."""
+        """Restores :meth:`state_dict`'s values, and the earlier epochs from the report it names where that file
+        is still there (else the rules' recent history only); tolerates the keys a different version wrote or
+        left out at the top level, and the record fields a newer one added. Version 1 kept the whole history."""
         for stage, saved in state_dict.get("stages", {}).items():
             if stage in self._stages:
                 st = self._stages[stage]
                 st.epoch = int(saved.get("epoch", st.epoch))
                 st.total_batches = int(saved.get("total_batches", st.total_batches))
                 st.windows_used = int(saved.get("windows_used", st.windows_used))
-        self.epochs = [from_values(EpochSummary, e) for e in state_dict.get("epochs", [])]
+                st.history.clear()
+                st.history.extend(from_values(EpochSummary, e) for e in saved.get("history", []))
         self.windows = [from_values(WindowRecord, w) for w in state_dict.get("windows", [])]
-        self._findings = {}
-        for f in state_dict.get("findings", []):
-            finding = from_values(Finding, f)
-            self._findings.setdefault((finding.stage, finding.epoch), []).append(finding)
-        self._ranks = {
-            (saved["stage"], saved["epoch"]): tuple(from_values(RankSummary, r) for r in saved["ranks"])
-            for saved in state_dict.get("ranks", [])
-        }
+        self.epochs, self._findings, self._ranks = [], {}, {}
+        if "epochs" in state_dict:  # version 1
+            self.epochs = [from_values(EpochSummary, e) for e in state_dict["epochs"]]
+            for f in state_dict.get("findings", []):
+                finding = from_values(Finding, f)
+                self._findings.setdefault((finding.stage, finding.epoch), []).append(finding)
+            self._ranks = {
+                (saved["stage"], saved["epoch"]): tuple(from_values(RankSummary, r) for r in saved["ranks"])
+                for saved in state_dict.get("ranks", [])
+            }
+            for stage, st in self._stages.items():
+                st.history.clear()
+                st.history.extend(e for e in self.epochs if e.stage == stage)
+        elif not self._load_earlier_report(state_dict.get("report_path")):
+            self.epochs = sorted((e for st in self._stages.values() for e in st.history), key=lambda e: e.epoch)
+
+    def _load_earlier_report(self, path: str | None) -> bool:
+        """Takes the epochs, findings and per-rank tables back from an earlier run's report; whether it could."""
+        if not path or not os.path.isfile(path):
+            return False
+        try:
+            epochs = report_epochs(load_report(path))
+        except InputError as err:
+            self._warn_once("earlier_report", f"PerfCallback: the report to resume from is unreadable ({err}).")
+            return False
+        for summary, findings, ranks in epochs:
+            self.epochs.append(summary)
+            if findings:
+                self._findings[(summary.stage, summary.epoch)] = findings
+            if ranks:
+                self._ranks[(summary.stage, summary.epoch)] = tuple(ranks)
+        return True
 
     # ------------------------------------------------------------------ setup and teardown
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if isinstance(trainer.profiler, PyTorchProfiler):
+        if isinstance(trainer.profiler, lightning_classes("profilers", "PyTorchProfiler")):
             raise MisconfigurationException(
                 "PerfCallback cannot run together with Lightning's PyTorchProfiler (`Trainer(profiler=\"pytorch\")`):"
                 " two torch profilers cannot run at once. Remove the `profiler` argument; PerfCallback records"
@@ -315,6 +368,26 @@ class PerfCallback(Callback):
                 "PerfCallback found a torch profiler already running (a `torch.profiler.profile` context around"
                 " the Trainer call?): two torch profilers cannot run at once. Remove one of them."
             )
+        self._prepare_outputs(trainer)
+        self._use_cuda = trainer.strategy.root_device.type == "cuda"
+        self._cuda_peaks = CudaPeaks(trainer.strategy.root_device) if self._use_cuda else None
+        self._run_info = {**run_info(trainer), "dataloaders": self._run_info.get("dataloaders", {})}
+        self._rank = trainer.global_rank
+        self._world_size = trainer.world_size
+        self._records = (self.config.ranks is None or self._rank in self.config.ranks) and not trainer.fast_dev_run
+        self._windows_at_setup = len(self.windows)
+        if self._world_size > 1:
+            self._open_exchange()
+
+    def _prepare_outputs(self, trainer: pl.Trainer) -> None:
+        """Decides where everything goes: ``dirpath``, the report's name, the loggers (of either Lightning
+        package), the ``tensorboard --logdir`` to show; nowhere under ``fast_dev_run``."""
+        if trainer.fast_dev_run:
+            # Lightning writes nothing in this mode, nor do we: no window, event file or report (setup leaves
+            # _records off), the console summary only.
+            self.dirpath = self.tensorboard_logdir = None
+            self._outputs = None
+            return
         self.dirpath = os.path.abspath(
             self.config.dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, layout.PERF_SUBDIR)
         )
@@ -326,25 +399,26 @@ class PerfCallback(Callback):
             ) from err
         if self._report_file is None or not os.path.exists(os.path.join(self.dirpath, self._report_file)):
             self._report_file = layout.unused_name(self.dirpath, REPORT_FILENAME)
+        tensorboard = lightning_classes("loggers", "TensorBoardLogger")
         logger = trainer.loggers[0] if trainer.loggers else None
-        if isinstance(logger, (TensorBoardLogger, CSVLogger)):
-            self.tensorboard_logdir = logger.root_dir
+        if isinstance(logger, (*tensorboard, *lightning_classes("loggers", "CSVLogger"))):
+            self.tensorboard_logdir = logger.root_dir  # a CSVLogger's log_dir holds our own event file
         else:
             self.tensorboard_logdir = self.dirpath
-        self._outputs = Outputs(trainer.loggers, fallback_dir=self.dirpath)
+        self._outputs = Outputs(
+            trainer.loggers,
+            tensorboards=[lg for lg in trainer.loggers if isinstance(lg, tensorboard)],
+            fallback_dir=self.dirpath,
+        )
         self._outputs.prepare()  # not inside the first window's close: opening a writer takes tens of ms
-        self._use_cuda = trainer.strategy.root_device.type == "cuda"
-        self._cuda_peaks = CudaPeaks(trainer.strategy.root_device) if self._use_cuda else None
-        self._run_info = {**run_info(trainer), "dataloaders": self._run_info.get("dataloaders", {})}
-        self._rank = trainer.global_rank
-        self._world_size = trainer.world_size
-        self._records = self.config.ranks is None or self._rank in self.config.ranks
-        self._windows_at_setup = len(self.windows)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._close_window_safely()
-        self._safely(None, self._publish_staged)
+        self._join_windows()
+        self._safely(None, self._publish_staged, wait=WAIT_SECONDS)
+        self._safely(None, self._close_exchange)
+        self._safely(None, self._write_report, trainer, now=True)
         if self._outputs is not None:
             self._outputs.flush()
             self._outputs.close()
@@ -359,9 +433,11 @@ class PerfCallback(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # Interrupted (an exception, Ctrl-C): save what is open, so the traces and the report stay valid.
         self._close_window_safely()
-        self._safely(None, self._publish_staged)
-        if trainer.is_global_zero and self.report_path is not None:
-            self._safely(None, write_json_atomically, self.report, self.report_path)
+        self._join_windows()
+        self._safely(None, self._publish_staged, wait=EXCEPTION_WAIT_SECONDS)
+        self._safely(None, self._close_exchange)
+        self._safely(None, self._end_interrupted_epochs, trainer)
+        self._safely(None, self._write_report, trainer, now=True)
 
     # ------------------------------------------------------------------ stage hooks
 
@@ -507,8 +583,10 @@ class PerfCallback(Callback):
     ) -> None:
         if stage not in self.config.stages:
             return
+        self._safely(None, self._publish_staged)  # those whose gather every rank has joined since; no blocking
         st = self._stages[stage]
         st.epoch, st.batch, st.num_batches, st.windows_this_epoch = epoch, first_batch, num_batches, 0
+        st.in_epoch = True
         self._safely(stage, self._start_measuring, stage, st, trainer)
         self._safely(stage, self._before_batch, stage, st, trainer)
         st.clock.epoch_start()
@@ -570,7 +648,12 @@ class PerfCallback(Callback):
             loss=None if loss is None else float(loss),  # the one device sync, at the logging cadence only
         )
         if self._outputs is not None:
-            self._outputs.log_scalars(metrics, self._step(stage, st, trainer))
+            self._outputs.log_scalars(
+                metrics,
+                self._step(stage, st, trainer),
+                logger_step=self._logger_step(stage, trainer, epoch_end=False),
+                epoch=trainer.current_epoch,
+            )
         rss = host_rss()
         if rss is not None:
             st.host_rss_peak = max(rss, st.host_rss_peak or 0)
@@ -578,6 +661,23 @@ class PerfCallback(Callback):
     def _step(self, stage: str, st: _StageState, trainer: pl.Trainer) -> int:
         """The stage's step axis: the trainer's global step for training, the stage's own batch count else."""
         return trainer.global_step if stage == "train" else st.total_batches
+
+    @staticmethod
+    def _logger_step(stage: str, trainer: pl.Trainer, *, epoch_end: bool) -> int | None:
+        """The run's one step axis, for the loggers that have no other (CSV, W&B, MLflow, ...): the step
+        Lightning logs its own rows at, so that the axis stays monotonic with ours among them. ``None`` for a
+        validation, test or predict batch: the whole of such a run sits at one step of that axis.
+
+        Lightning logs its rows (and ``LearningRateMonitor`` and ``DeviceStatsMonitor`` theirs) at its count of
+        batches that stepped the optimizer, a private counter read here with ``global_step`` as the fallback:
+        the same number in automatic optimization, but ``on_train_batch_end`` sees ``global_step`` already past
+        the batch whose row Lightning writes next, and a manual-optimization module's optimizers each count.
+        """
+        if stage != "train" and not epoch_end:
+            return None
+        step = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "_batches_that_stepped", trainer.global_step)
+        # Lightning logs a training epoch's end at its last batch's step: its count has moved past that batch.
+        return max(step - 1, 0) if stage == "train" and epoch_end else step
 
     def _end_window_step(self, stage: str, st: _StageState) -> None:
         window = self._window
@@ -591,7 +691,9 @@ class PerfCallback(Callback):
             return
         if self._window_stage == stage:
             self._safely(stage, self._close_window, shortened=True)
+        self._join_windows()  # the epoch's windows are written and in self.windows before anything reads them
         st = self._stages[stage]
+        st.in_epoch = False
         summary: EpochSummary | None = None
         try:
             summary = self._measure_epoch(stage, st)
@@ -601,12 +703,14 @@ class PerfCallback(Callback):
         self._safely(stage, self._publish_staged)
         if summary is not None:
             self._safely(stage, self._report_epoch, summary, st, trainer, ranks)
+            st.history.append(summary)
         first = self._plan.first_active()
         if (
             st.windows_this_epoch == 0
             and first is not None
             and st.batch <= first
             and st.windows_used < self.config.max_windows
+            and not trainer.fast_dev_run  # no windows in that mode
         ):
             self._warn_once(
                 f"short:{stage}",
@@ -615,7 +719,7 @@ class PerfCallback(Callback):
                 f" or pass `batches=[...]`.",
             )
 
-    def _measure_epoch(self, stage: str, st: _StageState) -> EpochSummary:
+    def _measure_epoch(self, stage: str, st: _StageState, *, interrupted: bool = False) -> EpochSummary:
         clock = st.clock
         rss = host_rss()
         cuda = self._cuda_peaks.read(stage, utilization=True) if self._cuda_peaks is not None else None
@@ -634,33 +738,96 @@ class PerfCallback(Callback):
             cuda_capacity=cuda.capacity if cuda else None,
             cuda_utilization=cuda.utilization if cuda else None,
         )
+        if interrupted:
+            summary = dataclasses.replace(summary, interrupted=True)
         self.epochs.append(summary)
         return summary
 
+    def _end_interrupted_epochs(self, trainer: pl.Trainer) -> None:
+        """Summarizes, diagnoses and reports the stage epochs an interruption stopped (this rank's own numbers:
+        the other ranks may not be there to gather from); a validation run inside a training epoch first."""
+        for stage in sorted(self.config.stages, key=lambda s: s == "train"):
+            st = self._stages[stage]
+            if not st.in_epoch:
+                continue
+            st.in_epoch = False
+            st.clock.drop_unfinished()
+            if st.clock.batches:
+                summary = self._measure_epoch(stage, st, interrupted=True)
+                self._report_epoch(summary, st, trainer, ())
+                st.history.append(summary)
+
+    def _open_exchange(self) -> None:
+        """Our own process group for the cross-rank summaries (at setup: every rank creates it, in order)."""
+        self._close_exchange()  # a run that ended with neither teardown nor on_exception
+        try:
+            self._exchange = RankExchange.open()
+        except Exception as err:
+            self._warn_once("exchange", f"PerfCallback: no cross-rank summaries: creating their group failed ({err}).")
+            return
+        if self._exchange is None:
+            self._info_once(
+                "exchange",
+                "PerfCallback: torch.distributed is not initialized under this strategy: no cross-rank summaries"
+                " (each rank still measures its own epochs).",
+            )
+
+    def _close_exchange(self) -> None:
+        exchange, self._exchange = self._exchange, None
+        if exchange is not None:
+            exchange.close()
+
     def _gather_ranks(self, stage: str, summary: EpochSummary | None, trainer: pl.Trainer) -> tuple[RankSummary, ...]:
-        """Every rank's epoch numbers, through the strategy's collective; ``()`` in a single process."""
-        if self._world_size <= 1:
+        """Every rank's epoch numbers, on rank zero; ``()`` on the other ranks and in a single process.
+
+        Every rank issues the gather, whatever happened to its own measurements, and goes on; rank zero alone
+        waits for it (:mod:`lightning_perf.collect.ranks` says why no callback order can deadlock it).
+        """
+        exchange = self._exchange
+        if exchange is None:
             return ()
         try:
             values = rank_values(summary, self._window_summaries(stage, summary.epoch) if summary else ())
         except Exception:  # whatever went wrong, this rank still takes part in the collective
             values = rank_values(None, [])
         try:
-            return gather_ranks(trainer, values)
+            exchange.issue(values, payload=self._staged)  # the traces staged so far, published once it is done
+            self._staged = []
+            ranks = exchange.wait(WAIT_SECONDS) if trainer.is_global_zero else ()
         except Exception as err:
             self._warn_once("gather", f"PerfCallback: gathering the ranks' epoch summaries failed ({err}).")
             return ()
+        if ranks is None:
+            self._warn_once(
+                "gather-timeout",
+                f"PerfCallback: a rank did not reach the end of the {stage} epoch within {WAIT_SECONDS:g} s of rank"
+                " zero: that epoch has no per-rank table (training goes on).",
+            )
+            return ()
+        return ranks
 
-    def _publish_staged(self) -> None:
-        """Gives this rank's traces their final names once every rank has written its own (after a gather).
+    def _publish_staged(self, wait: float | None = None) -> None:
+        """Gives this rank's traces their final names once every rank has written its own.
 
-        TensorBoard's profiler plugin loads a run directory once, when it first holds a trace: the ranks of a
-        window must appear together, or the later ones would be missed.
+        The traces staged before an epoch end's gather are written on every rank once that gather is done,
+        which this rank checks without blocking; at the end of a run (``wait``), it waits that long at most
+        for its gathers, then publishes every trace. TensorBoard's profiler plugin loads a run directory once,
+        when it first holds a trace: the ranks of a window must appear together, or the later ones would be
+        missed.
         """
-        staged, self._staged = self._staged, []
-        for written, final in staged:
-            if os.path.exists(written):
-                os.replace(written, final)
+        exchange = self._exchange
+        if exchange is None:  # a single process, or no torch.distributed: nothing to wait for
+            ready, self._staged = [self._staged], []
+        elif wait is None:
+            ready = exchange.poll()
+        else:
+            ready, _ = exchange.drain(wait)
+            ready.append(self._staged)
+            self._staged = []
+        for staged in ready:
+            for written, final in staged:
+                if os.path.exists(written):
+                    os.replace(written, final)
 
     def _report_epoch(
         self, summary: EpochSummary, st: _StageState, trainer: pl.Trainer, ranks: tuple[RankSummary, ...]
@@ -673,8 +840,13 @@ class PerfCallback(Callback):
             self._warn_once("batch_size_fn", f"PerfCallback: {self._batch_size.failed}; throughput is not measured.")
         if self._outputs is not None:
             step = self._step(stage, st, trainer)
-            self._outputs.log_scalars(epoch_metrics(summary), step)
-            if summary.batches:
+            self._outputs.log_scalars(
+                epoch_metrics(summary),
+                step,
+                logger_step=self._logger_step(stage, trainer, epoch_end=True),
+                epoch=trainer.current_epoch,
+            )
+            if summary.batches and _draws_step_split(summary.epoch, st.windows_this_epoch > 0):
                 tag = f"perf/{stage}/step_split"
                 self._outputs.add_image(tag, step_split_image(clock.data_wait, clock.compute), step)
                 self._outputs.add_text(tag + "_caption", step_split_caption(clock.data_wait, clock.compute), step)
@@ -682,11 +854,31 @@ class PerfCallback(Callback):
             if ranks:
                 self._outputs.add_text(RANKS_TAG.format(stage=stage), ranks_markdown(summary, ranks), step)
         if trainer.is_global_zero:
-            message = console_report(summary, findings, verbose=self.config.verbose, ranks=ranks)
+            fresh, unchanged = self._shown.split(stage, findings)
+            first = not st.history  # the stage's first epoch in this process shows its per-rank table
+            message = console_report(
+                summary,
+                fresh,
+                verbose=self.config.verbose,
+                ranks=ranks if fresh or first else (),
+                unchanged=unchanged,
+            )
             if message:
                 rank_zero_info(message)
-            if self.report_path is not None:
-                write_json_atomically(self.report, self.report_path)
+        self._write_report(trainer, now=not st.history)  # a stage's first epoch, at once; then on the budget
+
+    def _write_report(self, trainer: pl.Trainer, *, now: bool) -> None:
+        """Rewrites ``perf_report.json`` (rank zero): ``now``, or when its time budget allows
+        (:class:`~lightning_perf.report.json_report.ReportFile`)."""
+        path = self.report_path
+        if path is None or not trainer.is_global_zero:
+            return
+        if self._report is None or self._report.path != path:
+            self._report = ReportFile(path)
+        if now:
+            self._report.write(self.report)
+        else:
+            self._report.update(lambda: self.report)
 
     def _window_summaries(self, stage: str, epoch: int) -> tuple[TraceSummary, ...]:
         """The trace summaries of the stage epoch's windows."""
@@ -703,7 +895,7 @@ class PerfCallback(Callback):
             validation, self._validation_in_train_epoch = tuple(self._validation_in_train_epoch), []
         context = StageEpoch(
             epoch=summary,
-            history=tuple(e for e in self.epochs[:-1] if e.stage == stage),
+            history=tuple(st.history),
             windows=self._window_summaries(stage, summary.epoch),
             validation=validation,
             facts=self._facts(stage),
@@ -802,17 +994,9 @@ class PerfCallback(Callback):
         return self._window
 
     def _close_window(self, *, shortened: bool) -> None:
-        # Reading a trace back builds many small acyclic objects: the cyclic collector would run over and
-        # over while they are built, for nothing (half the time on large traces), so it waits meanwhile.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            self._close_window_collecting_later(shortened=shortened)
-        finally:
-            if collecting:
-                gc.enable()
-
-    def _close_window_collecting_later(self, *, shortened: bool) -> None:
+        """Stops the open window and has torch export its trace: all that happens on the training thread (its
+        stall is the record's ``close_seconds``). The rest, the trace file, the operator table and the record,
+        is a job for the window worker (:mod:`lightning_perf.window_close`), joined at the epoch's end."""
         window, stage = self._window, self._window_stage
         if window is None or stage is None:
             return
@@ -841,25 +1025,13 @@ class PerfCallback(Callback):
         os.makedirs(window_dir, exist_ok=True)
         trace_path = os.path.join(window_dir, layout.trace_filename(self._rank))
         if self._world_size > 1:
-            # Under a name no trace reader picks up, until every rank has written its own (_publish_staged).
+            # Under a name no trace reader picks up, until every rank has written its own (_publish_staged,
+            # after the join at the epoch's end: the job has written it by then).
             written = layout.staged_path(trace_path)
             self._staged.append((written, trace_path))
         else:
             written = trace_path
-        trace = window.save(
-            written,
-            tensorboard_compat=self.config.tensorboard_compat,
-            max_bytes=int(self.config.max_trace_mb * 2**20),
-        )
-        typed = as_trace(trace, shapes=self.config.record_shapes)  # the trace as saved, as the analyses read it
-        del trace
-        if window.cut_to is not None:
-            self._warn_once(
-                f"cut:{stage}",
-                f"PerfCallback: a {stage} window's trace was larger than max_trace_mb={self.config.max_trace_mb:g};"
-                f" it keeps its first {window.cut_to} step(s). Record fewer batches (`schedule.active`), or raise"
-                " `max_trace_mb`.",
-            )
+        export_path = window.export()
         record = WindowRecord(
             stage=stage,
             epoch=self._window_epoch,
@@ -872,16 +1044,35 @@ class PerfCallback(Callback):
             shortened=shortened,
             cuda_max_allocated=cuda.max_allocated if cuda else None,
             cuda_max_reserved=cuda.max_reserved if cuda else None,
-            operators=operator_stats(typed, group_by_input_shape=self.config.record_shapes),
-            summary=summarize_trace(typed, window=os.path.basename(window_dir)),
+            close_seconds=time.perf_counter() - start,
         )
-        sort_by = self.config.sort_by or default_sort_key(record.device)
-        table = operator_table(record, top_operators(record.operators, sort_by=sort_by, row_limit=self.config.row_limit), sort_by=sort_by)
-        with open(os.path.join(window_dir, layout.operators_filename(self._rank)), "w", encoding="utf-8") as f:
-            f.write(table)
-        if self._outputs is not None:
-            self._outputs.add_text(OPERATORS_TAG.format(stage=stage), table, record.step)
-        self.windows.append(dataclasses.replace(record, close_seconds=time.perf_counter() - start))
+        closed = ClosedWindow(
+            record=record,
+            export_path=export_path,
+            written_path=written,
+            operators_path=os.path.join(window_dir, layout.operators_filename(self._rank)),
+            ran=frozenset(window.ran),
+        )
+        self._worker.submit(self._process_window, closed)
+
+    def _process_window(self, closed: ClosedWindow) -> None:
+        """The window worker's job, on its thread: the window's trace, operator table and record, then the
+        record in :attr:`windows` (jobs run one at a time, in order, so the windows stay in order)."""
+        processed = process_window(closed, self.config, self._outputs)
+        if processed.cut_to is not None:
+            self._warn_once(
+                f"cut:{closed.record.stage}",
+                f"PerfCallback: a {closed.record.stage} window's trace was larger than"
+                f" max_trace_mb={self.config.max_trace_mb:g}; it keeps its first {processed.cut_to} step(s)."
+                " Record fewer batches (`schedule.active`), or raise `max_trace_mb`.",
+            )
+        self.windows.append(processed.record)
+
+    def _join_windows(self) -> None:
+        """Waits until the closed windows are written and in :attr:`windows`; a window the worker failed to write
+        goes to the error policy (:meth:`_fail`) here, on the training thread: warned once, or re-raised when
+        ``strict``."""
+        self._worker.join(on_error=lambda err: self._fail(None, err))
 
     def _close_window_safely(self) -> None:
         self._safely(self._window_stage, self._close_window, shortened=True)

@@ -32,8 +32,9 @@ from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnose.rules import percent, share
 from lightning_perf.readers import InputError, load_kineto, load_report
-from lightning_perf.records import EpochSummary, OperatorStat, RankSummary, TraceSummary, from_values
+from lightning_perf.records import OperatorStat, RankSummary, TraceSummary
 from lightning_perf.report.findings import CLEAN, console_report, ranks_table
+from lightning_perf.report.json_report import report_epochs
 from lightning_perf.report.markdown import format_duration
 from lightning_perf.summarize.ranks import rank_work_times
 from lightning_perf.summarize.events import KinetoTrace
@@ -110,20 +111,6 @@ def trace_rank(path: str, trace: KinetoTrace | Mapping[str, Any]) -> int:
     return int(match.group(1)) if match else 0
 
 
-# ------------------------------------------------------------------ records from a report
-
-
-def _epochs(report: dict[str, Any]) -> list[tuple[EpochSummary, list[Finding], list[RankSummary]]]:
-    out = []
-    for stage in report.get("stages", {}).values():
-        for entry in stage.get("epochs", []):
-            summary = from_values(EpochSummary, entry)  # (checked by load_report)
-            findings = [from_values(Finding, f) for f in entry.get("findings", [])]
-            ranks = [from_values(RankSummary, r) for r in entry.get("ranks", [])]
-            out.append((summary, findings, ranks))
-    return out
-
-
 # ------------------------------------------------------------------ report
 
 
@@ -140,7 +127,7 @@ def command_report(args: argparse.Namespace) -> int:
             f"  {run.get('device', '?')} {run.get('device_name') or ''}, world size {run.get('world_size', 1)},"
             f" precision {run.get('precision')}, torch {run.get('torch')}, lightning {run.get('lightning')}"
         )
-        for summary, findings, ranks in _epochs(report):
+        for summary, findings, ranks in report_epochs(report):
             print(console_report(summary, findings, verbose=args.verbose, ranks=ranks))
         windows = report.get("windows", [])
         if windows:
@@ -294,7 +281,7 @@ def _side_of_run(path: str) -> _Side:
         shown = ", ".join(os.path.relpath(r, path) for r in reports[:3]) + (", ..." if len(reports) > 3 else "")
         raise UsageError(f"{path}: holds {len(reports)} reports ({shown}); compare one run: pass its directory")
     report = load_report(reports[0])
-    train = [(s, f) for s, f, _ in _epochs(report) if s.stage == "train" and s.batches]
+    train = [(s, f) for s, f, _ in report_epochs(report) if s.stage == "train" and s.batches]
     if not train:
         raise UsageError(f"{path}: its report has no measured training epoch")
     last, findings = train[-1]  # the last epoch: past start-up effects

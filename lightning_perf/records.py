@@ -9,6 +9,7 @@ strings only, so every layer after ``collect`` can be tested without torch or a 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -48,7 +49,8 @@ class WindowRecord:
         step: The TensorBoard step its operator table is logged at (see README, "Output").
         device: ``"cuda"`` when device activity was profiled, else ``"cpu"``.
         shortened: The stage's epoch ended before the window recorded all its planned batches.
-        close_seconds: Time the training thread spent closing the window (trace export, tables).
+        close_seconds: The training thread's stall when the window closed: stopping the profiler and torch's
+            trace export. Writing the trace file, the tables and this record happen on a background thread.
         cuda_max_allocated, cuda_max_reserved: Peaks of the CUDA caching allocator while the window
             recorded, in bytes (``None`` without CUDA).
         operators: The window's operators, in no particular order.
@@ -101,6 +103,7 @@ class EpochSummary:
         cuda_max_allocated, cuda_max_reserved: Peaks of the CUDA caching allocator during the epoch.
         cuda_capacity: The device's total memory.
         cuda_utilization: ``torch.cuda.utilization()`` at the epoch's end, in %, where NVML is available.
+        interrupted: The epoch did not end: an exception or Ctrl-C stopped it; what it had run is summarized.
     """
 
     stage: str
@@ -122,6 +125,7 @@ class EpochSummary:
     cuda_max_reserved: int | None = None
     cuda_capacity: int | None = None
     cuda_utilization: int | None = None
+    interrupted: bool = False
 
     @property
     def measured_batches(self) -> int:
@@ -227,6 +231,17 @@ class RankSummary:
 
 
 _Record = TypeVar("_Record")
+
+
+def plain(record: Any) -> dict[str, Any]:
+    """A flat record's fields as a dict: what ``dataclasses.asdict`` gives for the records here whose fields are
+    numbers and strings (every one but :class:`WindowRecord`), ten times faster (no deep copy)."""
+    return {name: getattr(record, name) for name in _field_names(type(record))}
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def from_values(cls: type[_Record], values: Mapping[str, Any]) -> _Record:

@@ -1,11 +1,16 @@
 """A real two-process run for tests/test_distributed.py: ``python ddp_script.py ROOT STRATEGY SCENARIO``.
 
 Scenarios: ``plain``; ``straggler`` (rank 1 sleeps 20 ms every step); ``communication`` (large parameters,
-tiny compute: the gradient all-reduce dominates); ``raises`` (rank 1 raises in its third step). Prints one
-``RESULT {...}`` JSON line per rank.
+tiny compute: the gradient all-reduce dominates); ``raises`` (rank 1 raises in its third step);
+``raises_late`` (rank 1 raises at its first epoch end, after PerfCallback's hook, while rank zero waits in the
+reduction its progress bar started); ``orders`` (a metric logged with ``sync_dist=True, prog_bar=True``, and a
+progress bar, a checkpoint and early stopping before and after PerfCallback: one fit per order, in one
+launch; then the first order's callback fits again); ``exchange`` (no Trainer: ``RankExchange`` itself, on
+two processes it spawns). Prints one ``RESULT {...}`` JSON line per rank (and per fit in ``orders``).
 """
 
 import json
+import socket
 import sys
 import time
 from pathlib import Path
@@ -14,6 +19,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar, TQDMProgressBar  # noqa: E402
 
 from lightning_perf import PerfCallback  # noqa: E402
 from models import TinyModel, trainer  # noqa: E402
@@ -37,9 +44,146 @@ class Scenario(TinyModel):
         return loss
 
 
+class SyncedMetric(TinyModel):
+    """Logs an epoch metric synced across ranks and shown in the progress bar, in training and validation:
+    Lightning reduces it across the ranks when it is first read, which the progress bar does on rank zero
+    only, at the epoch end, before or after PerfCallback's hook by the order of the callbacks."""
+
+    def __init__(self) -> None:
+        super().__init__(n=48, batch_size=4)
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("m", loss, sync_dist=True, prog_bar=True, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        loss = super().validation_step(batch, batch_idx)
+        self.log("val_m", loss, sync_dist=True, prog_bar=True, on_epoch=True)
+        return loss
+
+
+class RaisesLate(SyncedMetric):
+    def on_train_epoch_end(self) -> None:
+        if self.global_rank == 1:
+            raise RuntimeError("rank 1 failed")
+
+
+ORDERS = {
+    "tqdm_first": lambda perf: [TQDMProgressBar(), perf],
+    "tqdm_last": lambda perf: [perf, TQDMProgressBar()],
+    "rich_first": lambda perf: [RichProgressBar(), perf],
+    "rich_last": lambda perf: [perf, RichProgressBar()],
+}
+
+
+def _orders(root: str, strategy: str) -> None:
+    """One fit per callback order, then a second fit with the first order's callback."""
+    refit = None
+    for name, order in ORDERS.items():
+        perf = PerfCallback(schedule={"skip_first": 1, "warmup": 1, "active": 1}, stages=["train", "validate"])
+        refit = refit or perf
+        callbacks = [
+            ModelCheckpoint(monitor="val_m"),
+            *order(perf),
+            EarlyStopping(monitor="val_m", patience=5),
+        ]
+        _fit(f"{root}/{name}", strategy, callbacks, perf, name, SyncedMetric())
+    _fit(f"{root}/refit", strategy, [TQDMProgressBar(), refit], refit, "refit", SyncedMetric())
+
+
+def _fit(root, strategy, callbacks, perf, name, model) -> None:
+    t = trainer(
+        root,
+        callbacks,
+        strategy=strategy,
+        devices=2,
+        max_epochs=2,
+        limit_train_batches=4,
+        limit_val_batches=3,
+        enable_progress_bar=True,
+        enable_checkpointing=True,
+    )
+    t.fit(model)
+    result = {
+        "rank": t.global_rank,
+        "order": name,
+        "windows": [w.trace_path for w in perf.windows],
+        "dirpath": perf.dirpath,
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _exchange_rank(rank: int, port: int) -> None:
+    """RankExchange on its own, on each of two processes (see test_distributed's test of it)."""
+    import torch.distributed as dist
+
+    from lightning_perf.collect.ranks import FIELDS, RankExchange
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    values, result, polled = [rank + 0.5] * len(FIELDS), {"rank": rank}, []
+    exchange = RankExchange.open()
+    # 1. Rank zero first enters a collective alone (a progress bar's reduction): rank 1 issues its gather,
+    #    is not held in it, and joins that collective; then rank zero's gather ends.
+    if rank == 0:
+        dist.all_reduce(torch.ones(1))
+        exchange.issue(values, payload="epoch0")
+        result["rows"] = [[r.rank, r.step_time_p50] for r in exchange.wait(60)]
+    else:
+        exchange.issue(values, payload="epoch0")
+        result["issued_without_waiting"] = True
+        dist.all_reduce(torch.ones(1))
+    # 2. Rank 1 comes late: rank zero's wait gives up, and poll sees the gather end later on either rank.
+    if rank == 0:
+        exchange.issue(values, payload="epoch1")
+        result["late"] = exchange.wait(0.2)
+        dist.barrier()
+    else:
+        dist.barrier()
+        exchange.issue(values, payload="epoch1")
+    deadline = time.monotonic() + 60
+    while "epoch1" not in polled and time.monotonic() < deadline:
+        polled += exchange.poll()
+        time.sleep(0.01)
+    result["polled"] = polled
+    result["drained"] = exchange.drain(10)
+    exchange.close()
+    # 3. A second exchange (a second fit); rank 1 leaves a gather in flight that rank zero never joins: its
+    #    drain gives up and hands it back all the same, and its close does not block on it.
+    exchange = RankExchange.open()
+    exchange.issue(values, payload="again")
+    if rank == 0:
+        result["again"] = [r.rank for r in exchange.wait(60)]
+    else:
+        exchange.issue(values, payload="never")
+    dist.barrier()
+    result["last_drain"] = exchange.drain(0.2)
+    if rank == 1:
+        exchange.close()
+    dist.barrier()
+    if rank == 0:
+        exchange.close()  # after rank 1's: rank zero's group stays up meanwhile, so rank 1's gather stays in flight
+    dist.destroy_process_group()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _exchange() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_exchange_rank, args=(port,), nprocs=2)
+
+
 def main() -> None:
     root, strategy, scenario = sys.argv[1:4]
     torch.set_num_threads(1)
+    if scenario == "exchange":
+        return _exchange()
+    if scenario == "orders":
+        return _orders(root, strategy)
+    if scenario == "raises_late":
+        perf = PerfCallback(schedule={"skip_first": 1, "warmup": 1, "active": 1}, stages=["train"])
+        return _fit(root, strategy, [TQDMProgressBar(), perf], perf, scenario, RaisesLate())
     callback = PerfCallback(schedule={"skip_first": 2, "warmup": 1, "active": 2}, stages=["train"])
     t = trainer(root, [callback], strategy=strategy, devices=2, max_epochs=2, log_every_n_steps=4)
     t.fit(Scenario(scenario))

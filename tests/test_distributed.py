@@ -3,6 +3,8 @@
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,15 +24,36 @@ pytestmark = pytest.mark.slow
 
 
 def _run(tmp_path, strategy: str, scenario: str, timeout: float = 180):
+    """The script's run and its ``RESULT`` lines, by rank; a run past ``timeout`` fails the test.
+
+    The script runs in a session of its own, killed as a whole on timeout: Lightning's rank 1 is a child of
+    rank 0, and a rank that hangs in a collective ignores SIGTERM.
+    """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run(
+    with subprocess.Popen(
         [sys.executable, str(SCRIPT), str(tmp_path), strategy, scenario],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,  # a hang fails the test instead of the suite
         env=env,
-    )
-    results = [json.loads(line[len("RESULT ") :]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        start_new_session=True,
+    ) as popen:
+        try:
+            stdout, stderr = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(popen.pid, signal.SIGKILL)  # every rank: the script's session is its process group
+            stdout, stderr = popen.communicate()
+            pytest.fail(f"{scenario} under {strategy} still ran after {timeout:g} s (a hang?):\n{stderr[-3000:]}")
+        finally:
+            try:
+                os.killpg(popen.pid, signal.SIGKILL)  # a rank left behind by a rank zero that exited
+            except ProcessLookupError:
+                pass
+    proc = subprocess.CompletedProcess(popen.args, popen.returncode, stdout, stderr)
+    # Wherever a line starts: the ranks share the pipe, and one's progress bar or profiler may have left a
+    # line unfinished when another prints.
+    decode = json.JSONDecoder().raw_decode
+    results = [decode(stdout, found.end())[0] for found in re.finditer("RESULT ", stdout)]
     return proc, sorted(results, key=lambda r: r["rank"])
 
 
@@ -111,7 +134,58 @@ def test_ddp_spawn_writes_every_rank_and_the_report(tmp_path):
     assert [r["rank"] for r in _report(tmp_path)["stages"]["train"]["epochs"][0]["ranks"]] == [0, 1]
 
 
-def test_a_rank_that_raises_does_not_leave_the_others_waiting(tmp_path):
-    proc, _ = _run(tmp_path, "ddp", "raises", timeout=120)
+@pytest.mark.parametrize("scenario", ["raises", "raises_late"])
+def test_a_rank_that_raises_does_not_leave_the_others_waiting(tmp_path, scenario):
+    # raises_late: rank 1 stops with its gather in flight, which rank zero, waiting for rank 1 in another
+    # collective, never joins; rank 1's exit must not wait for it.
+    proc, _ = _run(tmp_path, "ddp", scenario, timeout=120)
     assert proc.returncode != 0
     assert "rank 1 failed" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def orders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ddp_orders")
+    proc, results = _run(root, "ddp", "orders", timeout=120)  # 15-20 s on 2 CPU cores
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root, proc, results
+
+
+def test_no_callback_order_deadlocks_a_metric_synced_for_the_progress_bar(orders):
+    # A progress bar before PerfCallback reduced the synced metric on rank zero alone while rank 1 waited in
+    # our gather: the run hung at the end of the first epoch (now _run fails it after its timeout).
+    root, _, results = orders
+    names = ["tqdm_first", "tqdm_last", "rich_first", "rich_last", "refit"]
+    assert sorted((r["order"], r["rank"]) for r in results) == sorted((n, rank) for n in names for rank in (0, 1))
+    for name in names:  # the refit's report holds its callback's first fit too: 4 epochs
+        report = json.loads(next((root / name).rglob("perf_report.json")).read_text())
+        for stage in ("train", "validate"):
+            epochs = report["stages"][stage]["epochs"]
+            assert [[r["rank"] for r in e["ranks"]] for e in epochs] == [[0, 1]] * (4 if name == "refit" else 2)
+    assert not list(root.rglob(f"*{layout.STAGED_MARK}*"))  # every rank's traces published, in every fit
+    by_window = {}
+    for trace in root.rglob("*.pt.trace.json.gz"):
+        by_window.setdefault(trace.parent, []).append(trace.name)
+    assert len(by_window) == 5 * 4  # train and validate windows, 2 epochs, 5 fits
+    assert all(sorted(traces) == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"] for traces in by_window.values())
+
+
+def test_the_cross_rank_summary_uses_no_deprecated_collective(plain):
+    # The strategy's all_gather went through torch.distributed.nn.functional.all_gather, which torch deprecates.
+    _, proc, _ = plain
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert [line for line in lines if "all_gather" in line and "deprecated" in line] == []
+
+
+def test_the_rank_exchange_holds_no_rank_but_rank_zero_and_sees_late_gathers_end(tmp_path):
+    proc, results = _run(tmp_path, "none", "exchange", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    zero, one = results
+    assert zero["rows"] == [[0, 0.5], [1, 1.5]]  # every rank's values, by rank
+    assert one["issued_without_waiting"]  # else rank zero, alone in its first collective, would wait for ever
+    assert zero["late"] is None  # rank 1 not there within the wait: no rows, and rank zero goes on
+    assert zero["polled"] == one["polled"] == ["epoch0", "epoch1"]
+    assert zero["drained"] == one["drained"] == [[], 0]
+    assert zero["again"] == [0, 1]  # a second exchange in the same processes
+    assert zero["last_drain"] == [["again"], 0]
+    assert one["last_drain"] == [["again", "never"], 1]  # handed back all the same; one still in flight

@@ -3,12 +3,15 @@ report keeps its history; two PerfCallbacks keep separate state."""
 
 import dataclasses
 import json
+import os
 
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_perf import PerfCallback
+from lightning_perf.callback import HISTORY_EPOCHS
 from lightning_perf.records import RankSummary
+from lightning_perf.report.json_report import write_json_atomically
 from models import TinyModel, trainer
 
 SCHEDULE = {"skip_first": 1, "warmup": 1, "active": 2}  # records batches 2-3 of each 8-batch epoch
@@ -75,7 +78,8 @@ def test_load_state_dict_tolerates_unknown_and_missing_keys():
 
 
 def test_the_per_rank_tables_survive_a_checkpoint(tmp_path):
-    # A distributed run's cross-rank table of each epoch is part of the report's history: a resumed run keeps it.
+    # A distributed run's cross-rank table of each epoch is part of the report's history: a resumed run takes it
+    # back from the report the checkpoint names.
     first = _perf()
     trainer(tmp_path / "a", [first], max_epochs=1).fit(TinyModel(n=16))
     rows = tuple(
@@ -84,9 +88,54 @@ def test_the_per_rank_tables_survive_a_checkpoint(tmp_path):
                     communication_share=0.2)
         for r in (0, 1)
     )  # fmt: skip
-    first._ranks[("train", 0)] = rows  # what the epoch's gather gives a 2-process run
+    first._ranks[("train", 0)] = rows  # what the epoch's gather gives a 2-process run, and its report keeps
+    write_json_atomically(first.report, first.report_path)
     state = json.loads(json.dumps(first.state_dict()))  # plain values, as a checkpoint keeps them
     resumed = _perf()
     resumed.load_state_dict(state)
     [epoch] = resumed.report["stages"]["train"]["epochs"]
     assert epoch["ranks"] == [dataclasses.asdict(r) for r in rows]
+
+
+def _short_epochs(tmp_path, epochs: int) -> PerfCallback:
+    callback = PerfCallback(batches=[100_000], stages=["train"])
+    trainer(tmp_path, [callback], max_epochs=epochs, limit_val_batches=0).fit(TinyModel(n=8, batch_size=4))
+    return callback
+
+
+def test_checkpoint_state_is_bounded_however_long_the_run(tmp_path):
+    short, long = _short_epochs(tmp_path / "short", 3), _short_epochs(tmp_path / "long", HISTORY_EPOCHS + 8)
+    state = json.loads(json.dumps(long.state_dict()))
+    assert len(long.epochs) == HISTORY_EPOCHS + 8
+    assert [e["epoch"] for e in state["stages"]["train"]["history"]] == list(range(8, HISTORY_EPOCHS + 8))
+    assert not {"epochs", "findings", "ranks"} & set(state)  # the report keeps those, not the checkpoint
+    assert state["report_path"] == long.report_path
+    # One more epoch than the bound adds nothing: the state grows with the history's bound, not the run.
+    assert len(json.dumps(state)) < 1.2 * len(json.dumps(_short_epochs(tmp_path / "b", HISTORY_EPOCHS).state_dict()))
+    assert len(json.dumps(short.state_dict())) < len(json.dumps(state))
+
+
+def test_resuming_takes_the_earlier_epochs_from_the_report_or_else_the_recent_history(tmp_path):
+    run = _short_epochs(tmp_path, HISTORY_EPOCHS + 2)
+    state = json.loads(json.dumps(run.state_dict()))
+    resumed = PerfCallback(batches=[100_000], stages=["train"])
+    resumed.load_state_dict(state)
+    assert [e.epoch for e in resumed.epochs] == list(range(HISTORY_EPOCHS + 2))  # from the report on disk
+    assert [e.epoch for e in resumed._stages["train"].history] == list(range(2, HISTORY_EPOCHS + 2))
+
+    os.remove(run.report_path)  # e.g. the checkpoint was copied to another machine
+    elsewhere = PerfCallback(batches=[100_000], stages=["train"])
+    elsewhere.load_state_dict(state)
+    assert [e.epoch for e in elsewhere.epochs] == list(range(2, HISTORY_EPOCHS + 2))
+
+
+def test_a_version_1_checkpoint_still_restores_its_whole_history():
+    epoch = {"stage": "train", "epoch": 0, "batches": 2, "samples": 8, "step_time": 0.1, "data_wait": 0.01,
+             "step_time_p50": 0.05, "step_time_p90": 0.05, "step_time_max": 0.05, "data_wait_fraction": 0.1,
+             "throughput": 80.0}  # fmt: skip
+    finding = {"id": "x", "severity": "warning", "title": "t", "evidence": "e", "advice": "a", "stage": "train",
+               "epoch": 0}  # fmt: skip
+    callback = PerfCallback()
+    callback.load_state_dict({"version": 1, "stages": {"train": {"epoch": 0}}, "epochs": [epoch], "findings": [finding]})
+    assert [e.epoch for e in callback.epochs] == [0] and [f.id for f in callback.findings_for("train")] == ["x"]
+    assert len(callback._stages["train"].history) == 1

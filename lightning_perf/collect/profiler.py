@@ -3,8 +3,10 @@ Profiler windows
 ================
 
 The only code that touches :mod:`torch.profiler`. A :class:`ProfilerWindow` is one short profiler
-session: created when a window's warm-up starts, discarded once its trace is written. Between windows
-nothing of the profiler exists, so the training loop runs exactly as it would without us.
+session: created when a window's warm-up starts, discarded once torch has exported its trace. Between
+windows nothing of the profiler exists, so the training loop runs exactly as it would without us.
+:func:`finish_trace` turns that export into the window's trace file, off the training thread (see
+:mod:`lightning_perf.window_close`).
 
 Step spans: ``torch.profiler.profile.step()`` would mark steps, but it marks every step of the session's
 life, including warm-up, and it cannot leave out a validation run that Lightning starts in the middle of a
@@ -19,8 +21,10 @@ import enum
 import json
 import os
 import tempfile
+from collections.abc import Collection
 from typing import Any
 
+import msgspec
 import torch
 from torch.profiler import ProfilerActivity, record_function
 
@@ -82,7 +86,6 @@ class ProfilerWindow:
         self._span: Any = None
         self._span_batch: int | None = None
         self.ran: set[int] = set()  # batches that really ran while the window recorded
-        self.cut_to: int | None = None  # steps kept when the trace was cut to its size limit
 
     @property
     def recorded(self) -> list[int]:
@@ -142,7 +145,7 @@ class ProfilerWindow:
             self.begin_step(self._span_batch)
 
     def stop(self) -> None:
-        """Ends the session; the trace can then be written with :meth:`save`."""
+        """Ends the session; the trace can then be exported with :meth:`export`."""
         self._expect(WindowState.WARMING_UP, WindowState.RECORDING, WindowState.PAUSED)
         if self.state is WindowState.PAUSED:
             self._profiler.toggle_collection_dynamic(True, _ALL_ACTIVITIES)
@@ -153,28 +156,25 @@ class ProfilerWindow:
         self._profiler.stop_trace()
         self.state = WindowState.STOPPED
 
-    def save(self, path: str, *, tensorboard_compat: bool, max_bytes: int | None = None) -> dict[str, Any]:
-        """Writes the trace of a stopped window to ``path``, atomically, gzipped if ``path`` ends in ``.gz``;
-        returns it. A trace whose JSON export is over ``max_bytes`` keeps its first
-        steps that fit (:attr:`cut_to` says how many)."""
+    def export(self) -> str:
+        """Exports the trace of a stopped window with torch's own exporter, to a new temporary file outside
+        the window directory (where a leftover would look like one more trace to the tools that read it);
+        returns its path. The caller removes it (:func:`finish_trace` does).
+
+        This part of a window's close stays on the training thread: torch's C++ exporter holds the GIL
+        throughout (measured with torch 2.13), so a background thread would gain little, and this way it is
+        done before the next window's profiler session starts (torch does not say whether exporting one
+        session while another records is safe).
+        """
         self._expect(WindowState.STOPPED)
-        # torch's own export, to a temporary file outside the window directory (where a leftover would look
-        # like one more trace to the tools that read it).
         fd, raw = tempfile.mkstemp(prefix="lightning_perf-", suffix=".json")
         os.close(fd)
         try:
             self._profiler.export_chrome_trace(raw)
-            size = os.path.getsize(raw)
-            trace = traces.read_trace(raw)
-        finally:
+        except BaseException:
             os.remove(raw)
-        traces.keep_steps(trace, self.ran)
-        if max_bytes is not None and size > max_bytes:
-            self.cut_to = traces.cut_to_fraction(trace, max_bytes / size)
-        if tensorboard_compat:
-            traces.tensorboard_compatible(trace)
-        traces.write_trace(trace, path)
-        return trace
+            raise
+        return raw
 
     def _close_span(self) -> None:
         if self._span is not None:
@@ -183,3 +183,38 @@ class ProfilerWindow:
             self._span_batch = None
 
 
+def finish_trace(
+    export_path: str,
+    path: str,
+    *,
+    steps: Collection[int],
+    tensorboard_compat: bool,
+    max_bytes: int | None = None,
+) -> tuple[dict[str, Any], int | None]:
+    """Turns torch's export of a window (:meth:`ProfilerWindow.export`) into the window's trace: keeps the
+    ``ProfilerStep#N`` spans of ``steps`` only, cuts a trace whose export is over ``max_bytes`` to its first
+    steps that fit, rewrites it for TensorBoard (``tensorboard_compat``), and writes it to ``path``
+    atomically, gzipped if ``path`` ends in ``.gz``. Removes ``export_path``, whatever happens.
+
+    Returns:
+        The trace as written, and how many steps it keeps when it was cut (``None`` when it was not).
+    """
+    try:
+        with open(export_path, "rb") as f:
+            data = f.read()
+    finally:
+        os.remove(export_path)
+    size = len(data)
+    try:
+        trace = msgspec.json.decode(data)  # the same dicts as json.loads, a few times faster
+    except msgspec.MsgspecError:  # what only Python's reader takes (NaN, Infinity, a number out of range)
+        trace = json.loads(data)
+    del data
+    traces.keep_steps(trace, steps)
+    cut_to = None
+    if max_bytes is not None and size > max_bytes:
+        cut_to = traces.cut_to_fraction(trace, max_bytes / size)
+    if tensorboard_compat:
+        traces.tensorboard_compatible(trace)
+    traces.write_trace(trace, path)
+    return trace, cut_to

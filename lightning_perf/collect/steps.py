@@ -100,6 +100,12 @@ class StepClock:
         self._loss_count += len(self.losses)
         self.losses = []
 
+    def drop_unfinished(self) -> None:
+        """Forgets a batch that started and never ended (an interruption inside it): an epoch's summary is
+        over whole batches."""
+        n = len(self.compute)
+        del self.data_wait[n:], self.batch_sizes[n:], self.profiled[n:]
+
     @property
     def batches(self) -> int:
         return len(self.compute)

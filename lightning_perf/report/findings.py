@@ -8,6 +8,7 @@ what is a finding, and how bad, the rules decide.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import Finding
@@ -16,6 +17,56 @@ from lightning_perf.records import EpochSummary, RankSummary
 
 CLEAN = "no bottleneck found"
 _SHOWN = {0: (), 1: ("warning", "critical"), 2: ("info", "warning", "critical")}
+
+# A finding the console showed is shown again at a later epoch only when it changed: its severity, or one of
+# the numbers in its title by at least this share of the larger value (data wait 29% -> 37% is a change,
+# 29% -> 31% is not: epoch-to-epoch noise of a steady run). The report and TensorBoard keep every epoch's
+# findings either way.
+MATERIAL_CHANGE = 0.2
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def _title_numbers(title: str) -> list[float]:
+    return [float(n.replace(",", "")) for n in _NUMBER.findall(title)]
+
+
+def changed(before: Finding, now: Finding) -> bool:
+    """Whether ``now`` says something ``before`` (the same rule's finding at an earlier epoch) did not."""
+    if before.severity != now.severity:
+        return True
+    old, new = _title_numbers(before.title), _title_numbers(now.title)
+    return len(old) != len(new) or any(abs(a - b) > MATERIAL_CHANGE * max(abs(a), abs(b)) for a, b in zip(old, new))
+
+
+class ShownFindings:
+    """What the console last showed of each stage's findings, so that a finding that persists unchanged is
+    printed once, and again only when it :func:`changed` (or went away and came back).
+
+    Example::
+
+        shown = ShownFindings()
+        fresh, unchanged = shown.split("train", findings)  # print ``fresh`` in full, name ``unchanged``
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], Finding] = {}
+
+    def split(self, stage: str, findings: Sequence[Finding]) -> tuple[list[Finding], list[Finding]]:
+        """``(new or changed, unchanged)`` among a stage epoch's ``findings``, in their order; from now on they
+        are what the stage has shown, and a rule of the stage that found nothing this time is forgotten."""
+        fresh: list[Finding] = []
+        unchanged: list[Finding] = []
+        kept: dict[tuple[str, str], Finding] = {}
+        for f in findings:
+            before = self._last.get((stage, f.id))
+            if before is None or changed(before, f):
+                fresh.append(f)
+                kept[(stage, f.id)] = f
+            else:  # compared with what was shown, so that a slow drift still shows once it adds up
+                unchanged.append(f)
+                kept[(stage, f.id)] = before
+        self._last = {key: f for key, f in self._last.items() if key[0] != stage} | kept
+        return fresh, unchanged
 
 
 def headline(summary: EpochSummary) -> str:
@@ -33,21 +84,34 @@ def headline(summary: EpochSummary) -> str:
 
 
 def console_report(
-    summary: EpochSummary, findings: Sequence[Finding], *, verbose: int, ranks: Sequence[RankSummary] = ()
+    summary: EpochSummary,
+    findings: Sequence[Finding],
+    *,
+    verbose: int,
+    ranks: Sequence[RankSummary] = (),
+    unchanged: Sequence[Finding] = (),
 ) -> str | None:
     """What the console shows at an epoch's end: ``None`` at ``verbose=0``.
 
     ``verbose=1``: the headline, the per-rank table of a distributed run and, per warning or critical
     finding, its title, window and advice; a clean single-process epoch is one line. ``verbose=2``: info
-    findings too, and each finding's evidence.
+    findings too, and each finding's evidence. ``unchanged`` findings (shown at an earlier epoch, see
+    :class:`ShownFindings`) are only named on the headline.
     """
     if verbose <= 0:
         return None
-    shown = [f for f in findings if f.severity in _SHOWN[min(verbose, 2)]]
-    head = f"lightning-perf | {summary.stage} epoch {summary.epoch} | {headline(summary)}"
+    severities = _SHOWN[min(verbose, 2)]
+    shown = [f for f in findings if f.severity in severities]
+    still = [f.id for f in unchanged if f.severity in severities]
+    head = f"lightning-perf | {summary.stage} epoch {summary.epoch}{' (interrupted)' if summary.interrupted else ''}"
+    head += f" | {headline(summary)}"
+    if still:
+        head += f" | unchanged: {', '.join(still)}"
+    elif not shown:
+        head += f" | {CLEAN}"
     if not shown and not ranks:
-        return f"{head} | {CLEAN}"
-    lines = [head if shown else f"{head} | {CLEAN}"]
+        return head
+    lines = [head]
     lines += ["  " + line for line in ranks_table(ranks)]
     width = max((len(f.id) for f in shown), default=0)
     for f in shown:

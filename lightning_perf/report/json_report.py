@@ -2,8 +2,9 @@
 perf_report.json
 ================
 
-The run's report as one JSON document, rewritten atomically at every epoch end, so that it is valid
-whenever it is read, even after an interrupted run. Its schema (``version`` 1):
+The run's report as one JSON document, rewritten atomically (so that it is valid whenever it is read, even
+after an interrupted run) by a :class:`ReportFile`: at epoch ends within a time budget, and always at the
+end of each ``fit``/``validate``/``test``/``predict`` and on an interruption. Its schema (``version`` 1):
 
 .. code-block:: text
 
@@ -24,15 +25,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.layout import write_atomically
-from lightning_perf.records import EpochSummary, RankSummary, WindowRecord
+from lightning_perf.records import EpochSummary, RankSummary, WindowRecord, from_values, plain
 
 SCHEMA_VERSION = 1
 REPORT_FILENAME = "perf_report.json"
+
+# The report holds every epoch, so one rewrite costs more the longer the run (a 1,000-epoch run's report is
+# about 1.4 MB: tens of ms to build and write). Between epoch ends it is rewritten only once the time since
+# the last rewrite is at least 1/REWRITE_TIME_SHARE times what that rewrite cost: at most 1% of the run's
+# wall time, however long the run, and at every epoch end while the report is small (a 10 ms rewrite: once
+# a second at most).
+REWRITE_TIME_SHARE = 0.01
 
 
 def report_dict(
@@ -49,9 +58,9 @@ def report_dict(
     findings, ranks = findings or {}, ranks or {}
     stages: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for summary in epochs:
-        entry = dataclasses.asdict(summary)
-        entry["findings"] = [dataclasses.asdict(f) for f in findings.get((summary.stage, summary.epoch), ())]
-        entry["ranks"] = [dataclasses.asdict(r) for r in ranks.get((summary.stage, summary.epoch), ())]
+        entry = plain(summary)
+        entry["findings"] = [plain(f) for f in findings.get((summary.stage, summary.epoch), ())]
+        entry["ranks"] = [plain(r) for r in ranks.get((summary.stage, summary.epoch), ())]
         stages.setdefault(summary.stage, {"epochs": []})["epochs"].append(entry)
     return {
         "version": SCHEMA_VERSION,
@@ -62,13 +71,65 @@ def report_dict(
     }
 
 
+def report_epochs(report: Mapping[str, Any]) -> list[tuple[EpochSummary, list[Finding], list[RankSummary]]]:
+    """The epochs of a report (as :func:`report_dict` writes it, checked by ``readers.load_report``), each with
+    its findings and per-rank table: the inverse of :func:`report_dict`'s ``stages``."""
+    return [
+        (
+            from_values(EpochSummary, entry),
+            [from_values(Finding, f) for f in entry.get("findings", [])],
+            [from_values(RankSummary, r) for r in entry.get("ranks", [])],
+        )
+        for stage in report.get("stages", {}).values()
+        for entry in stage.get("epochs", [])
+    ]
+
+
 def window_dict(window: WindowRecord, *, with_summary: bool = True) -> dict[str, Any]:
     """A window as plain data: without its operators (they are in the ``*.operators.md`` file beside the
     trace), and with its trace summary unless ``with_summary`` is false."""
     entry = {f.name: getattr(window, f.name) for f in dataclasses.fields(window) if f.name not in ("operators", "summary")}
     if with_summary:
-        entry["summary"] = None if window.summary is None else dataclasses.asdict(window.summary)
+        entry["summary"] = None if window.summary is None else plain(window.summary)
     return entry
+
+
+class ReportFile:
+    """``perf_report.json``, rewritten on a time budget (:data:`REWRITE_TIME_SHARE`).
+
+    Args:
+        path: Where the report goes.
+        clock: Seconds, monotonic.
+
+    Example::
+
+        report = ReportFile("perf/perf_report.json")
+        report.update(lambda: build_report())  # at an epoch end: written only if the budget allows
+        report.write(build_report())  # at the end of the run: always
+    """
+
+    def __init__(self, path: str, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.path = path
+        self._clock = clock
+        self._next_due = -float("inf")  # the first update writes
+
+    def update(self, build: Callable[[], Mapping[str, Any]]) -> bool:
+        """Rewrites the report with ``build()`` if the budget allows it now (``build`` is not called
+        otherwise); returns whether it did."""
+        start = self._clock()
+        if start < self._next_due:
+            return False
+        self._write(build(), start)
+        return True
+
+    def write(self, data: Mapping[str, Any]) -> None:
+        """Rewrites the report now; the next :meth:`update` waits in proportion to what this cost."""
+        self._write(data, self._clock())
+
+    def _write(self, data: Mapping[str, Any], start: float) -> None:
+        write_json_atomically(data, self.path)
+        end = self._clock()
+        self._next_due = end + (end - start) / REWRITE_TIME_SHARE
 
 
 def write_json_atomically(data: Mapping[str, Any], path: str) -> None:

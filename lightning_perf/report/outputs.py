@@ -4,23 +4,30 @@ Outputs
 
 Where our scalars, text and images go.
 
-- Scalars go to every Lightning logger of the run (``logger.log_metrics``: TensorBoard, CSV, W&B, ...),
-  as Lightning's own ``LearningRateMonitor`` does.
-- Text (operator tables) and images (step-time charts) go to the run's
-  :class:`~lightning.pytorch.loggers.TensorBoardLogger`, so that one ``tensorboard --logdir`` shows a run's
-  scalars, tables and traces together.
-- Without a ``TensorBoardLogger`` (a ``CSVLogger`` only, or ``logger=False``), all of it also goes to an
-  event file of our own in the output directory.
+- Scalars go to every Lightning logger of the run (``logger.log_metrics``: TensorBoard, CSV, W&B, MLflow,
+  ...), as Lightning's own ``LearningRateMonitor`` does, on the step axis that logger can keep:
+
+  - a TensorBoard logger keeps a step axis per series: every stage gets its own (the training series at the
+    trainer's ``global_step``, the others at their own batch count), so that they never pile onto the
+    training steps;
+  - every other logger has one step axis for the whole run (a CSV file's ``step`` column; W&B drops what is
+    logged at a step lower than its last): our rows go on the axis Lightning logs its own rows at, each with
+    its ``epoch`` as Lightning's rows have, one row per call; a series that would pile onto one step of that
+    axis (a validation run's batches) is left to TensorBoard and our own event file.
+
+- Text (operator tables) and images (step-time charts) go to the run's TensorBoard logger, so that one
+  ``tensorboard --logdir`` shows a run's scalars, tables and traces together.
+- Without a TensorBoard logger (a ``CSVLogger`` only, or ``logger=False``), all of it also goes to an event
+  file of our own in the output directory, on the per-stage axes.
 
 Everything here happens on rank zero only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 
@@ -29,12 +36,16 @@ class Outputs:
 
     Args:
         loggers: The trainer's loggers.
-        fallback_dir: Where our own event file goes when there is no :class:`TensorBoardLogger`.
+        tensorboards: Those of ``loggers`` that keep a step axis per series (the TensorBoard loggers); the
+            first of them also gets our text and images.
+        fallback_dir: Where our own event file goes when there is no TensorBoard logger.
     """
 
-    def __init__(self, loggers: list[Logger], fallback_dir: str) -> None:
+    def __init__(self, loggers: Sequence[Any], *, tensorboards: Sequence[Any], fallback_dir: str) -> None:
         self._loggers = list(loggers)
-        self._tensorboard = next((lg for lg in loggers if isinstance(lg, TensorBoardLogger)), None)
+        self._tensorboards = [lg for lg in loggers if any(lg is tb for tb in tensorboards)]
+        self._single_axis = [lg for lg in loggers if not any(lg is tb for tb in tensorboards)]
+        self._tensorboard = self._tensorboards[0] if self._tensorboards else None
         self._fallback_dir = fallback_dir
         self._own: Any = None
 
@@ -53,9 +64,22 @@ class Outputs:
         self._writer()
 
     @rank_zero_only
-    def log_scalars(self, metrics: Mapping[str, float], step: int) -> None:
-        for logger in self._loggers:
+    def log_scalars(self, metrics: Mapping[str, float], step: int, *, logger_step: int | None, epoch: int) -> None:
+        """Logs one moment's scalars: one call per logger, so one row in a logger that writes rows.
+
+        Args:
+            metrics: The scalars, by tag.
+            step: Their stage's own step axis, for the TensorBoard loggers and our own event file.
+            logger_step: Their step on the run's single axis, for every other logger; ``None``: those loggers
+                do not get these scalars (they would pile onto one step of that axis).
+            epoch: The trainer's current epoch, added to the rows of those loggers as ``epoch``.
+        """
+        for logger in self._tensorboards:
             logger.log_metrics(dict(metrics), step=step)
+        if logger_step is not None and self._single_axis:
+            row = {**metrics, "epoch": epoch}
+            for logger in self._single_axis:
+                logger.log_metrics(dict(row), step=logger_step)
         if self._tensorboard is None:
             writer = self._writer()
             for tag, value in metrics.items():

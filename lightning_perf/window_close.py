@@ -1,0 +1,188 @@
+"""
+Window close
+============
+
+What becomes of a profiler window once it has stopped and torch has exported its trace, and the worker that
+does it off the training thread.
+
+:func:`process_window` is the per-window pipeline, one plain function of plain values
+(collect -> summarize -> report):
+
+1. torch's export is read back and turned into the window's trace file
+   (:func:`~lightning_perf.collect.profiler.finish_trace`: its recorded steps, its size limit, the
+   TensorBoard rewrite, a gzipped atomic write);
+2. the trace is summarized (:mod:`lightning_perf.summarize.trace`: the operators, and the per-step summary
+   the trace-level rules read);
+3. the operator table is written beside the trace and to TensorBoard's text (:mod:`lightning_perf.report`);
+4. out comes the window's :class:`~lightning_perf.records.WindowRecord`.
+
+:class:`WindowWorker` runs such jobs on one background thread, one at a time and in the order they came, so
+that the training thread only stops the profiler and has torch export the trace (see README, "Cost"). The
+callback joins it before an epoch's diagnosis reads the windows, before a checkpoint stores them and at the
+run's end; a job still queued when the interpreter exits is run first (the executor's exit handler joins
+its thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_perf.collect.profiler import finish_trace
+from lightning_perf.config import PerfConfig
+from lightning_perf.records import WindowRecord
+from lightning_perf.report.markdown import operator_table
+from lightning_perf.report.outputs import Outputs
+from lightning_perf.summarize.events import as_trace
+from lightning_perf.summarize.operators import default_sort_key, top_operators
+from lightning_perf.summarize.trace import operator_stats, summarize_trace
+
+OPERATORS_TAG = "perf/operators/{stage}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClosedWindow:
+    """A stopped window as the training thread hands it over: plain values only.
+
+    Attributes:
+        record: The window's record, but for what its trace tells (``operators``, ``summary``).
+        export_path: torch's own export of the trace (a temporary file, removed by :func:`process_window`).
+        written_path: Where the trace goes: ``record.trace_path``, or a staged name under several ranks
+            (renamed to ``record.trace_path`` once every rank has written its own).
+        operators_path: Where the operator table goes (markdown).
+        ran: The batches that ran while the window recorded: their ``ProfilerStep#N`` spans are kept.
+    """
+
+    record: WindowRecord
+    export_path: str
+    written_path: str
+    operators_path: str
+    ran: frozenset[int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessedWindow:
+    """What :func:`process_window` made of a window.
+
+    Attributes:
+        record: The complete record.
+        table: The operator table, as written to ``operators_path`` and TensorBoard.
+        cut_to: The steps the trace keeps, when it was cut to ``max_trace_mb`` (else ``None``).
+    """
+
+    record: WindowRecord
+    table: str
+    cut_to: int | None = None
+
+
+def process_window(closed: ClosedWindow, config: PerfConfig, outputs: Outputs | None = None) -> ProcessedWindow:
+    """Writes a closed window's trace and operator table, and returns its record (see the module docstring).
+
+    Args:
+        closed: The window, as the training thread handed it over.
+        config: The callback's options (``tensorboard_compat``, ``max_trace_mb``, ``record_shapes``,
+            ``sort_by``, ``row_limit``).
+        outputs: Where the operator table also goes, as TensorBoard text (``None``: only to its file).
+
+    Notes:
+        1. The cyclic garbage collector waits meanwhile: reading a trace back builds many small acyclic
+           objects, over which it would run again and again for nothing (half the time on large traces).
+           The pause is process-wide, so the training thread's cyclic garbage waits too, for the few tens of
+           ms a job takes; jobs run one at a time, so pauses never overlap.
+    """
+    record = closed.record
+    with _collector_paused():
+        trace, cut_to = finish_trace(
+            closed.export_path,
+            closed.written_path,
+            steps=closed.ran,
+            tensorboard_compat=config.tensorboard_compat,
+            max_bytes=int(config.max_trace_mb * 2**20),
+        )
+        typed = as_trace(trace, shapes=config.record_shapes)  # the trace as saved, as the analyses read it
+        del trace
+        record = dataclasses.replace(
+            record,
+            operators=operator_stats(typed, group_by_input_shape=config.record_shapes),
+            summary=summarize_trace(typed, window=record.name),
+        )
+        del typed
+    sort_by = config.sort_by or default_sort_key(record.device)
+    table = operator_table(
+        record, top_operators(record.operators, sort_by=sort_by, row_limit=config.row_limit), sort_by=sort_by
+    )
+    with open(closed.operators_path, "w", encoding="utf-8") as f:
+        f.write(table)
+    if outputs is not None:
+        outputs.add_text(OPERATORS_TAG.format(stage=record.stage), table, record.step)
+    return ProcessedWindow(record=record, table=table, cut_to=cut_to)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+class WindowWorker:
+    """Runs jobs on a background thread, one at a time, in the order they were submitted.
+
+    The thread starts with the first job after a :meth:`join` and ends at the next :meth:`join`, which waits
+    for every job submitted so far and hands what each one raised to the caller's error policy, on the
+    caller's thread: between a window's close and the epoch's end there is one more thread in the process,
+    otherwise none. A copy (pickled for a spawned process, deep-copied) starts with no thread and no jobs.
+
+    Example::
+
+        worker = WindowWorker()
+        worker.submit(print, "processed in the background")
+        worker.join(on_error=lambda err: print("failed:", err))
+    """
+
+    def __init__(self) -> None:
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: list[Future[Any]] = []
+
+    @property
+    def pending(self) -> int:
+        """Jobs submitted and not yet joined (finished or not)."""
+        return len(self._pending)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
+        """Queues ``fn(*args, **kwargs)`` after the jobs already submitted."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning_perf-windows")
+        self._pending.append(self._executor.submit(fn, *args, **kwargs))
+
+    def join(self, on_error: Callable[[Exception], None]) -> None:
+        """Waits for every job submitted so far and lets the thread go; then calls ``on_error`` with each
+        exception a job raised, in the order of the jobs. ``on_error`` may raise (the jobs after it are then not
+        reported). A ``KeyboardInterrupt`` while waiting leaves the jobs to the next join."""
+        if self._executor is None:
+            return
+        wait(self._pending)
+        done, self._pending = self._pending, []
+        self._executor.shutdown(wait=True)
+        self._executor = None
+        for future in done:
+            err = future.exception()
+            if isinstance(err, Exception):
+                on_error(err)
+            elif err is not None:  # SystemExit and the like: not ours to swallow
+                raise err
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_executor": None, "_pending": []}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)

@@ -1,0 +1,221 @@
+"""Our scalars beside the user's, with every kind of logger and run: a single-axis logger (CSV) keeps one
+monotonic step axis and whole rows, TensorBoard keeps a step axis per stage, the standalone
+``pytorch_lightning`` package's trainer and loggers are recognized, and ``fast_dev_run`` writes no file."""
+
+import csv
+import gc
+import os
+import warnings
+
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+
+from lightning_perf import PerfCallback
+from models import SleepyDataset, TinyModel, trainer
+from purity import heavy_modules_loaded_by
+
+NO_WINDOWS = {"max_windows": 0}
+ONE_WINDOW = {"schedule": {"skip_first": 0, "active": 1}, "stages": ["train"], "max_windows": 1}
+BATCHES = 12  # TinyModel(n=48): 12 training and 12 validation batches of 4
+
+
+class Logging(TinyModel):
+    """Logs its own metrics, as a user's module does: the rows our rows sit among."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss, on_step=True, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        loss = super().validation_step(batch, batch_idx)
+        self.log("val_loss", loss)
+        return loss
+
+
+def _csv_rows(log_dir) -> list[dict[str, str]]:
+    with open(os.path.join(log_dir, "metrics.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _ours(row: dict[str, str]) -> bool:
+    return any(value != "" for key, value in row.items() if key.startswith("perf/"))
+
+
+def _steps(rows, column) -> list[int]:
+    return [int(r["step"]) for r in rows if r.get(column, "") != ""]
+
+
+def _event_scalars(root) -> dict[str, dict[str, list[int]]]:
+    """Every event file under ``root``: its scalars' steps by tag, by the file's directory."""
+    found: dict[str, dict[str, list[int]]] = {}
+    for directory, _, files in os.walk(root):
+        if any(f.startswith("events.out.tfevents") for f in files):
+            acc = EventAccumulator(directory, size_guidance={"scalars": 0, "tensors": 0})
+            acc.Reload()
+            found[directory] = {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+            found[directory].update({tag: [e.step for e in acc.Tensors(tag)] for tag in acc.Tags()["tensors"]})
+    return found
+
+
+# ---------------------------------------------------------------------------------- a single step axis (CSV)
+
+
+def test_csv_rows_keep_one_monotonic_step_axis_an_integer_epoch_and_few_extra_rows(tmp_path):
+    callback = PerfCallback(**NO_WINDOWS)
+    t = trainer(tmp_path, [callback], logger=CSVLogger(tmp_path), max_epochs=2, log_every_n_steps=2)
+    t.fit(Logging(n=48))
+    rows = _csv_rows(t.logger.log_dir)
+    steps = [int(r["step"]) for r in rows]
+    assert steps == sorted(steps), steps
+    # Every row carries its epoch as an integer, ours as Lightning's own: no blanks, no float column.
+    assert all(r["epoch"].isdigit() for r in rows), [r["epoch"] for r in rows]
+    theirs = [r for r in rows if not _ours(r)]
+    epoch_at = {int(r["step"]): r["epoch"] for r in theirs}
+    assert all(epoch_at.get(int(r["step"]), r["epoch"]) == r["epoch"] for r in rows if _ours(r))
+    # One row of ours per logging cadence and one per stage epoch end: as many as Lightning's own here.
+    ours = [r for r in rows if _ours(r)]
+    assert len(ours) == 2 * (BATCHES // 2 + 2) == len(theirs)
+    # At the very steps Lightning logs the same moments at.
+    assert _steps(rows, "perf/train/batch/step_time_ms") == _steps(rows, "train_loss_step")
+    assert _steps(rows, "perf/validate/epoch/step_time_p50_ms") == _steps(rows, "val_loss") == [11, 23]
+    assert _steps(rows, "perf/train/epoch/step_time_p50_ms") == _steps(rows, "train_loss_epoch") == [11, 23]
+    # A stage's per-batch series would pile onto one training step: it stays on TensorBoard's own axes.
+    assert not [key for key in rows[0] if key.startswith("perf/validate/batch/")]
+
+
+def test_tensorboard_keeps_a_step_axis_per_stage_beside_a_csv_logger_with_one(tmp_path):
+    callback = PerfCallback(**NO_WINDOWS)
+    loggers = [TensorBoardLogger(tmp_path, name="tb"), CSVLogger(tmp_path, name="csv")]
+    t = trainer(tmp_path, [callback], logger=loggers, max_epochs=2, log_every_n_steps=4)
+    t.fit(Logging(n=48))
+    [tensorboard] = _event_scalars(tmp_path / "tb").values()
+    assert tensorboard["perf/validate/batch/step_time_ms"] == [4, 8, 12, 16, 20, 24]  # validation batches so far
+    assert tensorboard["perf/validate/epoch/loss"] == [12, 24]
+    assert tensorboard["perf/train/batch/loss"] == [4, 8, 12, 16, 20, 24]  # global_step after the batch
+    rows = _csv_rows(loggers[1].log_dir)
+    steps = [int(r["step"]) for r in rows]
+    assert steps == sorted(steps), steps
+    assert _steps(rows, "perf/validate/epoch/loss") == [11, 23]
+    assert _steps(rows, "perf/train/batch/loss") == [3, 7, 11, 15, 19, 23]
+
+
+# ------------------------------------------------------------------------------- standalone pytorch_lightning
+
+
+def _standalone():
+    """A tiny module and data of the standalone ``pytorch_lightning`` package (imported here only)."""
+    import pytorch_lightning as ptl
+
+    class Standalone(ptl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+
+        def _loss(self, batch):
+            x, y = batch
+            return nn.functional.binary_cross_entropy_with_logits(self.net(x), y)
+
+        def training_step(self, batch, batch_idx):
+            loss = self._loss(batch)
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", self._loss(batch))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(SleepyDataset(32), batch_size=4)
+
+        def val_dataloader(self):
+            return torch.utils.data.DataLoader(SleepyDataset(16), batch_size=4)
+
+    return ptl, Standalone
+
+
+def _standalone_trainer(ptl, tmp_path, callbacks, **kwargs):
+    defaults = dict(
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+    )
+    return ptl.Trainer(callbacks=callbacks, **{**defaults, **kwargs})
+
+
+def test_a_pytorch_lightning_trainer_and_its_tensorboard_logger_get_our_scalars_once(tmp_path, caplog):
+    ptl, Standalone = _standalone()
+    callback = PerfCallback(**ONE_WINDOW)
+    logger = ptl.loggers.TensorBoardLogger(tmp_path)
+    with caplog.at_level("INFO"):
+        _standalone_trainer(ptl, tmp_path, [callback], logger=logger).fit(Standalone())
+    assert len(callback.windows) == 1 and [e.stage for e in callback.epochs] == ["train", "train"]
+    # Written once: into the user's event file (scalars and the operator table), no event file of our own.
+    files = _event_scalars(tmp_path)
+    assert list(files) == [logger.log_dir]
+    assert files[logger.log_dir]["perf/train/epoch/loss"] == [8, 16]
+    assert files[logger.log_dir]["perf/operators/train/text_summary"] == [1]
+    assert callback.tensorboard_logdir == logger.root_dir
+    lines = [r.getMessage() for r in caplog.records if "tensorboard --logdir" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].rstrip().endswith(f"tensorboard --logdir {logger.root_dir}"), lines
+
+
+def test_a_pytorch_lightning_csv_logger_is_recognized(tmp_path):
+    ptl, Standalone = _standalone()
+    callback = PerfCallback(**NO_WINDOWS)
+    logger = ptl.loggers.CSVLogger(tmp_path)
+    _standalone_trainer(ptl, tmp_path, [callback], logger=logger).fit(Standalone())
+    assert callback.tensorboard_logdir == logger.root_dir  # our own event file is under its log_dir/perf
+    rows = _csv_rows(logger.log_dir)
+    assert [int(r["step"]) for r in rows] == sorted(int(r["step"]) for r in rows)
+    assert all(r["epoch"].isdigit() for r in rows)
+
+
+# Lightning's PyTorchProfiler raises in its own __del__ when it was set up but never started; not ours.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_pytorch_lightning_pytorch_profiler_is_refused(tmp_path):
+    ptl, Standalone = _standalone()
+    t = _standalone_trainer(ptl, tmp_path, [PerfCallback(**NO_WINDOWS)], profiler="pytorch")
+    with pytest.raises(MisconfigurationException, match="cannot run together with Lightning's PyTorchProfiler"):
+        t.fit(Standalone())
+    del t
+    gc.collect()
+
+
+def test_the_callback_does_not_import_pytorch_lightning():
+    # Recognizing the standalone package's classes must not load it into a run that does not use it (the
+    # callback imports the modules that look them up).
+    assert "pytorch_lightning" not in heavy_modules_loaded_by("lightning_perf.callback")
+
+
+# ----------------------------------------------------------------------------------------------- fast_dev_run
+
+
+@pytest.mark.parametrize("fast_dev_run", [True, 3])
+def test_fast_dev_run_writes_no_file_and_prints_the_summary(tmp_path, monkeypatch, caplog, fast_dev_run):
+    monkeypatch.chdir(tmp_path)  # Lightning's default_root_dir is the working directory
+    callback = PerfCallback(schedule={"skip_first": 0, "active": 1})
+    t = trainer(tmp_path, [callback], fast_dev_run=fast_dev_run, default_root_dir=None)
+    with caplog.at_level("INFO"), warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        t.fit(Logging(n=48))
+        t.test(Logging(n=48))
+    assert not [w for w in warned if "PerfCallback" in str(w.message)]  # no "epoch too short for a window"
+    assert [(d, files) for d, _, files in os.walk(tmp_path)] == [(str(tmp_path), [])]
+    assert callback.windows == [] and callback.report_path is None
+    assert [e.stage for e in callback.epochs] == ["validate", "train", "test"]
+    console = [r.getMessage() for r in caplog.records]
+    assert [m for m in console if m.startswith("lightning-perf | train epoch 0")]
+    assert not [m for m in console if "tensorboard --logdir" in m]

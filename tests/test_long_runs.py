@@ -1,0 +1,106 @@
+"""Runs of many epochs cost the same per epoch at the first and the last: the report is rewritten on a time
+budget, a finding that persists unchanged is printed once, the step-split image is drawn at log-spaced
+epochs, and the checkpoint state is bounded (tests/test_resume.py)."""
+
+import json
+import logging
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lightning_perf import PerfCallback
+from lightning_perf.diagnose.model import Finding
+from lightning_perf.report.findings import ShownFindings, changed, console_report
+from lightning_perf.report.json_report import REWRITE_TIME_SHARE, ReportFile
+from lightning_perf.summarize.steps import summarize_epoch
+from models import TinyModel, trainer
+
+
+def _finding(title: str, severity: str = "warning", id: str = "dataloader_bound") -> Finding:
+    return Finding(id=id, severity=severity, title=title, evidence="e", advice="a", stage="train", epoch=0)
+
+
+# ------------------------------------------------------------------ the report's time budget
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_report_is_rewritten_only_when_the_time_since_the_last_write_pays_for_it(tmp_path):
+    clock = FakeClock()
+    report = ReportFile(str(tmp_path / "perf_report.json"), clock=clock)
+    built = []
+
+    def build():
+        built.append(clock.now)
+        clock.now += 0.010  # building and writing it takes 10 ms
+        return {"n": len(built)}
+
+    assert report.update(build)  # the first epoch end writes
+    budget = 0.010 / REWRITE_TIME_SHARE
+    clock.now += budget - 0.001
+    assert not report.update(build) and len(built) == 1  # too soon: not even built
+    clock.now += 0.002
+    assert report.update(build) and len(built) == 2
+    assert json.loads((tmp_path / "perf_report.json").read_text()) == {"n": 2}
+    report.write({"n": "end"})  # the end of the run always writes
+    assert json.loads((tmp_path / "perf_report.json").read_text()) == {"n": "end"}
+
+
+# ------------------------------------------------------------------ findings shown once
+
+
+def test_a_finding_is_shown_again_only_when_its_severity_or_numbers_change():
+    assert not changed(_finding("Training waits for data 29% of the time"), _finding("Training waits for data 31% of the time"))
+    assert changed(_finding("Training waits for data 29% of the time"), _finding("Training waits for data 37% of the time"))
+    assert changed(_finding("waits 29%"), _finding("waits 29%", severity="critical"))
+    assert changed(_finding("Rank 1 is 1.82x slower"), _finding("Rank 0 is 1.82x slower"))
+    assert not changed(_finding("1,232 operators per step"), _finding("1,250 operators per step"))
+
+
+def test_shown_findings_remember_what_was_shown_per_stage_and_forget_what_went_away():
+    shown = ShownFindings()
+    a29, a31, a33, a37 = (_finding(f"waits {n}%") for n in (29, 31, 33, 37))
+    assert shown.split("train", [a29]) == ([a29], [])
+    assert shown.split("train", [a31]) == ([], [a31])
+    assert shown.split("validate", [a31]) == ([a31], [])  # another stage's are its own
+    assert shown.split("train", [a33]) == ([], [a33])
+    assert shown.split("train", [a37]) == ([a37], [])  # drifted from the 29% shown, not from 33%
+    assert shown.split("train", []) == ([], [])
+    assert shown.split("train", [a37]) == ([a37], [])  # gone and back: shown again
+
+
+def test_the_console_names_unchanged_findings_on_the_headline():
+    summary = summarize_epoch(stage="train", epoch=3, data_wait=[0.01] * 4, compute=[0.1] * 4, batch_sizes=[8] * 4)
+    text = console_report(summary, [], verbose=1, unchanged=[_finding("waits 29%")])
+    assert text is not None and text.count("\n") == 0 and text.endswith("| unchanged: dataloader_bound")
+
+
+def test_a_persisting_finding_is_printed_once_and_reported_every_epoch(tmp_path, caplog):
+    callback = PerfCallback(batches=[100_000], stages=["train"])
+    with caplog.at_level(logging.INFO):
+        trainer(tmp_path, [callback], max_epochs=4, limit_val_batches=0).fit(TinyModel(n=16, batch_size=4, sleep_s=0.01))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lightning-perf | train epoch")]
+    assert len(lines) == 4
+    assert "dataloader_bound" in lines[0].splitlines()[1]  # shown in full once, with its advice
+    assert all(line.endswith("unchanged: dataloader_bound") and "\n" not in line for line in lines[1:]), lines
+    assert [e.epoch for e in callback.epochs] == [0, 1, 2, 3]
+    assert {(f.epoch, f.id) for f in callback.findings_for("train")} >= {(e, "dataloader_bound") for e in range(4)}
+
+
+# ------------------------------------------------------------------ images at log-spaced epochs
+
+
+def test_the_step_split_image_is_drawn_at_epochs_0_1_2_4_and_those_with_a_window(tmp_path):
+    callback = PerfCallback(batches=[1], max_windows=1, stages=["train"])  # one window: batch 1 of epoch 0
+    t = trainer(tmp_path, [callback], max_epochs=6, limit_val_batches=0)
+    t.fit(TinyModel(n=16, batch_size=4))
+    acc = EventAccumulator(t.logger.log_dir, size_guidance={"images": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Images("perf/train/step_split")] == [4, 8, 12, 20]  # epochs 0, 1, 2, 4
+    scalars = acc.Scalars("perf/train/epoch/batches")
+    assert len(scalars) == 6  # the per-epoch scalars, every epoch
