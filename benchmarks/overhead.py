@@ -73,6 +73,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_perf import PerfCallback
+from machine import cpu_busy_seconds
 
 CONFIGS = ("a", "b", "c")
 LABELS = {"a": "bare Trainer", "b": "PerfCallback()", "c": "PyTorchProfiler()"}
@@ -126,16 +127,6 @@ class StepTimer(Callback):
             prev_idx, prev_t = self._last
             self.steps[prev_idx] = now - prev_t
         self._last = (batch_idx, now)
-
-
-def cpu_busy_seconds() -> float | None:
-    """CPU seconds the whole machine has been busy since boot (Linux ``/proc/stat``), ``None`` elsewhere."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
-    except (OSError, ValueError):
-        return None
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass

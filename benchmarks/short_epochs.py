@@ -71,6 +71,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_perf import PerfCallback
+from machine import cpu_busy_seconds
 
 BATCH_SIZE = 4
 QUICK_EPOCHS = 60
@@ -162,16 +163,6 @@ def time_hooks(perf: PerfCallback, timer: EpochTimer) -> dict[str, dict[int, flo
             if callable(own) and own is not base:
                 setattr(perf, name, wrap(name, getattr(perf, name)))
     return spent
-
-
-def cpu_busy_seconds() -> float | None:
-    """CPU seconds the whole machine has been busy since boot (Linux ``/proc/stat``), ``None`` elsewhere."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
-    except (OSError, ValueError):
-        return None
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 class ConsoleCounter(logging.Handler):

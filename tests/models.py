@@ -92,8 +92,8 @@ def window_names(callback, stage=None) -> list[str]:
     return [w.name for w in callback.windows if stage is None or w.stage == stage]
 
 
-def trainer(tmp_path, callbacks, **kwargs) -> pl.Trainer:
-    """A quiet CPU Trainer writing under ``tmp_path``."""
+def trainer(tmp_path, callbacks, *, trainer_class: type = pl.Trainer, **kwargs) -> pl.Trainer:
+    """A quiet CPU Trainer writing under ``tmp_path`` (``trainer_class``: e.g. ``pytorch_lightning.Trainer``)."""
     defaults = dict(
         default_root_dir=tmp_path,
         accelerator="cpu",
@@ -106,7 +106,7 @@ def trainer(tmp_path, callbacks, **kwargs) -> pl.Trainer:
         log_every_n_steps=1,
     )
     defaults.update(kwargs)
-    return pl.Trainer(callbacks=callbacks, **defaults)
+    return trainer_class(callbacks=callbacks, **defaults)
 
 
 class Leaky(TinyModel):

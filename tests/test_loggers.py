@@ -141,18 +141,7 @@ def _standalone():
 
 
 def _standalone_trainer(ptl, tmp_path, callbacks, **kwargs):
-    defaults = dict(
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        devices=1,
-        max_epochs=2,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        log_every_n_steps=1,
-    )
-    return ptl.Trainer(callbacks=callbacks, **{**defaults, **kwargs})
+    return trainer(tmp_path, callbacks, trainer_class=ptl.Trainer, **{"max_epochs": 2, **kwargs})
 
 
 def test_a_pytorch_lightning_trainer_and_its_tensorboard_logger_get_our_scalars_once(tmp_path, caplog):
