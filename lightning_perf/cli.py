@@ -43,6 +43,7 @@ from lightning_perf.summarize.trace import operator_stats, summarize_trace
 from lightning_perf.traces import METADATA_KEY
 
 EXIT_OK, EXIT_SLOWER, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command ended by SIGPIPE
 REPORT_PATTERN = re.compile(r"^perf_report(-\d+)?\.json$")
 TRACE_PATTERN = re.compile(r"\.json(\.gz)?$")
 RANK_PATTERN = re.compile(r"rank[_-]?(\d+)")
@@ -474,6 +475,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as err:
         print(f"lightning-perf: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # The reader went away (`lightning-perf report ... | head`): stop quietly, as other commands do, and
+        # point stdout at nothing so that the interpreter's final flush does not raise again (Python's
+        # documented recipe, "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     finally:
         if collecting:
             gc.enable()

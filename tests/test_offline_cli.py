@@ -2,6 +2,7 @@
 ``compare``, through ``main()`` and as a console script."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -160,6 +161,23 @@ def test_console_script_and_module_entry_point(runs):
         assert "lightning-perf | train epoch 0 |" in proc.stdout
     usage = subprocess.run([sys.executable, "-m", "lightning_perf", "nonsense"], capture_output=True, text=True)
     assert usage.returncode == 2 and "invalid choice" in usage.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(runs):
+    # `lightning-perf report RUN | head -1`, at its most abrupt: the pipe's reader is gone before the first
+    # write. The command stops without a traceback, with the status a shell shows for SIGPIPE.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "lightning_perf", "report", str(runs["slow"])],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr.decode() == "", proc.stderr.decode()
 
 
 def test_analyzing_a_run_s_traces_loads_neither_torch_nor_lightning(runs):

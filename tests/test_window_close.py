@@ -164,7 +164,7 @@ def test_a_job_still_queued_at_interpreter_exit_is_finished(tmp_path):
         "from lightning_perf.window_close import WindowWorker\n"
         "worker = WindowWorker()\n"
         "worker.submit(time.sleep, 0.5)\n"
-        f"worker.submit(open(sys.argv[1], 'w').write, 'written')\n"
+        "worker.submit(open(sys.argv[1], 'w').write, 'written')\n"
         # no join: the interpreter exits with both jobs still queued
     )
     subprocess.run([sys.executable, "-c", script, str(done)], check=True, timeout=60)

@@ -11,18 +11,23 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from lightning_perf.diagnose.model import Finding
+from lightning_perf.diagnose.model import SEVERITIES, Finding
 from lightning_perf.diagnose.rules import ms, percent
 from lightning_perf.records import EpochSummary, RankSummary
 
 CLEAN = "no bottleneck found"
 _SHOWN = {0: (), 1: ("warning", "critical"), 2: ("info", "warning", "critical")}
 
-# A finding the console showed is shown again at a later epoch only when it changed: its severity, or one of
-# the numbers in its title by at least this share of the larger value (data wait 29% -> 37% is a change,
-# 29% -> 31% is not: epoch-to-epoch noise of a steady run). The report and TensorBoard keep every epoch's
-# findings either way.
+# A finding the console showed is shown again at a later epoch only when it changed: one of the numbers in its
+# title moved by at least this share of the larger value (data wait 29% -> 37% is a change, 29% -> 31% is not:
+# epoch-to-epoch noise of a steady run), or its severity moved by two levels (info <-> critical). A one-level
+# flip with numbers that barely moved is a value wobbling at a threshold (27-33% around dataloader_bound's
+# 30%: Lightning's DQN example flipped 66-88 times in 300 epochs), not news. The report and TensorBoard keep
+# every epoch's findings either way.
 MATERIAL_CHANGE = 0.2
+# A finding absent for fewer epochs than this, then back unchanged, is not shown again (a rule that fires on
+# most epochs but not all, e.g. step_time_unstable near its 1.5x).
+FORGET_AFTER_EPOCHS = 3
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 
 
@@ -32,7 +37,7 @@ def _title_numbers(title: str) -> list[float]:
 
 def changed(before: Finding, now: Finding) -> bool:
     """Whether ``now`` says something ``before`` (the same rule's finding at an earlier epoch) did not."""
-    if before.severity != now.severity:
+    if abs(SEVERITIES.index(before.severity) - SEVERITIES.index(now.severity)) > 1:
         return True
     old, new = _title_numbers(before.title), _title_numbers(now.title)
     return len(old) != len(new) or any(abs(a - b) > MATERIAL_CHANGE * max(abs(a), abs(b)) for a, b in zip(old, new))
@@ -40,7 +45,8 @@ def changed(before: Finding, now: Finding) -> bool:
 
 class ShownFindings:
     """What the console last showed of each stage's findings, so that a finding that persists unchanged is
-    printed once, and again only when it :func:`changed` (or went away and came back).
+    printed once, and again only when it :func:`changed` or came back after :data:`FORGET_AFTER_EPOCHS` epochs
+    or more without it.
 
     Example::
 
@@ -49,23 +55,28 @@ class ShownFindings:
     """
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, str], Finding] = {}
+        self._last: dict[tuple[str, str], Finding] = {}  # what was shown
+        self._absent: dict[tuple[str, str], int] = {}  # epochs in a row without it
 
     def split(self, stage: str, findings: Sequence[Finding]) -> tuple[list[Finding], list[Finding]]:
-        """``(new or changed, unchanged)`` among a stage epoch's ``findings``, in their order; from now on they
-        are what the stage has shown, and a rule of the stage that found nothing this time is forgotten."""
+        """``(new or changed, unchanged)`` among a stage epoch's ``findings``, in their order; remembers what is
+        shown, and forgets a finding of the stage absent for :data:`FORGET_AFTER_EPOCHS` epochs."""
         fresh: list[Finding] = []
         unchanged: list[Finding] = []
-        kept: dict[tuple[str, str], Finding] = {}
         for f in findings:
-            before = self._last.get((stage, f.id))
+            key = (stage, f.id)
+            before = self._last.get(key)
             if before is None or changed(before, f):
                 fresh.append(f)
-                kept[(stage, f.id)] = f
+                self._last[key] = f
             else:  # compared with what was shown, so that a slow drift still shows once it adds up
                 unchanged.append(f)
-                kept[(stage, f.id)] = before
-        self._last = {key: f for key, f in self._last.items() if key[0] != stage} | kept
+            self._absent.pop(key, None)
+        present = {f.id for f in findings}
+        for key in [key for key in self._last if key[0] == stage and key[1] not in present]:
+            self._absent[key] = self._absent.get(key, 0) + 1
+            if self._absent[key] >= FORGET_AFTER_EPOCHS:
+                del self._last[key], self._absent[key]
         return fresh, unchanged
 
 
