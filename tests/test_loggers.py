@@ -208,3 +208,24 @@ def test_fast_dev_run_writes_no_file_and_prints_the_summary(tmp_path, monkeypatc
     console = [r.getMessage() for r in caplog.records]
     assert [m for m in console if m.startswith("lightning-perf | train epoch 0")]
     assert not [m for m in console if "tensorboard --logdir" in m]
+
+
+def test_a_pytorch_lightning_cli_takes_the_standalone_perf_callback(tmp_path):
+    # pytorch_lightning's LightningCLI only takes its own Callback's subclasses in trainer.callbacks.
+    from pytorch_lightning.cli import LightningCLI
+
+    from lightning_perf.standalone import StandalonePerfCallback
+
+    ptl, Standalone = _standalone()
+    args = [
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.max_epochs=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.callbacks+=lightning_perf.standalone.StandalonePerfCallback",
+        "--trainer.callbacks.max_windows=1",
+    ]
+    cli = LightningCLI(Standalone, args=args, run=False, save_config_callback=None)
+    [perf] = [c for c in cli.trainer.callbacks if isinstance(c, StandalonePerfCallback)]
+    assert isinstance(perf, ptl.Callback) and perf.config.max_windows == 1
+    cli.trainer.fit(cli.model)
+    assert [e.stage for e in perf.epochs] == ["validate", "train"] and perf.report_path is not None
