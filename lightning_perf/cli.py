@@ -30,9 +30,9 @@ from lightning_perf import __version__
 from lightning_perf.config import STAGES
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.diagnose.rules import percent, share
+from lightning_perf.diagnose.rules import percent
 from lightning_perf.readers import InputError, load_kineto, load_report
-from lightning_perf.records import OperatorStat, RankSummary, TraceSummary
+from lightning_perf.records import OperatorStat, RankSummary, TraceSummary, share
 from lightning_perf.report.findings import CLEAN, console_report, ranks_table
 from lightning_perf.report.json_report import report_epochs
 from lightning_perf.report.markdown import format_duration

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 
 PERF_SUBDIR = "perf"
+REPORT_SCHEMA_VERSION = 1  # perf_report.json's "version" (lightning_perf.report.json_report writes the schema)
 TRACE_SUFFIX = ".pt.trace.json.gz"
 OPERATORS_SUFFIX = ".operators.md"
 STAGED_MARK = ".staged"  # in a rank's trace name until every rank of the window has written its own

@@ -30,8 +30,8 @@ from typing import Any
 import msgspec
 
 from lightning_perf.diagnose.model import SEVERITIES, Finding, RunFacts
+from lightning_perf.layout import REPORT_SCHEMA_VERSION as SCHEMA_VERSION
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
-from lightning_perf.report.json_report import SCHEMA_VERSION
 from lightning_perf.summarize.events import MEMORY_EVENT_NAME, OTHER_PHASES, KinetoTrace, as_trace, decode_trace
 from lightning_perf.traces import METADATA_KEY, gunzip
 

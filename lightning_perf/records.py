@@ -204,6 +204,13 @@ class TraceSummary:
     tensor_core_capable: bool | None = None
 
 
+def share(part: float | None, window: TraceSummary) -> float | None:
+    """``part / window.step_time``; ``None`` when ``part`` was not measured or the window has no steps."""
+    if part is None or window.step_time <= 0:
+        return None
+    return part / window.step_time
+
+
 @dataclass(frozen=True, kw_only=True)
 class RankSummary:
     """One rank's view of a stage's epoch, as gathered to rank zero (seconds, bytes; ``None``: unknown).

@@ -34,8 +34,7 @@ from typing import Any, Generic, TypeVar
 import torch
 import torch.distributed as dist
 
-from lightning_perf.diagnose.rules import share
-from lightning_perf.records import EpochSummary, RankSummary, TraceSummary
+from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, share
 
 FIELDS = tuple(f.name for f in dataclasses.fields(RankSummary) if f.name != "rank")
 

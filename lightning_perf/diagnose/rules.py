@@ -83,13 +83,6 @@ def size(nbytes: float) -> str:
     return f"{nbytes / 2**20:.0f} MiB"
 
 
-def share(part: float | None, window: TraceSummary) -> float | None:
-    """``part / window.step_time``; ``None`` when ``part`` was not measured or the window has no steps."""
-    if part is None or window.step_time <= 0:
-        return None
-    return part / window.step_time
-
-
 def strongest(
     windows: Iterable[TraceSummary], measure: Callable[[TraceSummary], float | None], *, lowest: bool = False
 ) -> tuple[TraceSummary, float] | None:

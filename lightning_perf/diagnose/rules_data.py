@@ -18,11 +18,11 @@ from lightning_perf.diagnose.rules import (
     on_cuda,
     percent,
     reaches,
-    share,
     stage_name,
     strongest,
 )
 from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.records import share
 
 # Advice only: the most workers we suggest from scratch. Lightning suggests up to the CPUs per device minus
 # one (``suggested_max_num_workers``); beyond about 8 workers returns diminish for most pipelines while each

@@ -20,13 +20,12 @@ from lightning_perf.diagnose.rules import (
     on_cuda,
     percent,
     reaches,
-    share,
     stage_name,
     strongest,
     us,
 )
 from lightning_perf.diagnose.thresholds import Thresholds
-from lightning_perf.records import TraceSummary
+from lightning_perf.records import TraceSummary, share
 
 # Tensor-core GPUs without bf16 or TF32 (Volta, Turing): there, only fp16 ("16-mixed") uses the tensor cores.
 PRE_AMPERE_NAMES = ("V100", "GV100", "TITAN V", "T4", "TITAN RTX", "RTX 20", "QUADRO RTX")

@@ -18,12 +18,12 @@ from lightning_perf.diagnose.rules import (
     on_cuda,
     percent,
     reaches,
-    share,
     stage_name,
     strongest,
     times,
 )
 from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.records import share
 
 
 def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:

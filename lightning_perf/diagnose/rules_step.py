@@ -21,13 +21,12 @@ from lightning_perf.diagnose.rules import (
     on_cuda,
     percent,
     reaches,
-    share,
     stage_name,
     strongest,
     times,
 )
 from lightning_perf.diagnose.thresholds import Thresholds
-from lightning_perf.records import EpochSummary
+from lightning_perf.records import EpochSummary, share
 
 # Lightning's default `Trainer(log_every_n_steps=...)`: spikes with this period are most likely logging.
 LIGHTNING_LOG_EVERY_N_STEPS = 50

@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from lightning_perf.diagnose.model import Finding
-from lightning_perf.layout import write_atomically
+from lightning_perf.layout import REPORT_SCHEMA_VERSION, write_atomically
 from lightning_perf.records import EpochSummary, RankSummary, WindowRecord, from_values, plain
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = REPORT_SCHEMA_VERSION
 REPORT_FILENAME = "perf_report.json"
 
 # The report holds every epoch, so one rewrite costs more the longer the run (a 1,000-epoch run's report is
