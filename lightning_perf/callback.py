@@ -710,7 +710,7 @@ class PerfCallback(Callback):
             and first is not None
             and st.batch <= first
             and st.windows_used < self.config.max_windows
-            and not trainer.fast_dev_run  # no windows in that mode
+            and self._records  # this rank records windows at all (not under fast_dev_run, or ranks=[...])
         ):
             self._warn_once(
                 f"short:{stage}",

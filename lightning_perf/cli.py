@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import os
 import re
@@ -40,7 +39,7 @@ from lightning_perf.summarize.ranks import rank_work_times
 from lightning_perf.summarize.events import KinetoTrace
 from lightning_perf.summarize.steps import percentile, summarize_epoch
 from lightning_perf.summarize.trace import operator_stats, summarize_trace
-from lightning_perf.traces import METADATA_KEY
+from lightning_perf.traces import METADATA_KEY, collector_paused
 
 EXIT_OK, EXIT_SLOWER, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command ended by SIGPIPE
@@ -465,13 +464,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # A trace is 10^5 acyclic records, and the lists and tuples the analyses build from them: the cyclic
-    # garbage collector finds nothing in them but, triggered over and over while they are built, takes about
-    # 5% of the time (half of it when traces were decoded as dicts). A command is short-lived: it runs without.
-    collecting = gc.isenabled()
-    gc.disable()
     try:
-        return args.run(args)
+        with collector_paused():  # a command is short-lived and builds 10^5 acyclic records: it runs without
+            return args.run(args)
     except InputError as err:
         print(f"lightning-perf: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -481,9 +476,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # documented recipe, "Note on SIGPIPE").
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
-    finally:
-        if collecting:
-            gc.enable()
 
 
 if __name__ == "__main__":

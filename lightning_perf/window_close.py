@@ -25,10 +25,8 @@ its thread).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +39,7 @@ from lightning_perf.report.outputs import Outputs
 from lightning_perf.summarize.events import as_trace
 from lightning_perf.summarize.operators import default_sort_key, top_operators
 from lightning_perf.summarize.trace import operator_stats, summarize_trace
+from lightning_perf.traces import collector_paused
 
 OPERATORS_TAG = "perf/operators/{stage}"
 
@@ -71,12 +70,10 @@ class ProcessedWindow:
 
     Attributes:
         record: The complete record.
-        table: The operator table, as written to ``operators_path`` and TensorBoard.
         cut_to: The steps the trace keeps, when it was cut to ``max_trace_mb`` (else ``None``).
     """
 
     record: WindowRecord
-    table: str
     cut_to: int | None = None
 
 
@@ -96,7 +93,7 @@ def process_window(closed: ClosedWindow, config: PerfConfig, outputs: Outputs | 
            ms a job takes; jobs run one at a time, so pauses never overlap.
     """
     record = closed.record
-    with _collector_paused():
+    with collector_paused():
         trace, cut_to = finish_trace(
             closed.export_path,
             closed.written_path,
@@ -120,18 +117,7 @@ def process_window(closed: ClosedWindow, config: PerfConfig, outputs: Outputs | 
         f.write(table)
     if outputs is not None:
         outputs.add_text(OPERATORS_TAG.format(stage=record.stage), table, record.step)
-    return ProcessedWindow(record=record, table=table, cut_to=cut_to)
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
+    return ProcessedWindow(record=record, cut_to=cut_to)
 
 
 class WindowWorker:

@@ -43,8 +43,8 @@ class Outputs:
 
     def __init__(self, loggers: Sequence[Any], *, tensorboards: Sequence[Any], fallback_dir: str) -> None:
         self._loggers = list(loggers)
-        self._tensorboards = [lg for lg in loggers if any(lg is tb for tb in tensorboards)]
-        self._single_axis = [lg for lg in loggers if not any(lg is tb for tb in tensorboards)]
+        self._tensorboards = list(tensorboards)
+        self._single_axis = [lg for lg in loggers if all(lg is not tb for tb in tensorboards)]
         self._tensorboard = self._tensorboards[0] if self._tensorboards else None
         self._fallback_dir = fallback_dir
         self._own: Any = None
