@@ -30,6 +30,8 @@ from typing_extensions import override
 
 from lightning_perf import __version__, layout
 from lightning_perf.collect.batch import BatchSizer
+from lightning_perf.collect.loader import children_cpu_seconds, dataset_facts
+from lightning_perf.collect.loops import LoopStartTimer
 from lightning_perf.collect.memory import CudaPeaks, host_rss
 from lightning_perf.collect.packages import lightning_classes
 from lightning_perf.collect.profiler import ProfilerWindow, WindowState, torch_profiler_active
@@ -97,6 +99,8 @@ class _StageState:
     windows_used: int = 0
     windows_this_epoch: int = 0
     host_rss_peak: int | None = None
+    started: float = 0.0  # perf_counter at the epoch's start, the DataLoader's start-up before its hook included
+    worker_cpu: float | None = None  # children_cpu_seconds() then
     in_epoch: bool = False  # between its epoch start and end: what an interruption leaves to summarize
     history: deque[EpochSummary] = dataclasses.field(default_factory=lambda: deque(maxlen=HISTORY_EPOCHS))
 
@@ -231,6 +235,7 @@ class PerfCallback(Callback):
         self._window_step = 0
         self._windows_at_setup = 0
         self._worker = WindowWorker()  # writes and summarizes closed windows off the training thread, in order
+        self._loop_timer = LoopStartTimer()  # what Lightning's loops spend starting DataLoaders before our hooks
         self.dirpath: str | None = None
         self.tensorboard_logdir: str | None = None
         #: Every window saved so far in this process, in order.
@@ -376,6 +381,7 @@ class PerfCallback(Callback):
         self._world_size = trainer.world_size
         self._records = (self.config.ranks is None or self._rank in self.config.ranks) and not trainer.fast_dev_run
         self._windows_at_setup = len(self.windows)
+        self._safely(None, self._loop_timer.install, trainer)
         if self._world_size > 1:
             self._open_exchange()
 
@@ -414,6 +420,7 @@ class PerfCallback(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._safely(None, self._loop_timer.uninstall)
         self._close_window_safely()
         self._join_windows()
         self._safely(None, self._publish_staged, wait=WAIT_SECONDS)
@@ -492,7 +499,9 @@ class PerfCallback(Callback):
 
     @override
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:
+        if trainer.sanity_checking:
+            self._loop_timer.take("validate")  # the sanity check's DataLoader start-up is no epoch's
+        else:
             self._eval_epoch_start("validate", trainer, trainer.num_val_batches)
 
     @override
@@ -587,17 +596,22 @@ class PerfCallback(Callback):
         st = self._stages[stage]
         st.epoch, st.batch, st.num_batches, st.windows_this_epoch = epoch, first_batch, num_batches, 0
         st.in_epoch = True
+        waited = self._loop_timer.take(stage)
         self._safely(stage, self._start_measuring, stage, st, trainer)
         self._safely(stage, self._before_batch, stage, st, trainer)
-        st.clock.epoch_start()
+        st.clock.epoch_start(waited)
+        st.started = time.perf_counter() - waited
 
     def _start_measuring(self, stage: str, st: _StageState, trainer: pl.Trainer) -> None:
         st.host_rss_peak = host_rss()
+        st.worker_cpu = children_cpu_seconds()
         if self._cuda_peaks is not None:
             self._cuda_peaks.start(stage)
         dataloaders = self._run_info.setdefault("dataloaders", {})
         if stage not in dataloaders:
-            dataloaders[stage] = dataloader_settings(first_dataloader(stage_dataloaders(trainer, stage)))
+            loader = first_dataloader(stage_dataloaders(trainer, stage))
+            settings = dataloader_settings(loader)
+            dataloaders[stage] = settings and {**settings, **dataset_facts(loader, trainer.lightning_module)}
 
     def _batch_start(self, stage: str, batch: Any) -> None:
         if stage not in self.config.stages:
@@ -731,6 +745,9 @@ class PerfCallback(Callback):
             batch_sizes=clock.batch_sizes,
             profiled=clock.profiled,
             loss=clock.mean_loss(),
+            loading_cpu_share=clock.loading_cpu_share(),
+            worker_cpu=_difference(children_cpu_seconds(), st.worker_cpu),
+            wall_time=time.perf_counter() - st.started,
             host_rss=rss,
             host_rss_peak=max(rss or 0, st.host_rss_peak or 0) or None,
             cuda_max_allocated=cuda.max_allocated if cuda else None,
@@ -923,6 +940,9 @@ class PerfCallback(Callback):
             pin_memory=loader.get("pin_memory"),
             persistent_workers=loader.get("persistent_workers"),
             batch_size=loader.get("batch_size"),
+            dataset=loader.get("dataset"),
+            shared_state=loader.get("shared_state"),
+            epochs=run.get("max_epochs") if stage in ("train", "validate") else 1,
         )
 
     def _rule_failed(self, rule_id: str, err: Exception) -> None:
@@ -1112,3 +1132,7 @@ class PerfCallback(Callback):
         if key not in self._warned:
             self._warned.add(key)
             rank_zero_info(message)
+
+
+def _difference(later: float | None, earlier: float | None) -> float | None:
+    return None if later is None or earlier is None else max(later - earlier, 0.0)

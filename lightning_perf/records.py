@@ -104,6 +104,15 @@ class EpochSummary:
         cuda_capacity: The device's total memory.
         cuda_utilization: ``torch.cuda.utilization()`` at the epoch's end, in %, where NVML is available.
         interrupted: The epoch did not end: an exception or Ctrl-C stopped it; what it had run is summarized.
+        first_data_wait: The first batch's data wait, profiled or not: it holds the DataLoader's start-up
+            (its worker processes, or an iterable dataset's first fetch), also where Lightning starts it
+            before the epoch-start hook.
+        loading_cpu_share: The training process's CPU demand (CPU seconds, plus seconds its main thread
+            waited for a CPU) over wall seconds during the data waits of batches 1, 5, 9, ... (sampled):
+            near 1 (or above, with several threads) when it loads batches with its own CPU, near 0 when it
+            waits for workers, a disk or the network.
+        worker_cpu: CPU seconds of the process's children (its DataLoader workers) during the epoch.
+        wall_time: Seconds from the epoch's start (the DataLoader's start-up included) to its end hook.
     """
 
     stage: str
@@ -126,6 +135,10 @@ class EpochSummary:
     cuda_capacity: int | None = None
     cuda_utilization: int | None = None
     interrupted: bool = False
+    first_data_wait: float | None = None
+    loading_cpu_share: float | None = None
+    worker_cpu: float | None = None
+    wall_time: float | None = None
 
     @property
     def measured_batches(self) -> int:
@@ -157,6 +170,12 @@ class TraceSummary:
             callbacks, logging, progress bar.
         ops_per_step: Host (``cpu_op``) operators.
         median_op_time: Median duration of top-level host operators.
+        tiny_op_time: The step's own tiny operators: main-thread top-level host operators shorter than
+            :data:`lightning_perf.summarize.trace.TINY_OP_US` (20 us, about an eager operator's dispatch
+            cost) that start in the steps outside the DataLoader's ``__next__`` spans; their durations and,
+            for each, the gap before it where shorter than that cutoff (the Python that dispatched it).
+            ``None`` in reports written before it was measured.
+        tiny_ops_per_step: Those operators.
         device_busy: Time at least one kernel, copy or memset ran on the device, within step spans.
         kernels_per_step: Kernels.
         median_kernel_time: Median kernel duration.
@@ -188,6 +207,8 @@ class TraceSummary:
     framework_time: float
     ops_per_step: float
     median_op_time: float
+    tiny_op_time: float | None = None
+    tiny_ops_per_step: float | None = None
     device_busy: float | None = None
     kernels_per_step: float | None = None
     median_kernel_time: float | None = None

@@ -88,7 +88,7 @@ def test_the_console_names_unchanged_findings_on_the_headline():
 def test_a_persisting_finding_is_printed_once_and_reported_every_epoch(tmp_path, caplog):
     callback = PerfCallback(batches=[100_000], stages=["train"])
     with caplog.at_level(logging.INFO):
-        trainer(tmp_path, [callback], max_epochs=4, limit_val_batches=0).fit(TinyModel(n=16, batch_size=4, sleep_s=0.01))
+        trainer(tmp_path, [callback], max_epochs=4, limit_val_batches=0).fit(TinyModel(n=16, batch_size=4, sleep_s=0.05))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lightning-perf | train epoch")]
     assert len(lines) == 4
     assert "dataloader_bound" in lines[0].splitlines()[1]  # shown in full once, with its advice

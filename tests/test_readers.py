@@ -240,6 +240,16 @@ def test_a_report_may_lack_fields_with_defaults_and_carry_unknown_keys(tmp_path)
     assert loaded["future_section"] == {"anything": [1, 2]} and epoch["future_metric"] == "x"
 
 
+def test_a_window_summary_written_before_tiny_operators_were_measured_loads_without_them(tmp_path):
+    report = _report()
+    summary = report["windows"][0]["summary"]
+    del summary["tiny_op_time"], summary["tiny_ops_per_step"]
+    path = tmp_path / "perf_report.json"
+    path.write_text(json.dumps(report))
+    loaded = TraceSummary(**load_report(path)["windows"][0]["summary"])
+    assert (loaded.tiny_op_time, loaded.tiny_ops_per_step) == (None, None)
+
+
 def test_a_real_run_s_report_and_traces_load(tmp_path):
     from models import TinyModel, trainer
 

@@ -10,10 +10,12 @@ import re
 import pytest
 from purity import heavy_modules_loaded_by
 
+from lightning_perf.diagnose import rules_device
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import RULES, diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary, TraceSummary
+from lightning_perf.summarize import trace as trace_module
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MiB, GiB = 2**20, 2**30
@@ -156,9 +158,13 @@ def with_history(*peaks_mib, field="host_rss_peak", facts=CPU) -> StageEpoch:
 
 # --- every rule: (context, expected warning/critical finding ids) -------------------------------------------
 
-def tiny_ops(**kw) -> TraceSummary:
-    """A CPU window exactly at launch_bound's thresholds: 1000 operators of 19 us covering half the step."""
-    return cw(**{"ops_per_step": 1000.0, "median_op_time": 19e-6, "host_op_time": 0.5, "framework_time": 0.1, **kw})
+def tiny_ops(name: str = W1, **kw) -> TraceSummary:
+    """A CPU window exactly at launch_bound's threshold: 30% of the step in 1500 tiny operators of its own."""
+    values = {"tiny_op_time": 0.3, "tiny_ops_per_step": 1500.0, "host_op_time": 0.8, "framework_time": 0.1}
+    return cw(name, **{**values, **kw})
+
+
+SHORT_STEP = {"step_time": 0.003, "framework_time": 0.0001}  # 3 ms steps, 33% tiny operators under 1 ms
 
 
 def fp32_gemms(share: float, name: str = W1, **kw) -> TraceSummary:
@@ -166,9 +172,9 @@ def fp32_gemms(share: float, name: str = W1, **kw) -> TraceSummary:
     return gw(name, **{"device_busy": 0.95, "kernel_time": 1.0, "fp32_gemm_time": share, **kw})
 
 
-def spiky(*indices: int, spike: float = 0.03, n: int = 100) -> tuple[float, ...]:
-    """10 ms steps, with ``spike`` seconds at ``indices``."""
-    return tuple(spike if i in indices else 0.01 for i in range(n))
+def spiky(*indices: int, spike: float = 0.03, n: int = 100, base: float = 0.01) -> tuple[float, ...]:
+    """``base`` (10 ms) steps, with ``spike`` seconds at ``indices``."""
+    return tuple(spike if i in indices else base for i in range(n))
 
 
 def validated(train: float, val: float) -> StageEpoch:
@@ -201,11 +207,17 @@ CASES = {
     ),
     "10 us kernels": (gpu_ctx(None, gw(device_busy=0.79, median_kernel_time=10e-6)), {"device_idle"}),
     "short kernels, busy gpu": (gpu_ctx(None, gw(device_busy=0.80, median_kernel_time=2e-6)), set()),
-    # launch_bound, CPU: >= 1000 ops per step, median < 20 us, >= 50% of the step
+    # launch_bound, CPU: the step's own tiny ops >= 30% of the step and >= 1 ms per step
     "tiny ops at threshold": (ctx(None, tiny_ops()), {"launch_bound"}),
-    "999 tiny ops": (ctx(None, tiny_ops(ops_per_step=999.0)), set()),
-    "20 us ops": (ctx(None, tiny_ops(ops_per_step=5000.0, median_op_time=20e-6)), set()),
-    "tiny ops not quite half the step": (ctx(None, tiny_ops(ops_per_step=5000.0, host_op_time=0.4999)), set()),
+    "tiny ops just below": (ctx(None, tiny_ops(tiny_op_time=0.2999)), set()),
+    "tiny ops at the floor": (ctx(None, tiny_ops(**SHORT_STEP, tiny_op_time=0.001)), {"launch_bound"}),
+    "tiny ops under the floor": (ctx(None, tiny_ops(**SHORT_STEP, tiny_op_time=0.000999)), set()),
+    # thousands of short operators, most of them the DataLoader's or the step's time in long ones
+    "many ops, few tiny ones": (
+        ctx(None, cw(ops_per_step=5000.0, median_op_time=4e-6, host_op_time=0.95, tiny_op_time=0.1)),
+        set(),
+    ),
+    "tiny ops on cuda": (gpu_ctx(None, tiny_ops(device_busy=0.95)), set()),
     # h2d_copy: exposed copies >= 10% of the step, CUDA only
     "exposed copies at 10%": (gpu_ctx(None, gw(h2d_exposed_time=0.10)), {"h2d_copy"}),
     "exposed copies just below": (gpu_ctx(None, gw(h2d_exposed_time=0.0999)), set()),
@@ -262,6 +274,78 @@ def test_rules_fire_at_their_threshold_and_not_below(context, expected):
     assert ids(context) == expected
 
 
+def exposed(seconds: float) -> TraceSummary:
+    """A GPU window of 3 ms steps with ``seconds`` of exposed communication per step."""
+    return gpu_window(step_time=0.003, communication_time=0.001, communication_exposed_time=seconds)
+
+
+def short_step(**kw) -> TraceSummary:
+    """A healthy GPU window of 1 ms steps, 90% busy."""
+    values = dict(step_time=0.001, device_busy=0.0009, optimizer_update_time=1e-4, h2d_exposed_time=1e-5)
+    return gpu_window(**{**values, **kw})
+
+
+# Absolute floors: each case is well over its rule's relative threshold, at or just under its floor.
+FLOOR_CASES = {
+    # framework_overhead: >= 1 ms per step outside torch operators (25% of a 4 ms step)
+    "framework at 1 ms": (ctx(None, window(step_time=0.004, framework_time=0.001)), {"framework_overhead"}),
+    "framework under 1 ms": (ctx(None, window(step_time=0.004, framework_time=0.000999)), set()),
+    # step_time_unstable: p90 - p50 >= 1 ms (2x the median)
+    "p90 1 ms over p50": (ctx(epoch(step_time_p50=0.001, step_time_p90=0.002)), {"step_time_unstable"}),
+    "p90 under 1 ms over p50": (ctx(epoch(step_time_p50=0.001, step_time_p90=0.001999)), set()),
+    # step_time_unstable: spikes >= 1 ms over the median (3.5x a 0.4 ms median)
+    "spikes 1 ms over the median": (
+        ctx(step_times=spiky(10, 40, 70, spike=0.0014, base=0.0004)),
+        {"step_time_unstable"},
+    ),
+    "spikes under 1 ms over the median": (ctx(step_times=spiky(10, 40, 70, spike=0.0013999, base=0.0004)), set()),
+    # optimizer_heavy: >= 0.5 ms per step (25% of a 2 ms step)
+    "optimizer 0.5 ms": (ctx(None, window(step_time=0.002, optimizer_update_time=0.0005)), {"optimizer_heavy"}),
+    "optimizer under 0.5 ms": (ctx(None, window(step_time=0.002, optimizer_update_time=0.000499)), set()),
+    # validation_heavy: >= 0.1 s of validation per training epoch (a third of it)
+    "validation 0.1 s": (validated(0.2, 0.1), {"validation_heavy"}),
+    "validation under 0.1 s": (validated(0.2, 0.0999), set()),
+    # host_sync: >= 0.1 ms of GPU idle per step inside syncs (10% of a 1 ms step)
+    "sync idle 0.1 ms": (gpu_ctx(None, short_step(syncs_per_step=1.0, sync_idle_time=1e-4)), {"host_sync"}),
+    "sync idle under 0.1 ms": (gpu_ctx(None, short_step(syncs_per_step=1.0, sync_idle_time=0.99e-4)), set()),
+    # device_idle: >= 0.5 ms idle per step (75% busy in a 2 ms step)
+    "gpu idle 0.5 ms": (
+        gpu_ctx(None, gpu_window(step_time=0.002, device_busy=0.0015, optimizer_update_time=0.0001)),
+        {"device_idle"},
+    ),
+    "gpu idle under 0.5 ms": (
+        gpu_ctx(None, gpu_window(step_time=0.002, device_busy=0.001501, optimizer_update_time=0.0001)),
+        set(),
+    ),
+    # communication_bound: >= 0.5 ms exposed per step (a sixth of a 3 ms step)
+    "communication 0.5 ms": (gpu_ctx(None, exposed(5e-4), facts=DDP2), {"communication_bound"}),
+    "communication under 0.5 ms": (gpu_ctx(None, exposed(4.99e-4), facts=DDP2), set()),
+    # rank_straggler: the slowest rank's excess >= 1 ms per step (1.25x, a fifth of a 5 ms step)
+    "straggler 1 ms over": (
+        ctx(epoch(step_time_p50=0.005, step_time_p90=0.0055), rank_step_times={0: 0.004, 1: 0.004, 2: 0.005}),
+        {"rank_straggler"},
+    ),
+    "straggler under 1 ms over": (
+        ctx(epoch(step_time_p50=0.005, step_time_p90=0.0055), rank_step_times={0: 0.004, 1: 0.004, 2: 0.004999}),
+        set(),
+    ),
+    # cpu_threads: only steps of 1 ms or more (one thread of eight)
+    "one thread, 1 ms steps": (
+        ctx(epoch(step_time_p50=0.001, step_time_p90=0.0011), facts=NO_WORKERS_ONE_THREAD),
+        {"cpu_threads"},
+    ),
+    "one thread, steps under 1 ms": (
+        ctx(epoch(step_time_p50=0.000999, step_time_p90=0.0011), facts=NO_WORKERS_ONE_THREAD),
+        set(),
+    ),
+}
+
+
+@pytest.mark.parametrize(("context", "expected"), FLOOR_CASES.values(), ids=FLOOR_CASES.keys())
+def test_a_fraction_of_a_millisecond_stays_under_the_floors(context, expected):
+    assert ids(context) == expected
+
+
 FIRING = {name: case for name, case in CASES.items() if case[1]}
 
 
@@ -276,6 +360,119 @@ def test_every_finding_shows_its_numbers_threshold_and_advice(context, expected)
         assert "`" in f.advice, f.advice  # names a concrete argument or call
 
 
+# --- advice fits the device and the stage -------------------------------------------------------------------
+
+
+def with_stage(context: StageEpoch, stage: str) -> StageEpoch:
+    return dataclasses.replace(context, epoch=dataclasses.replace(context.epoch, stage=stage))
+
+
+# Remedies that need a CUDA device (or, `foreach`, pay only there: on CPU it runs the same per-parameter loop).
+CUDA_ONLY = (
+    "cuda", "gpu", "nccl", "nvidia", "cudnn", "tensor core", "pin_memory=True", "non_blocking",
+    "expandable_segments", "foreach=True",
+)  # fmt: skip
+# Hooks, settings and code that only training runs: in validation, test and predict they change nothing.
+TRAINING_ONLY = (
+    "on_train_batch", "on_train_epoch", "training_step", "log_every_n_steps", "every_n_train_steps",
+    "accumulate_grad_batches", "val_check_interval", "optimizer", "backward", "torch.utils.checkpoint",
+    "loss scaler", "gradient_as_bucket_view",
+)  # fmt: skip
+TRAINING_RULES = {"optimizer_heavy", "validation_heavy", "rank_straggler"}  # judged in training epochs only
+STAGES = ("train", "validate", "test", "predict")
+
+# Per rule and device, contexts that fire it in training, one per branch of its advice.
+ADVICE_CASES = {
+    "dataloader_bound": {
+        "cpu": [
+            ctx(epoch(data_wait_fraction=0.5, data_wait=0.5), facts=facts(num_workers=8, cpu_count=8)),
+            ctx(epoch(data_wait_fraction=0.5, data_wait=0.5), facts=facts(num_workers=0, pin_memory=False)),
+        ],
+        "cuda": [gpu_ctx(gpu_epoch(data_wait_fraction=0.5, data_wait=0.5), facts=facts(GPU, pin_memory=False))],
+    },
+    "host_sync": {"cuda": [gpu_ctx(None, gw(syncs_per_step=2.0, sync_idle_time=0.1))]},
+    "device_idle": {
+        "cuda": [
+            gpu_ctx(None, gw(device_busy=0.3)),
+            gpu_ctx(None, gw(device_busy=0.3, framework_time=0.3, communication_exposed_time=0.2), facts=DDP2),
+        ]
+    },
+    "launch_bound": {
+        "cpu": [ctx(None, tiny_ops())],
+        "cuda": [gpu_ctx(None, gw(device_busy=0.5, median_kernel_time=4e-6))],
+    },
+    "h2d_copy": {
+        "cuda": [gpu_ctx(None, gw(h2d_exposed_time=0.3, h2d_pageable=True), facts=facts(GPU, pin_memory=False))]
+    },
+    "precision": {
+        "cuda": [
+            gpu_ctx(None, fp32_gemms(0.6), facts=FP32_GPU),
+            gpu_ctx(None, fp32_gemms(0.6, device_name="Tesla V100-SXM2-16GB"), facts=FP32_GPU),
+        ]
+    },
+    "memory_pressure": {
+        "cuda": [gpu_ctx(gpu_epoch(cuda_max_reserved=79 * GiB, cuda_max_allocated=50 * GiB), facts=FP32_GPU)]
+    },
+    "memory_growth": {
+        "cpu": [with_history(1000, 1100, 1200)],
+        "cuda": [with_history(1000, 1100, 1200, field="cuda_max_allocated", facts=GPU)],
+    },
+    "optimizer_heavy": {
+        "cpu": [ctx(None, cw(optimizer_update_time=0.3, optimizer_foreach=foreach)) for foreach in (False, True)],
+        "cuda": [gpu_ctx(None, gw(optimizer_update_time=0.3, optimizer_foreach=foreach)) for foreach in (False, True)],
+    },
+    "validation_heavy": {
+        "cpu": [validated(0.7, 0.5)],
+        "cuda": [dataclasses.replace(validated(0.7, 0.5), facts=GPU)],
+    },
+    "framework_overhead": {"cpu": [ctx(None, cw(framework_time=0.3))], "cuda": [gpu_ctx(None, gw(framework_time=0.3))]},
+    "step_time_unstable": {
+        device: [
+            ctx(step_times=spiky(49, 99, 149, 199, n=200), facts=run_facts),  # every 50 batches
+            ctx(step_times=spiky(5, 17, 60, 61), facts=run_facts),  # irregular
+            ctx(step_times=spiky(5, 17, 60, 61), facts=facts(run_facts, num_workers=0)),
+            ctx(epoch(step_time_p90=0.025), facts=run_facts),  # a wide spread
+        ]
+        for device, run_facts in (("cpu", CPU), ("cuda", GPU))
+    },
+    "communication_bound": {
+        "cpu": [ctx(None, cw(communication_time=0.3, communication_exposed_time=0.3), facts=facts(world_size=2))],
+        "cuda": [gpu_ctx(None, gw(communication_time=0.4, communication_exposed_time=0.3), facts=DDP2)],
+    },
+    "rank_straggler": {
+        device: [ctx(facts=facts(run_facts, world_size=2), rank_step_times={0: 0.03, 1: 0.01})]
+        for device, run_facts in (("cpu", CPU), ("cuda", GPU))
+    },
+    "cpu_threads": {"cpu": [ctx(facts=NO_WORKERS_ONE_THREAD), ctx(facts=facts(torch_threads=1, num_workers=2))]},
+}
+ADVICE = [
+    pytest.param(rule_id, device, i, stage, id=f"{rule_id}-{device}-{i}-{stage}")
+    for rule_id, devices in ADVICE_CASES.items()
+    for device, contexts in devices.items()
+    for i in range(len(contexts))
+    for stage in STAGES
+]
+
+
+@pytest.mark.parametrize(("rule_id", "device", "case", "stage"), ADVICE)
+def test_advice_fits_the_device_and_the_stage(rule_id, device, case, stage):
+    assert set(ADVICE_CASES) == set(RULES)  # every rule in the registry
+    context = ADVICE_CASES[rule_id][device][case]
+    assert (context.facts.device == "cpu") == (device == "cpu")
+    assert run(rule_id, with_stage(context, "train")) is not None  # the case fires
+    f = run(rule_id, with_stage(context, stage))
+    if rule_id in TRAINING_RULES and stage != "train":
+        assert f is None
+        return
+    assert f is not None and f.stage == stage
+    text = f"{f.title} {f.advice}".lower()
+    if device == "cpu":
+        assert [word for word in CUDA_ONLY if word.lower() in text] == [], f.advice
+    if stage != "train":
+        assert [word for word in TRAINING_ONLY if word.lower() in text] == [], f.advice
+
+
+
 def test_catalogue_ids_and_order_are_fixed():
     assert list(RULES) == [
         "dataloader_bound", "host_sync", "device_idle", "launch_bound", "h2d_copy", "precision",
@@ -284,88 +481,7 @@ def test_catalogue_ids_and_order_are_fixed():
     ]  # fmt: skip
 
 
-# --- dataloader_bound ---------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("fraction", "severity"), [(0.10, "warning"), (0.2999, "warning"), (0.30, "critical"), (0.9, "critical")]
-)
-def test_dataloader_severity(fraction, severity):
-    f = run("dataloader_bound", ctx(epoch(data_wait_fraction=fraction, data_wait=fraction)))
-    assert f.severity == severity
-
-
-def test_dataloader_evidence_has_the_numbers_and_thresholds_and_the_window_with_the_most_wait():
-    context = ctx(
-        epoch(data_wait_fraction=0.629, data_wait=0.629),
-        window(W1, step_time=0.02, dataloader_time=0.005),
-        window(W2, step_time=0.02, dataloader_time=0.0116),
-        facts=facts(num_workers=0, cpu_count=2),
-    )
-    f = run("dataloader_bound", context)
-    assert f.title == "Training waits for data 62% of the time"
-    assert f.window == W2
-    assert f.evidence.startswith(
-        "data wait 62% of step time over 100 batches (6.29 ms per batch) (warning >= 10%, critical >= 30%); "
-        f"in window {W2} (the strongest of 2 windows) the DataLoader takes 58% of each step (11.60 ms of 20.00 ms)"
-    )
-    assert "num_workers=0" in f.evidence and "2 CPUs" in f.evidence
-
-
-def test_dataloader_without_windows_points_at_none():
-    assert run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5, data_wait=0.5))).window is None
-
-
-def test_dataloader_names_no_window_whose_batches_did_not_wait():
-    f = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5, data_wait=0.5), cw(dataloader_time=0.0999)))
-    assert f.window is None and "the profiler windows show less (at most 9% of a step in the DataLoader)" in f.evidence
-
-
-def test_dataloader_advice_says_when_the_windows_show_the_wait_is_not_the_dataloaders():
-    quiet_loader = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5, data_wait=0.5), cw(dataloader_time=0.0001)))
-    assert quiet_loader.advice.startswith("The DataLoader itself is a small part of the wait")
-    assert "on_after_batch_transfer" in quiet_loader.advice and "num_workers" in quiet_loader.advice
-    no_windows = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5, data_wait=0.5)))
-    assert not no_windows.advice.startswith("The DataLoader itself")
-
-
-def test_dataloader_advice_without_workers_is_to_add_them():
-    f = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5), facts=facts(num_workers=0, cpu_count=8)))
-    assert "`DataLoader(num_workers=7)`" in f.advice and "single largest win" in f.advice
-    assert "does not have many workers" in f.advice
-    assert "persistent_workers" not in f.advice  # no workers to keep alive
-    two_cpus = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5), facts=facts(num_workers=0, cpu_count=2)))
-    assert "`DataLoader(num_workers=1)`" in two_cpus.advice  # Lightning's suggestion: CPUs - 1
-    many = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5), facts=facts(num_workers=0, cpu_count=64)))
-    assert "`DataLoader(num_workers=8)`" in many.advice
-
-
-def test_dataloader_advice_with_every_cpu_a_worker_is_that_the_cpu_is_the_limit():
-    f = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5), facts=facts(num_workers=8, cpu_count=8)))
-    assert "The CPU is the limit" in f.advice and "num_workers=8 already uses all 8 CPUs" in f.advice
-    assert "on_after_batch_transfer" in f.advice and "cache" in f.advice
-    assert "Raise" not in f.advice and "single largest win" not in f.advice
-
-
-def test_dataloader_advice_with_some_workers_is_to_raise_them():
-    f = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5), facts=facts(num_workers=2, cpu_count=8)))
-    assert "from 2 to about 7" in f.advice and "prefetch_factor" in f.advice
-
-
-def test_dataloader_advice_on_pinning_and_persistent_workers_follows_the_facts():
-    unpinned = facts(GPU, pin_memory=False, persistent_workers=False)
-    f = run("dataloader_bound", gpu_ctx(gpu_epoch(data_wait_fraction=0.5), facts=unpinned))
-    assert "`pin_memory=True`" in f.advice and "`persistent_workers=True`" in f.advice
-    assert "start-up at every epoch" in f.advice
-    f = run("dataloader_bound", gpu_ctx(gpu_epoch(data_wait_fraction=0.5)))  # pinned and persistent already
-    assert "pin_memory=True" not in f.advice and "persistent_workers=True" not in f.advice
-    f = run("dataloader_bound", ctx(epoch(data_wait_fraction=0.5), facts=facts(pin_memory=False)))
-    assert "pin_memory=True" not in f.advice  # nothing to pin for on CPU
-
-
-def test_dataloader_is_judged_for_every_stage():
-    f = run("dataloader_bound", ctx(epoch(stage="validate", data_wait_fraction=0.4)))
-    assert f.stage == "validate" and f.title.startswith("Validation waits for data 40%")
+# --- dataloader_bound: tests/test_loader_advice.py ------------------------------------------------------
 
 
 # --- host_sync ----------------------------------------------------------------------------------------------
@@ -380,7 +496,7 @@ def test_host_sync_names_the_window_with_the_most_idle_time_and_what_causes_sync
     f = run("host_sync", context)
     assert f.severity == "warning" and f.window == W2
     assert "2 host-device syncs per step leave the GPU idle 12% of the step" in f.evidence
-    assert "(warning: >= 1 per step with >= 5% of the step idle)" in f.evidence
+    assert "(warning: >= 1 per step with >= 5% of the step idle and >= 0.10 ms per step)" in f.evidence
     for pattern in (".item()", "sync_dist=True", "torch.nonzero", "log_every_n_steps"):
         assert pattern in f.advice
 
@@ -402,7 +518,7 @@ def test_device_idle_names_the_least_busy_window_and_its_explanation():
     )
     f = run("device_idle", context)
     assert f.window == W2 and f.title == "GPU busy only 30% of each training step"
-    assert "(warning < 80%, critical < 50%)" in f.evidence
+    assert "(warning < 80%, critical < 50%, with >= 0.50 ms idle per step)" in f.evidence
     assert "dataloader_bound" in f.advice and "No other signal" not in f.advice
 
 
@@ -430,14 +546,32 @@ def test_launch_bound_on_gpu_names_the_least_busy_window_and_suggests_compile():
     assert "torch.compile(model)" in f.advice and "trainer.fit" in f.advice and "CUDA graph" in f.advice
 
 
-def test_launch_bound_on_cpu_names_the_window_with_the_most_ops_and_suggests_vectorizing():
-    tiny = dict(step_time=1.0, median_op_time=4e-6, host_op_time=0.8, framework_time=0.1)
-    context = ctx(None, window(W1, ops_per_step=2000.0, **tiny), window(W2, ops_per_step=3000.0, **tiny))
+def test_launch_bound_on_cpu_names_the_window_with_the_largest_tiny_op_share_and_suggests_vectorizing():
+    context = ctx(None, tiny_ops(W1, tiny_op_time=0.4, tiny_ops_per_step=3000.0), tiny_ops(W2, tiny_op_time=0.629))
     f = run("launch_bound", context)
-    assert f.window == W2 and f.title == "Training runs 3,000 tiny operators per step"
-    assert "Vectorize" in f.advice and "CUDA" not in f.advice
+    assert f.window == W2 and f.title == "Training spends 62% of each step in 1,500 tiny operators"
+    assert f.evidence == (
+        "62% of the step (629.00 ms of 1000.00 ms) in 1,500 operators shorter than 20.0 us each and the Python"
+        f" calling them, outside the DataLoader in window {W2} (the strongest of 2 windows) (warning >= 30% and"
+        " >= 1.00 ms per step)"
+    )
+    assert "Vectorize" in f.advice and "torch.compile" in f.advice and "CUDA" not in f.advice
     # The GPU rule reads kernels, not host operators: the same window on CUDA is not launch-bound.
-    assert run("launch_bound", ctx(None, window(ops_per_step=3000.0, **tiny), facts=GPU)) is None
+    assert run("launch_bound", ctx(None, tiny_ops(tiny_op_time=0.9), facts=GPU)) is None
+
+
+def test_launch_bound_on_cpu_counts_no_operators_a_report_did_not_measure():
+    # A report from before tiny operators were measured: thousands of short operators covering the step.
+    old = cw(ops_per_step=5000.0, median_op_time=4e-6, host_op_time=0.95, framework_time=0.01)
+    assert old.tiny_op_time is None and run("launch_bound", ctx(None, old)) is None
+
+
+def test_launch_bound_thresholds_override_and_its_cutoff_is_the_summarys():
+    assert run("launch_bound", ctx(None, tiny_ops(tiny_op_time=0.2)), launch_cpu_tiny_ops=0.2) is not None
+    floor = tiny_ops(step_time=0.01, tiny_op_time=0.005, framework_time=0.001)
+    assert run("launch_bound", ctx(None, floor)) is not None
+    assert run("launch_bound", ctx(None, floor), launch_cpu_min_time=0.0051) is None
+    assert rules_device.TINY_OP_TIME == pytest.approx(trace_module.TINY_OP_US * 1e-6)
 
 
 # --- h2d_copy -----------------------------------------------------------------------------------------------
@@ -576,13 +710,20 @@ def test_optimizer_heavy_single_tensor_update_advises_foreach_or_fused():
     )
     f = run("optimizer_heavy", context)
     assert f.window == W2 and f.title == "Optimizer update takes 40% of each training step"
-    assert "1,600 operators" in f.evidence and "(warning >= 20%)" in f.evidence
-    assert "foreach=True" in f.advice and "fused=True" in f.advice
+    assert "1,600 operators" in f.evidence and "(warning >= 20% and >= 0.50 ms per step)" in f.evidence
+    # On CPU `foreach` runs the same per-parameter loop (no faster, measured): only `fused` is advised there.
+    assert "fused=True" in f.advice and "foreach=True" not in f.advice and "does not help" in f.advice
+    looped = gw(W2, optimizer_update_time=0.40, optimizer_foreach=False)
+    on_gpu = run("optimizer_heavy", gpu_ctx(None, looped))
+    assert "`torch.optim.Adam(..., foreach=True)`" in on_gpu.advice and "fused=True" in on_gpu.advice
 
 
 def test_optimizer_heavy_with_foreach_already_advises_fused_and_fewer_tensors():
     f = run("optimizer_heavy", gpu_ctx(None, gw(optimizer_update_time=0.3)))
-    assert "already uses multi-tensor kernels" in f.advice and "fused=True" in f.advice and "on CUDA" in f.advice
+    assert "already uses multi-tensor kernels" in f.advice and "unless it is fused already" in f.advice
+    assert "fused=True" in f.advice and "fewer optimizer states" in f.advice
+    on_cpu = run("optimizer_heavy", ctx(None, cw(optimizer_update_time=0.3, optimizer_foreach=True)))
+    assert "On CPU `foreach` runs the same per-parameter loop" in on_cpu.advice and "fused=True" in on_cpu.advice
 
 
 # --- validation_heavy ---------------------------------------------------------------------------------------
@@ -592,7 +733,7 @@ def test_validation_heavy_counts_every_validation_run_of_the_epoch():
     runs = tuple(epoch(stage="validate", epoch=i, step_time=0.5, batches=20) for i in range(3))
     f = run("validation_heavy", ctx(epoch(step_time=1.0), validation=runs))
     assert f.title == "Validation takes 60% of each training epoch"
-    assert "1.50 s in 3 runs of 60 batches" in f.evidence and "(warning >= 30%)" in f.evidence
+    assert "1.50 s in 3 runs of 60 batches" in f.evidence and "(warning >= 30% and >= 0.10 s per epoch)" in f.evidence
     assert "limit_val_batches" in f.advice and "check_val_every_n_epoch" in f.advice
     assert "val_check_interval" in f.advice  # several runs per epoch
 
@@ -614,6 +755,17 @@ def test_framework_overhead_names_the_window_and_the_usual_suspects():
         assert pattern in f.advice
 
 
+def test_framework_overhead_names_the_stages_own_hook_and_logging():
+    heavy = cw(framework_time=0.3)
+    validation = run("framework_overhead", ctx(epoch(stage="validate"), heavy))
+    assert "`on_validation_batch_end`" in validation.advice
+    assert "`self.log(..., on_step=True)` in `validation_step`" in validation.advice  # eval logs per epoch by default
+    assert "log_every_n_steps" not in validation.advice  # it paces training's logging only
+    prediction = run("framework_overhead", ctx(epoch(stage="predict"), heavy))
+    assert "`on_predict_batch_end`" in prediction.advice and "self.log" not in prediction.advice  # predict can't log
+    assert "0.3-0.5 ms" in prediction.advice  # Lightning's own loop, which no setting removes
+
+
 # --- step_time_unstable -------------------------------------------------------------------------------------
 
 
@@ -625,7 +777,7 @@ def test_periodic_spikes_are_named_with_their_period():
     f = run("step_time_unstable", ctx(step_times=_steps({7, 15, 23, 31, 39})))
     assert f.title == "Training stalls every 8 batches"
     assert "5 steps >= 3x the median 10.00 ms at batches 7, 15, 23, 31, 39 (every 8 batches)" in f.evidence
-    assert "(warning >= 3 spikes)" in f.evidence
+    assert "(warning >= 3 spikes, each >= 1.00 ms above the median)" in f.evidence
     assert "Something runs every 8 batches" in f.advice and "log_every_n_steps" in f.advice
 
 
@@ -671,7 +823,7 @@ def test_the_first_step_is_warm_up_not_a_spike():
 def test_a_wide_spread_without_spikes():
     f = run("step_time_unstable", ctx(epoch(step_time_p90=0.025)))
     assert f.title == "Training step time unstable: p90 2.50x the median"
-    assert "p90 step 25.00 ms is 2.50x the median 10.00 ms (warning >= 1.5x)" in f.evidence
+    assert "p90 step 25.00 ms is 2.50x the median 10.00 ms (warning >= 1.5x and >= 1.00 ms above it)" in f.evidence
     assert "bucket" in f.advice
 
 
@@ -687,7 +839,8 @@ def test_communication_bound_names_the_window_and_ddp_settings():
         facts=facts(GPU, world_size=8),
     )
     f = run("communication_bound", context)
-    assert f.window == W2 and "30% of the step" in f.evidence and "(warning >= 15%)" in f.evidence
+    assert f.window == W2 and "30% of the step" in f.evidence
+    assert "(warning >= 15% and >= 0.50 ms per step)" in f.evidence
     for pattern in ("gradient_as_bucket_view=True", "bucket_cap_mb", "static_graph=True", "accumulate_grad_batches"):
         assert pattern in f.advice
     assert "NCCL_DEBUG" in f.advice
@@ -829,7 +982,7 @@ def test_every_default_is_a_named_constant_with_a_comment():
 
 def test_diagnose_sorts_critical_first_then_by_catalogue_order():
     context = gpu_ctx(
-        gpu_epoch(data_wait_fraction=0.15, step_time_p90=0.02, cuda_max_reserved=79 * GiB),
+        gpu_epoch(data_wait_fraction=0.15, data_wait=0.15, step_time_p90=0.02, cuda_max_reserved=79 * GiB),
         gw(framework_time=0.2),
     )
     found = [(f.severity, f.id) for f in diagnose(context)]
@@ -853,7 +1006,7 @@ def test_a_rule_that_raises_is_skipped_and_reported(monkeypatch):
 
     monkeypatch.setitem(RULES, "host_sync", broken)
     errors = []
-    context = ctx(epoch(data_wait_fraction=0.5))
+    context = ctx(epoch(data_wait_fraction=0.5, data_wait=0.5))
     found = diagnose(context, on_error=lambda rule_id, err: errors.append((rule_id, err)))
     assert [f.id for f in found] == ["dataloader_bound"]
     [(rule_id, err)] = errors

@@ -95,6 +95,9 @@ def test_host_side_of_the_steps(rewrite):
     assert s.ops_per_step == 4.5
     # Top-level main-thread ops: linear 20, mul 4, add_ 5, add_ 4, relu 10, add_ 5.
     assert s.median_op_time == _approx(5 * US)
+    # Of those, tiny (under 20 us): all but linear; each with the gap before it where under 20 us (mul 11,
+    # the second add_ 1, the last 5; not the first add_'s 25 or relu's 60).
+    assert (s.tiny_ops_per_step, s.tiny_op_time) == (2.5, _approx((4 + 5 + 4 + 10 + 5 + 11 + 1 + 5) / 2 * US))
     for name in (
         "device_busy",
         "kernels_per_step",
@@ -109,6 +112,33 @@ def test_host_side_of_the_steps(rewrite):
         "tensor_core_capable",
     ):
         assert getattr(s, name) is None, name
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["torch-categories", "tensorboard-categories"])
+def test_tiny_operators_are_the_steps_own_outside_the_dataloader(rewrite):
+    s = _summary(
+        _span("ProfilerStep#0", 0, 1000),
+        _span("ProfilerStep#1", 1000, 1000),
+        # Per-sample transforms inside the DataLoader's __next__ (num_workers=0): the DataLoader's, not counted.
+        *(_span(DATALOADER, step, 100) for step in (0, 1000)),
+        *(_op("aten::unsqueeze", step + 1 + 10 * i, 5) for step in (0, 1000) for i in range(9)),
+        # The step's own: in step 0, 20 tiny operators of 6 us 4 us apart (the first 24 us after the DataLoader's
+        # last); in step 1 one of 8 us (a child inside it is no other), one of 5 us and one of 2 us 3 us after it.
+        *(_op("aten::mul", 110 + 10 * i, 6) for i in range(20)),
+        _op("aten::add", 1300, 8),
+        _op("aten::empty", 1301, 2),
+        _op("aten::mm", 1400, 20),  # 20 us: not tiny
+        _span("Optimizer.step#SGD.step", 1500, 100),  # annotations are no parents: the add_ in it is top level
+        _op("aten::add_", 1510, 5),
+        _op("aten::neg", 1518, 2),
+        _op("aten::mul", 1700, 5, tid=2),  # another thread
+        _op("aten::mul", 2100, 5),  # after the steps
+        rewrite=rewrite,
+    )
+    assert s.tiny_ops_per_step == (20 + 3) / 2
+    # Durations, and the gaps under 20 us before them: the Python that dispatched them.
+    assert s.tiny_op_time == _approx((20 * 6 + 19 * 4 + 8 + 5 + 2 + 3) / 2 * US)
+    assert s.ops_per_step == (18 + 20 + 2 + 1 + 1 + 1 + 1) / 2  # what launch_bound counted before: every operator
 
 
 @pytest.mark.parametrize(
@@ -221,6 +251,7 @@ def test_a_trace_without_profiler_steps_is_one_step():
 def test_an_empty_trace():
     s = summarize_trace({"traceEvents": []}, window="empty")
     assert (s.steps, s.step_time, s.ops_per_step, s.device_busy) == (1, 0.0, 0.0, None)
+    assert (s.tiny_ops_per_step, s.tiny_op_time) == (0.0, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -286,6 +317,8 @@ def test_interval_union_intersection_and_difference(a, b):
     spans = sorted(((start, end, "", False) for start, end in a), key=lambda span: (span[0], -span[1]))
     starts, ends = np.array([span[0] for span in spans], dtype=float), np.array([span[1] for span in spans], dtype=float)
     assert trace_module._merge_arrays(starts, ends) == ua
+    points = np.arange(-1.0, 82.0, 0.5)
+    assert trace_module._starts_in(points, ua).tolist() == [trace_module._inside(p, ua) for p in points.tolist()]
 
 
 # The arrays' ways of sorting out a thread's host spans and device activity, against plain Python.
@@ -322,7 +355,7 @@ def test_a_thread_s_spans_sort_by_start_longest_first_then_in_trace_order(spans)
         # Top-level operators: cpu_ops inside no other cpu_op (annotations are no parents).
         main = trace_module._MainThread.of(trace_module._scan(index), (1, 1))
         ops = [(e.ts, e.ts + e.dur) for e in host if e.cat == "cpu_op" and not e.name.startswith("Optimizer.step#")]
-        assert main.top_level_ops() == trace_module._outermost(ops)
+        assert list(zip(*(column.tolist() for column in main.top_level()))) == trace_module._outermost(ops)
 
 
 _DEVICE = st.lists(
@@ -412,6 +445,8 @@ def test_real_cpu_profiles_tell_foreach_from_per_parameter_updates(tmp_path):
         # The closure's forward and backward run inside the optimizer's span, before its update part.
         assert 0 < s.optimizer_update_time < s.optimizer_time < s.step_time
         assert 0 < s.host_op_time <= s.step_time
+        # The DataLoader's per-sample indexing is no tiny operator of the step's.
+        assert 0 < s.tiny_ops_per_step < s.ops_per_step and 0 < s.tiny_op_time < s.host_op_time
         assert s.framework_time == pytest.approx(s.step_time - s.host_op_time)
         assert (s.device_busy, s.kernels_per_step, s.syncs_per_step, s.h2d_time, s.communication_time) == (None,) * 5
         assert s.tensor_core_capable is None

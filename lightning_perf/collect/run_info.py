@@ -35,8 +35,18 @@ def run_info(trainer: pl.Trainer) -> dict[str, Any]:
         "strategy": type(trainer.strategy).__name__,
         "cpu_count": cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "max_epochs": planned_epochs(trainer),
         "dataloaders": {},
     }
+
+
+def planned_epochs(trainer: pl.Trainer) -> int | None:
+    """The epochs a call plans: a fit's ``Trainer(max_epochs=...)``, ``None`` when unbounded or unset (then
+    ``max_steps`` or a callback decides); 1 for ``validate``, ``test`` and ``predict``."""
+    if trainer.state.fn is not None and trainer.state.fn.value != "fit":
+        return 1
+    epochs = trainer.max_epochs
+    return epochs if isinstance(epochs, int) and epochs > 0 else None
 
 
 def cpu_count() -> int | None:

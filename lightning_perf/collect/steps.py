@@ -12,6 +12,16 @@ How the split is measured, for each batch ``k`` of a stage's epoch:
   moves it to the device in between, so this is the time the loop waited for input.
 - **compute**: from the start to the end of batch ``k``: forward, backward, optimizer step and the hooks.
 - A validation run inside a training epoch is neither: the clock restarts when it ends.
+- **the first batch's data wait** also holds what Lightning did before the epoch-start hook to start the
+  DataLoader: it creates the iterator (starting worker processes, and for an ``IterableDataset`` fetching
+  the first batch) before ``on_train_epoch_start`` in a fit's first epoch and before every
+  ``on_validation_epoch_start``; :mod:`lightning_perf.collect.loops` times that and the caller passes it to
+  :meth:`StepClock.epoch_start`.
+- **CPU demand during the wait** (:class:`CpuDemand`): over the data wait of every ``CPU_SAMPLE_EVERY``-th
+  batch (batches 1, 5, 9, ...), the process's CPU time (all its threads; not its worker processes') plus
+  the time its main thread waited in the kernel's run queue for a CPU (a busy machine): close to the wait
+  itself when the training process loads the batch with its CPU, close to zero when it waits for workers,
+  a disk or the network. A few microseconds per sampled batch (two system calls).
 
 Accuracy on CUDA: all three are host-side times. The host may run ahead of the device by the kernels it has
 queued, so a single batch's compute can be short and the next batch's data wait long (the host waits in
@@ -21,6 +31,7 @@ more than a bounded queue ahead (any ``.item()``, logging or the caching allocat
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +41,9 @@ import torch
 # A stage keeps at most this many batch losses on their device before summing them into one there (no
 # synchronization): a tensor per batch held to the epoch's end would hold a caching-allocator block each.
 LOSS_FOLD = 256
+# The CPU clock is read around every 4th batch's data wait (from batch 1: batch 0 holds the DataLoader's
+# start-up): a share needs no more, and each read is a system call.
+CPU_SAMPLE_EVERY = 4
 
 
 def loss_tensor(outputs: Any) -> Any:
@@ -41,6 +55,50 @@ def loss_tensor(outputs: Any) -> Any:
     return None
 
 
+class CpuDemand:
+    """Seconds of CPU the process used plus seconds its main thread waited for a CPU, cumulative.
+
+    The second part, from ``/proc/<pid>/schedstat`` (Linux, the main thread's run-queue wait), keeps loading
+    that is CPU-bound on a contended machine from reading as waiting; where the file cannot be read it is
+    left out (CPU time alone). The file is opened on first use in each process (a forked or spawned copy of
+    the callback opens its own), and a pickled copy carries no descriptor.
+    """
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._pid: int | None = None  # the process the descriptor was opened in
+
+    def __call__(self) -> float:
+        seconds = time.process_time()
+        pid = os.getpid()
+        if self._pid != pid:
+            self._open(pid)
+        if self._fd is not None:
+            try:
+                seconds += int(os.pread(self._fd, 64, 0).split()[1]) * 1e-9
+            except (OSError, IndexError, ValueError):
+                self.close()
+        return seconds
+
+    def _open(self, pid: int) -> None:
+        self._pid = pid  # (a descriptor inherited from a parent process is left to it)
+        try:
+            self._fd = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None and self._pid == os.getpid():
+            os.close(fd)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_fd": None, "_pid": None}
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class StepClock:
     """Per-batch times, sizes and losses of one stage, for the current epoch.
 
@@ -49,12 +107,21 @@ class StepClock:
         clock: Seconds, monotonic (``time.perf_counter``).
     """
 
-    def __init__(self, batch_size: Callable[[Any], int | None], clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        batch_size: Callable[[Any], int | None],
+        clock: Callable[[], float] = time.perf_counter,
+        cpu_clock: Callable[[], float] | None = None,
+    ):
         self._batch_size = batch_size
         self._clock = clock
+        self._cpu_clock = cpu_clock or CpuDemand()
         self._last_end = clock()
+        self._last_end_cpu: float | None = None  # set when the coming batch's wait is sampled
         self._start = self._last_end
         self.data_wait: list[float] = []
+        self.sampled_wait = 0.0  # wall seconds of the sampled batches' data waits
+        self.sampled_wait_cpu = 0.0  # the process's CPU seconds during them
         self.compute: list[float] = []
         self.batch_sizes: list[int | None] = []
         self.profiled: list[bool] = []  # the batch ran inside a profiler window (warm-up or recording)
@@ -63,17 +130,31 @@ class StepClock:
         self._loss_sum: Any = None  # the earlier losses of the epoch, summed on their device
         self._loss_count = 0
 
-    def epoch_start(self) -> None:
-        self._last_end = self._clock()
+    def epoch_start(self, waited: float = 0.0) -> None:
+        """Starts an epoch's clocks.
+
+        Args:
+            waited: Seconds Lightning already spent starting the DataLoader before the epoch-start hook,
+                counted in the first batch's data wait.
+        """
+        self._last_end = self._clock() - waited
+        self._last_end_cpu = None
         self.data_wait, self.compute, self.batch_sizes, self.profiled, self.losses = [], [], [], [], []
+        self.sampled_wait = self.sampled_wait_cpu = 0.0
         self._loss_sum, self._loss_count = None, 0
 
     def restart(self) -> None:
-        """Restarts the data-wait clock (after a validation run inside a training epoch)."""
+        """Restarts the data-wait clock (after the batch's own work, or a validation run inside a training
+        epoch)."""
         self._last_end = self._clock()
+        self._last_end_cpu = self._cpu_clock() if len(self.compute) % CPU_SAMPLE_EVERY == 1 else None
 
     def batch_start(self, batch: Any, profiled: bool = False) -> None:
         now = self._clock()
+        if self._last_end_cpu is not None:
+            self.sampled_wait_cpu += self._cpu_clock() - self._last_end_cpu
+            self.sampled_wait += now - self._last_end
+            self._last_end_cpu = None
         self.data_wait.append(now - self._last_end)
         self._start = now
         self.batch_sizes.append(self._batch_size(batch))
@@ -109,6 +190,10 @@ class StepClock:
     @property
     def batches(self) -> int:
         return len(self.compute)
+
+    def loading_cpu_share(self) -> float | None:
+        """The process's CPU seconds over wall seconds in the sampled data waits; ``None`` without any."""
+        return self.sampled_wait_cpu / self.sampled_wait if self.sampled_wait > 0 else None
 
     def mean_loss(self) -> float | None:
         """The mean of the epoch's losses: one device synchronization, at the epoch's end."""

@@ -31,6 +31,9 @@ class RunFacts:
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
     batch_size: int | None = None
+    dataset: str | None = None  # "map" or "iterable"
+    shared_state: str | None = None  # what the dataset shares with the LightningModule, described
+    epochs: int | None = None  # epochs of this stage the run does (1 for a validate/test/predict call)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,6 +41,31 @@ def stage_name(stage: str) -> str:
     return _STAGE_NAMES.get(stage, stage.capitalize())
 
 
+# Lightning's names, per stage, of the LightningModule's step method and of the hooks' stage part.
+_STEP_METHODS = {
+    "train": "training_step",
+    "validate": "validation_step",
+    "test": "test_step",
+    "predict": "predict_step",
+}
+_HOOK_STAGES = {"train": "train", "validate": "validation", "test": "test", "predict": "predict"}
+
+
+def step_method(stage: str) -> str:
+    """The LightningModule method that runs a batch of ``stage``: ``"validate"`` -> ``"validation_step"``."""
+    return _STEP_METHODS.get(stage, f"{stage}_step")
+
+
+def batch_end_hook(stage: str) -> str:
+    """The hook called after each batch of ``stage``: ``"validate"`` -> ``"on_validation_batch_end"``."""
+    return f"on_{_HOOK_STAGES.get(stage, stage)}_batch_end"
+
+
+def epoch_end_hook(stage: str) -> str:
+    """The hook called at the end of each epoch of ``stage``: ``"test"`` -> ``"on_test_epoch_end"``."""
+    return f"on_{_HOOK_STAGES.get(stage, stage)}_epoch_end"
+
+
 def reaches(value: float, threshold: float) -> bool:
     """``value >= threshold``, tolerant of floating-point error at the threshold itself."""
     return value >= threshold - _EPS

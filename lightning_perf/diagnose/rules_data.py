@@ -8,9 +8,10 @@ copy to it).
 
 from __future__ import annotations
 
+from lightning_perf.diagnose.loader_advice import STARTUP_DOMINANT, loader_advice, loading, loading_evidence
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.rules import (
-    cpus_per_process,
+    below,
     finding,
     in_window,
     limit,
@@ -23,20 +24,6 @@ from lightning_perf.diagnose.rules import (
 )
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import share
-
-# Advice only: the most workers we suggest from scratch. Lightning suggests up to the CPUs per device minus
-# one (``suggested_max_num_workers``); beyond about 8 workers returns diminish for most pipelines while each
-# worker holds a copy of the dataset object and ``prefetch_factor`` batches (our judgment).
-MAX_SUGGESTED_WORKERS = 8
-
-
-def suggested_workers(facts: RunFacts) -> int:
-    """Workers to suggest: Lightning's ``suggested_max_num_workers`` (CPUs per process minus one), at most 8;
-    4 when the CPU count is unknown."""
-    per_process = cpus_per_process(facts)
-    if per_process is None:
-        return 4
-    return max(1, min(MAX_SUGGESTED_WORKERS, per_process - 1))
 
 
 def loader_facts(facts: RunFacts) -> str:
@@ -51,8 +38,12 @@ def loader_facts(facts: RunFacts) -> str:
         )
         if value is not None
     ]
+    if facts.dataset == "iterable":
+        parts.append("an IterableDataset")
     if facts.cpu_count is not None:
         parts.append(f"{facts.cpu_count} CPU{'s' if facts.cpu_count != 1 else ''}")
+    if facts.torch_threads is not None and facts.device == "cpu":
+        parts.append(f"{facts.torch_threads} torch thread{'s' if facts.torch_threads != 1 else ''}")
     return ", ".join(parts)
 
 
@@ -60,23 +51,31 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     """The stage's steps wait for the DataLoader.
 
     Notes:
-        1. Measures the epoch's data wait / step time, from every batch (no profiler needed).
-        2. Fires at ``dataloader_warning``; critical at ``dataloader_critical``.
+        1. Measures the epoch's data wait / step time, from every batch (no profiler needed), the first
+           batch's DataLoader start-up included.
+        2. Fires at ``dataloader_warning``; critical at ``dataloader_critical``; never when the mean wait per
+           batch is below ``dataloader_min_wait``.
         3. Points at the window whose DataLoader spans take the largest share of the step, when that share
            reaches ``dataloader_warning`` too.
-        4. Advice follows the DataLoader's settings: no workers, workers already using every CPU (then the
-           CPU is the limit), pinned memory on CUDA, persistent workers.
+        4. Advice is predicted from the run's facts (:mod:`~lightning_perf.diagnose.loader_advice`): free
+           CPUs, CPU-bound or waiting loading, the workers' start-up, and a dataset that shares state with
+           the module. When the windows show the wait is not the DataLoader's, it says where else to look.
     """
     epoch = ctx.epoch
     fraction = epoch.data_wait_fraction
+    measured = max(epoch.measured_batches, 1)
     if epoch.batches <= 0 or epoch.step_time <= 0 or not reaches(fraction, t.dataloader_warning):
+        return None
+    if below(epoch.data_wait / measured, t.dataloader_min_wait):
         return None
     severity = "critical" if reaches(fraction, t.dataloader_critical) else "warning"
     facts = ctx.facts
+    load = loading(ctx)
     evidence = [
         f"data wait {percent(fraction)} of step time over {epoch.measured_batches} batches"
-        f" ({ms(epoch.data_wait / max(epoch.measured_batches, 1))} per batch)"
-        f" (warning >= {limit(t.dataloader_warning)}, critical >= {limit(t.dataloader_critical)})"
+        f" ({ms(epoch.data_wait / measured)} per batch)"
+        f" (warning >= {limit(t.dataloader_warning)}, critical >= {limit(t.dataloader_critical)},"
+        f" and >= {ms(t.dataloader_min_wait)} per batch)"
     ]
     best = strongest(ctx.windows, lambda w: share(w.dataloader_time, w))
     if best is not None and reaches(best[1], t.dataloader_warning):
@@ -89,17 +88,19 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         evidence.append(f"the profiler windows show less (at most {percent(best[1])} of a step in the DataLoader)")
         best = None
     evidence.append(loader_facts(facts))
-    advice = _dataloader_advice(facts)
-    if ctx.windows and best is None:
-        # The DataLoader's own spans are small in every window: the wait between batches is mostly elsewhere.
+    evidence.extend(loading_evidence(load, facts))
+    if ctx.windows and best is None and load.startup_share < STARTUP_DOMINANT:
+        # The DataLoader's own spans are small in every window and the first batch does not explain the
+        # wait: what the loop waits for between batches is mostly something else.
         advice = [
             "The DataLoader itself is a small part of the wait in the profiler windows: look at what else runs"
             " between batches, in the window's trace between `ProfilerStep` spans: the batch's transfer and"
-            " `on_after_batch_transfer`/`transfer_batch_to_device`, other callbacks' `on_*_batch_start/end`"
+            " `on_after_batch_transfer`/`transfer_batch_to_device`, other callbacks' batch-start and batch-end"
             " hooks, and Lightning's loop itself (about 0.3 ms a batch, which shows only when steps are a few ms)."
-            " If the DataLoader's share varies between batches, more workers still help:",
-            *advice,
+            " DataLoader settings will not change those.",
         ]
+    else:
+        advice = loader_advice(ctx)
     return finding(
         ctx,
         "dataloader_bound",
@@ -109,49 +110,6 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         advice,
         best[0] if best else None,
     )
-
-
-def _dataloader_advice(facts: RunFacts) -> list[str]:
-    workers, cpus = facts.num_workers, facts.cpu_count
-    suggested = suggested_workers(facts)
-    advice = []
-    if workers == 0:
-        advice.append(
-            f"Set `DataLoader(num_workers={suggested})`: batches are then loaded in {suggested} background"
-            f" process{'es' if suggested > 1 else ''} while the model computes, usually the single largest win"
-            " (Lightning's \"does not have many workers which may be a bottleneck\" warning says the same)."
-        )
-    elif workers is not None and cpus is not None and workers >= cpus:
-        advice.append(
-            f"The CPU is the limit: num_workers={workers} already uses all {cpus} CPUs, so more workers will"
-            " not help. Make each sample cheaper: move augmentation to the GPU on whole batches (in"
-            " `LightningModule.on_after_batch_transfer`), cache decoded or preprocessed data (once, to disk or"
-            " memory), use a faster decoder (e.g. `torchvision.io.decode_jpeg(..., device=\"cuda\")`), or store"
-            " smaller inputs."
-        )
-    elif workers is not None:
-        target = min(cpus, max(2 * workers, suggested)) if cpus is not None else 2 * workers
-        advice.append(
-            f"Raise `DataLoader(num_workers=...)` from {workers} to about {target}"
-            + (f" ({cpus} CPUs available)" if cpus is not None else "")
-            + ", and `prefetch_factor` (batches queued per worker, default 2) if loading time varies."
-        )
-    else:
-        advice.append(
-            f"Check the DataLoader's `num_workers` (0 loads every batch in the training process): set"
-            f" `DataLoader(num_workers={suggested})` to load batches in the background."
-        )
-    if facts.device.startswith("cuda") and facts.pin_memory is False:
-        advice.append(
-            "Set `pin_memory=True`: copies from pinned memory run asynchronously (Lightning already moves"
-            " batches with `non_blocking=True`)."
-        )
-    if workers and facts.persistent_workers is False:
-        advice.append(
-            "Set `persistent_workers=True`, which keeps the workers alive between epochs and removes their"
-            " start-up at every epoch."
-        )
-    return advice
 
 
 def h2d_copy(ctx: StageEpoch, t: Thresholds) -> Finding | None:

@@ -21,6 +21,7 @@ from lightning_perf.diagnose.rules import (
     percent,
     reaches,
     stage_name,
+    step_method,
     strongest,
     us,
 )
@@ -29,6 +30,9 @@ from lightning_perf.records import TraceSummary, share
 
 # Tensor-core GPUs without bf16 or TF32 (Volta, Turing): there, only fp16 ("16-mixed") uses the tensor cores.
 PRE_AMPERE_NAMES = ("V100", "GV100", "TITAN V", "T4", "TITAN RTX", "RTX 20", "QUADRO RTX")
+# What the summary counts as a tiny operator, in seconds, for the evidence's text: the summary's own cutoff
+# (lightning_perf.summarize.trace.TINY_OP_US), which this package cannot import (numpy); a test holds them equal.
+TINY_OP_TIME = 20e-6
 
 
 def _count(value: float) -> str:
@@ -43,6 +47,7 @@ def _syncing(window: TraceSummary, t: Thresholds) -> bool:
         and idle is not None
         and reaches(window.syncs_per_step, t.host_sync_per_step)
         and reaches(idle, t.host_sync_idle)
+        and reaches(window.sync_idle_time or 0.0, t.host_sync_min_idle)
     )
 
 
@@ -52,8 +57,9 @@ def host_sync(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     Notes:
         1. Per window: host-device synchronizations per step, and the device idle time inside them / step
            time.
-        2. Fires, as a warning, where both reach ``host_sync_per_step`` and ``host_sync_idle``; points at the
-           window with the most idle time.
+        2. Fires, as a warning, where both reach ``host_sync_per_step`` and ``host_sync_idle``, and the idle
+           time ``host_sync_min_idle`` per step; points at the window with the most idle time.
+        3. Advice names the stage's step method and how the stage logs (predict does not).
     """
     if not on_cuda(ctx):
         return None
@@ -65,16 +71,10 @@ def host_sync(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     evidence = [
         f"{_count(syncs)} host-device syncs per step leave the GPU idle {percent(idle)} of the step"
         f" ({ms(window.sync_idle_time or 0.0)} of {ms(window.step_time)}) {in_window(window, len(ctx.windows))}"
-        f" (warning: >= {_count(t.host_sync_per_step)} per step with >= {limit(t.host_sync_idle)} of the step idle)"
+        f" (warning: >= {_count(t.host_sync_per_step)} per step with >= {limit(t.host_sync_idle)} of the step idle"
+        f" and >= {ms(t.host_sync_min_idle)} per step)"
     ]
-    advice = [
-        "Find what makes the host wait in the step: `.item()`, `.cpu()`, `.tolist()`, `print(loss)` or"
-        " `if tensor:` in `training_step`; `self.log(..., sync_dist=True)` on every step; `torch.nonzero` or"
-        " boolean-mask indexing (`x[mask]`), whose output size the host must read.",
-        "Log tensors (`self.log(\"loss\", loss)`) and let Lightning reduce them every `log_every_n_steps`;"
-        " use `torch.where` or multiplications instead of masks. `torch.cuda.set_sync_debug_mode(\"warn\")`"
-        " reports each sync with its stack.",
-    ]
+    advice = [_sync_advice(ctx.stage)]
     return finding(
         ctx,
         "host_sync",
@@ -83,6 +83,35 @@ def host_sync(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         evidence,
         advice,
         window,
+    )
+
+
+def _sync_advice(stage: str) -> str:
+    """Where syncs come from in ``stage``'s step, and how to remove them."""
+    common = (
+        " `torch.nonzero` or boolean-mask indexing (`x[mask]`), whose output size the host must read (use"
+        " `torch.where` or multiplications instead)."
+    )
+    debug = " `torch.cuda.set_sync_debug_mode(\"warn\")` reports each sync with its stack."
+    step = f"`.item()`, `.cpu()`, `.tolist()`, `print(...)` or `if tensor:` in `{step_method(stage)}`"
+    if stage == "train":
+        return (
+            f"Find what makes the host wait in the step: {step}; `self.log(..., sync_dist=True)` on every step;"
+            + common
+            + " Log tensors (`self.log(\"loss\", loss)`) and let Lightning reduce them every"
+            " `log_every_n_steps`." + debug
+        )
+    if stage == "predict":
+        return (
+            f"Find what makes the host wait in the step: {step};" + common + " Lightning itself copies each"
+            " batch's predictions to the CPU to return them, one sync per step that is expected:"
+            " `trainer.predict(..., return_predictions=False)` drops it when nothing needs them on the host."
+            + debug
+        )
+    return (
+        f"Find what makes the host wait in the step: {step}; `self.log(..., on_step=True, sync_dist=True)`;"
+        + common
+        + " Log tensors (`self.log(name, value)`): here Lightning reduces them once, at the epoch's end." + debug
     )
 
 
@@ -116,14 +145,19 @@ def _idle_causes(ctx: StageEpoch, window: TraceSummary, t: Thresholds) -> list[t
             "pinned memory (`pin_memory=True`, see h2d_copy)",
         ),
         (
-            reaches(comm, t.communication) and comm > 0,
+            reaches(comm, t.communication)
+            and reaches(window.communication_exposed_time or 0.0, t.communication_min_time),
             f"exposed communication ({percent(comm)} of the step)",
-            "overlapped gradient sync (`DDPStrategy` buckets, see communication_bound)",
+            "overlapped gradient sync (`DDPStrategy` buckets, see communication_bound)"
+            if ctx.stage == "train"
+            else "fewer collectives in the step (see communication_bound)",
         ),
         (
-            reaches(framework, t.framework_overhead) and framework > 0,
+            reaches(framework, t.framework_overhead) and reaches(window.framework_time, t.framework_min_time),
             f"Python outside torch operators ({percent(framework)} of the step)",
-            "lighter hooks and logging (`log_every_n_steps`, see framework_overhead)",
+            "lighter hooks and logging (`log_every_n_steps`, see framework_overhead)"
+            if ctx.stage == "train"
+            else "lighter hooks and logging (see framework_overhead)",
         ),
     )
     return [(cause, fix) for fired, cause, fix in checks if fired]
@@ -134,15 +168,20 @@ def device_idle(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 
     Notes:
         1. Per window: time at least one kernel, copy or memset ran / step time.
-        2. Fires below ``device_busy_warning``; critical below ``device_busy_critical``. Points at the
-           least busy window.
+        2. Fires below ``device_busy_warning``; critical below ``device_busy_critical``; in windows where the
+           device also idles ``device_idle_min_time`` per step or more. Points at the least busy such window.
         3. Advice names the other signals that explain the idle time in that window (data wait, syncs,
            short kernels, copies, communication, framework time) and their findings; with none, it says how
            to find the gaps.
     """
     if not on_cuda(ctx):
         return None
-    best = strongest(ctx.windows, lambda w: share(w.device_busy, w), lowest=True)
+    idle_enough = (
+        w
+        for w in ctx.windows
+        if w.device_busy is not None and reaches(w.step_time - w.device_busy, t.device_idle_min_time)
+    )
+    best = strongest(idle_enough, lambda w: share(w.device_busy, w), lowest=True)
     if best is None or not below(best[1], t.device_busy_warning):
         return None
     window, busy = best
@@ -150,7 +189,8 @@ def device_idle(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     evidence = [
         f"GPU busy {percent(busy)} of the step ({ms(window.device_busy or 0.0)} of {ms(window.step_time)})"
         f" {in_window(window, len(ctx.windows))}"
-        f" (warning < {limit(t.device_busy_warning)}, critical < {limit(t.device_busy_critical)})"
+        f" (warning < {limit(t.device_busy_warning)}, critical < {limit(t.device_busy_critical)}, with"
+        f" >= {ms(t.device_idle_min_time)} idle per step)"
     ]
     causes = _idle_causes(ctx, window, t)
     if causes:
@@ -161,8 +201,9 @@ def device_idle(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             "No other signal explains it: the host does not queue work fast enough. Open this window in"
             " TensorBoard's PyTorch Profiler tab (or HTA's idle-time breakdown) to see what the host runs during"
             " the gaps. A larger `batch_size` gives the GPU more work per launch (torch-tb-profiler's advice"
-            " below 50% utilization), and `model = torch.compile(model)` before `trainer.fit` cuts the host's"
-            " work per step."
+            " below 50% utilization), and `model = torch.compile(model)` before"
+            + (" `trainer.fit`" if ctx.stage == "train" else " passing it to the Trainer")
+            + " cuts the host's work per step."
         ]
     return finding(
         ctx,
@@ -181,9 +222,12 @@ def launch_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     Notes:
         1. GPU: a window whose median kernel is shorter than ``launch_kernel_time`` while the device is busy
            less than ``launch_device_busy`` of the step; points at the least busy such window.
-        2. CPU (``RunFacts.device == "cpu"``): a window with at least ``launch_cpu_ops_per_step`` host
-           operators per step, median shorter than ``launch_cpu_op_time``, covering at least
-           ``launch_cpu_host_ops`` of the step; points at the one with the most operators.
+        2. CPU (``RunFacts.device == "cpu"``): the step's own tiny operators (``TraceSummary.tiny_op_time``:
+           top-level operators under 20 us, with the Python gaps that dispatch them, outside the DataLoader's
+           spans, whose per-sample work is ``dataloader_bound``'s) take at least ``launch_cpu_tiny_ops`` of
+           the step and at least ``launch_cpu_min_time`` per step; points at the window with the largest
+           share. How many operators run does not matter: a compute-bound step of thousands of operators
+           spends its time in few long ones. Windows from reports without ``tiny_op_time`` are not judged.
         3. Warning.
     """
     stage = stage_name(ctx.stage)
@@ -219,20 +263,21 @@ def launch_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     candidates = [
         w
         for w in ctx.windows
-        if reaches(w.ops_per_step, t.launch_cpu_ops_per_step)
-        and below(w.median_op_time, t.launch_cpu_op_time)
-        and (host := share(w.host_op_time, w)) is not None
-        and reaches(host, t.launch_cpu_host_ops)
+        if w.tiny_op_time is not None
+        and reaches(w.tiny_op_time, t.launch_cpu_min_time)
+        and (tiny := share(w.tiny_op_time, w)) is not None
+        and reaches(tiny, t.launch_cpu_tiny_ops)
     ]
-    best = strongest(candidates, lambda w: w.ops_per_step)
+    best = strongest(candidates, lambda w: share(w.tiny_op_time, w))
     if best is None:
         return None
-    window, ops = best
-    host = share(window.host_op_time, window) or 0.0
+    window, tiny = best
+    ops = window.tiny_ops_per_step or 0.0
     evidence = [
-        f"{ops:,.0f} operators per step (threshold >= {t.launch_cpu_ops_per_step:,.0f}), median"
-        f" {us(window.median_op_time)} (threshold < {us(t.launch_cpu_op_time)}), covering {percent(host)} of the"
-        f" step (threshold >= {limit(t.launch_cpu_host_ops)}) {in_window(window, len(ctx.windows))}"
+        f"{percent(tiny)} of the step ({ms(window.tiny_op_time or 0.0)} of {ms(window.step_time)}) in"
+        f" {ops:,.0f} operators shorter than {us(TINY_OP_TIME)} each and the Python calling them, outside the"
+        f" DataLoader {in_window(window, len(ctx.windows))} (warning >= {limit(t.launch_cpu_tiny_ops)} and"
+        f" >= {ms(t.launch_cpu_min_time)} per step)"
     ]
     advice = [
         "Vectorize: each eager operator pays microseconds of dispatch however small its tensor, so a Python"
@@ -240,7 +285,7 @@ def launch_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         " `torch.stack` once instead of per element, indexing instead of loops); `model = torch.compile(model)`"
         " before `trainer.fit` fuses what remains, and a larger `batch_size` does more work per operator.",
     ]
-    title = f"{stage} runs {ops:,.0f} tiny operators per step"
+    title = f"{stage} spends {percent(tiny)} of each step in {ops:,.0f} tiny operators"
     return finding(ctx, "launch_bound", "warning", title, evidence, advice, window)
 
 
@@ -275,7 +320,8 @@ def precision(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     if name and any(marker in name.upper() for marker in PRE_AMPERE_NAMES):
         advice = [
             f'Use `Trainer(precision="16-mixed")`: on {name} (no bf16 or TF32) only fp16 runs on the tensor'
-            " cores; matmuls and convolutions typically run 2-8x faster, and Lightning manages the loss scaler."
+            " cores; matmuls and convolutions typically run 2-8x faster"
+            + (", and Lightning manages the loss scaler." if ctx.stage == "train" else ".")
         ]
     else:
         advice = [
@@ -299,8 +345,9 @@ def cpu_threads(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     """A compute-bound CPU run computes on fewer threads than it has CPUs.
 
     Notes:
-        1. Only on CPU (``RunFacts.device == "cpu"``), with the thread and CPU counts known, and the step
-           compute-bound (data wait below ``dataloader_warning``).
+        1. Only on CPU (``RunFacts.device == "cpu"``), with the thread and CPU counts known, the step
+           compute-bound (data wait below ``dataloader_warning``) and long enough for threads to matter (median
+           ``cpu_threads_min_step`` or more).
         2. This process's share of the CPUs is ``cpu_count // world_size``, less one per DataLoader worker.
            Fires when ``torch_threads`` is below that share.
         3. Warning when the threads are below ``cpu_threads_warning`` of the share and there are no
@@ -311,7 +358,9 @@ def cpu_threads(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     threads, cpus = facts.torch_threads, facts.cpu_count
     if facts.device != "cpu" or threads is None or cpus is None:
         return None
-    if reaches(ctx.epoch.data_wait_fraction, t.dataloader_warning):
+    if reaches(ctx.epoch.data_wait_fraction, t.dataloader_warning) or below(
+        ctx.epoch.step_time_p50, t.cpu_threads_min_step
+    ):
         return None
     workers = facts.num_workers or 0
     per_process = cpus_per_process(facts)  # (cpus is known: at least 1)
@@ -323,7 +372,8 @@ def cpu_threads(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f"torch computes on {threads} thread{'s' if threads != 1 else ''} with {per_process} CPUs for this"
         " process" + (f" ({cpus} shared by {facts.world_size} processes)" if facts.world_size > 1 else "")
         + (f", {workers} of them for DataLoader workers" if workers else ""),
-        f"compute-bound: data wait {percent(ctx.epoch.data_wait_fraction)} (< {limit(t.dataloader_warning)})",
+        f"compute-bound: data wait {percent(ctx.epoch.data_wait_fraction)} (< {limit(t.dataloader_warning)}),"
+        f" median step {ms(ctx.epoch.step_time_p50)} (>= {ms(t.cpu_threads_min_step)})",
         f"warning below {limit(t.cpu_threads_warning)} of the CPUs without DataLoader workers, else info",
     ]
     advice = [

@@ -19,6 +19,7 @@ from lightning_perf.diagnose.rules import (
     percent,
     reaches,
     stage_name,
+    step_method,
     strongest,
     times,
 )
@@ -32,9 +33,17 @@ def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     Notes:
         1. Only for distributed runs (``world_size > 1``) or traces that show communication.
         2. Per window: ``communication_exposed_time`` / step time.
-        3. Fires, as a warning, at ``communication`` in the window with the largest share.
+        3. Fires, as a warning, at ``communication`` in the window with the largest share among those with
+           ``communication_min_time`` or more of it per step.
+        4. Advice fits the stage (only training synchronizes gradients) and the device (NCCL on GPUs, gloo on
+           CPUs).
     """
-    windows = [w for w in ctx.windows if w.communication_exposed_time is not None]
+    windows = [
+        w
+        for w in ctx.windows
+        if w.communication_exposed_time is not None
+        and reaches(w.communication_exposed_time, t.communication_min_time)
+    ]
     if ctx.facts.world_size <= 1 and not any(w.communication_time is not None for w in ctx.windows):
         return None
     best = strongest(windows, lambda w: share(w.communication_exposed_time, w))
@@ -45,23 +54,40 @@ def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f"communication with no compute overlapping it {percent(value)} of the step"
         f" ({ms(window.communication_exposed_time or 0.0)} of {ms(window.step_time)}, communication"
         f" {ms(window.communication_time or 0.0)} in all) {in_window(window, len(ctx.windows))}"
-        f" (warning >= {limit(t.communication)})",
+        f" (warning >= {limit(t.communication)} and >= {ms(t.communication_min_time)} per step)",
         f"world_size={ctx.facts.world_size}",
     ]
-    advice = [
-        "Overlap and shrink the gradient all-reduce: `DDPStrategy(gradient_as_bucket_view=True,"
-        " static_graph=True)` and a tuned `bucket_cap_mb` (default 25) let buckets start while backward still"
-        " runs; `Trainer(accumulate_grad_batches=N)` syncs gradients once every N batches (Lightning skips the"
-        " others with DDP's `no_sync`); a larger batch per device does more compute per sync; fewer"
-        " `self.log(..., sync_dist=True)` calls remove small collectives."
-    ]
+    if ctx.stage == "train":
+        advice = [
+            "Overlap and shrink the gradient all-reduce: `DDPStrategy(gradient_as_bucket_view=True,"
+            " static_graph=True)` and a tuned `bucket_cap_mb` (default 25) let buckets start while backward still"
+            " runs; `Trainer(accumulate_grad_batches=N)` syncs gradients once every N batches (Lightning skips the"
+            " others with DDP's `no_sync`); a larger batch per device does more compute per sync; fewer"
+            " `self.log(..., sync_dist=True)` calls remove small collectives."
+        ]
+    else:
+        sources = [
+            "metrics synced on every step (torchmetrics' `dist_sync_on_step=True`)",
+            f"`self.all_gather` in `{step_method(ctx.stage)}`",
+            "a sharded strategy (FSDP, DeepSpeed stage 3) gathering the weights for each forward",
+        ]
+        if ctx.stage != "predict":  # predict does not log
+            sources.insert(
+                0,
+                "`self.log(..., on_step=True, sync_dist=True)` (without `on_step=True` Lightning syncs a logged"
+                " value once, at the epoch's end)",
+            )
+        advice = [
+            f"{stage_name(ctx.stage)} synchronizes no gradients: the collectives come from the step itself:"
+            f" {'; '.join(sources)}. Gather once per epoch instead of once per batch."
+        ]
     if on_cuda(ctx):
         advice.append(
             "Check the interconnect: `NCCL_DEBUG=INFO` shows whether NCCL uses NVLink/InfiniBand or falls back"
             " to TCP sockets."
         )
     else:
-        advice.append("On CPU (gloo) every collective blocks the step; on GPUs the nccl backend overlaps them.")
+        advice.append("On CPU (gloo) the trace shows no overlap with compute: all of the collectives' time counts.")
     return finding(
         ctx,
         "communication_bound",
@@ -77,12 +103,14 @@ def rank_straggler(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     """One rank's steps are slower than the others', and every rank waits for it.
 
     Notes:
-        1. Only for training epochs of distributed runs with per-rank step times (``StageEpoch.rank_step_times``: each rank's
-           median step minus the share it spent waiting in collectives, its own work; under DDP every
-           rank's step lasts as long as the slowest rank's, so the slow rank is the one that waits least).
+        1. Only for training epochs of distributed runs with per-rank step times
+           (``StageEpoch.rank_step_times``: each rank's median step minus the share it spent waiting in
+           collectives, its own work; under DDP every rank's step lasts as long as the slowest rank's, so the
+           slow rank is the one that waits least).
         2. Measures the slowest rank's time / the median over ranks.
         3. Fires, as a warning, at ``rank_straggler`` when the excess also costs ``rank_straggler_cost`` of
-           the step (the median step of this rank, which under DDP is every rank's), naming the rank.
+           the step (the median step of this rank, which under DDP is every rank's) and
+           ``rank_straggler_min_time``, naming the rank.
     """
     ranks = ctx.rank_step_times
     if ctx.stage != "train" or not ranks or len(ranks) < 2:
@@ -93,6 +121,8 @@ def rank_straggler(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     slow, slowest = max(ranks.items(), key=lambda item: (item[1], -item[0]))
     if median <= 0 or not reaches(slowest / median, t.rank_straggler):
         return None
+    if not reaches(slowest - median, t.rank_straggler_min_time):
+        return None
     step = ctx.epoch.step_time_p50
     if step > 0 and not reaches((slowest - median) / step, t.rank_straggler_cost):
         return None
@@ -102,11 +132,16 @@ def rank_straggler(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f"rank {slow}'s own work per step (its median step less its wait in collectives) {ms(slowest)} is"
         f" {times(ratio)} the median over {len(ranks)} ranks ({ms(median)}; fastest {ms(fastest)})"
         f" (warning >= {t.rank_straggler:g}x, and >= {limit(t.rank_straggler_cost)} of the"
-        f" {ms(step)} step)"
+        f" {ms(step)} step and >= {ms(t.rank_straggler_min_time)})"
     ]
+    machine = (
+        "a slower or throttling GPU, other processes: `nvidia-smi`, `top`"
+        if on_cuda(ctx)
+        else "other processes or fewer free cores: `top`"
+    )
     advice = [
         f"Every rank waits for rank {slow} at each gradient all-reduce. Look at what differs on it:"
-        " its machine (a slower or throttling GPU, other processes: `nvidia-smi`, `top`), its data shard"
+        f" its machine ({machine}), its data shard"
         " (larger samples, slower storage, fewer `num_workers` per process than CPUs allow), or rank-dependent"
         " work in the step."
     ]

@@ -11,7 +11,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import Finding, StageEpoch
-from lightning_perf.diagnose.rules import FP32_PRECISIONS, finding, limit, percent, reaches, size, stage_name
+from lightning_perf.diagnose.rules import (
+    FP32_PRECISIONS,
+    batch_end_hook,
+    epoch_end_hook,
+    finding,
+    limit,
+    on_cuda,
+    percent,
+    reaches,
+    size,
+    stage_name,
+    step_method,
+)
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary
 
@@ -23,7 +35,8 @@ def memory_pressure(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         1. Measures the epoch's peak reserved memory / the device's total memory.
         2. Fires at ``memory_pressure_warning``; critical at ``memory_pressure_critical``.
         3. When the reserved memory holds ``memory_fragmentation`` or more that is not allocated, the advice
-           leads with the allocator's ``expandable_segments``.
+           leads with the allocator's ``expandable_segments``. The rest fits the stage: gradient accumulation
+           and activation checkpointing only help training.
     """
     epoch = ctx.epoch
     reserved, capacity = epoch.cuda_max_reserved, epoch.cuda_capacity
@@ -50,11 +63,17 @@ def memory_pressure(ctx: StageEpoch, t: Thresholds) -> Finding | None:
                 " environment (before the first CUDA allocation) so the allocator grows segments instead of"
                 " keeping many partly used blocks."
             )
-    advice.append(
-        "To free memory: a smaller `batch_size` with `Trainer(accumulate_grad_batches=N)` keeps the effective"
-        " batch; activation checkpointing (`torch.utils.checkpoint.checkpoint` around blocks) trades compute"
-        " for activations"
-    )
+    if ctx.stage == "train":
+        advice.append(
+            "To free memory: a smaller `batch_size` with `Trainer(accumulate_grad_batches=N)` keeps the effective"
+            " batch; activation checkpointing (`torch.utils.checkpoint.checkpoint` around blocks) trades compute"
+            " for activations"
+        )
+    else:
+        advice.append(
+            f"To free memory: a smaller `batch_size` in the {stage_name(ctx.stage).lower()} DataLoader, which"
+            " changes no result here (each batch is computed on its own)"
+        )
     if ctx.facts.precision is None or ctx.facts.precision in FP32_PRECISIONS:
         advice[-1] += '; `Trainer(precision="bf16-mixed")` halves activation memory.'
     else:
@@ -120,13 +139,30 @@ def memory_growth(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     )
     label, first, last, count = found[0]
     where = "Host" if label.startswith("host") else "GPU"
+    stage = ctx.stage
+    if stage == "train":
+        kept = (
+            "losses or outputs kept with their graph (append `loss.detach()`, or `loss.item()` at logging time,"
+            " never `loss`)"
+        )
+    else:
+        kept = "outputs kept across batches (e.g. for a metric at the epoch's end) and never released"
+    tools = (
+        "`tracemalloc` (host) or `torch.cuda.memory._record_memory_history()` (GPU) show"
+        if on_cuda(ctx)
+        else "`tracemalloc` (a snapshot per epoch, compared) shows"
+    )
     advice = [
-        "Something keeps references from step to step. Usually: losses or outputs kept with their graph"
-        " (append `loss.detach()`, or `loss.item()` at logging time, never `loss`); lists grown in"
-        " `training_step`, `on_*_batch_end` or a callback and never cleared (clear them in"
-        " `on_*_epoch_end`); caches keyed by batch. `tracemalloc` (host) or"
-        " `torch.cuda.memory._record_memory_history()` (GPU) show what holds the memory.",
+        f"Something keeps references from step to step. Usually: {kept}; lists grown in `{step_method(stage)}`,"
+        f" `{batch_end_hook(stage)}` or a callback and never cleared (clear them in `{epoch_end_hook(stage)}`);"
+        f" caches keyed by batch. {tools} what holds the memory."
     ]
+    if stage == "predict":
+        advice.append(
+            "`trainer.predict` itself keeps every batch's predictions to return them:"
+            " `trainer.predict(..., return_predictions=False)` with a `BasePredictionWriter` writing each batch"
+            " keeps them out of memory."
+        )
     return finding(
         ctx,
         "memory_growth",

@@ -23,6 +23,10 @@ from typing import Any
 # fixing the input pipeline is worth more than any model-side change.
 DATALOADER_WARNING = 0.10
 DATALOADER_CRITICAL = 0.30
+# Floor: the mean data wait per batch must reach 1 ms. Between two batches Lightning's loop itself and an
+# in-memory DataLoader's `next` take 0.1-0.5 ms (measured on the before/after example: 0.05-0.15 ms in the
+# DataLoader, ~0.3 ms in the loop); below 1 ms no DataLoader setting has anything to remove.
+DATALOADER_MIN_WAIT = 1e-3
 
 # --- host_sync ------------------------------------------------------------------------------------------
 # One blocking sync per step (a `.item()` on the loss, a `print(loss)`) is enough to drain the CUDA queue:
@@ -31,6 +35,12 @@ DATALOADER_CRITICAL = 0.30
 # run-to-run noise (HTA's idle-time breakdown calls this "host wait").
 HOST_SYNC_PER_STEP = 1.0
 HOST_SYNC_IDLE = 0.05
+# Floor: and the GPU idles at least 0.1 ms per step inside those syncs: the 5% above, of a 2 ms step (our
+# judgment). This idle time is read from the GPU's own clock, so it is exact even when small, but it is only
+# each sync's tail (tens of microseconds: the real traces in ../shared/fixtures/gpu-traces show 0.03-0.4 ms
+# per step for 8-11 syncs), not the refill of the queue after it; in GPU steps under 2 ms, Lightning's own
+# loop (0.3-0.5 ms per step) costs more than the syncs' tails.
+HOST_SYNC_MIN_IDLE = 0.1e-3
 
 # --- device_idle ----------------------------------------------------------------------------------------
 # torch-tb-profiler recommends a larger batch when GPU utilization is below 50%: our critical. 80% busy is
@@ -39,6 +49,10 @@ HOST_SYNC_IDLE = 0.05
 # wasted.
 DEVICE_BUSY_WARNING = 0.80
 DEVICE_BUSY_CRITICAL = 0.50
+# Floor: and the GPU idles at least 0.5 ms per step. Lightning's own loop between two steps costs 0.3-0.5 ms
+# of host time (measured on the CPU in examples/before_after, "What is left"); a step that synchronizes once
+# (a logged loss read back) leaves the GPU idle for about that long, which no setting removes.
+DEVICE_IDLE_MIN_TIME = 0.5e-3
 
 # --- launch_bound ---------------------------------------------------------------------------------------
 # A kernel launch costs the host about 5-10 us (cudaLaunchKernel plus PyTorch's dispatcher); kernels shorter
@@ -47,12 +61,20 @@ DEVICE_BUSY_CRITICAL = 0.50
 # device below the 80% busy warning above, means the host's launch rate sets the pace.
 LAUNCH_KERNEL_TIME = 10e-6
 LAUNCH_DEVICE_BUSY = 0.80
-# On CPU there is no launch, but each eager operator pays ~5-20 us of dispatch and Python. Our judgment:
-# a thousand operators per step with a median under 20 us, covering half the step or more, is a step made
-# of tiny operators (a Python loop over small tensors), not of arithmetic.
-LAUNCH_CPU_OPS_PER_STEP = 1000.0
-LAUNCH_CPU_OP_TIME = 20e-6
-LAUNCH_CPU_HOST_OPS = 0.50
+# On CPU there is no launch, but each eager operator pays ~5-20 us of dispatch and Python, so operators
+# shorter than 20 us (`lightning_perf.summarize.trace.TINY_OP_US`) are mostly that cost. The rule judges the
+# step's own compute (the DataLoader's per-sample work is dataloader_bound's) by the share of the step in
+# such tiny operators and the Python gaps that dispatch them (TraceSummary.tiny_op_time). Our judgment, from
+# profiles on a 2-core CPU: compute-bound steps hold 1-10% in the operators alone (issue 12's programs: a VAE
+# of convolutions 1%, Lightning's transformer and GAN examples 5% and 8%, a demo transformer 10%), up to about
+# twice that with their gaps (examples/before_after's CNN 5%, Lightning's MNIST template MLP 16-19%, its DQN
+# example 18-25%); a training_step looping over 1-element tensors holds 34-75% (48-75% on an idle machine: what
+# another process takes of the CPU lengthens the step, not the tiny operators). 30% sits between the two:
+# vectorizing the loop (or torch.compile fusing it) then wins back close to a third of the step.
+LAUNCH_CPU_TINY_OPS = 0.30
+# Floor: and at least 1 ms of it per step (50-200 dispatches): below that, vectorizing saves a fraction of a
+# millisecond per step, whatever its share (the DQN example's steps of 2.5-3.5 ms hold 0.6-0.7 ms).
+LAUNCH_CPU_MIN_TIME = 1e-3
 
 # --- h2d_copy -------------------------------------------------------------------------------------------
 # Copy time with no kernel running is pure device idle time. Our judgment, aligned with the DataLoader
@@ -90,18 +112,29 @@ MEMORY_GROWTH_BYTES = 100 * 2**20
 # of a step; 20% means per-parameter launch overhead (single-tensor loops) or a model whose parameters
 # dwarf its compute. PyTorch's optimizer docs: foreach (default where supported) < fused in speed.
 OPTIMIZER_UPDATE = 0.20
+# Floor: and the update takes at least 0.5 ms per step (our judgment: a fused update of a small model takes
+# a few tenths of a millisecond on a GPU, and rewriting the optimizer for less than that wins too little; at
+# 0.5 ms it is a tenth of a few-ms GPU step).
+OPTIMIZER_MIN_TIME = 0.5e-3
 
 # --- validation_heavy -----------------------------------------------------------------------------------
 # Our judgment: validation that takes 30% of an epoch's step time (3/7 of the training time) costs more
 # than most users meant to spend on monitoring; Lightning's `limit_val_batches` and `val_check_interval`
 # exist for it.
 VALIDATION = 0.30
+# Floor: and validation takes at least 0.1 s of step time per training epoch (our judgment: validating less
+# trades away the monitoring, and a tenth of a second per epoch, 10 s over 100 epochs, is not worth that;
+# Lightning's own start and end of a validation run cost 1-2 ms, measured on this project's CPU tests).
+VALIDATION_MIN_TIME = 0.1
 
 # --- framework_overhead ---------------------------------------------------------------------------------
-# Our judgment: Lightning's own loop costs tens of microseconds per step, a few percent of all but the
-# smallest steps; 15% of the step outside any torch operator is more than the loop: the user's hooks,
-# callbacks, logging or the progress bar.
+# Our judgment: Lightning's own loop is a few percent of a step of 10 ms or more; 15% of the step outside
+# any torch operator is more than the loop: the user's hooks, callbacks, logging or the progress bar.
 FRAMEWORK_OVERHEAD = 0.15
+# Floor: and at least 1 ms per step outside torch operators. Lightning's own loop between steps takes
+# ~0.3-0.5 ms per step on a CPU (examples/before_after, "What is left": 0.42-0.52 ms in a validation step
+# with no logging), which no setting removes; 1 ms leaves at least half a millisecond that is the user's.
+FRAMEWORK_MIN_TIME = 1e-3
 
 # --- step_time_unstable ---------------------------------------------------------------------------------
 # Our judgment: in a steady loop p90 stays within ~20% of the median; 1.5x means a tenth of the steps are
@@ -110,12 +143,22 @@ FRAMEWORK_OVERHEAD = 0.15
 STEP_P90_P50 = 1.5
 STEP_SPIKE_FACTOR = 3.0
 STEP_SPIKE_COUNT = 3
+# Floors (our judgment): the spread (p90 - p50) and each spike (spike - median) must reach 1 ms. On a shared
+# host, the OS scheduler, Python's young-generation garbage collection and Lightning's own loop (0.3-0.5 ms
+# per step) move single steps by fractions of a millisecond: in steps of well under a millisecond, 1.5x and
+# 3x are within that jitter, and steadying them wins nothing.
+STEP_MIN_SPREAD = 1e-3
+STEP_MIN_SPIKE = 1e-3
 
 # --- communication_bound --------------------------------------------------------------------------------
 # torch-tb-profiler recommends gradient compression or accumulation when communication takes more than 10%
 # of the step. We count only exposed communication (no compute kernel overlapping it), which is what the
 # step actually waits for, and warn at 15% (our judgment: DDP's bucketing normally hides most of it).
 COMMUNICATION = 0.15
+# Floor: and at least 0.5 ms of exposed communication per step (our judgment: one small collective costs
+# tens of microseconds with NCCL in a node and a few hundred with gloo on one host; below 0.5 ms the step
+# waits for a latency, which bucket or accumulation settings barely change).
+COMMUNICATION_MIN_TIME = 0.5e-3
 
 # --- rank_straggler -------------------------------------------------------------------------------------
 # Every rank waits for the slowest at each gradient all-reduce, so one slow rank slows them all (HTA's
@@ -126,6 +169,10 @@ RANK_STRAGGLER = 1.2
 # median is close to the mean, and when communication fills most of the step the ranks' own work is a small
 # residual of two noisy numbers: a 1.2x ratio of residuals can then be a few percent of the step.
 RANK_STRAGGLER_COST = 0.10
+# Floor: and the excess must reach 1 ms per step. Each rank's own work is a residual of two host-clock
+# measurements that include Lightning's loop (0.3-0.5 ms per step, more on rank 0 with its progress bar and
+# logging); ranks differing by less than 1 ms are within that loop's variation (our judgment).
+RANK_STRAGGLER_MIN_TIME = 1e-3
 
 # --- cpu_threads ----------------------------------------------------------------------------------------
 # torch's default intra-op thread count is the number of physical cores, often half the logical CPUs; any
@@ -133,6 +180,11 @@ RANK_STRAGGLER_COST = 0.10
 # from a launcher) is a warning: a compute-bound CPU run then leaves most of its cores unused (our
 # judgment).
 CPU_THREADS_WARNING = 0.50
+# Floor: only steps (median) of 1 ms or more. torch splits an operator over its intra-op threads only above
+# its grain size (at::internal::GRAIN_SIZE, 32768 elements: ~10 us of elementwise work), and each parallel
+# region costs microseconds to start; a step under 1 ms, of which Lightning's loop takes 0.3-0.5 ms, has
+# too little such work for more threads to win anything measurable (our judgment).
+CPU_THREADS_MIN_STEP = 1e-3
 
 # How each field is checked: fraction 0..1, ratio >= 1, seconds >= 0, number >= 0, integer >= 1, bytes.
 _KIND = "kind"
@@ -181,15 +233,18 @@ class Thresholds:
 
     Args:
         dataloader_warning, dataloader_critical: ``dataloader_bound``: data wait / step time.
+        dataloader_min_wait: ``dataloader_bound``: and the mean data wait per batch reaches this (seconds).
         host_sync_per_step: ``host_sync``: host-device synchronizations per step.
         host_sync_idle: ``host_sync``: device idle time inside those syncs / step time.
+        host_sync_min_idle: ``host_sync``: and that idle time reaches this per step (seconds).
         device_busy_warning, device_busy_critical: ``device_idle``: fires when device busy / step time is
             below these.
+        device_idle_min_time: ``device_idle``: and the device idles at least this per step (seconds).
         launch_kernel_time: ``launch_bound`` (GPU): median kernel duration below this, in seconds...
         launch_device_busy: ...with device busy / step time below this.
-        launch_cpu_ops_per_step, launch_cpu_op_time, launch_cpu_host_ops: ``launch_bound`` (CPU): at least
-            this many host operators per step, with a median below this duration, covering at least this
-            share of the step.
+        launch_cpu_tiny_ops: ``launch_bound`` (CPU): time in the step's own tiny operators (top level,
+            under 20 us, outside the DataLoader, with the Python gaps that dispatch them) / step time...
+        launch_cpu_min_time: ...and that time reaches this per step (seconds).
         h2d_copy: ``h2d_copy``: exposed host-to-device copy time / step time.
         precision_fp32_gemm: ``precision``: fp32 GEMM/convolution kernel time without tensor cores / kernel
             time.
@@ -200,16 +255,26 @@ class Thresholds:
         memory_growth_fraction, memory_growth_bytes: ``memory_growth``: total rise over those epochs,
             relative and absolute; both must be reached.
         optimizer_update: ``optimizer_heavy``: optimizer update time / step time.
+        optimizer_min_time: ``optimizer_heavy``: and the update takes at least this per step (seconds).
         validation: ``validation_heavy``: validation step time / (training + validation step time).
+        validation_min_time: ``validation_heavy``: and validation takes at least this per training epoch
+            (seconds of step time).
         framework_overhead: ``framework_overhead``: time outside any torch operator / step time.
+        framework_min_time: ``framework_overhead``: and that time reaches this per step (seconds).
         step_p90_p50: ``step_time_unstable``: p90 / p50 of the step time.
         step_spike_factor, step_spike_count: ``step_time_unstable``: steps at least this many times the
             median, at least this many of them.
+        step_min_spread: ``step_time_unstable``: the spread fires only when p90 - p50 reaches this (seconds).
+        step_min_spike: ``step_time_unstable``: a spike counts only when it exceeds the median by this
+            (seconds).
         communication: ``communication_bound``: exposed communication time / step time.
+        communication_min_time: ``communication_bound``: and that time reaches this per step (seconds).
         rank_straggler: ``rank_straggler``: slowest rank's own work per step / median over ranks.
         rank_straggler_cost: ``rank_straggler``: and its excess over the median, as a share of the step.
+        rank_straggler_min_time: ``rank_straggler``: and that excess reaches this per step (seconds).
         cpu_threads_warning: ``cpu_threads``: torch threads / this process's share of the CPUs below which
             the finding is a warning rather than info.
+        cpu_threads_min_step: ``cpu_threads``: judged only when the median step reaches this (seconds).
 
     Raises:
         ValueError: Naming every bad value and what is allowed, in one message (also from
@@ -222,15 +287,17 @@ class Thresholds:
 
     dataloader_warning: float = _field(DATALOADER_WARNING, _FRACTION)
     dataloader_critical: float = _field(DATALOADER_CRITICAL, _FRACTION)
+    dataloader_min_wait: float = _field(DATALOADER_MIN_WAIT, _SECONDS)
     host_sync_per_step: float = _field(HOST_SYNC_PER_STEP, _NUMBER)
     host_sync_idle: float = _field(HOST_SYNC_IDLE, _FRACTION)
+    host_sync_min_idle: float = _field(HOST_SYNC_MIN_IDLE, _SECONDS)
     device_busy_warning: float = _field(DEVICE_BUSY_WARNING, _FRACTION)
     device_busy_critical: float = _field(DEVICE_BUSY_CRITICAL, _FRACTION)
+    device_idle_min_time: float = _field(DEVICE_IDLE_MIN_TIME, _SECONDS)
     launch_kernel_time: float = _field(LAUNCH_KERNEL_TIME, _SECONDS)
     launch_device_busy: float = _field(LAUNCH_DEVICE_BUSY, _FRACTION)
-    launch_cpu_ops_per_step: float = _field(LAUNCH_CPU_OPS_PER_STEP, _NUMBER)
-    launch_cpu_op_time: float = _field(LAUNCH_CPU_OP_TIME, _SECONDS)
-    launch_cpu_host_ops: float = _field(LAUNCH_CPU_HOST_OPS, _FRACTION)
+    launch_cpu_tiny_ops: float = _field(LAUNCH_CPU_TINY_OPS, _FRACTION)
+    launch_cpu_min_time: float = _field(LAUNCH_CPU_MIN_TIME, _SECONDS)
     h2d_copy: float = _field(H2D_COPY, _FRACTION)
     precision_fp32_gemm: float = _field(PRECISION_FP32_GEMM, _FRACTION)
     memory_pressure_warning: float = _field(MEMORY_PRESSURE_WARNING, _FRACTION)
@@ -240,15 +307,23 @@ class Thresholds:
     memory_growth_fraction: float = _field(MEMORY_GROWTH_FRACTION, _NUMBER)
     memory_growth_bytes: int = _field(MEMORY_GROWTH_BYTES, _BYTES)
     optimizer_update: float = _field(OPTIMIZER_UPDATE, _FRACTION)
+    optimizer_min_time: float = _field(OPTIMIZER_MIN_TIME, _SECONDS)
     validation: float = _field(VALIDATION, _FRACTION)
+    validation_min_time: float = _field(VALIDATION_MIN_TIME, _SECONDS)
     framework_overhead: float = _field(FRAMEWORK_OVERHEAD, _FRACTION)
+    framework_min_time: float = _field(FRAMEWORK_MIN_TIME, _SECONDS)
     step_p90_p50: float = _field(STEP_P90_P50, _RATIO)
     step_spike_factor: float = _field(STEP_SPIKE_FACTOR, _RATIO)
     step_spike_count: int = _field(STEP_SPIKE_COUNT, _COUNT)
+    step_min_spread: float = _field(STEP_MIN_SPREAD, _SECONDS)
+    step_min_spike: float = _field(STEP_MIN_SPIKE, _SECONDS)
     communication: float = _field(COMMUNICATION, _FRACTION)
+    communication_min_time: float = _field(COMMUNICATION_MIN_TIME, _SECONDS)
     rank_straggler: float = _field(RANK_STRAGGLER, _RATIO)
     rank_straggler_cost: float = _field(RANK_STRAGGLER_COST, _FRACTION)
+    rank_straggler_min_time: float = _field(RANK_STRAGGLER_MIN_TIME, _SECONDS)
     cpu_threads_warning: float = _field(CPU_THREADS_WARNING, _FRACTION)
+    cpu_threads_min_step: float = _field(CPU_THREADS_MIN_STEP, _SECONDS)
 
     def __post_init__(self) -> None:
         problems = _problems({f.name: getattr(self, f.name) for f in fields(self)})

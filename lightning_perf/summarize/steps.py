@@ -41,7 +41,7 @@ def summarize_epoch(
 
     Batches that ran inside a profiler window (``profiled``) are left out of the times, percentiles and
     throughput, since the profiler slows them down; so is a batch that started but did not end (an
-    exception). ``memory`` passes the memory fields of :class:`EpochSummary` through.
+    exception). ``memory`` passes the other fields of :class:`EpochSummary` through.
     """
     n = min(len(data_wait), len(compute))
     kept = [i for i in range(n) if not (i < len(profiled) and profiled[i])] or list(range(n))
@@ -64,5 +64,6 @@ def summarize_epoch(
         data_wait_fraction=waited / total if total > 0 else 0.0,
         throughput=samples / total if samples is not None and total > 0 else None,
         loss=loss,
+        first_data_wait=data_wait[0] if n else None,
         **memory,
     )

@@ -518,6 +518,15 @@ COMMUNICATION_KERNEL_MARK = "nccl"  # ncclKernel_AllReduce_RING_LL_Sum_float, nc
 # Guide, "Warp matrix functions": compute capability 7.0 and above).
 TENSOR_CORE_MIN_COMPUTE_MAJOR = 7
 _US = 1e-6  # trace times are microseconds; summaries are seconds
+# A tiny operator: a top-level host operator shorter than this, in microseconds. An eager operator pays about
+# 5-20 us of dispatch (Python binding, dispatcher, allocation; the profiler adds a few more) whatever its
+# tensor's size, so one under 20 us does little beyond its own call: a step of such operators is paced by
+# their dispatch, not by arithmetic. Part of that cost is Python before the operator's span opens (argument
+# parsing, wrapping scalars): each tiny operator's time counts the idle gap before it too where that gap is
+# shorter than this same cutoff (a longer one is other Python: a loop's own logic, a hook). Profiled on the
+# 2-core development machine, a loop of `torch.addcmul` on 1-element tensors spends 1.1 us in each
+# operator's span and 5 us between them.
+TINY_OP_US = 20.0
 
 # Kernel-name marks of reduced-precision or tensor-core math, checked first (see is_fp32_gemm).
 _NOT_FP32_MARKS = (
@@ -608,7 +617,11 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
            operator make it hundreds). Multi-tensor: an operator (any depth) in the update parts is
            ``_foreach_`` or fused (``aten::_fused_adam_``), or the optimizer's class is (``FusedAdam``).
         6. Host: ``host_op_time`` is the main thread's union of host spans (the DataLoader's included);
-           ``framework_time`` the rest of the step.
+           ``framework_time`` the rest of the step. Tiny operators (``tiny_op_time``, ``tiny_ops_per_step``)
+           are the step's own: top-level operators shorter than :data:`TINY_OP_US` starting in the steps
+           but not in a DataLoader span (per-sample transforms under ``num_workers=0`` run there). Their time
+           is their durations plus, for each, the time since the previous top-level operator ended where
+           shorter than :data:`TINY_OP_US`: the Python that dispatched it.
         7. Device: busy is the union of kernels, copies and memsets; exposed host-to-device copy time is the
            union of ``HtoD`` copies less the union of kernels; sync idle time is the union of top-level sync
            spans (a sync inside another on its thread, ``cudaStreamSynchronize`` in ``_local_scalar_dense``,
@@ -628,7 +641,10 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
     # communication, neither the optimizer's update nor framework time.
     collectives = _union(scan.collectives)
     waiting = steps.time(_subtract(collectives, host_ops))
-    top_level = host.top_level_ops()
+    top_starts, top_ends = host.top_level()
+    top_level = list(zip(top_starts.tolist(), top_ends.tolist()))
+    dataloader = _union(scan.dataloader)
+    tiny_ops, tiny_op_time = _tiny_ops(top_starts, top_ends, steps.ranges, dataloader)
     update_parts = _optimizer_update_parts(scan, steps)
     update_ops, multi_tensor = host.update_ops(top_level, update_parts)
     optimizers = [name for start, _, name, _ in scan.optimizer if steps.hold(start)]
@@ -641,7 +657,7 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
         window=window,
         steps=steps.count,
         step_time=step_time,
-        dataloader_time=steps.time(_union(scan.dataloader)),
+        dataloader_time=steps.time(dataloader),
         optimizer_time=steps.time(_union([(start, end) for start, end, _, _ in scan.optimizer])),
         optimizer_update_time=steps.time(_subtract(update_parts, collectives)),
         optimizer_update_ops=steps.per_step(update_ops),
@@ -650,6 +666,8 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
         framework_time=max(step_time - host_op_time - waiting, 0.0),
         ops_per_step=steps.per_step(_operators_in(scan, steps.ranges)),
         median_op_time=percentile([end - start for start, end in _starting_inside(top_level, steps.ranges)], 50) * _US,
+        tiny_op_time=steps.mean(tiny_op_time),
+        tiny_ops_per_step=steps.per_step(tiny_ops),
         **_device_and_communication(scan, steps),
         **_device_properties(trace, scan.device_id),
     )
@@ -796,15 +814,16 @@ class _MainThread:
         """The union of the thread's host spans."""
         return _merge_arrays(self.columns.starts, self.columns.ends)
 
-    def top_level_ops(self) -> list[Interval]:
-        """The operators inside no other operator (annotations are no parents): those starting at or after
-        every earlier operator's end (spans sorted by start, longest first)."""
+    def top_level(self) -> tuple[Any, Any]:
+        """The starts and ends (arrays, sorted by start) of the operators inside no other operator
+        (annotations are no parents): those starting at or after every earlier operator's end (spans sorted by
+        start, longest first)."""
         starts, ends = self.columns.starts[self.is_op], self.columns.ends[self.is_op]
         if not len(starts):
-            return []
+            return starts, ends
         covered_until = np.concatenate(([-np.inf], np.maximum.accumulate(ends)[:-1]))
         top = starts >= covered_until
-        return list(zip(starts[top].tolist(), ends[top].tolist()))
+        return starts[top], ends[top]
 
     def update_ops(self, top_level: list[Interval], update_parts: list[Interval]) -> tuple[int, bool]:
         """Top-level operators starting in the update parts, and whether any operator there is multi-tensor."""
@@ -815,6 +834,30 @@ class _MainThread:
             {name for name in self.columns.names if "_foreach_" in name or "fused" in name}
         )
         return count, any(_inside(start, update_parts) for start in self.columns.starts[multi_tensor].tolist())
+
+
+def _tiny_ops(starts: Any, ends: Any, steps: list[Interval], dataloader: list[Interval]) -> tuple[int, float]:
+    """How many of the top-level operators ``starts``/``ends`` (arrays sorted by start) are tiny (shorter than
+    :data:`TINY_OP_US`) and start in the merged ``steps`` but in none of the merged ``dataloader`` spans, and
+    their time (microseconds): their durations, and for each the gap since the operators before it ended (the
+    first: none) where shorter than :data:`TINY_OP_US`."""
+    if not len(starts):
+        return 0, 0.0
+    durations = ends - starts
+    gaps = starts - np.concatenate((starts[:1], np.maximum.accumulate(ends)[:-1]))
+    dispatch = np.where((gaps > 0) & (gaps < TINY_OP_US), gaps, 0.0)
+    tiny = (durations < TINY_OP_US) & _starts_in(starts, steps) & ~_starts_in(starts, dataloader)
+    return int(np.count_nonzero(tiny)), float((durations[tiny] + dispatch[tiny]).sum())
+
+
+def _starts_in(points: Any, merged: Sequence[Interval]) -> Any:
+    """Whether each point (an array) lies in one of the merged intervals (start included, end not), as
+    :func:`_inside` tells one point."""
+    if not merged or not len(points):
+        return np.zeros(len(points), dtype=bool)
+    bounds = np.array(merged, dtype=np.float64)
+    i = np.searchsorted(bounds[:, 0], points, side="right") - 1
+    return (i >= 0) & (points < bounds[np.maximum(i, 0), 1])
 
 
 def _operator_mask(columns: _Columns, not_ops: set[str]) -> Any:

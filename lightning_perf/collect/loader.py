@@ -1,0 +1,139 @@
+"""
+DataLoader facts
+================
+
+What decides whether DataLoader workers would help, besides the DataLoader's own settings
+(:func:`lightning_perf.collect.run_info.dataloader_settings`):
+
+- :func:`dataset_facts`: the dataset's kind (map-style or iterable), and whether it shares objects with the
+  LightningModule. A worker process gets a copy of the dataset (forked or pickled) when it starts, so a
+  dataset that reads state the module changes while it trains (a replay buffer, an environment, a generator
+  that is a method of the module) would give each worker a stale copy: workers would silently train on old
+  data. An iterable dataset also runs whole in every worker unless it splits itself by
+  ``torch.utils.data.get_worker_info()``.
+- :func:`children_cpu_seconds`: CPU time of this process's child processes (its DataLoader workers), read
+  from ``/proc`` once at each epoch's start and end, to tell workers that compute from workers that wait.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import IterableDataset
+
+# How deep the dataset's attributes are searched for objects of the module (the dataset, its wrappers'
+# datasets such as Subset.dataset, and their attributes).
+SEARCH_DEPTH = 3
+# Values that cannot carry state the module changes, and objects too common to mean sharing.
+_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), range, frozenset)
+
+
+def dataset_facts(dataloader: Any, module: Any) -> dict[str, Any]:
+    """The dataset's kind and what it shares with ``module``.
+
+    Args:
+        dataloader: A ``torch.utils.data.DataLoader`` (anything with a ``dataset``).
+        module: The LightningModule.
+
+    Returns:
+        ``{"dataset": "iterable" | "map" | None, "shared_state": str | None}``: ``shared_state`` names the
+        first object found both in the dataset and among the module's own attributes (the dataset object
+        itself, which modules often hold as ``self.train_set``, does not count), or the module itself.
+    """
+    dataset = getattr(dataloader, "dataset", None)
+    if dataset is None:
+        return {"dataset": None, "shared_state": None}
+    kind = "iterable" if isinstance(dataset, IterableDataset) else "map"
+    return {"dataset": kind, "shared_state": shared_state(dataset, module)}
+
+
+def shared_state(dataset: Any, module: Any) -> str | None:
+    """The first object ``dataset`` holds that ``module`` holds too, described; ``None`` when none."""
+    if module is None:
+        return None
+    # Callables (transforms, functions) are shared read-only as a rule; a bound method of the module is
+    # caught below by its ``__self__``.
+    held = {
+        id(value): name
+        for name, value in _attributes(module)
+        if value is not dataset
+        and not isinstance(value, _IMMUTABLE)
+        and not name.startswith("_")
+        and not callable(value)
+    }
+    for path, value in _reachable(dataset, "dataset", SEARCH_DEPTH, {id(dataset)}):
+        if value is module:
+            return f"`{path}` is the LightningModule"
+        owner = getattr(value, "__self__", None)  # a bound method: a generator or sampler of the module's
+        if owner is module:
+            return f"`{path}` is the LightningModule's method `{getattr(value, '__name__', '?')}`"
+        name = held.get(id(value))
+        if name is not None:
+            return f"`{path}` is the LightningModule's `{name}`"
+    return None
+
+
+def _attributes(obj: Any) -> list[tuple[str, Any]]:
+    try:
+        return list(vars(obj).items())
+    except TypeError:  # no __dict__ (slots, builtins)
+        return []
+
+
+def _reachable(obj: Any, path: str, depth: int, seen: set[int]) -> Iterator[tuple[str, Any]]:
+    """``(path, value)`` of the attributes reachable from ``obj`` (and from partials' functions and
+    arguments), breadth of one object at a time, ``depth`` levels deep; each object once."""
+    if depth <= 0:
+        return
+    children: list[tuple[str, Any]] = []
+    if isinstance(obj, functools.partial):
+        children += [(f"{path}.func", obj.func), *((f"{path}.args[{i}]", a) for i, a in enumerate(obj.args))]
+    elif isinstance(obj, (list, tuple)):
+        children += [(f"{path}[{i}]", item) for i, item in enumerate(obj[:16])]
+    else:
+        children += [(f"{path}.{name}", value) for name, value in _attributes(obj)]
+    for child_path, value in children:
+        if isinstance(value, _IMMUTABLE) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        yield child_path, value
+        yield from _reachable(value, child_path, depth - 1, seen)
+
+
+def children_cpu_seconds() -> float | None:
+    """CPU seconds (user and system) of this process's children: those alive, read from ``/proc``, and those
+    ended and waited for (``os.times``). ``None`` without ``/proc`` (not Linux).
+
+    Notes:
+        DataLoader workers are this process's children; so are other subprocesses (a compile worker pool,
+        a launcher's helpers), which idle in a training loop. The difference between two calls is what the
+        workers computed in between.
+    """
+    tasks = "/proc/self/task"
+    if not os.path.isdir(tasks):
+        return None
+    ended = os.times()
+    total = ended.children_user + ended.children_system
+    ticks = os.sysconf("SC_CLK_TCK")
+    for pid in _children(tasks):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of stat)
+        except (OSError, IndexError, ValueError):  # ended between the listing and the read
+            continue
+    return total
+
+
+def _children(tasks: str) -> set[str]:
+    pids: set[str] = set()
+    for task in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{task}/children") as f:
+                pids.update(f.read().split())
+        except OSError:
+            continue
+    return pids

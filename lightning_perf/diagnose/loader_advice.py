@@ -1,0 +1,349 @@
+"""
+DataLoader advice
+=================
+
+What ``dataloader_bound`` advises, predicted from the run's facts rather than assumed: more workers help
+only where a CPU is free for them (or loading waits on I/O, not on the CPU), where the epoch is long enough
+to repay their start-up, and where the dataset does not depend on state the module changes.
+
+The model, per batch of the epoch (means over the measured batches):
+
+- ``wait`` (W): the data wait; ``compute`` (C): the rest of the step.
+- Loading is **CPU-bound** when the training process used its CPU for at least ``CPU_BOUND`` of the wait
+  (``EpochSummary.loading_cpu_share``, with ``num_workers=0``), or when the workers used at least
+  ``CPU_BOUND`` of the CPUs they could (one each, at most this process's share: ``EpochSummary.worker_cpu``
+  over the epoch's wall time).
+- **Spare CPUs**: this process's share of the CPUs less those its own compute needs (torch's intra-op
+  threads on a CPU run; one thread feeding the GPU on CUDA). Lightning suggests CPUs per device minus one
+  (``suggested_max_num_workers``), the same on a GPU.
+- One loader's time per batch ``L``: with no workers, the wait itself (``W``); with ``k`` workers that
+  keep the step waiting, ``k * (W + C)`` (each delivers one batch per ``L``, the step takes one per
+  ``W + C``). With ``k'`` workers, CPU-bound loading delivers a batch every ``L / min(k', spare)`` seconds,
+  I/O-bound loading every ``L / k'``; the step then waits ``max(0, L / k' - C)``: enough workers are
+  ``ceil(L / C)``.
+- **Start-up**: the first batch's wait beyond a steady batch's (workers starting, an iterable dataset's
+  first fetch), paid every epoch unless ``persistent_workers=True``. Workers to add are chosen for the
+  most time saved over the run's epochs (``RunFacts.epochs``) less their start-up, once with persistent
+  workers: ``WORKER_STARTUP_GUESS`` each. None are suggested where that is no saving.
+
+Where a number is missing or the prediction is no gain, the advice says what to measure instead of what to
+set, and every suggested setting is written as one ``DataLoader(...)`` call, so that it can be applied as is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lightning_perf.diagnose.model import RunFacts, StageEpoch
+from lightning_perf.diagnose.rules import cpus_per_process, ms, on_cuda, percent
+
+# Advice only: the most workers we suggest. Lightning suggests up to the CPUs per device minus one
+# (`suggested_max_num_workers`); beyond about 8 workers returns diminish for most pipelines while each worker
+# holds a copy of the dataset object and `prefetch_factor` batches (our judgment).
+MAX_SUGGESTED_WORKERS = 8
+# Loading is CPU-bound when the loading process (the training process with no workers, else each worker) is
+# on a CPU at least half of the time it loads (our judgment: below that, more of it is waiting, on a disk,
+# the network or a lock, than computing, and more workers overlap the waits whatever the CPU count).
+CPU_BOUND = 0.5
+# The wait is the workers' start-up when the first batch's extra wait is at least half of the epoch's wait.
+STARTUP_DOMINANT = 0.5
+# A worker's start-up, where none was measured: the DataLoader starts its workers one after another, and the
+# first batch comes after all have started. Measured on a 2-CPU machine (fork, a small dataset, torch on one
+# thread): 1, 2, 4, 8 workers took 0.14, 0.29, 0.54, 0.91 s to the first batch, about 0.1 s each; spawn and
+# large datasets take longer.
+WORKER_STARTUP_GUESS = 0.1
+# Epochs to weigh the start-up against when the run's count is unknown (our judgment: fits without
+# max_epochs usually run many; ten keeps a guess on the careful side).
+UNKNOWN_EPOCHS = 10
+_EPS = 1e-9  # 0.016 / 0.004 is 4.000000000000001: not 5 workers
+
+
+@dataclass(frozen=True, kw_only=True)
+class Loading:
+    """What the epoch says about loading, per measured batch (seconds).
+
+    Attributes:
+        wait: Mean data wait.
+        compute: Mean rest of the step.
+        batches: Measured batches.
+        startup: The first batch's wait beyond a steady batch's.
+        cpu_share: The training process's CPU over wall time during the steady waits.
+        worker_cpus: CPUs' worth the workers used over the epoch.
+        spare: CPUs free for workers (at least 0); ``None``: unknown.
+    """
+
+    wait: float
+    compute: float
+    batches: int
+    startup: float
+    cpu_share: float | None
+    worker_cpus: float | None
+    spare: int | None
+    workers: int = 0
+
+    @property
+    def startup_share(self) -> float:
+        """Start-up over the epoch's whole wait."""
+        total = self.wait * self.batches
+        return self.startup / total if total > 0 else 0.0
+
+    def load_time(self) -> float:
+        """One loader's time per batch: the steady wait without workers, ``k * (W + C)`` with ``k``."""
+        steady = self.steady_wait()
+        return steady if self.workers < 1 else self.workers * (steady + self.compute)
+
+    def needed(self) -> int:
+        """Workers that would hide the loading behind compute: ``ceil(L / C)``, at least 1."""
+        if self.compute <= 0:
+            return MAX_SUGGESTED_WORKERS
+        return max(1, math.ceil(self.load_time() / self.compute - _EPS))
+
+    def steady_wait(self) -> float:
+        """The mean wait of the batches after the first."""
+        if self.batches <= 1:
+            return self.wait
+        return max(self.wait * self.batches - self.startup, 0.0) / self.batches
+
+    def predicted_wait(self, workers: int, *, cpu_bound: bool) -> float:
+        """The steady wait per batch with ``workers`` workers."""
+        usable = min(workers, self.spare) if cpu_bound and self.spare is not None else workers
+        if usable < 1:
+            return self.steady_wait()
+        return max(0.0, self.load_time() / usable - self.compute)
+
+
+def loading(ctx: StageEpoch) -> Loading:
+    """The epoch's :class:`Loading`."""
+    epoch, facts = ctx.epoch, ctx.facts
+    n = max(epoch.measured_batches, 1)
+    wait = epoch.data_wait / n
+    first = epoch.first_data_wait
+    steady = (epoch.data_wait - first) / (n - 1) if first is not None and n > 1 else wait
+    startup = max((epoch.first_data_wait or 0.0) - max(steady, 0.0), 0.0)
+    worker_cpus = (
+        epoch.worker_cpu / epoch.wall_time
+        if epoch.worker_cpu is not None and epoch.wall_time and facts.num_workers
+        else None
+    )
+    return Loading(
+        wait=wait,
+        compute=max(epoch.step_time - epoch.data_wait, 0.0) / n,
+        batches=n,
+        startup=min(startup, epoch.data_wait),
+        cpu_share=epoch.loading_cpu_share,
+        worker_cpus=worker_cpus,
+        spare=spare_cpus(facts),
+        workers=facts.num_workers or 0,
+    )
+
+
+def spare_cpus(facts: RunFacts) -> int | None:
+    """CPUs of this process's share that its own compute leaves to workers: the share less torch's threads on
+    a CPU run, less one on an accelerator; ``None`` when the CPU count is unknown."""
+    per_process = cpus_per_process(facts)
+    if per_process is None:
+        return None
+    own = (facts.torch_threads or 1) if facts.device == "cpu" else 1
+    return max(per_process - own, 0)
+
+
+def loading_evidence(load: Loading, facts: RunFacts) -> list[str]:
+    """The measurements the advice rests on, as evidence."""
+    parts = []
+    if load.startup > 0 and load.batches > 1:
+        parts.append(
+            f"the first batch waited {ms(load.startup + load.steady_wait())}"
+            f" (start-up {percent(load.startup_share)} of the wait)"
+        )
+    if load.cpu_share is not None:
+        parts.append(f"the training process was on a CPU {percent(min(load.cpu_share, 1.0))} of the steady wait")
+    if load.worker_cpus is not None and facts.num_workers:
+        parts.append(f"the {facts.num_workers} workers used {load.worker_cpus:.1f} CPUs")
+    if load.spare is not None:
+        parts.append(f"{load.spare} CPU{'s' if load.spare != 1 else ''} free for workers")
+    return parts
+
+
+def loader_advice(ctx: StageEpoch) -> list[str]:
+    """Advice for a DataLoader-bound epoch, from :func:`loading` and the run's facts."""
+    facts, load = ctx.facts, loading(ctx)
+    workers = facts.num_workers
+    if facts.shared_state:
+        return _shared_state_advice(ctx, load)
+    advice = _with_workers(ctx, load) if workers else _without_workers(ctx, load)
+    if on_cuda(ctx) and facts.pin_memory is False:
+        advice.append(
+            "Set `pin_memory=True`: copies from pinned memory run asynchronously (Lightning already moves"
+            " batches with `non_blocking=True`)."
+        )
+    return advice
+
+
+def cheaper_samples(ctx: StageEpoch) -> str:
+    """How to make each batch cheaper to load, for the device."""
+    where = (
+        "move augmentation to the GPU on whole batches (in `LightningModule.on_after_batch_transfer`), use a"
+        ' GPU decoder (`torchvision.io.decode_jpeg(..., device="cuda")`)'
+        if on_cuda(ctx)
+        else "augment whole batches at once (in `LightningModule.on_after_batch_transfer`) instead of each sample"
+    )
+    return (
+        f"Make each batch cheaper to load: cache decoded or preprocessed data once (to memory or disk, in"
+        f" `setup`), {where}, or store smaller inputs."
+    )
+
+
+def _shared_state_advice(ctx: StageEpoch, load: Loading) -> list[str]:
+    facts = ctx.facts
+    state = f"The dataset reads state the LightningModule holds ({facts.shared_state})"
+    if facts.num_workers:
+        return [
+            f"Set `DataLoader(num_workers=0)` unless that state is read-only. {state}: each of the"
+            f" {facts.num_workers} DataLoader workers holds a copy made when it started and never sees the"
+            " module's later changes, so it may be loading stale data.",
+            cheaper_samples(ctx),
+        ]
+    return [
+        f"{state}: do not add DataLoader workers, which would each hold a stale copy of it and silently load"
+        f" old data. The wait is the module's own code producing batches ({ms(load.steady_wait())} per batch):"
+        " make it cheaper, or produce several samples per call (vectorized environments, a larger `batch_size`"
+        " per sampling step).",
+    ]
+
+
+def _iterable_caveat(ctx: StageEpoch) -> str:
+    if ctx.facts.dataset != "iterable":
+        return ""
+    return (
+        "With an `IterableDataset`, every worker runs the whole iterator: split the stream in `__iter__` by"
+        " `torch.utils.data.get_worker_info()`, or each sample comes once per worker."
+    )
+
+
+def _without_workers(ctx: StageEpoch, load: Loading) -> list[str]:
+    steady = load.steady_wait()
+    cpu_bound = load.cpu_share is None or load.cpu_share >= CPU_BOUND
+    if load.startup_share >= STARTUP_DOMINANT:
+        return [
+            f"Most of the wait is the first batch ({ms(load.startup)} more than the others): the dataset's"
+            " start-up (opening files, building an index, an iterable dataset's first fetch). Workers would not"
+            " remove it: make that start-up cheaper, or do it once in `setup`."
+        ]
+    if cpu_bound and load.spare is not None and load.spare < 1:
+        threads = ctx.facts.torch_threads
+        return [
+            f"No CPU is free for DataLoader workers: the training process computes on {threads} thread"
+            f"{'s' if threads != 1 else ''} of its {cpus_per_process(ctx.facts)} CPUs, and loading is CPU-bound,"
+            " so a worker would take its CPU time from the step: no gain is predicted from `num_workers`.",
+            cheaper_samples(ctx),
+            "To try workers anyway, give them a CPU (`torch.set_num_threads(...)` one lower, with"
+            " `DataLoader(num_workers=1, persistent_workers=True)`) and compare the two runs with"
+            " `lightning-perf compare`.",
+        ]
+    most = min(load.needed(), MAX_SUGGESTED_WORKERS)
+    if cpu_bound and load.spare is not None:
+        most = min(most, load.spare)
+    epochs = ctx.facts.epochs or UNKNOWN_EPOCHS
+    k = max(range(1, most + 1), key=lambda w: (_net_saving(load, w, epochs, cpu_bound), -w))
+    after = load.predicted_wait(k, cpu_bound=cpu_bound)
+    saved = (steady - after) * load.batches
+    if _net_saving(load, k, epochs, cpu_bound) <= 0:
+        return [
+            f"Workers would save at most {_seconds(saved)} an epoch here; over {epochs} epoch"
+            f"{'s' if epochs != 1 else ''} that is no more than starting them costs (about"
+            f" {_seconds(WORKER_STARTUP_GUESS)} each): measure before changing anything"
+            f" (`DataLoader(num_workers={k}, persistent_workers=True)` against this run, with `lightning-perf"
+            " compare`).",
+            _iterable_caveat(ctx),
+        ]
+    why = "loading waits more than it computes (I/O)" if not cpu_bound else f"{load.spare} CPUs are free"
+    return [
+        f"Set `DataLoader(num_workers={k}, persistent_workers=True)`: {why}, so {k} worker"
+        f"{'s' if k > 1 else ''} can load batches while the model computes; predicted data wait"
+        f" {ms(after)} per batch instead of {ms(steady)} (about {_seconds(saved)} less per epoch)."
+        " `persistent_workers` starts the workers once per run, not at every epoch.",
+        _iterable_caveat(ctx),
+    ]
+
+
+def _net_saving(load: Loading, workers: int, epochs: int, cpu_bound: bool) -> float:
+    """Seconds ``workers`` persistent workers would save over ``epochs`` epochs, their start-up paid."""
+    saved = (load.steady_wait() - load.predicted_wait(workers, cpu_bound=cpu_bound)) * load.batches
+    return epochs * saved - workers * WORKER_STARTUP_GUESS
+
+
+def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
+    facts = ctx.facts
+    workers = facts.num_workers or 0
+    per_process = cpus_per_process(facts)
+    if load.startup_share >= STARTUP_DOMINANT:
+        if facts.persistent_workers is False:
+            return [
+                f"Set `DataLoader(num_workers={workers}, persistent_workers=True)`: most of the wait is the"
+                f" workers starting ({ms(load.startup)} before the first batch, {percent(load.startup_share)} of"
+                " the epoch's wait), which persistent workers pay once per run instead of every epoch."
+            ]
+        return [
+            f"Most of the wait is the workers starting ({ms(load.startup)} before the first batch): in a run"
+            f" this short they may cost more than they save. Compare `DataLoader(num_workers=0)` with this run"
+            " (`lightning-perf compare`)."
+        ]
+    capacity = min(workers, per_process or workers)  # one CPU per worker, at most this process's share
+    cpu_bound = load.worker_cpus / capacity >= CPU_BOUND if load.worker_cpus is not None else None
+    if per_process is not None and workers > per_process and cpu_bound is not False:
+        target = max(load.spare or 0, 1)
+        return [
+            f"Set `DataLoader(num_workers={target})`: {workers} workers on {per_process} CPUs take turns on them"
+            " (and with the training process), so more than the free CPUs only add memory and start-up.",
+            cheaper_samples(ctx),
+        ]
+    if cpu_bound is False:
+        if load.cpu_share is not None and load.cpu_share >= CPU_BOUND:
+            return [
+                f"The {workers} workers are mostly idle ({load.worker_cpus or 0:.1f} CPUs in all) while the training"
+                " process is busy during the wait: receiving batches from the workers costs more than loading"
+                " them. Compare `DataLoader(num_workers=0)` with this run (`lightning-perf compare`), or send"
+                " fewer bytes per batch (smaller dtypes, uint8 images converted after the transfer)."
+            ]
+        target = min(2 * workers, MAX_SUGGESTED_WORKERS * 2)
+        return [
+            f"Set `DataLoader(num_workers={target}, prefetch_factor=4)`: the {workers} workers are mostly"
+            f" waiting ({load.worker_cpus or 0:.1f} CPUs in all), on a disk or the network, not computing, so"
+            " more of them overlap more waits, even beyond the CPU count.",
+            _iterable_caveat(ctx),
+        ]
+    spare = load.spare
+    if spare is not None and workers < spare:
+        target = min(spare, max(load.needed(), workers + 1), MAX_SUGGESTED_WORKERS)
+        if target > workers:
+            return [
+                f"Set `DataLoader(num_workers={target})`: the {workers} workers are busy computing and {spare}"
+                f" CPUs are free; predicted data wait {ms(load.predicted_wait(target, cpu_bound=True))} per"
+                f" batch instead of {ms(load.steady_wait())}.",
+                _persistent(facts),
+            ]
+    if cpu_bound:
+        return [
+            f"The CPU is the limit: the {workers} workers keep {load.worker_cpus or 0:.1f} CPUs busy and no more are"
+            " free, so more workers will not help.",
+            cheaper_samples(ctx),
+            _persistent(facts),
+        ]
+    # Unknown whether the workers compute or wait (no /proc): say what to measure.
+    return [
+        f"Whether more workers help depends on whether the {workers} workers are computing or waiting: watch"
+        " their CPU use (`top`); if each is near 100%, make samples cheaper, otherwise try"
+        f" `DataLoader(num_workers={2 * workers})` and compare the runs with `lightning-perf compare`.",
+        _persistent(facts),
+    ]
+
+
+def _persistent(facts: RunFacts) -> str:
+    if facts.persistent_workers is False:
+        return "Set `persistent_workers=True`, which starts the workers once per run instead of every epoch."
+    return ""
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f} s" if value >= 0.1 else ms(value)

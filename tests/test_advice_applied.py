@@ -1,0 +1,193 @@
+"""Advice that helps, on real Trainer runs: read ``dataloader_bound``'s advice, apply the ``DataLoader``
+arguments it sets, run again, and check the run got faster (a slow loader) or at least not slower (a cheap
+one on this machine's few CPUs, where the honest advice may set nothing). Also what the advice rests on: the
+first batch's start-up measured in every epoch, and datasets that share state with the module.
+
+The comparisons are of the callback's own step times summed over whole epochs (first batches included),
+with margins of 2x and more, torch on one thread (tests/models.py says why)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import torch
+from models import SleepyDataset, TinyModel, torch_threads, trainer
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from lightning_perf import PerfCallback
+
+
+def settings(advice: str) -> dict[str, object]:
+    """The DataLoader arguments the advice sets (its "Set `DataLoader(...)`" sentence), as a user reads them."""
+    match = re.search(r"Set `DataLoader\(([^)]*)\)`", advice)
+    if match is None:
+        return {}
+    return {k.strip(): eval(v) for k, v in (part.split("=") for part in match.group(1).split(","))}  # noqa: S307
+
+
+class Loaded(TinyModel):
+    """TinyModel whose training DataLoader takes ``dataset`` and extra DataLoader arguments."""
+
+    def __init__(self, dataset: Dataset, batch_size: int, **loader: object) -> None:
+        super().__init__(batch_size=batch_size)
+        self.dataset, self.loader = dataset, loader
+
+    def train_dataloader(self):
+        return DataLoader(self.dataset, batch_size=self.batch_size, **self.loader)
+
+
+class Normalized(Dataset):
+    """In-memory 28x28 images with a per-item transform (the project template's MNIST, without the download):
+    tensor operations on every item, about 10 ms a batch of 32 on one CPU."""
+
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.images = torch.randint(0, 255, (n, 1, 28, 28), dtype=torch.uint8, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        x = (self.images[i].float() / 255 - 0.1307) / 0.3081
+        for _ in range(8):  # a chain of small augmentations
+            x = torch.nn.functional.pad(x, (1, 1, 1, 1))[:, 1:-1, 1:-1].flip(-1) * 0.99
+        x = torch.nn.functional.adaptive_avg_pool2d(x, 4).flatten()
+        return x, (x.sum(0, keepdim=True) > 0).float()
+
+
+def fit(tmp_path, dataset: Dataset, *, epochs: int, batch_size: int, threads: int | None = 1, **loader: object):
+    """Fits with PerfCallback (no windows: the advice then rests on the always-on numbers alone) and torch on
+    ``threads`` threads (``None``: torch's default); returns the training epochs, their total step time, and
+    the last training epoch's dataloader_bound finding."""
+    callback = PerfCallback(max_windows=0, verbose=0)
+    model = Loaded(dataset, batch_size, **loader)
+    with torch_threads(threads or torch.get_num_threads()):
+        trainer(tmp_path, [callback], max_epochs=epochs, limit_val_batches=0).fit(model)
+    train = [e for e in callback.epochs if e.stage == "train"]
+    last = callback.findings_for("train", epoch=train[-1].epoch)
+    found = next((f for f in last if f.id == "dataloader_bound"), None)
+    return train, sum(e.step_time for e in train), found
+
+
+@pytest.mark.slow
+def test_a_slow_loaders_advice_applied_makes_the_run_much_faster(tmp_path):
+    # 3 ms of waiting (a disk, a network) per item, 8 items a batch: 24 ms a batch against ~1 ms of compute.
+    data = SleepyDataset(320, sleep_s=0.003)
+    _, before, finding = fit(tmp_path / "before", data, epochs=4, batch_size=8)
+    assert finding is not None and finding.severity == "critical"
+    suggested = settings(finding.advice)
+    assert suggested.get("num_workers", 0) >= 2 and suggested.get("persistent_workers") is True
+    _, after, _ = fit(tmp_path / "after", data, epochs=4, batch_size=8, **suggested)
+    assert after < 0.6 * before, (before, after, finding.advice)
+
+
+@pytest.mark.slow
+def test_a_cheap_loaders_advice_applied_is_not_slower(tmp_path):
+    # A cheap in-memory loader, torch on its default threads, as a user runs it. On a 2-CPU machine torch
+    # computes on both, and a worker would take its CPU from the step: the project template went from 2.9 s
+    # to 4.7 s with the old advice, num_workers=1. Whatever this machine's CPUs, what the advice sets must
+    # not make the run slower.
+    data = Normalized(32 * 20)
+    _, before, finding = fit(tmp_path / "before", data, epochs=4, batch_size=32, threads=None)
+    assert finding is not None  # ~10 ms of per-item work per batch: the wait is real
+    suggested = settings(finding.advice)
+    if not suggested:
+        assert "No CPU is free" in finding.advice or "measure" in finding.advice, finding.advice
+        return
+    _, after, _ = fit(tmp_path / "after", data, epochs=4, batch_size=32, threads=None, **suggested)
+    assert after < 1.3 * before, (before, after, finding.advice)
+
+
+class SlowStart(IterableDataset):
+    """Yields ``n`` cheap batches after a ``start_s`` start-up at every iteration (opening a stream)."""
+
+    def __init__(self, n: int, start_s: float) -> None:
+        self.n, self.start_s = n, start_s
+
+    def __iter__(self):
+        time.sleep(self.start_s)
+        for _ in range(self.n):
+            x = torch.randn(16)
+            yield x, (x.sum(0, keepdim=True) > 0).float()
+
+
+@pytest.mark.slow
+def test_every_epochs_first_batch_holds_the_dataloaders_start_up(tmp_path):
+    # Lightning starts the iterator of a fit's first epoch, and of every validation run, before the
+    # epoch-start hook: the first batch must still carry it, in epoch 0 as in the others.
+    class Model(Loaded):
+        def val_dataloader(self):
+            return DataLoader(SlowStart(8, 0.1), batch_size=4)
+
+    callback = PerfCallback(max_windows=0, verbose=0)
+    with torch_threads(1):
+        trainer(tmp_path, [callback], max_epochs=3).fit(Model(SlowStart(32, 0.2), batch_size=4))
+    train = [e for e in callback.epochs if e.stage == "train"]
+    val = [e for e in callback.epochs if e.stage == "validate"]
+    assert [e.epoch for e in train] == [0, 1, 2] and len(val) == 3
+    assert all(e.first_data_wait >= 0.2 for e in train), [e.first_data_wait for e in train]
+    assert all(e.first_data_wait >= 0.1 for e in val), [e.first_data_wait for e in val]
+    shares = [e.data_wait_fraction for e in train]
+    assert max(shares) - min(shares) < 0.15, shares  # was 38% in epoch 0 against 95% after
+    assert all(e.wall_time >= e.step_time for e in train)
+
+
+class Buffer:
+    """A replay buffer the module fills while it trains."""
+
+    def __init__(self) -> None:
+        self.items = [torch.randn(16) for _ in range(64)]
+
+
+class Sampled(IterableDataset):
+    def __init__(self, buffer: Buffer, n: int) -> None:
+        self.buffer, self.n = buffer, n
+
+    def __iter__(self):
+        for i in range(self.n):
+            time.sleep(0.002)
+            x = self.buffer.items[i % len(self.buffer.items)]
+            yield x, (x.sum(0, keepdim=True) > 0).float()
+
+
+@pytest.mark.slow
+def test_a_dataset_reading_the_modules_state_is_not_given_workers(tmp_path):
+    # The DQN example: workers would each sample a stale copy of the buffer.
+    buffer = Buffer()
+
+    class Agent(Loaded):
+        def __init__(self) -> None:
+            super().__init__(Sampled(buffer, 24), batch_size=4)
+            self.buffer = buffer
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            self.buffer.items.append(torch.randn(16))
+
+    callback = PerfCallback(max_windows=0, verbose=0)
+    with torch_threads(1):
+        trainer(tmp_path, [callback], max_epochs=1, limit_val_batches=0).fit(Agent())
+    loader = callback.report["run"]["dataloaders"]["train"]
+    assert loader["dataset"] == "iterable"
+    assert loader["shared_state"] == "`dataset.buffer` is the LightningModule's `buffer`"
+    [finding] = [f for f in callback.findings if f.id == "dataloader_bound"]
+    assert "do not add DataLoader workers" in finding.advice and settings(finding.advice) == {}
+
+
+@pytest.mark.slow
+def test_the_workers_cpu_time_is_measured(tmp_path):
+    class Busy(SleepyDataset):
+        def __getitem__(self, i):
+            total = 0
+            for k in range(20000):  # a CPU-bound transform
+                total += k
+            return super().__getitem__(i)
+
+    callback = PerfCallback(max_windows=0, verbose=0)
+    model = Loaded(Busy(64), batch_size=8, num_workers=2, persistent_workers=True)
+    with torch_threads(1):
+        trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=0).fit(model)
+    train = [e for e in callback.epochs if e.stage == "train"]
+    assert all(e.worker_cpu is not None and e.worker_cpu > 0.01 for e in train), [e.worker_cpu for e in train]
+    assert train[0].first_data_wait > train[1].first_data_wait  # persistent: the workers start once

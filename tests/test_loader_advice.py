@@ -1,0 +1,294 @@
+"""``dataloader_bound`` and its advice (lightning_perf.diagnose.rules_data, .loader_advice): when it fires,
+and that what it advises is what the run's facts predict to pay. Pure: no trainer, no torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from lightning_perf.diagnose.loader_advice import loading, spare_cpus
+from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
+from lightning_perf.diagnose.registry import RULES
+from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.records import EpochSummary, TraceSummary
+
+W1, W2 = "train-epoch000-batches0006-0008", "train-epoch000-batches0106-0108"
+# A CPU run on 8 CPUs computing on 1 thread (7 free for workers), no workers yet.
+CPU = RunFacts(device="cpu", cpu_count=8, torch_threads=1, num_workers=0, pin_memory=False, persistent_workers=False)
+GPU = RunFacts(device="cuda", cpu_count=16, torch_threads=8, num_workers=0, pin_memory=True, persistent_workers=False)
+
+
+def epoch(*, wait: float = 0.010, compute: float = 0.010, batches: int = 100, **kw) -> EpochSummary:
+    """An epoch of ``batches`` batches each waiting ``wait`` and computing ``compute`` seconds."""
+    step = wait + compute
+    values = dict(
+        stage="train",
+        epoch=0,
+        batches=batches,
+        samples=32 * batches,
+        step_time=step * batches,
+        data_wait=wait * batches,
+        step_time_p50=step,
+        step_time_p90=step,
+        step_time_max=step,
+        data_wait_fraction=wait / step,
+        throughput=32 / step,
+        first_data_wait=wait,
+    )
+    values.update(kw)
+    return EpochSummary(**values)
+
+
+def window(name: str = W1, **kw) -> TraceSummary:
+    values = dict(
+        window=name,
+        steps=3,
+        step_time=0.02,
+        dataloader_time=0.01,
+        optimizer_time=0.0,
+        optimizer_update_time=0.0,
+        optimizer_update_ops=0.0,
+        optimizer_foreach=None,
+        host_op_time=0.015,
+        framework_time=0.001,
+        ops_per_step=100.0,
+        median_op_time=5e-5,
+    )
+    values.update(kw)
+    return TraceSummary(**values)
+
+
+def judge(
+    epoch_: EpochSummary | None = None, *windows: TraceSummary, facts: RunFacts = CPU, **overrides
+) -> Finding | None:
+    context = StageEpoch(epoch=epoch_ or epoch(), windows=windows, facts=facts)
+    return RULES["dataloader_bound"](context, Thresholds.with_overrides(overrides))
+
+
+def settings(advice: str) -> dict[str, object] | None:
+    """The DataLoader arguments an advice *sets*: its ``Set `DataLoader(...)``` sentence, else ``None``."""
+    match = re.search(r"Set `DataLoader\(([^)]*)\)`", advice)
+    if match is None:
+        return None
+    return {k.strip(): eval(v) for k, v in (part.split("=") for part in match.group(1).split(","))}  # noqa: S307
+
+
+# --- when it fires ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("wait", "severity"), [(0.00112, "warning"), (0.0043, "critical"), (0.09, "critical")])
+def test_severity_follows_the_share_of_the_step(wait, severity):
+    assert judge(epoch(wait=wait, compute=0.01)).severity == severity
+
+
+def test_a_wait_under_a_millisecond_per_batch_is_no_finding_whatever_its_share():
+    # fast_dev_run's single batch waiting 0.18 ms of a 0.3 ms step: 60%, and nothing to do about it.
+    assert judge(epoch(wait=0.00018, compute=0.00012, batches=1)) is None
+    assert judge(epoch(wait=0.00099, compute=0.001)) is None
+    assert judge(epoch(wait=0.001, compute=0.001)) is not None
+    assert judge(epoch(wait=0.0005, compute=0.001), dataloader_min_wait=0.0) is not None  # the floor is a threshold
+
+
+def test_evidence_has_the_numbers_thresholds_floor_and_facts():
+    f = judge(
+        epoch(wait=0.0126, compute=0.0074, loading_cpu_share=0.93),
+        window(W1, dataloader_time=0.005),
+        window(W2, dataloader_time=0.0116),
+        facts=dataclasses.replace(CPU, cpu_count=2, torch_threads=2),
+    )
+    assert f.title == "Training waits for data 63% of the time" and f.window == W2
+    assert f.evidence.startswith(
+        "data wait 63% of step time over 100 batches (12.60 ms per batch) (warning >= 10%, critical >= 30%, and"
+        f" >= 1.00 ms per batch); in window {W2} (the strongest of 2 windows) the DataLoader takes 58% of each step"
+        " (11.60 ms of 20.00 ms)"
+    )
+    assert "num_workers=0" in f.evidence and "2 CPUs, 2 torch threads" in f.evidence
+    assert "on a CPU 93% of the steady wait" in f.evidence and "0 CPUs free for workers" in f.evidence
+
+
+def test_names_no_window_whose_batches_did_not_wait_and_then_sets_nothing():
+    f = judge(epoch(wait=0.01), window(dataloader_time=0.0001))
+    assert f.window is None and "the profiler windows show less (at most 0% of a step in the DataLoader)" in f.evidence
+    assert f.advice.startswith("The DataLoader itself is a small part of the wait")
+    assert "on_after_batch_transfer" in f.advice and settings(f.advice) is None
+
+
+def test_is_judged_for_every_stage():
+    f = judge(epoch(stage="validate", wait=0.004, compute=0.006))
+    assert f.stage == "validate" and f.title.startswith("Validation waits for data 40%")
+
+
+# --- no workers yet -----------------------------------------------------------------------------------------
+
+
+def test_cpu_bound_loading_with_free_cpus_gets_just_enough_persistent_workers():
+    # 10 ms of loading per 5 ms of compute: two workers keep up; 7 CPUs are free.
+    f = judge(epoch(wait=0.010, compute=0.005, loading_cpu_share=0.95))
+    assert settings(f.advice) == {"num_workers": 2, "persistent_workers": True}
+    assert "predicted data wait 0.00 ms per batch instead of 10.00 ms" in f.advice and "7 CPUs are free" in f.advice
+
+
+def test_cpu_bound_loading_without_a_free_cpu_sets_no_workers():
+    # The project template on 2 CPUs: torch computes on both; a worker would take its CPU from the step.
+    two = dataclasses.replace(CPU, cpu_count=2, torch_threads=2)
+    f = judge(epoch(wait=0.004, compute=0.006, loading_cpu_share=0.9), facts=two)
+    assert settings(f.advice) is None and "No CPU is free for DataLoader workers" in f.advice
+    assert "no gain is predicted" in f.advice and "cache decoded or preprocessed data" in f.advice
+    assert "lightning-perf compare" in f.advice  # what to measure, since it cannot be predicted
+    assert "cuda" not in f.advice.lower() and "GPU" not in f.advice
+
+
+def test_io_bound_loading_gets_workers_even_beyond_the_cpus():
+    two = dataclasses.replace(CPU, cpu_count=2, torch_threads=2)
+    f = judge(epoch(wait=0.016, compute=0.004, loading_cpu_share=0.05), facts=two)
+    assert settings(f.advice) == {"num_workers": 4, "persistent_workers": True}
+    assert "waits more than it computes (I/O)" in f.advice
+
+
+def test_workers_are_weighed_against_their_start_up_over_the_runs_epochs():
+    # 20 batches waiting 3 ms: a worker would save 60 ms an epoch; starting it costs about 0.1 s.
+    short = epoch(wait=0.003, compute=0.003, batches=20, loading_cpu_share=0.9)
+    f = judge(short, facts=dataclasses.replace(CPU, epochs=1))
+    assert settings(f.advice) is None and "measure before changing anything" in f.advice
+    assert "over 1 epoch that is no more than starting them costs" in f.advice
+    assert "`DataLoader(num_workers=1, persistent_workers=True)`" in f.advice
+    f = judge(short, facts=dataclasses.replace(CPU, epochs=20))
+    assert settings(f.advice) == {"num_workers": 1, "persistent_workers": True}
+    # 16 ms of I/O per 1 ms of compute, 40 batches, 4 epochs: 8 workers would hide it all, but from the 6th
+    # on each saves less over the 4 epochs (5 workers: 2.2 ms of wait left, 6: 1.7 ms) than its 0.1 s start-up.
+    slow = epoch(wait=0.016, compute=0.001, batches=40, loading_cpu_share=0.01)
+    assert settings(judge(slow, facts=dataclasses.replace(CPU, epochs=4)).advice)["num_workers"] == 5
+    assert settings(judge(slow, facts=dataclasses.replace(CPU, epochs=100)).advice)["num_workers"] == 8
+
+
+def test_a_dataset_start_up_is_not_sold_as_a_worker_problem():
+    f = judge(epoch(wait=0.002, compute=0.008, first_data_wait=0.150, loading_cpu_share=0.9))
+    assert settings(f.advice) is None and "Most of the wait is the first batch" in f.advice
+    assert "start-up" in f.evidence
+
+
+def test_state_shared_with_the_module_gets_no_workers():
+    # The DQN example: an IterableDataset sampling the module's replay buffer.
+    dqn = dataclasses.replace(
+        CPU, dataset="iterable", shared_state="`dataset.buffer` is the LightningModule's `buffer`"
+    )
+    f = judge(epoch(wait=0.02, compute=0.002, loading_cpu_share=0.95), facts=dqn)
+    assert settings(f.advice) is None and "do not add DataLoader workers" in f.advice
+    assert "`dataset.buffer` is the LightningModule's `buffer`" in f.advice and "stale" in f.advice
+    assert "an IterableDataset" in f.evidence
+
+
+def test_an_iterable_dataset_gets_workers_only_with_the_way_to_split_it():
+    f = judge(
+        epoch(wait=0.010, compute=0.005, loading_cpu_share=0.95), facts=dataclasses.replace(CPU, dataset="iterable")
+    )
+    assert settings(f.advice) == {"num_workers": 2, "persistent_workers": True}
+    assert "get_worker_info()" in f.advice
+
+
+# --- with workers -------------------------------------------------------------------------------------------
+
+
+def with_workers(n: int, **kw) -> RunFacts:
+    return dataclasses.replace(CPU, num_workers=n, **kw)
+
+
+def test_workers_that_share_the_modules_state_are_told_to_go():
+    ppo = with_workers(
+        1, shared_state="`dataset.generate_batch` is the LightningModule's method `generate_trajectory_samples`"
+    )
+    f = judge(epoch(wait=0.02, compute=0.002), facts=ppo)
+    assert settings(f.advice) == {"num_workers": 0} and "stale data" in f.advice
+
+
+def test_workers_starting_every_epoch_are_made_persistent():
+    f = judge(
+        epoch(wait=0.004, compute=0.004, first_data_wait=0.3, worker_cpu=0.1, wall_time=1.0), facts=with_workers(2)
+    )
+    assert settings(f.advice) == {"num_workers": 2, "persistent_workers": True}
+    assert "workers starting" in f.advice
+
+
+def test_persistent_workers_whose_start_up_is_the_wait_are_questioned_not_raised():
+    # BoringModel with 2 persistent workers: 0.52 s against 0.19 s without.
+    boring = with_workers(2, persistent_workers=True)
+    f = judge(
+        epoch(wait=0.004, compute=0.001, batches=64, first_data_wait=0.2, worker_cpu=0.02, wall_time=0.5), facts=boring
+    )
+    assert settings(f.advice) is None and "Compare `DataLoader(num_workers=0)`" in f.advice
+    assert "CPU is the limit" not in f.advice
+
+
+def test_too_many_workers_for_the_cpus_are_advised_down():
+    f = judge(epoch(wait=0.01, compute=0.01, worker_cpu=3.0, wall_time=2.0), facts=with_workers(16, cpu_count=2))
+    assert settings(f.advice) == {"num_workers": 1} and "16 workers on 2 CPUs" in f.advice
+
+
+def test_idle_workers_and_a_busy_training_process_point_at_the_transfer():
+    f = judge(
+        epoch(wait=0.004, compute=0.004, worker_cpu=0.1, wall_time=1.0, loading_cpu_share=0.9),
+        facts=with_workers(2, persistent_workers=True),
+    )
+    assert settings(f.advice) is None and "receiving batches from the workers" in f.advice
+
+
+def test_idle_workers_waiting_on_io_get_more_of_them():
+    f = judge(
+        epoch(wait=0.01, compute=0.01, worker_cpu=0.2, wall_time=2.0, loading_cpu_share=0.01),
+        facts=with_workers(2, persistent_workers=True),
+    )
+    assert settings(f.advice) == {"num_workers": 4, "prefetch_factor": 4} and "even beyond the CPU count" in f.advice
+
+
+def test_busy_workers_with_free_cpus_are_raised_and_without_them_the_cpu_is_the_limit():
+    busy = dict(wait=0.01, compute=0.005, worker_cpu=1.9, wall_time=1.0)
+    f = judge(epoch(**busy), facts=with_workers(2, persistent_workers=True))
+    # Two workers busy, and the step still waits 10 ms of 15: each takes 30 ms a batch; 6 keep up with 5 ms.
+    assert settings(f.advice) == {"num_workers": 6} and "instead of 10.00 ms" in f.advice
+    limit = judge(epoch(**busy), facts=with_workers(2, persistent_workers=True, cpu_count=3))
+    assert settings(limit.advice) is None and "The CPU is the limit" in limit.advice
+    assert "more workers will not help" in limit.advice and "Raise" not in limit.advice
+    assert "decode_jpeg" not in limit.advice  # a CUDA remedy, on a CPU run
+    gpu = judge(epoch(**busy), facts=dataclasses.replace(GPU, num_workers=2, cpu_count=3, persistent_workers=True))
+    assert "decode_jpeg" in gpu.advice and "on_after_batch_transfer" in gpu.advice
+
+
+def test_pinned_memory_is_advised_on_cuda_only():
+    f = judge(epoch(wait=0.01, compute=0.005, loading_cpu_share=0.9), facts=dataclasses.replace(GPU, pin_memory=False))
+    assert "`pin_memory=True`" in f.advice
+    f = judge(epoch(wait=0.01, compute=0.005, loading_cpu_share=0.9), facts=dataclasses.replace(CPU, pin_memory=False))
+    assert "pin_memory=True" not in f.advice
+
+
+CASES = {
+    "no workers, free CPUs": (epoch(wait=0.010, compute=0.005, loading_cpu_share=0.95), CPU),
+    "no workers, no CPU": (
+        epoch(wait=0.01, compute=0.01, loading_cpu_share=0.9),
+        dataclasses.replace(CPU, torch_threads=8),
+    ),
+    "I/O": (epoch(wait=0.016, compute=0.004, loading_cpu_share=0.05), CPU),
+    "unknown CPU use": (epoch(wait=0.01, compute=0.01), RunFacts()),
+    "workers busy": (epoch(wait=0.01, compute=0.005, worker_cpu=1.9, wall_time=1.0), with_workers(2, cpu_count=3)),
+    "workers unknown": (epoch(wait=0.01, compute=0.005), with_workers(2, cpu_count=3)),
+    "too many": (epoch(wait=0.01, compute=0.01), with_workers(16, cpu_count=2)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_no_advice_contradicts_itself(case):
+    summary, facts = CASES[case]
+    advice = judge(summary, facts=facts).advice
+    assert not ("will not help" in advice and re.search(r"more workers (still )?help", advice))
+    assert advice.count("Set `DataLoader(") <= 1  # one call holds every setting
+
+
+def test_loading_model():
+    load = loading(StageEpoch(epoch=epoch(wait=0.01, compute=0.004, first_data_wait=0.21), facts=CPU))
+    assert load.startup == pytest.approx(0.202, abs=1e-3) and load.steady_wait() == pytest.approx(0.008, abs=1e-4)
+    assert load.needed() == 2 and load.predicted_wait(1, cpu_bound=True) == pytest.approx(0.004, abs=1e-4)
+    busy = dataclasses.replace(load, workers=2)  # 2 workers and still 8 ms of wait per 4 ms of compute
+    assert busy.load_time() == pytest.approx(0.024, abs=1e-4) and busy.needed() == 6
+    assert spare_cpus(dataclasses.replace(CPU, world_size=2)) == 3  # 8 CPUs for 2 processes, 1 thread each
+    assert spare_cpus(GPU) == 15 and spare_cpus(RunFacts()) is None

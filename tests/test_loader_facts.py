@@ -1,0 +1,123 @@
+"""What the DataLoader advice rests on, collected (lightning_perf.collect.loader, .loops, .steps): a dataset's
+kind and the state it shares with the module, the workers' CPU time, the loops' DataLoader start-up, and the
+CPU demand during the wait."""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import time
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset
+
+from lightning_perf.collect.loader import children_cpu_seconds, dataset_facts
+from lightning_perf.collect.loops import LoopStartTimer
+from lightning_perf.collect.steps import CpuDemand, StepClock
+
+
+class Buffer:
+    def __init__(self) -> None:
+        self.items: list[torch.Tensor] = []
+
+
+class Stream(IterableDataset):
+    def __init__(self, source) -> None:
+        self.source = source
+
+    def __iter__(self):
+        return iter(())
+
+
+class Module:
+    """Stands for a LightningModule: only its attributes matter here."""
+
+    def generate(self):
+        yield from ()
+
+
+def test_a_dataset_the_module_holds_is_not_shared_state():
+    module = Module()
+    module.train_set = TensorDataset(torch.zeros(4, 2))  # `self.train_set = ...; DataLoader(self.train_set)`
+    module.transform = lambda x: x  # read-only callables are shared as a rule
+    module.train_set.transform = module.transform
+    assert dataset_facts(DataLoader(module.train_set), module) == {"dataset": "map", "shared_state": None}
+
+
+def test_shared_objects_bound_methods_and_the_module_itself_are_named():
+    module = Module()
+    module.buffer = Buffer()
+    assert dataset_facts(DataLoader(Stream(module.buffer)), module) == {
+        "dataset": "iterable",
+        "shared_state": "`dataset.source` is the LightningModule's `buffer`",
+    }
+    method = dataset_facts(DataLoader(Stream(module.generate)), module)["shared_state"]
+    assert method == "`dataset.source` is the LightningModule's method `generate`"
+    wrapped = Subset(Stream(functools.partial(print, module)), [0])  # two levels down, through a partial
+    assert (
+        dataset_facts(DataLoader(wrapped), module)["shared_state"]
+        == "`dataset.dataset.source.args[0]` is the LightningModule"
+    )
+
+
+def test_the_workers_cpu_time_is_read_from_proc():
+    if not os.path.isdir("/proc/self/task"):
+        assert children_cpu_seconds() is None
+        return
+    before = children_cpu_seconds()
+    pid = os.fork()
+    if pid == 0:
+        end = time.process_time() + 0.2
+        while time.process_time() < end:
+            pass
+        os._exit(0)
+    os.waitpid(pid, 0)  # ended and waited for: counted by os.times
+    assert children_cpu_seconds() - before >= 0.15
+
+
+def test_the_loop_timer_times_the_loops_and_puts_them_back():
+    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    loop = trainer.test_loop
+    ticks = iter([1.0, 1.25, 2.0, 2.5])
+    timer = LoopStartTimer(clock=lambda: next(ticks))
+    timer.install(trainer)
+    assert "reset" in vars(loop) and "setup_data" in vars(trainer.fit_loop)
+    wrapped = vars(loop)["reset"]
+    assert wrapped.__name__ == "reset"  # functools.wraps: it reads as the loop's own
+    try:
+        wrapped()
+    except Exception:  # the real reset needs a running trainer: the time is still counted
+        pass
+    assert timer.take("test") == 0.25 and timer.take("test") == 0.0
+    timer.uninstall()
+    assert "reset" not in vars(loop) and "setup_data" not in vars(trainer.fit_loop)
+
+
+def test_cpu_demand_counts_computing_not_sleeping_and_pickles_without_its_descriptor():
+    demand = CpuDemand()
+    start = demand()
+    time.sleep(0.1)
+    slept = demand() - start
+    end = time.process_time() + 0.1
+    while time.process_time() < end:
+        pass
+    computed = demand() - start - slept
+    assert slept < 0.05 and computed >= 0.09
+    copy = pickle.loads(pickle.dumps(demand))
+    assert copy._fd is None and copy() > 0
+
+
+def test_the_clock_samples_every_fourth_wait_from_batch_one():
+    ticks = iter(range(1000))
+    cpu = iter(range(0, 10000, 10))
+    clock = StepClock(lambda batch: None, clock=lambda: float(next(ticks)), cpu_clock=lambda: float(next(cpu)))
+    clock.epoch_start(waited=5.0)
+    for _ in range(6):
+        clock.batch_start(None)
+        clock.batch_end(None, keep_loss=False)
+        clock.restart()
+    assert clock.data_wait[0] >= 5.0  # the start-up before the epoch-start hook
+    # Batches 1 and 5: one wall tick and ten CPU seconds each (the fake clocks step by 1 and 10 per read).
+    assert clock.sampled_wait == 2.0 and clock.loading_cpu_share() == 10.0
