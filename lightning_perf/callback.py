@@ -37,7 +37,7 @@ from lightning_perf.collect.packages import lightning_classes
 from lightning_perf.collect.profiler import ProfilerWindow, WindowState, torch_profiler_active
 from lightning_perf.collect.ranks import EXCEPTION_WAIT_SECONDS, WAIT_SECONDS, RankExchange, rank_values
 from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, run_info, stage_dataloaders
-from lightning_perf.collect.steps import StepClock
+from lightning_perf.collect.steps import StepClock, run_queue_seconds
 from lightning_perf.config import (
     DEFAULT_MAX_TRACE_MB,
     DEFAULT_MAX_WINDOWS,
@@ -101,6 +101,7 @@ class _StageState:
     host_rss_peak: int | None = None
     started: float = 0.0  # perf_counter at the epoch's start, the DataLoader's start-up before its hook included
     worker_cpu: float | None = None  # children_cpu_seconds() then
+    run_queue: float | None = None  # run_queue_seconds() then
     in_epoch: bool = False  # between its epoch start and end: what an interruption leaves to summarize
     history: deque[EpochSummary] = dataclasses.field(default_factory=lambda: deque(maxlen=HISTORY_EPOCHS))
 
@@ -605,6 +606,7 @@ class PerfCallback(Callback):
     def _start_measuring(self, stage: str, st: _StageState, trainer: pl.Trainer) -> None:
         st.host_rss_peak = host_rss()
         st.worker_cpu = children_cpu_seconds()
+        st.run_queue = run_queue_seconds()
         if self._cuda_peaks is not None:
             self._cuda_peaks.start(stage)
         dataloaders = self._run_info.setdefault("dataloaders", {})
@@ -735,6 +737,7 @@ class PerfCallback(Callback):
 
     def _measure_epoch(self, stage: str, st: _StageState, *, interrupted: bool = False) -> EpochSummary:
         clock = st.clock
+        wall = time.perf_counter() - st.started
         rss = host_rss()
         cuda = self._cuda_peaks.read(stage, utilization=True) if self._cuda_peaks is not None else None
         summary = summarize_epoch(
@@ -747,7 +750,8 @@ class PerfCallback(Callback):
             loss=clock.mean_loss(),
             loading_cpu_share=clock.loading_cpu_share(),
             worker_cpu=_difference(children_cpu_seconds(), st.worker_cpu),
-            wall_time=time.perf_counter() - st.started,
+            wall_time=wall,
+            cpu_wait_share=_share(_difference(run_queue_seconds(), st.run_queue), wall),
             host_rss=rss,
             host_rss_peak=max(rss or 0, st.host_rss_peak or 0) or None,
             cuda_max_allocated=cuda.max_allocated if cuda else None,
@@ -1136,3 +1140,7 @@ class PerfCallback(Callback):
 
 def _difference(later: float | None, earlier: float | None) -> float | None:
     return None if later is None or earlier is None else max(later - earlier, 0.0)
+
+
+def _share(part: float | None, whole: float) -> float | None:
+    return None if part is None or whole <= 0 else min(part / whole, 1.0)

@@ -113,6 +113,8 @@ class EpochSummary:
             waits for workers, a disk or the network.
         worker_cpu: CPU seconds of the process's children (its DataLoader workers) during the epoch.
         wall_time: Seconds from the epoch's start (the DataLoader's start-up included) to its end hook.
+        cpu_wait_share: The share of ``wall_time`` the training process's main thread was ready to run but
+            waited for a CPU: other threads or processes held the CPUs (a busy machine).
     """
 
     stage: str
@@ -139,6 +141,7 @@ class EpochSummary:
     loading_cpu_share: float | None = None
     worker_cpu: float | None = None
     wall_time: float | None = None
+    cpu_wait_share: float | None = None
 
     @property
     def measured_batches(self) -> int:

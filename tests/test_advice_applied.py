@@ -190,4 +190,5 @@ def test_the_workers_cpu_time_is_measured(tmp_path):
         trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=0).fit(model)
     train = [e for e in callback.epochs if e.stage == "train"]
     assert all(e.worker_cpu is not None and e.worker_cpu > 0.01 for e in train), [e.worker_cpu for e in train]
+    assert all(e.cpu_wait_share is not None and 0 <= e.cpu_wait_share <= 1 for e in train)  # Linux's schedstat
     assert train[0].first_data_wait > train[1].first_data_wait  # persistent: the workers start once

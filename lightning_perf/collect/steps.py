@@ -55,6 +55,17 @@ def loss_tensor(outputs: Any) -> Any:
     return None
 
 
+def run_queue_seconds() -> float | None:
+    """Seconds the process's main thread has spent runnable but waiting for a CPU (other threads or
+    processes held them), from ``/proc/self/schedstat``; ``None`` where it cannot be read. Read at an epoch's
+    start and end: their difference over the epoch's wall time says how contended the CPUs were."""
+    try:
+        with open("/proc/self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) * 1e-9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class CpuDemand:
     """Seconds of CPU the process used plus seconds its main thread waited for a CPU, cumulative.
 

@@ -15,7 +15,9 @@ The model, per batch of the epoch (means over the measured batches):
   over the epoch's wall time).
 - **Spare CPUs**: this process's share of the CPUs less those its own compute needs (torch's intra-op
   threads on a CPU run; one thread feeding the GPU on CUDA). Lightning suggests CPUs per device minus one
-  (``suggested_max_num_workers``), the same on a GPU.
+  (``suggested_max_num_workers``), the same on a GPU. None are spare on a busy machine: when the training
+  thread waited for a CPU ``CONTENDED`` of the epoch or more (``EpochSummary.cpu_wait_share``), other
+  processes hold the CPUs a worker would need.
 - One loader's time per batch ``L``: with no workers, the wait itself (``W``); with ``k`` workers that
   keep the step waiting, ``k * (W + C)`` (each delivers one batch per ``L``, the step takes one per
   ``W + C``). With ``k'`` workers, CPU-bound loading delivers a batch every ``L / min(k', spare)`` seconds,
@@ -32,6 +34,7 @@ set, and every suggested setting is written as one ``DataLoader(...)`` call, so 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -56,6 +59,10 @@ WORKER_STARTUP_GUESS = 0.1
 # Epochs to weigh the start-up against when the run's count is unknown (our judgment: fits without
 # max_epochs usually run many; ten keeps a guess on the careful side).
 UNKNOWN_EPOCHS = 10
+# The CPUs are busy with others when the training thread waits for one a tenth of the epoch or more (our
+# judgment: on an idle machine it waits well under 1%; on this project's shared 2-CPU machine, at load 2-5,
+# 20-60%, and no worker setting made a real program faster there).
+CONTENDED = 0.10
 _EPS = 1e-9  # 0.016 / 0.004 is 4.000000000000001: not 5 workers
 
 
@@ -71,6 +78,8 @@ class Loading:
         cpu_share: The training process's CPU over wall time during the steady waits.
         worker_cpus: CPUs' worth the workers used over the epoch.
         spare: CPUs free for workers (at least 0); ``None``: unknown.
+        cpu_wait: The share of the epoch the training thread waited for a CPU; ``None``: unknown.
+        workers: The DataLoader's workers.
     """
 
     wait: float
@@ -80,7 +89,13 @@ class Loading:
     cpu_share: float | None
     worker_cpus: float | None
     spare: int | None
+    cpu_wait: float | None = None
     workers: int = 0
+
+    @property
+    def contended(self) -> bool:
+        """Other processes keep the CPUs busy."""
+        return self.cpu_wait is not None and self.cpu_wait >= CONTENDED - _EPS
 
     @property
     def startup_share(self) -> float:
@@ -126,7 +141,7 @@ def loading(ctx: StageEpoch) -> Loading:
         if epoch.worker_cpu is not None and epoch.wall_time and facts.num_workers
         else None
     )
-    return Loading(
+    load = Loading(
         wait=wait,
         compute=max(epoch.step_time - epoch.data_wait, 0.0) / n,
         batches=n,
@@ -134,8 +149,10 @@ def loading(ctx: StageEpoch) -> Loading:
         cpu_share=epoch.loading_cpu_share,
         worker_cpus=worker_cpus,
         spare=spare_cpus(facts),
+        cpu_wait=epoch.cpu_wait_share,
         workers=facts.num_workers or 0,
     )
+    return dataclasses.replace(load, spare=0) if load.contended and load.spare is not None else load
 
 
 def spare_cpus(facts: RunFacts) -> int | None:
@@ -157,9 +174,13 @@ def loading_evidence(load: Loading, facts: RunFacts) -> list[str]:
             f" (start-up {percent(load.startup_share)} of the wait)"
         )
     if load.cpu_share is not None:
-        parts.append(f"the training process was on a CPU {percent(min(load.cpu_share, 1.0))} of the steady wait")
+        parts.append(
+            f"the training process used or waited for a CPU {percent(min(load.cpu_share, 1.0))} of the sampled waits"
+        )
     if load.worker_cpus is not None and facts.num_workers:
         parts.append(f"the {facts.num_workers} workers used {load.worker_cpus:.1f} CPUs")
+    if load.contended:
+        parts.append(f"the training thread waited for a CPU {percent(load.cpu_wait or 0.0)} of the epoch")
     if load.spare is not None:
         parts.append(f"{load.spare} CPU{'s' if load.spare != 1 else ''} free for workers")
     return parts
@@ -232,10 +253,16 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> list[str]:
         ]
     if cpu_bound and load.spare is not None and load.spare < 1:
         threads = ctx.facts.torch_threads
+        held = (
+            f"other processes keep the CPUs busy (the training thread waited for one {percent(load.cpu_wait or 0.0)}"
+            " of the epoch)"
+            if load.contended
+            else f"the training process computes on {threads} thread{'s' if threads != 1 else ''} of its"
+            f" {cpus_per_process(ctx.facts)} CPUs"
+        )
         return [
-            f"No CPU is free for DataLoader workers: the training process computes on {threads} thread"
-            f"{'s' if threads != 1 else ''} of its {cpus_per_process(ctx.facts)} CPUs, and loading is CPU-bound,"
-            " so a worker would take its CPU time from the step: no gain is predicted from `num_workers`.",
+            f"No CPU is free for DataLoader workers: {held}, and loading is CPU-bound, so a worker would take its"
+            " CPU time from the step: no gain is predicted from `num_workers`.",
             cheaper_samples(ctx),
             "To try workers anyway, give them a CPU (`torch.set_num_threads(...)` one lower, with"
             " `DataLoader(num_workers=1, persistent_workers=True)`) and compare the two runs with"
@@ -318,30 +345,32 @@ def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
         target = min(spare, max(load.needed(), workers + 1), MAX_SUGGESTED_WORKERS)
         if target > workers:
             return [
-                f"Set `DataLoader(num_workers={target})`: the {workers} workers are busy computing and {spare}"
-                f" CPUs are free; predicted data wait {ms(load.predicted_wait(target, cpu_bound=True))} per"
-                f" batch instead of {ms(load.steady_wait())}.",
-                _persistent(facts),
+                f"Set `DataLoader(num_workers={target}, persistent_workers=True)`: the {workers} workers are busy"
+                f" computing and {spare} CPUs are free; predicted data wait"
+                f" {ms(load.predicted_wait(target, cpu_bound=True))} per batch instead of {ms(load.steady_wait())}.",
             ]
     if cpu_bound:
         return [
             f"The CPU is the limit: the {workers} workers keep {load.worker_cpus or 0:.1f} CPUs busy and no more are"
             " free, so more workers will not help.",
             cheaper_samples(ctx),
-            _persistent(facts),
+            _persistent(facts, workers),
         ]
     # Unknown whether the workers compute or wait (no /proc): say what to measure.
     return [
         f"Whether more workers help depends on whether the {workers} workers are computing or waiting: watch"
         " their CPU use (`top`); if each is near 100%, make samples cheaper, otherwise try"
-        f" `DataLoader(num_workers={2 * workers})` and compare the runs with `lightning-perf compare`.",
-        _persistent(facts),
+        f" `DataLoader(num_workers={2 * workers}, persistent_workers=True)` and compare the runs with"
+        " `lightning-perf compare`.",
     ]
 
 
-def _persistent(facts: RunFacts) -> str:
+def _persistent(facts: RunFacts, workers: int) -> str:
     if facts.persistent_workers is False:
-        return "Set `persistent_workers=True`, which starts the workers once per run instead of every epoch."
+        return (
+            f"Set `DataLoader(num_workers={workers}, persistent_workers=True)`, which starts the workers once per"
+            " run instead of every epoch."
+        )
     return ""
 
 
