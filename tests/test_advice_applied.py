@@ -129,8 +129,8 @@ def test_every_epochs_first_batch_holds_the_dataloaders_start_up(tmp_path):
     assert [e.epoch for e in train] == [0, 1, 2] and len(val) == 3
     assert all(e.first_data_wait >= 0.2 for e in train), [e.first_data_wait for e in train]
     assert all(e.first_data_wait >= 0.1 for e in val), [e.first_data_wait for e in val]
-    shares = [e.data_wait_fraction for e in train]
-    assert max(shares) - min(shares) < 0.15, shares  # was 38% in epoch 0 against 95% after
+    waits = [e.data_wait for e in train]  # each 0.2 s of start-up and 8 quick batches
+    assert max(waits) - min(waits) < 0.1, waits  # epoch 0 read 38% of data wait against 95% after
     assert all(e.wall_time >= e.step_time for e in train)
 
 

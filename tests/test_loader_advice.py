@@ -127,7 +127,7 @@ def test_cpu_bound_loading_with_free_cpus_gets_just_enough_persistent_workers():
     # 10 ms of loading per 5 ms of compute: two workers keep up; 7 CPUs are free.
     f = judge(epoch(wait=0.010, compute=0.005, loading_cpu_share=0.95))
     assert settings(f.advice) == {"num_workers": 2, "persistent_workers": True}
-    assert "predicted data wait 0.00 ms per batch instead of 10.00 ms" in f.advice and "7 CPUs are free" in f.advice
+    assert "predicted data wait 1.50 ms per batch instead of 10.00 ms" in f.advice and "7 CPUs are free" in f.advice
 
 
 def test_cpu_bound_loading_without_a_free_cpu_sets_no_workers():
@@ -300,8 +300,9 @@ def test_no_advice_contradicts_itself(case):
 def test_loading_model():
     load = loading(StageEpoch(epoch=epoch(wait=0.01, compute=0.004, first_data_wait=0.21), facts=CPU))
     assert load.startup == pytest.approx(0.202, abs=1e-3) and load.steady_wait() == pytest.approx(0.008, abs=1e-4)
-    assert load.needed() == 2 and load.predicted_wait(1, cpu_bound=True) == pytest.approx(0.004, abs=1e-4)
-    busy = dataclasses.replace(load, workers=2)  # 2 workers and still 8 ms of wait per 4 ms of compute
-    assert busy.load_time() == pytest.approx(0.024, abs=1e-4) and busy.needed() == 6
+    # One worker: 8 ms of loading per 4 ms of compute leaves 4 ms, and receiving the batch costs 1.5 ms more.
+    assert load.needed() == 2 and load.predicted_wait(1, cpu_bound=True) == pytest.approx(0.0055, abs=1e-4)
+    busy = dataclasses.replace(load, workers=2)  # 2 workers and still 8 ms of wait (1.5 of it receiving) per 4 of compute
+    assert busy.load_time() == pytest.approx(0.021, abs=1e-4) and busy.needed() == 6
     assert spare_cpus(dataclasses.replace(CPU, world_size=2)) == 3  # 8 CPUs for 2 processes, 1 thread each
     assert spare_cpus(GPU) == 15 and spare_cpus(RunFacts()) is None

@@ -18,11 +18,13 @@ The model, per batch of the epoch (means over the measured batches):
   (``suggested_max_num_workers``), the same on a GPU. None are spare on a busy machine: when the training
   thread waited for a CPU ``CONTENDED`` of the epoch or more (``EpochSummary.cpu_wait_share``), other
   processes hold the CPUs a worker would need.
+- A batch from a worker costs the training process ``HANDOFF`` to receive (unpickling it, mapping its
+  shared memory), whatever the workers do.
 - One loader's time per batch ``L``: with no workers, the wait itself (``W``); with ``k`` workers that
-  keep the step waiting, ``k * (W + C)`` (each delivers one batch per ``L``, the step takes one per
-  ``W + C``). With ``k'`` workers, CPU-bound loading delivers a batch every ``L / min(k', spare)`` seconds,
-  I/O-bound loading every ``L / k'``; the step then waits ``max(0, L / k' - C)``: enough workers are
-  ``ceil(L / C)``.
+  keep the step waiting, ``k * (W - HANDOFF + C)`` (each delivers one batch per ``L``, the step takes one
+  per ``W + C``). With ``k'`` workers, CPU-bound loading delivers a batch every ``L / min(k', spare)``
+  seconds, I/O-bound loading every ``L / k'``; the step then waits ``max(0, L / k' - C) + HANDOFF``:
+  enough workers are ``ceil(L / C)``.
 - **Start-up**: the first batch's wait beyond a steady batch's (workers starting, an iterable dataset's
   first fetch), paid every epoch unless ``persistent_workers=True``. Workers to add are chosen for the
   most time saved over the run's epochs (``RunFacts.epochs``) less their start-up, once with persistent
@@ -59,6 +61,12 @@ WORKER_STARTUP_GUESS = 0.1
 # Epochs to weigh the start-up against when the run's count is unknown (our judgment: fits without
 # max_epochs usually run many; ten keeps a guess on the careful side).
 UNKNOWN_EPOCHS = 10
+# What a batch from a worker costs the training process to receive: measured with torch 2.13 on a 2-CPU
+# machine, a batch of 64 small tensors (16 floats, or 1x28x28) took 2.0-2.4 ms through one persistent worker
+# against 0.4-0.5 ms in-process, a 3x64x64 batch (3 MB) 6.1 ms against 0.7 ms (`DataLoader` over a
+# `TensorDataset`, nothing else to do): 1.5-1.9 ms more per small batch, 5.4 ms per 3 MB one. The smaller
+# figure, as a floor: larger batches cost more.
+HANDOFF = 1.5e-3
 # The CPUs are busy with others when the training thread waits for one a tenth of the epoch or more (our
 # judgment: on an idle machine it waits well under 1%; on this project's shared 2-CPU machine, at load 2-5,
 # 20-60%, and no worker setting made a real program faster there).
@@ -104,9 +112,10 @@ class Loading:
         return self.startup / total if total > 0 else 0.0
 
     def load_time(self) -> float:
-        """One loader's time per batch: the steady wait without workers, ``k * (W + C)`` with ``k``."""
+        """One loader's time per batch: the steady wait without workers, ``k * (W - HANDOFF + C)`` with
+        ``k``."""
         steady = self.steady_wait()
-        return steady if self.workers < 1 else self.workers * (steady + self.compute)
+        return steady if self.workers < 1 else self.workers * (max(steady - HANDOFF, 0.0) + self.compute)
 
     def needed(self) -> int:
         """Workers that would hide the loading behind compute: ``ceil(L / C)``, at least 1."""
@@ -125,7 +134,7 @@ class Loading:
         usable = min(workers, self.spare) if cpu_bound and self.spare is not None else workers
         if usable < 1:
             return self.steady_wait()
-        return max(0.0, self.load_time() / usable - self.compute)
+        return max(0.0, self.load_time() / usable - self.compute) + HANDOFF
 
 
 def loading(ctx: StageEpoch) -> Loading:
@@ -274,17 +283,22 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     epochs = ctx.facts.epochs or UNKNOWN_EPOCHS
     k = max(range(1, most + 1), key=lambda w: (_net_saving(load, w, epochs, cpu_bound), -w))
     after = load.predicted_wait(k, cpu_bound=cpu_bound)
-    saved = (steady - after) * load.batches
+    saved = max(steady - after, 0.0) * load.batches
     if _net_saving(load, k, epochs, cpu_bound) <= 0:
         return [
-            f"Workers would save at most {_seconds(saved)} an epoch here; over {epochs} epoch"
-            f"{'s' if epochs != 1 else ''} that is no more than starting them costs (about"
-            f" {_seconds(WORKER_STARTUP_GUESS)} each): measure before changing anything"
+            f"Workers would save at most {_seconds(saved)} an epoch here (receiving each batch from a worker costs"
+            f" the training process about {ms(HANDOFF)}); over {epochs} epoch{'s' if epochs != 1 else ''} that is"
+            f" no more than starting them costs (about {_seconds(WORKER_STARTUP_GUESS)} each): measure before"
+            " changing anything"
             f" (`DataLoader(num_workers={k}, persistent_workers=True)` against this run, with `lightning-perf"
             " compare`).",
             _iterable_caveat(ctx),
         ]
-    why = "loading waits more than it computes (I/O)" if not cpu_bound else f"{load.spare} CPUs are free"
+    why = (
+        "loading waits more than it computes (I/O)"
+        if not cpu_bound
+        else f"{load.spare} CPU{' is' if load.spare == 1 else 's are'} free"
+    )
     return [
         f"Set `DataLoader(num_workers={k}, persistent_workers=True)`: {why}, so {k} worker"
         f"{'s' if k > 1 else ''} can load batches while the model computes; predicted data wait"
