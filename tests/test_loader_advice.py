@@ -239,6 +239,18 @@ def test_too_many_workers_for_the_cpus_are_advised_down():
     assert settings(f.advice) == {"num_workers": 1} and "16 workers on 2 CPUs" in f.advice
 
 
+def test_workers_oversubscribing_a_busy_machine_are_advised_down():
+    # The before/after example with 2 workers on 2 CPUs, torch on 2 threads: the training thread waited for a
+    # CPU 20% of the epoch, and num_workers=0 was 20-30% faster. The windows show little DataLoader time: the
+    # wait is the CPUs, which the advice must say rather than look elsewhere.
+    busy = epoch(wait=0.004, compute=0.03, worker_cpu=1.2, wall_time=4.0, cpu_wait_share=0.2)
+    f = judge(busy, window(dataloader_time=0.001), facts=with_workers(2, cpu_count=2, torch_threads=2))
+    assert settings(f.advice) == {"num_workers": 0} and "2 workers and the training process's 2 threads" in f.advice
+    assert "waited for a CPU 20% of the epoch" in f.advice and "DataLoader settings will not change" not in f.advice
+    one = judge(busy, facts=with_workers(1, cpu_count=2, torch_threads=2))
+    assert "1 worker and" in one.advice and "1 workers" not in one.advice
+
+
 def test_idle_workers_and_a_busy_training_process_point_at_the_transfer():
     f = judge(
         epoch(wait=0.004, compute=0.004, worker_cpu=0.1, wall_time=1.0, loading_cpu_share=0.9),
@@ -302,7 +314,9 @@ def test_loading_model():
     assert load.startup == pytest.approx(0.202, abs=1e-3) and load.steady_wait() == pytest.approx(0.008, abs=1e-4)
     # One worker: 8 ms of loading per 4 ms of compute leaves 4 ms, and receiving the batch costs 1.5 ms more.
     assert load.needed() == 2 and load.predicted_wait(1, cpu_bound=True) == pytest.approx(0.0055, abs=1e-4)
-    busy = dataclasses.replace(load, workers=2)  # 2 workers and still 8 ms of wait (1.5 of it receiving) per 4 of compute
+    busy = dataclasses.replace(
+        load, workers=2
+    )  # 2 workers and still 8 ms of wait (1.5 of it receiving) per 4 of compute
     assert busy.load_time() == pytest.approx(0.021, abs=1e-4) and busy.needed() == 6
     assert spare_cpus(dataclasses.replace(CPU, world_size=2)) == 3  # 8 CPUs for 2 processes, 1 thread each
     assert spare_cpus(GPU) == 15 and spare_cpus(RunFacts()) is None

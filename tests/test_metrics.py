@@ -155,10 +155,14 @@ def test_perf_report_json_parses_after_every_epoch_and_has_its_schema(tmp_path):
         "prefetch_factor": None,
         "batch_size": 4,
         "drop_last": False,
+        "dataset": "map",
+        "shared_state": None,
     }
+    assert run["max_epochs"] == 3
     epoch = report["stages"]["train"]["epochs"][0]
     assert {"epoch", "batches", "samples", "step_time_p50", "step_time_p90", "step_time_max", "data_wait_fraction",
-            "throughput", "loss", "host_rss", "host_rss_peak", "cuda_max_allocated"} <= set(epoch)
+            "throughput", "loss", "host_rss", "host_rss_peak", "cuda_max_allocated", "first_data_wait",
+            "loading_cpu_share", "worker_cpu", "wall_time", "cpu_wait_share"} <= set(epoch)
     # Batches 1 and 2 ran in the profiler window (warm-up, record): left out of times and samples.
     assert (epoch["batches"], epoch["profiled_batches"], epoch["samples"]) == (8, 2, 24)
     assert epoch["cuda_max_allocated"] is None

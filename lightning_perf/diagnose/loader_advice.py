@@ -170,14 +170,22 @@ def spare_cpus(facts: RunFacts) -> int | None:
     per_process = cpus_per_process(facts)
     if per_process is None:
         return None
-    own = (facts.torch_threads or 1) if facts.device == "cpu" else 1
-    return max(per_process - own, 0)
+    return max(per_process - _own_threads(facts), 0)
+
+
+def _own_threads(facts: RunFacts) -> int:
+    """The CPUs the training process computes on: torch's threads on a CPU run, one feeding an accelerator."""
+    return (facts.torch_threads or 1) if facts.device == "cpu" else 1
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def loading_evidence(load: Loading, facts: RunFacts) -> list[str]:
     """The measurements the advice rests on, as evidence."""
     parts = []
-    if load.startup > 0 and load.batches > 1:
+    if load.startup_share >= 0.01 and load.batches > 1:
         parts.append(
             f"the first batch waited {ms(load.startup + load.steady_wait())}"
             f" (start-up {percent(load.startup_share)} of the wait)"
@@ -318,6 +326,23 @@ def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     facts = ctx.facts
     workers = facts.num_workers or 0
     per_process = cpus_per_process(facts)
+    own = _own_threads(facts)
+    named, are = _plural(workers, "worker"), "is" if workers == 1 else "are"
+    if load.contended and per_process is not None and workers + own > per_process:
+        # Oversubscribed: the workers and the training process's threads take turns on too few CPUs.
+        target = max(per_process - own, 0)
+        return [
+            f"Set `DataLoader(num_workers={target})`: {_plural(workers, 'worker')} and the training process's"
+            f" {_plural(own, 'thread')} share {_plural(per_process, 'CPU')}, and the training thread waited for a"
+            f" CPU {percent(load.cpu_wait or 0.0)} of the epoch: the workers take their CPU time from the step."
+            + (
+                " (Or give them CPUs: `torch.set_num_threads(...)` lower, and compare the two runs with"
+                " `lightning-perf compare`.)"
+                if facts.device == "cpu" and own > 1
+                else ""
+            ),
+            cheaper_samples(ctx),
+        ]
     if load.startup_share >= STARTUP_DOMINANT:
         if facts.persistent_workers is False:
             return [
@@ -342,14 +367,14 @@ def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     if cpu_bound is False:
         if load.cpu_share is not None and load.cpu_share >= CPU_BOUND:
             return [
-                f"The {workers} workers are mostly idle ({load.worker_cpus or 0:.1f} CPUs in all) while the training"
+                f"The {named} {are} mostly idle ({load.worker_cpus or 0:.1f} CPUs in all) while the training"
                 " process is busy during the wait: receiving batches from the workers costs more than loading"
                 " them. Compare `DataLoader(num_workers=0)` with this run (`lightning-perf compare`), or send"
                 " fewer bytes per batch (smaller dtypes, uint8 images converted after the transfer)."
             ]
         target = min(2 * workers, MAX_SUGGESTED_WORKERS * 2)
         return [
-            f"Set `DataLoader(num_workers={target}, prefetch_factor=4)`: the {workers} workers are mostly"
+            f"Set `DataLoader(num_workers={target}, prefetch_factor=4)`: the {named} {are} mostly"
             f" waiting ({load.worker_cpus or 0:.1f} CPUs in all), on a disk or the network, not computing, so"
             " more of them overlap more waits, even beyond the CPU count.",
             _iterable_caveat(ctx),
@@ -359,20 +384,20 @@ def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
         target = min(spare, max(load.needed(), workers + 1), MAX_SUGGESTED_WORKERS)
         if target > workers:
             return [
-                f"Set `DataLoader(num_workers={target}, persistent_workers=True)`: the {workers} workers are busy"
-                f" computing and {spare} CPUs are free; predicted data wait"
+                f"Set `DataLoader(num_workers={target}, persistent_workers=True)`: the {named} {are} busy"
+                f" computing and {_plural(spare, 'CPU')} {'is' if spare == 1 else 'are'} free; predicted data wait"
                 f" {ms(load.predicted_wait(target, cpu_bound=True))} per batch instead of {ms(load.steady_wait())}.",
             ]
     if cpu_bound:
         return [
-            f"The CPU is the limit: the {workers} workers keep {load.worker_cpus or 0:.1f} CPUs busy and no more are"
-            " free, so more workers will not help.",
+            f"The CPU is the limit: the {named} {'keeps' if workers == 1 else 'keep'}"
+            f" {load.worker_cpus or 0:.1f} CPUs busy and no more are free, so more workers will not help.",
             cheaper_samples(ctx),
             _persistent(facts, workers),
         ]
     # Unknown whether the workers compute or wait (no /proc): say what to measure.
     return [
-        f"Whether more workers help depends on whether the {workers} workers are computing or waiting: watch"
+        f"Whether more workers help depends on whether the {named} {are} computing or waiting: watch"
         " their CPU use (`top`); if each is near 100%, make samples cheaper, otherwise try"
         f" `DataLoader(num_workers={2 * workers}, persistent_workers=True)` and compare the runs with"
         " `lightning-perf compare`.",

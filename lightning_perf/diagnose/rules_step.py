@@ -196,7 +196,7 @@ def framework_overhead(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         ]
     advice = [
         f"Look for per-batch work outside the model: {'; '.join(parts)}. Lightning's own loop takes about"
-        " 0.3-0.5 ms of each step (measured on a CPU), which no setting removes. The gaps between operators in"
+        " 0.3-1 ms of each step (measured on 2-CPU machines), which no setting removes. The gaps between operators in"
         " this window's trace show where the time goes."
     ]
     return finding(
