@@ -939,6 +939,7 @@ class PerfCallback(Callback):
             device_name=run.get("device_name"),
             precision=run.get("precision"),
             world_size=run.get("world_size", 1),
+            num_nodes=run.get("num_nodes", 1),
             cpu_count=run.get("cpu_count"),
             torch_threads=run.get("torch_threads"),
             num_workers=loader.get("num_workers"),

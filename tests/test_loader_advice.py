@@ -319,4 +319,5 @@ def test_loading_model():
     )  # 2 workers and still 8 ms of wait (1.5 of it receiving) per 4 of compute
     assert busy.load_time() == pytest.approx(0.021, abs=1e-4) and busy.needed() == 6
     assert spare_cpus(dataclasses.replace(CPU, world_size=2)) == 3  # 8 CPUs for 2 processes, 1 thread each
+    assert spare_cpus(dataclasses.replace(CPU, world_size=4, num_nodes=2)) == 3  # 2 processes on each node
     assert spare_cpus(GPU) == 15 and spare_cpus(RunFacts()) is None

@@ -25,6 +25,7 @@ class RunFacts:
     device_name: str | None = None
     precision: str | None = None  # Lightning's precision string, e.g. "32-true", "bf16-mixed"
     world_size: int = 1
+    num_nodes: int = 1
     cpu_count: int | None = None  # CPUs this process may run on
     torch_threads: int | None = None  # torch.get_num_threads()
     num_workers: int | None = None

@@ -129,8 +129,12 @@ def in_window(window: TraceSummary, count: int) -> str:
 
 
 def cpus_per_process(facts: RunFacts) -> int | None:
-    """The CPUs each process of the run has (the machine's, shared by its processes); ``None``: unknown."""
-    return None if facts.cpu_count is None else max(1, facts.cpu_count // max(facts.world_size, 1))
+    """The CPUs each process of the run has (its machine's, shared by the processes on that machine: the world
+    size over the nodes); ``None``: unknown."""
+    if facts.cpu_count is None:
+        return None
+    per_node = max(facts.world_size // max(facts.num_nodes, 1), 1)
+    return max(1, facts.cpu_count // per_node)
 
 
 def on_cuda(ctx: StageEpoch) -> bool:
