@@ -329,6 +329,18 @@ FLOOR_CASES = {
         ctx(epoch(step_time_p50=0.005, step_time_p90=0.0055), rank_step_times={0: 0.004, 1: 0.004, 2: 0.004999}),
         set(),
     ),
+    # h2d_copy: >= 0.5 ms of exposed copies per step (25% of a 2 ms step)
+    "h2d 0.5 ms": (gpu_ctx(None, gpu_window(step_time=0.002, h2d_exposed_time=5e-4, h2d_time=6e-4, optimizer_update_time=1e-4)), {"h2d_copy"}),
+    "h2d under 0.5 ms": (gpu_ctx(None, gpu_window(step_time=0.002, h2d_exposed_time=4.99e-4, h2d_time=6e-4, optimizer_update_time=1e-4)), set()),
+    # precision: fp32 GEMMs of >= 0.5 ms per step (half of a 1 ms kernel time)
+    "fp32 GEMMs 0.5 ms": (
+        gpu_ctx(None, gpu_window(kernel_time=0.001, fp32_gemm_time=5e-4), facts=FP32_GPU),
+        {"precision"},
+    ),
+    "fp32 GEMMs under 0.5 ms": (
+        gpu_ctx(None, gpu_window(kernel_time=0.001, fp32_gemm_time=4.99e-4), facts=FP32_GPU),
+        set(),
+    ),
     # cpu_threads: only steps of 1 ms or more (one thread of eight)
     "one thread, 1 ms steps": (
         ctx(epoch(step_time_p50=0.001, step_time_p90=0.0011), facts=NO_WORKERS_ONE_THREAD),
@@ -581,7 +593,7 @@ def test_h2d_copy_from_pageable_memory_advises_pinning():
     pageable = gw(W2, h2d_time=0.3, h2d_exposed_time=0.2, h2d_pageable=True)
     f = run("h2d_copy", gpu_ctx(None, gpu_window(W1), pageable, facts=facts(GPU, pin_memory=False)))
     assert f.window == W2 and f.severity == "warning"
-    assert "take 20% of the step" in f.evidence and "(warning >= 10%)" in f.evidence and "pageable" in f.evidence
+    assert "take 20% of the step" in f.evidence and "(warning >= 10% and >= 0.50 ms per step)" in f.evidence and "pageable" in f.evidence
     assert "`DataLoader(pin_memory=True)`" in f.advice and "non_blocking=True" in f.advice
 
 

@@ -118,13 +118,17 @@ def h2d_copy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 
     Notes:
         1. Per window: host-to-device copy time during which no kernel ran / step time.
-        2. Fires at ``h2d_copy`` in the window where the share is highest; warning.
+        2. Fires at ``h2d_copy`` in the window where the share is highest, among those where the exposed
+           copies take ``h2d_min_time`` per step or more; warning.
         3. Advice leads with ``pin_memory=True`` when the copies came from pageable memory or the
            DataLoader does not pin.
     """
     if not on_cuda(ctx):
         return None
-    best = strongest(ctx.windows, lambda w: share(w.h2d_exposed_time, w))
+    best = strongest(
+        (w for w in ctx.windows if reaches(w.h2d_exposed_time or 0.0, t.h2d_min_time)),
+        lambda w: share(w.h2d_exposed_time, w),
+    )
     if best is None or not reaches(best[1], t.h2d_copy):
         return None
     window, value = best
@@ -133,7 +137,8 @@ def h2d_copy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     evidence = [
         f"host-to-device copies with no kernel running take {percent(value)} of the step"
         f" ({ms(window.h2d_exposed_time or 0.0)} of {ms(window.step_time)}, copies {ms(window.h2d_time or 0.0)}"
-        f" in all) {in_window(window, len(ctx.windows))} (warning >= {limit(t.h2d_copy)})",
+        f" in all) {in_window(window, len(ctx.windows))} (warning >= {limit(t.h2d_copy)} and"
+        f" >= {ms(t.h2d_min_time)} per step)",
         {True: "some copies come from pageable memory", False: "copies come from pinned memory"}.get(pageable, ""),
         f"pin_memory={facts.pin_memory}" if facts.pin_memory is not None else "",
     ]

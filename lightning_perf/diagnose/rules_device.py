@@ -296,7 +296,8 @@ def precision(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         1. Only with Lightning's ``precision="32-true"`` on CUDA, in windows whose device is tensor-core
            capable.
         2. Per window: kernel time of fp32 GEMM/convolution kernels without tensor cores / kernel time.
-        3. Fires, as a warning, at ``precision_fp32_gemm`` in the window with the largest share.
+        3. Fires, as a warning, at ``precision_fp32_gemm`` in the window with the largest share, among those
+           where the kernels take ``precision_min_time`` per step or more.
         4. Advice: ``"bf16-mixed"`` and TF32 on Ampere or newer, ``"16-mixed"`` on Volta and Turing.
     """
     if not on_cuda(ctx) or ctx.facts.precision not in FP32_PRECISIONS:
@@ -304,7 +305,11 @@ def precision(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     candidates = [
         w
         for w in ctx.windows
-        if w.tensor_core_capable and w.kernel_time and w.kernel_time > 0 and w.fp32_gemm_time is not None
+        if w.tensor_core_capable
+        and w.kernel_time
+        and w.kernel_time > 0
+        and w.fp32_gemm_time is not None
+        and reaches(w.fp32_gemm_time, t.precision_min_time)
     ]
     best = strongest(candidates, lambda w: (w.fp32_gemm_time or 0.0) / (w.kernel_time or 1.0))
     if best is None or not reaches(best[1], t.precision_fp32_gemm):
@@ -314,7 +319,8 @@ def precision(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     evidence = [
         f"fp32 matmul/convolution kernels without tensor cores take {percent(value)} of kernel time"
         f" ({ms(window.fp32_gemm_time or 0.0)} of {ms(window.kernel_time or 0.0)} per step)"
-        f" {in_window(window, len(ctx.windows))} (warning >= {limit(t.precision_fp32_gemm)})",
+        f" {in_window(window, len(ctx.windows))} (warning >= {limit(t.precision_fp32_gemm)} and"
+        f" >= {ms(t.precision_min_time)} per step)",
         f'precision="{ctx.facts.precision}"' + (f" on {name}" if name else ""),
     ]
     if name and any(marker in name.upper() for marker in PRE_AMPERE_NAMES):

@@ -81,6 +81,8 @@ LAUNCH_CPU_MIN_TIME = 1e-3
 # warning: 10% of the step. PyTorch's tuning guide and NVIDIA's CUDA best practices both name pinned memory
 # (`pin_memory=True`) as the fix for slow, blocking host-to-device copies.
 H2D_COPY = 0.10
+# Floor: and the copies leave the GPU idle 0.5 ms per step, as device_idle's floor (the same idle time).
+H2D_MIN_TIME = 0.5e-3
 
 # --- precision ------------------------------------------------------------------------------------------
 # torch-tb-profiler recommends AMP when tensor-core-eligible kernels run without tensor cores at all. We fire
@@ -88,6 +90,9 @@ H2D_COPY = 0.10
 # with TF32 or bf16 these run 2-8x faster (NVIDIA A100: 19.5 TFLOPS fp32 vs 156 TF32 vs 312 bf16), so 30% of
 # the kernel time shrinks by at least a fifth of the step.
 PRECISION_FP32_GEMM = 0.30
+# Floor: and those kernels take 0.5 ms per step (our judgment: made 2x faster, they give back 0.25 ms a step,
+# below which a precision change is not worth its numerical risk).
+PRECISION_MIN_TIME = 0.5e-3
 
 # --- memory_pressure ------------------------------------------------------------------------------------
 # torch-tb-profiler warns when peak memory exceeds 90% of the device's. 97% is our critical: the caching
@@ -246,8 +251,10 @@ class Thresholds:
             under 20 us, outside the DataLoader, with the Python gaps that dispatch them) / step time...
         launch_cpu_min_time: ...and that time reaches this per step (seconds).
         h2d_copy: ``h2d_copy``: exposed host-to-device copy time / step time.
+        h2d_min_time: ``h2d_copy``: and that exposed copy time per step reaches this (seconds).
         precision_fp32_gemm: ``precision``: fp32 GEMM/convolution kernel time without tensor cores / kernel
             time.
+        precision_min_time: ``precision``: and those kernels' time per step reaches this (seconds).
         memory_pressure_warning, memory_pressure_critical: ``memory_pressure``: peak reserved / capacity.
         memory_fragmentation: ``memory_pressure`` advice: (reserved - allocated) / reserved from which the
             advice leads with the allocator's ``expandable_segments``.
@@ -299,7 +306,9 @@ class Thresholds:
     launch_cpu_tiny_ops: float = _field(LAUNCH_CPU_TINY_OPS, _FRACTION)
     launch_cpu_min_time: float = _field(LAUNCH_CPU_MIN_TIME, _SECONDS)
     h2d_copy: float = _field(H2D_COPY, _FRACTION)
+    h2d_min_time: float = _field(H2D_MIN_TIME, _SECONDS)
     precision_fp32_gemm: float = _field(PRECISION_FP32_GEMM, _FRACTION)
+    precision_min_time: float = _field(PRECISION_MIN_TIME, _SECONDS)
     memory_pressure_warning: float = _field(MEMORY_PRESSURE_WARNING, _FRACTION)
     memory_pressure_critical: float = _field(MEMORY_PRESSURE_CRITICAL, _FRACTION)
     memory_fragmentation: float = _field(MEMORY_FRAGMENTATION, _FRACTION)
