@@ -30,14 +30,15 @@ from typing_extensions import override
 
 from lightning_perf import __version__, layout
 from lightning_perf.collect.batch import BatchSizer
-from lightning_perf.collect.loader import children_cpu_seconds, dataset_facts
+from lightning_perf.collect.cpu import EpochCpu
+from lightning_perf.collect.loader import dataset_facts
 from lightning_perf.collect.loops import LoopStartTimer
 from lightning_perf.collect.memory import CudaPeaks, host_rss
 from lightning_perf.collect.packages import lightning_classes
 from lightning_perf.collect.profiler import ProfilerWindow, WindowState, torch_profiler_active
 from lightning_perf.collect.ranks import EXCEPTION_WAIT_SECONDS, WAIT_SECONDS, RankExchange, rank_values
 from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, run_info, stage_dataloaders
-from lightning_perf.collect.steps import StepClock, run_queue_seconds
+from lightning_perf.collect.steps import StepClock
 from lightning_perf.config import (
     DEFAULT_MAX_TRACE_MB,
     DEFAULT_MAX_WINDOWS,
@@ -99,9 +100,7 @@ class _StageState:
     windows_used: int = 0
     windows_this_epoch: int = 0
     host_rss_peak: int | None = None
-    started: float = 0.0  # perf_counter at the epoch's start, the DataLoader's start-up before its hook included
-    worker_cpu: float | None = None  # children_cpu_seconds() then
-    run_queue: float | None = None  # run_queue_seconds() then
+    cpu: EpochCpu = dataclasses.field(default_factory=EpochCpu)  # the epoch's wall time, workers' CPU, CPU waits
     in_epoch: bool = False  # between its epoch start and end: what an interruption leaves to summarize
     history: deque[EpochSummary] = dataclasses.field(default_factory=lambda: deque(maxlen=HISTORY_EPOCHS))
 
@@ -598,14 +597,12 @@ class PerfCallback(Callback):
         st.epoch, st.batch, st.num_batches, st.windows_this_epoch = epoch, first_batch, num_batches, 0
         st.in_epoch = True
         waited = self._loop_timer.take(stage)
-        self._safely(stage, self._start_measuring, stage, st, trainer)
+        self._safely(stage, self._start_measuring, stage, st, trainer, waited)
         self._safely(stage, self._before_batch, stage, st, trainer)
         st.clock.epoch_start(waited)
-        st.started = time.perf_counter() - waited
 
-    def _start_measuring(self, stage: str, st: _StageState, trainer: pl.Trainer) -> None:
+    def _start_measuring(self, stage: str, st: _StageState, trainer: pl.Trainer, waited: float) -> None:
         st.host_rss_peak = host_rss()
-        st.run_queue = run_queue_seconds()
         if self._cuda_peaks is not None:
             self._cuda_peaks.start(stage)
         dataloaders = self._run_info.setdefault("dataloaders", {})
@@ -613,8 +610,7 @@ class PerfCallback(Callback):
             loader = first_dataloader(stage_dataloaders(trainer, stage))
             settings = dataloader_settings(loader)
             dataloaders[stage] = settings and {**settings, **dataset_facts(loader, trainer.lightning_module)}
-        # The workers' CPU time (/proc, about 0.2 ms a read): only where there are workers.
-        st.worker_cpu = children_cpu_seconds() if (dataloaders[stage] or {}).get("num_workers") else None
+        st.cpu.start(already=waited, workers=bool((dataloaders[stage] or {}).get("num_workers")))
 
     def _batch_start(self, stage: str, batch: Any) -> None:
         if stage not in self.config.stages:
@@ -738,7 +734,6 @@ class PerfCallback(Callback):
 
     def _measure_epoch(self, stage: str, st: _StageState, *, interrupted: bool = False) -> EpochSummary:
         clock = st.clock
-        wall = time.perf_counter() - st.started
         rss = host_rss()
         cuda = self._cuda_peaks.read(stage, utilization=True) if self._cuda_peaks is not None else None
         summary = summarize_epoch(
@@ -750,9 +745,7 @@ class PerfCallback(Callback):
             profiled=clock.profiled,
             loss=clock.mean_loss(),
             loading_cpu_share=clock.loading_cpu_share(),
-            worker_cpu=None if st.worker_cpu is None else _difference(children_cpu_seconds(), st.worker_cpu),
-            wall_time=wall,
-            cpu_wait_share=_share(_difference(run_queue_seconds(), st.run_queue), wall),
+            **st.cpu.read(),
             host_rss=rss,
             host_rss_peak=max(rss or 0, st.host_rss_peak or 0) or None,
             cuda_max_allocated=cuda.max_allocated if cuda else None,
@@ -948,7 +941,7 @@ class PerfCallback(Callback):
             batch_size=loader.get("batch_size"),
             dataset=loader.get("dataset"),
             shared_state=loader.get("shared_state"),
-            epochs=run.get("max_epochs") if stage in ("train", "validate") else 1,
+            epochs=run.get("max_epochs"),  # a validate, test or predict call plans 1
         )
 
     def _rule_failed(self, rule_id: str, err: Exception) -> None:
@@ -1138,11 +1131,3 @@ class PerfCallback(Callback):
         if key not in self._warned:
             self._warned.add(key)
             rank_zero_info(message)
-
-
-def _difference(later: float | None, earlier: float | None) -> float | None:
-    return None if later is None or earlier is None else max(later - earlier, 0.0)
-
-
-def _share(part: float | None, whole: float) -> float | None:
-    return None if part is None or whole <= 0 else min(part / whole, 1.0)

@@ -8,23 +8,15 @@ with margins of 2x and more, torch on one thread (tests/models.py says why)."""
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
 import torch
+from advice import settings
 from models import SleepyDataset, TinyModel, torch_threads, trainer
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lightning_perf import PerfCallback
-
-
-def settings(advice: str) -> dict[str, object]:
-    """The DataLoader arguments the advice sets (its "Set `DataLoader(...)`" sentence), as a user reads them."""
-    match = re.search(r"Set `DataLoader\(([^)]*)\)`", advice)
-    if match is None:
-        return {}
-    return {k.strip(): eval(v) for k, v in (part.split("=") for part in match.group(1).split(","))}  # noqa: S307
 
 
 class Loaded(TinyModel):

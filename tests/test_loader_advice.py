@@ -7,6 +7,8 @@ import dataclasses
 import re
 
 import pytest
+from advice import settings
+from summaries import W1, W2, window
 
 from lightning_perf.diagnose.loader_advice import loading, spare_cpus
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
@@ -14,7 +16,6 @@ from lightning_perf.diagnose.registry import RULES
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary, TraceSummary
 
-W1, W2 = "train-epoch000-batches0006-0008", "train-epoch000-batches0106-0108"
 # A CPU run on 8 CPUs computing on 1 thread (7 free for workers), no workers yet.
 CPU = RunFacts(device="cpu", cpu_count=8, torch_threads=1, num_workers=0, pin_memory=False, persistent_workers=False)
 GPU = RunFacts(device="cuda", cpu_count=16, torch_threads=8, num_workers=0, pin_memory=True, persistent_workers=False)
@@ -41,38 +42,11 @@ def epoch(*, wait: float = 0.010, compute: float = 0.010, batches: int = 100, **
     return EpochSummary(**values)
 
 
-def window(name: str = W1, **kw) -> TraceSummary:
-    values = dict(
-        window=name,
-        steps=3,
-        step_time=0.02,
-        dataloader_time=0.01,
-        optimizer_time=0.0,
-        optimizer_update_time=0.0,
-        optimizer_update_ops=0.0,
-        optimizer_foreach=None,
-        host_op_time=0.015,
-        framework_time=0.001,
-        ops_per_step=100.0,
-        median_op_time=5e-5,
-    )
-    values.update(kw)
-    return TraceSummary(**values)
-
-
 def judge(
     epoch_: EpochSummary | None = None, *windows: TraceSummary, facts: RunFacts = CPU, **overrides
 ) -> Finding | None:
     context = StageEpoch(epoch=epoch_ or epoch(), windows=windows, facts=facts)
     return RULES["dataloader_bound"](context, Thresholds.with_overrides(overrides))
-
-
-def settings(advice: str) -> dict[str, object] | None:
-    """The DataLoader arguments an advice *sets*: its ``Set `DataLoader(...)``` sentence, else ``None``."""
-    match = re.search(r"Set `DataLoader\(([^)]*)\)`", advice)
-    if match is None:
-        return None
-    return {k.strip(): eval(v) for k, v in (part.split("=") for part in match.group(1).split(","))}  # noqa: S307
 
 
 # --- when it fires ------------------------------------------------------------------------------------------
@@ -94,8 +68,8 @@ def test_a_wait_under_a_millisecond_per_batch_is_no_finding_whatever_its_share()
 def test_evidence_has_the_numbers_thresholds_floor_and_facts():
     f = judge(
         epoch(wait=0.0126, compute=0.0074, loading_cpu_share=0.93),
-        window(W1, dataloader_time=0.005),
-        window(W2, dataloader_time=0.0116),
+        window(W1, step_time=0.02, dataloader_time=0.005),
+        window(W2, step_time=0.02, dataloader_time=0.0116),
         facts=dataclasses.replace(CPU, cpu_count=2, torch_threads=2),
     )
     assert f.title == "Training waits for data 63% of the time" and f.window == W2
@@ -109,10 +83,10 @@ def test_evidence_has_the_numbers_thresholds_floor_and_facts():
 
 
 def test_names_no_window_whose_batches_did_not_wait_and_then_sets_nothing():
-    f = judge(epoch(wait=0.01), window(dataloader_time=0.0001))
+    f = judge(epoch(wait=0.01), window(step_time=0.02, dataloader_time=0.0001))
     assert f.window is None and "the profiler windows show less (at most 0% of a step in the DataLoader)" in f.evidence
     assert f.advice.startswith("The DataLoader itself is a small part of the wait")
-    assert "on_after_batch_transfer" in f.advice and settings(f.advice) is None
+    assert "on_after_batch_transfer" in f.advice and settings(f.advice) == {}
 
 
 def test_is_judged_for_every_stage():
@@ -134,7 +108,7 @@ def test_cpu_bound_loading_without_a_free_cpu_sets_no_workers():
     # The project template on 2 CPUs: torch computes on both; a worker would take its CPU from the step.
     two = dataclasses.replace(CPU, cpu_count=2, torch_threads=2)
     f = judge(epoch(wait=0.004, compute=0.006, loading_cpu_share=0.9), facts=two)
-    assert settings(f.advice) is None and "No CPU is free for DataLoader workers" in f.advice
+    assert settings(f.advice) == {} and "No CPU is free for DataLoader workers" in f.advice
     assert "no gain is predicted" in f.advice and "cache decoded or preprocessed data" in f.advice
     assert "lightning-perf compare" in f.advice  # what to measure, since it cannot be predicted
     assert "cuda" not in f.advice.lower() and "GPU" not in f.advice
@@ -145,7 +119,7 @@ def test_a_busy_machine_has_no_cpu_free_for_workers():
     # shared 2-CPU machine the GAN, autoencoder and template examples got no faster with a worker.
     busy = epoch(wait=0.010, compute=0.005, loading_cpu_share=0.95, cpu_wait_share=0.3)
     f = judge(busy)
-    assert settings(f.advice) is None and "other processes keep the CPUs busy" in f.advice
+    assert settings(f.advice) == {} and "other processes keep the CPUs busy" in f.advice
     assert "waited for a CPU 30% of the epoch" in f.evidence and "0 CPUs free for workers" in f.evidence
     idle = judge(dataclasses.replace(busy, cpu_wait_share=0.0999))
     assert settings(idle.advice) == {"num_workers": 2, "persistent_workers": True}
@@ -164,7 +138,7 @@ def test_workers_are_weighed_against_their_start_up_over_the_runs_epochs():
     # 20 batches waiting 3 ms: a worker would save 60 ms an epoch; starting it costs about 0.1 s.
     short = epoch(wait=0.003, compute=0.003, batches=20, loading_cpu_share=0.9)
     f = judge(short, facts=dataclasses.replace(CPU, epochs=1))
-    assert settings(f.advice) is None and "measure before changing anything" in f.advice
+    assert settings(f.advice) == {} and "measure before changing anything" in f.advice
     assert "over 1 epoch that is no more than starting them costs" in f.advice
     assert "`DataLoader(num_workers=1, persistent_workers=True)`" in f.advice
     f = judge(short, facts=dataclasses.replace(CPU, epochs=20))
@@ -178,7 +152,7 @@ def test_workers_are_weighed_against_their_start_up_over_the_runs_epochs():
 
 def test_a_dataset_start_up_is_not_sold_as_a_worker_problem():
     f = judge(epoch(wait=0.002, compute=0.008, first_data_wait=0.150, loading_cpu_share=0.9))
-    assert settings(f.advice) is None and "Most of the wait is the first batch" in f.advice
+    assert settings(f.advice) == {} and "Most of the wait is the first batch" in f.advice
     assert "start-up" in f.evidence
 
 
@@ -188,7 +162,7 @@ def test_state_shared_with_the_module_gets_no_workers():
         CPU, dataset="iterable", shared_state="`dataset.buffer` is the LightningModule's `buffer`"
     )
     f = judge(epoch(wait=0.02, compute=0.002, loading_cpu_share=0.95), facts=dqn)
-    assert settings(f.advice) is None and "do not add DataLoader workers" in f.advice
+    assert settings(f.advice) == {} and "do not add DataLoader workers" in f.advice
     assert "`dataset.buffer` is the LightningModule's `buffer`" in f.advice and "stale" in f.advice
     assert "an IterableDataset" in f.evidence
 
@@ -230,7 +204,7 @@ def test_persistent_workers_whose_start_up_is_the_wait_are_questioned_not_raised
     f = judge(
         epoch(wait=0.004, compute=0.001, batches=64, first_data_wait=0.2, worker_cpu=0.02, wall_time=0.5), facts=boring
     )
-    assert settings(f.advice) is None and "Compare `DataLoader(num_workers=0)`" in f.advice
+    assert settings(f.advice) == {} and "Compare `DataLoader(num_workers=0)`" in f.advice
     assert "CPU is the limit" not in f.advice
 
 
@@ -244,7 +218,7 @@ def test_workers_oversubscribing_a_busy_machine_are_advised_down():
     # CPU 20% of the epoch, and num_workers=0 was 20-30% faster. The windows show little DataLoader time: the
     # wait is the CPUs, which the advice must say rather than look elsewhere.
     busy = epoch(wait=0.004, compute=0.03, worker_cpu=1.2, wall_time=4.0, cpu_wait_share=0.2)
-    f = judge(busy, window(dataloader_time=0.001), facts=with_workers(2, cpu_count=2, torch_threads=2))
+    f = judge(busy, window(step_time=0.02, dataloader_time=0.001), facts=with_workers(2, cpu_count=2, torch_threads=2))
     assert settings(f.advice) == {"num_workers": 0} and "2 workers and the training process's 2 threads" in f.advice
     assert "waited for a CPU 20% of the epoch" in f.advice and "DataLoader settings will not change" not in f.advice
     one = judge(busy, facts=with_workers(1, cpu_count=2, torch_threads=2))
@@ -256,7 +230,7 @@ def test_idle_workers_and_a_busy_training_process_point_at_the_transfer():
         epoch(wait=0.004, compute=0.004, worker_cpu=0.1, wall_time=1.0, loading_cpu_share=0.9),
         facts=with_workers(2, persistent_workers=True),
     )
-    assert settings(f.advice) is None and "receiving batches from the workers" in f.advice
+    assert settings(f.advice) == {} and "receiving batches from the workers" in f.advice
 
 
 def test_idle_workers_waiting_on_io_get_more_of_them():
@@ -273,7 +247,7 @@ def test_busy_workers_with_free_cpus_are_raised_and_without_them_the_cpu_is_the_
     # Two workers busy, and the step still waits 10 ms of 15: each takes 30 ms a batch; 6 keep up with 5 ms.
     assert settings(f.advice) == {"num_workers": 6, "persistent_workers": True} and "instead of 10.00 ms" in f.advice
     limit = judge(epoch(**busy), facts=with_workers(2, persistent_workers=True, cpu_count=3))
-    assert settings(limit.advice) is None and "The CPU is the limit" in limit.advice
+    assert settings(limit.advice) == {} and "The CPU is the limit" in limit.advice
     assert "more workers will not help" in limit.advice and "Raise" not in limit.advice
     assert "decode_jpeg" not in limit.advice  # a CUDA remedy, on a CPU run
     gpu = judge(epoch(**busy), facts=dataclasses.replace(GPU, num_workers=2, cpu_count=3, persistent_workers=True))

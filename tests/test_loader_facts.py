@@ -1,4 +1,4 @@
-"""What the DataLoader advice rests on, collected (lightning_perf.collect.loader, .loops, .steps): a dataset's
+"""What the DataLoader advice rests on, collected (lightning_perf.collect.loader, .loops, .cpu, .steps): a dataset's
 kind and the state it shares with the module, the workers' CPU time, the loops' DataLoader start-up, and the
 CPU demand during the wait."""
 
@@ -13,9 +13,10 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset
 
-from lightning_perf.collect.loader import children_cpu_seconds, dataset_facts
+from lightning_perf.collect.cpu import CpuDemand, children_cpu_seconds
+from lightning_perf.collect.loader import dataset_facts
 from lightning_perf.collect.loops import LoopStartTimer
-from lightning_perf.collect.steps import CpuDemand, StepClock
+from lightning_perf.collect.steps import StepClock
 
 
 class Buffer:
@@ -106,7 +107,7 @@ def test_cpu_demand_counts_computing_not_sleeping_and_pickles_without_its_descri
     computed = demand() - start - slept
     assert slept < 0.05 and computed >= 0.09
     copy = pickle.loads(pickle.dumps(demand))
-    assert copy._fd is None and copy() > 0
+    assert copy._run_queue._fd is None and copy() > 0
 
 
 def test_the_clock_samples_every_fourth_wait_from_batch_one():

@@ -9,6 +9,7 @@ import re
 
 import pytest
 from purity import heavy_modules_loaded_by
+from summaries import W1, W2, window
 
 from lightning_perf.diagnose import rules_device
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
@@ -19,7 +20,6 @@ from lightning_perf.summarize import trace as trace_module
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MiB, GiB = 2**20, 2**30
-W1, W2 = "train-epoch000-batches0006-0008", "train-epoch000-batches0106-0108"
 
 CPU = RunFacts(
     device="cpu",
@@ -72,26 +72,6 @@ def epoch(**kw) -> EpochSummary:
 
 def gpu_epoch(**kw) -> EpochSummary:
     return epoch(**{"cuda_max_allocated": 20 * GiB, "cuda_max_reserved": 24 * GiB, "cuda_capacity": 80 * GiB, **kw})
-
-
-def window(name: str = W1, **kw) -> TraceSummary:
-    """A healthy CPU window: 10 ms steps, almost all of it in a few hundred torch operators."""
-    values = dict(
-        window=name,
-        steps=3,
-        step_time=0.010,
-        dataloader_time=0.0002,
-        optimizer_time=0.004,
-        optimizer_update_time=0.0005,
-        optimizer_update_ops=12.0,
-        optimizer_foreach=True,
-        host_op_time=0.009,
-        framework_time=0.0005,
-        ops_per_step=150.0,
-        median_op_time=30e-6,
-    )
-    values.update(kw)
-    return TraceSummary(**values)
 
 
 def gpu_window(name: str = W1, **kw) -> TraceSummary:

@@ -377,7 +377,7 @@ def _device_sets_one_by_one(device, steps):
     spans = [(e.ts, e.ts + e.dur, e) for e in device]
     kernels = [span for span in spans if span[2].cat == "kernel"]
     h2d = [span for span in spans if span[2].cat == "gpu_memcpy" and "HtoD" in span[2].name]
-    in_steps = trace_module._starting_inside(kernels, steps.ranges)
+    in_steps = [span for span in kernels if steps.hold(span[0])]
     union = lambda spans: trace_module._union([(start, end) for start, end, _ in spans])  # noqa: E731
     return trace_module._DeviceSets(
         busy=union(spans),

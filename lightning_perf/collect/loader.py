@@ -11,14 +11,13 @@ What decides whether DataLoader workers would help, besides the DataLoader's own
   that is a method of the module) would give each worker a stale copy: workers would silently train on old
   data. An iterable dataset also runs whole in every worker unless it splits itself by
   ``torch.utils.data.get_worker_info()``.
-- :func:`children_cpu_seconds`: CPU time of this process's child processes (its DataLoader workers), read
-  from ``/proc`` once at each epoch's start and end, to tell workers that compute from workers that wait.
+
+How busy the CPUs and the workers were is :mod:`lightning_perf.collect.cpu`'s.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,39 +100,3 @@ def _reachable(obj: Any, path: str, depth: int, seen: set[int]) -> Iterator[tupl
         seen.add(id(value))
         yield child_path, value
         yield from _reachable(value, child_path, depth - 1, seen)
-
-
-def children_cpu_seconds() -> float | None:
-    """CPU seconds (user and system) of this process's children: those alive, read from ``/proc``, and those
-    ended and waited for (``os.times``). ``None`` without ``/proc`` (not Linux).
-
-    Notes:
-        DataLoader workers are this process's children; so are other subprocesses (a compile worker pool,
-        a launcher's helpers), which idle in a training loop. The difference between two calls is what the
-        workers computed in between.
-    """
-    tasks = "/proc/self/task"
-    if not os.path.isdir(tasks):
-        return None
-    ended = os.times()
-    total = ended.children_user + ended.children_system
-    ticks = os.sysconf("SC_CLK_TCK")
-    for pid in _children(tasks):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of stat)
-        except (OSError, IndexError, ValueError):  # ended between the listing and the read
-            continue
-    return total
-
-
-def _children(tasks: str) -> set[str]:
-    pids: set[str] = set()
-    for task in os.listdir(tasks):
-        try:
-            with open(f"{tasks}/{task}/children") as f:
-                pids.update(f.read().split())
-        except OSError:
-            continue
-    return pids

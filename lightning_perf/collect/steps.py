@@ -17,8 +17,8 @@ How the split is measured, for each batch ``k`` of a stage's epoch:
   the first batch) before ``on_train_epoch_start`` in a fit's first epoch and before every
   ``on_validation_epoch_start``; :mod:`lightning_perf.collect.loops` times that and the caller passes it to
   :meth:`StepClock.epoch_start`.
-- **CPU demand during the wait** (:class:`CpuDemand`): over the data wait of every ``CPU_SAMPLE_EVERY``-th
-  batch (batches 1, 5, 9, ...), the process's CPU time (all its threads; not its worker processes') plus
+- **CPU demand during the wait** (:class:`~lightning_perf.collect.cpu.CpuDemand`): over the data wait of
+  every ``CPU_SAMPLE_EVERY``-th batch (batches 1, 5, 9, ...), the process's CPU time (all its threads; not its worker processes') plus
   the time its main thread waited in the kernel's run queue for a CPU (a busy machine): close to the wait
   itself when the training process loads the batch with its CPU, close to zero when it waits for workers,
   a disk or the network. A few microseconds per sampled batch (two system calls).
@@ -31,12 +31,13 @@ more than a bounded queue ahead (any ``.item()``, logging or the caching allocat
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from lightning_perf.collect.cpu import CpuDemand
 
 # A stage keeps at most this many batch losses on their device before summing them into one there (no
 # synchronization): a tensor per batch held to the epoch's end would hold a caching-allocator block each.
@@ -53,61 +54,6 @@ def loss_tensor(outputs: Any) -> Any:
     if hasattr(outputs, "detach") and getattr(outputs, "ndim", None) == 0:
         return outputs
     return None
-
-
-def run_queue_seconds() -> float | None:
-    """Seconds the process's main thread has spent runnable but waiting for a CPU (other threads or
-    processes held them), from ``/proc/self/schedstat``; ``None`` where it cannot be read. Read at an epoch's
-    start and end: their difference over the epoch's wall time says how contended the CPUs were."""
-    try:
-        with open("/proc/self/schedstat", "rb") as f:
-            return int(f.read().split()[1]) * 1e-9
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-class CpuDemand:
-    """Seconds of CPU the process used plus seconds its main thread waited for a CPU, cumulative.
-
-    The second part, from ``/proc/<pid>/schedstat`` (Linux, the main thread's run-queue wait), keeps loading
-    that is CPU-bound on a contended machine from reading as waiting; where the file cannot be read it is
-    left out (CPU time alone). The file is opened on first use in each process (a forked or spawned copy of
-    the callback opens its own), and a pickled copy carries no descriptor.
-    """
-
-    def __init__(self) -> None:
-        self._fd: int | None = None
-        self._pid: int | None = None  # the process the descriptor was opened in
-
-    def __call__(self) -> float:
-        seconds = time.process_time()
-        pid = os.getpid()
-        if self._pid != pid:
-            self._open(pid)
-        if self._fd is not None:
-            try:
-                seconds += int(os.pread(self._fd, 64, 0).split()[1]) * 1e-9
-            except (OSError, IndexError, ValueError):
-                self.close()
-        return seconds
-
-    def _open(self, pid: int) -> None:
-        self._pid = pid  # (a descriptor inherited from a parent process is left to it)
-        try:
-            self._fd = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
-        except OSError:
-            self._fd = None
-
-    def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None and self._pid == os.getpid():
-            os.close(fd)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_fd": None, "_pid": None}
-
-    def __del__(self) -> None:
-        self.close()
 
 
 class StepClock:

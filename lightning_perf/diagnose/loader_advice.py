@@ -203,19 +203,89 @@ def loading_evidence(load: Loading, facts: RunFacts) -> list[str]:
     return parts
 
 
-def loader_advice(ctx: StageEpoch) -> list[str]:
-    """Advice for a DataLoader-bound epoch, from :func:`loading` and the run's facts."""
-    facts, load = ctx.facts, loading(ctx)
-    workers = facts.num_workers
+def loader_advice(ctx: StageEpoch, load: Loading, *, elsewhere: bool = False) -> list[str]:
+    """Advice for a DataLoader-bound epoch, from the run's facts.
+
+    Args:
+        ctx: The stage's epoch.
+        load: Its :func:`loading`.
+        elsewhere: The profiler windows show the DataLoader's own spans to be a small part of the step.
+
+    Notes:
+        In this order, the first that applies: a dataset sharing state with the module (workers would load
+        stale data); workers oversubscribing a busy machine; a first batch whose start-up is most of the
+        wait; windows that show the wait is not the DataLoader's (what else to look at); then workers to add,
+        raise or lower, or what to measure.
+    """
+    facts = ctx.facts
     if facts.shared_state:
         return _shared_state_advice(ctx, load)
-    advice = _with_workers(ctx, load) if workers else _without_workers(ctx, load)
+    advice = _oversubscribed_advice(ctx, load) or _startup_advice(ctx, load)
+    if not advice and elsewhere:
+        return [ELSEWHERE]
+    if not advice:
+        advice = _with_workers(ctx, load) if facts.num_workers else _without_workers(ctx, load)
     if on_cuda(ctx) and facts.pin_memory is False:
         advice.append(
             "Set `pin_memory=True`: copies from pinned memory run asynchronously (Lightning already moves"
             " batches with `non_blocking=True`)."
         )
     return advice
+
+
+# The DataLoader's own spans are small in every window and nothing else explains the wait.
+ELSEWHERE = (
+    "The DataLoader itself is a small part of the wait in the profiler windows: look at what else runs"
+    " between batches, in the window's trace between `ProfilerStep` spans: the batch's transfer and"
+    " `on_after_batch_transfer`/`transfer_batch_to_device`, other callbacks' batch-start and batch-end"
+    " hooks, and Lightning's loop itself (0.3-1 ms a batch, which shows only when steps are a few ms)."
+    " DataLoader settings will not change those."
+)
+
+
+def _oversubscribed_advice(ctx: StageEpoch, load: Loading) -> list[str]:
+    """Workers and the training process's threads taking turns on too few CPUs of a busy machine."""
+    facts = ctx.facts
+    workers, per_process, own = facts.num_workers or 0, cpus_per_process(facts), _own_threads(facts)
+    if not (workers and load.contended and per_process is not None and workers + own > per_process):
+        return []
+    return [
+        f"Set `DataLoader(num_workers={max(per_process - own, 0)})`: {_plural(workers, 'worker')} and the"
+        f" training process's {_plural(own, 'thread')} share {_plural(per_process, 'CPU')}, and the training"
+        f" thread waited for a CPU {percent(load.cpu_wait or 0.0)} of the epoch: the workers take their CPU"
+        " time from the step."
+        + (
+            " (Or give them CPUs: `torch.set_num_threads(...)` lower, and compare the two runs with"
+            " `lightning-perf compare`.)"
+            if facts.device == "cpu" and own > 1
+            else ""
+        ),
+        cheaper_samples(ctx),
+    ]
+
+
+def _startup_advice(ctx: StageEpoch, load: Loading) -> list[str]:
+    """A wait that is mostly the first batch's: the dataset's start-up, or the workers'."""
+    if load.startup_share < STARTUP_DOMINANT:
+        return []
+    workers = ctx.facts.num_workers or 0
+    if not workers:
+        return [
+            f"Most of the wait is the first batch ({ms(load.startup)} more than the others): the dataset's"
+            " start-up (opening files, building an index, an iterable dataset's first fetch). Workers would not"
+            " remove it: make that start-up cheaper, or do it once in `setup`."
+        ]
+    if ctx.facts.persistent_workers is False:
+        return [
+            f"Set `DataLoader(num_workers={workers}, persistent_workers=True)`: most of the wait is the"
+            f" workers starting ({ms(load.startup)} before the first batch, {percent(load.startup_share)} of"
+            " the epoch's wait), which persistent workers pay once per run instead of every epoch."
+        ]
+    return [
+        f"Most of the wait is the workers starting ({ms(load.startup)} before the first batch): in a run"
+        f" this short they may cost more than they save. Compare `DataLoader(num_workers=0)` with this run"
+        " (`lightning-perf compare`)."
+    ]
 
 
 def cheaper_samples(ctx: StageEpoch) -> str:
@@ -262,12 +332,6 @@ def _iterable_caveat(ctx: StageEpoch) -> str:
 def _without_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     steady = load.steady_wait()
     cpu_bound = load.cpu_share is None or load.cpu_share >= CPU_BOUND
-    if load.startup_share >= STARTUP_DOMINANT:
-        return [
-            f"Most of the wait is the first batch ({ms(load.startup)} more than the others): the dataset's"
-            " start-up (opening files, building an index, an iterable dataset's first fetch). Workers would not"
-            " remove it: make that start-up cheaper, or do it once in `setup`."
-        ]
     if cpu_bound and load.spare is not None and load.spare < 1:
         threads = ctx.facts.torch_threads
         held = (
@@ -326,35 +390,7 @@ def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     facts = ctx.facts
     workers = facts.num_workers or 0
     per_process = cpus_per_process(facts)
-    own = _own_threads(facts)
     named, are = _plural(workers, "worker"), "is" if workers == 1 else "are"
-    if load.contended and per_process is not None and workers + own > per_process:
-        # Oversubscribed: the workers and the training process's threads take turns on too few CPUs.
-        target = max(per_process - own, 0)
-        return [
-            f"Set `DataLoader(num_workers={target})`: {_plural(workers, 'worker')} and the training process's"
-            f" {_plural(own, 'thread')} share {_plural(per_process, 'CPU')}, and the training thread waited for a"
-            f" CPU {percent(load.cpu_wait or 0.0)} of the epoch: the workers take their CPU time from the step."
-            + (
-                " (Or give them CPUs: `torch.set_num_threads(...)` lower, and compare the two runs with"
-                " `lightning-perf compare`.)"
-                if facts.device == "cpu" and own > 1
-                else ""
-            ),
-            cheaper_samples(ctx),
-        ]
-    if load.startup_share >= STARTUP_DOMINANT:
-        if facts.persistent_workers is False:
-            return [
-                f"Set `DataLoader(num_workers={workers}, persistent_workers=True)`: most of the wait is the"
-                f" workers starting ({ms(load.startup)} before the first batch, {percent(load.startup_share)} of"
-                " the epoch's wait), which persistent workers pay once per run instead of every epoch."
-            ]
-        return [
-            f"Most of the wait is the workers starting ({ms(load.startup)} before the first batch): in a run"
-            f" this short they may cost more than they save. Compare `DataLoader(num_workers=0)` with this run"
-            " (`lightning-perf compare`)."
-        ]
     capacity = min(workers, per_process or workers)  # one CPU per worker, at most this process's share
     cpu_bound = load.worker_cpus / capacity >= CPU_BOUND if load.worker_cpus is not None else None
     if per_process is not None and workers > per_process and cpu_bound is not False:

@@ -8,7 +8,7 @@ copy to it).
 
 from __future__ import annotations
 
-from lightning_perf.diagnose.loader_advice import STARTUP_DOMINANT, loader_advice, loading, loading_evidence
+from lightning_perf.diagnose.loader_advice import loader_advice, loading, loading_evidence
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.rules import (
     below,
@@ -89,26 +89,13 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         best = None
     evidence.append(loader_facts(facts))
     evidence.extend(loading_evidence(load, facts))
-    oversubscribed = load.contended and bool(facts.num_workers)
-    if ctx.windows and best is None and load.startup_share < STARTUP_DOMINANT and not oversubscribed:
-        # The DataLoader's own spans are small in every window and the first batch does not explain the
-        # wait: what the loop waits for between batches is mostly something else.
-        advice = [
-            "The DataLoader itself is a small part of the wait in the profiler windows: look at what else runs"
-            " between batches, in the window's trace between `ProfilerStep` spans: the batch's transfer and"
-            " `on_after_batch_transfer`/`transfer_batch_to_device`, other callbacks' batch-start and batch-end"
-            " hooks, and Lightning's loop itself (0.3-1 ms a batch, which shows only when steps are a few ms)."
-            " DataLoader settings will not change those.",
-        ]
-    else:
-        advice = loader_advice(ctx)
     return finding(
         ctx,
         "dataloader_bound",
         severity,
         f"{stage_name(ctx.stage)} waits for data {percent(fraction)} of the time",
         evidence,
-        advice,
+        loader_advice(ctx, load, elsewhere=bool(ctx.windows) and best is None),
         best[0] if best else None,
     )
 

@@ -642,11 +642,11 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
     collectives = _union(scan.collectives)
     waiting = steps.time(_subtract(collectives, host_ops))
     top_starts, top_ends = host.top_level()
-    top_level = list(zip(top_starts.tolist(), top_ends.tolist()))
+    in_steps = _starts_in(top_starts, steps.ranges)
     dataloader = _union(scan.dataloader)
-    tiny_ops, tiny_op_time = _tiny_ops(top_starts, top_ends, steps.ranges, dataloader)
+    tiny_ops, tiny_op_time = _tiny_ops(top_starts, top_ends, in_steps & ~_starts_in(top_starts, dataloader))
     update_parts = _optimizer_update_parts(scan, steps)
-    update_ops, multi_tensor = host.update_ops(top_level, update_parts)
+    update_ops, multi_tensor = host.update_ops(top_starts, update_parts)
     optimizers = [name for start, _, name, _ in scan.optimizer if steps.hold(start)]
     if any("fused" in name.lower() for name in optimizers):
         multi_tensor = True  # a fused optimizer class (apex's, DeepSpeed's, FBGEMM's FusedAdam)
@@ -665,7 +665,7 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
         host_op_time=host_op_time,
         framework_time=max(step_time - host_op_time - waiting, 0.0),
         ops_per_step=steps.per_step(_operators_in(scan, steps.ranges)),
-        median_op_time=percentile([end - start for start, end in _starting_inside(top_level, steps.ranges)], 50) * _US,
+        median_op_time=percentile((top_ends - top_starts)[in_steps].tolist(), 50) * _US,
         tiny_op_time=steps.mean(tiny_op_time),
         tiny_ops_per_step=steps.per_step(tiny_ops),
         **_device_and_communication(scan, steps),
@@ -825,28 +825,29 @@ class _MainThread:
         top = starts >= covered_until
         return starts[top], ends[top]
 
-    def update_ops(self, top_level: list[Interval], update_parts: list[Interval]) -> tuple[int, bool]:
-        """Top-level operators starting in the update parts, and whether any operator there is multi-tensor."""
+    def update_ops(self, top_starts: Any, update_parts: list[Interval]) -> tuple[int, bool]:
+        """Top-level operators (their starts) starting in the update parts, and whether any operator there is
+        multi-tensor."""
         if not update_parts:
             return 0, False
-        count = len(_starting_inside(top_level, update_parts))
+        count = int(np.count_nonzero(_starts_in(top_starts, update_parts)))
         multi_tensor = self.is_op & self.columns.named(
             {name for name in self.columns.names if "_foreach_" in name or "fused" in name}
         )
-        return count, any(_inside(start, update_parts) for start in self.columns.starts[multi_tensor].tolist())
+        return count, bool(_starts_in(self.columns.starts[multi_tensor], update_parts).any())
 
 
-def _tiny_ops(starts: Any, ends: Any, steps: list[Interval], dataloader: list[Interval]) -> tuple[int, float]:
+def _tiny_ops(starts: Any, ends: Any, counted: Any) -> tuple[int, float]:
     """How many of the top-level operators ``starts``/``ends`` (arrays sorted by start) are tiny (shorter than
-    :data:`TINY_OP_US`) and start in the merged ``steps`` but in none of the merged ``dataloader`` spans, and
-    their time (microseconds): their durations, and for each the gap since the operators before it ended (the
-    first: none) where shorter than :data:`TINY_OP_US`."""
+    :data:`TINY_OP_US`) among those ``counted`` (a mask: the step's own, in the steps and in no DataLoader
+    span), and their time (microseconds): their durations, and for each the gap since the operators before it
+    ended (the first: none) where shorter than :data:`TINY_OP_US`."""
     if not len(starts):
         return 0, 0.0
     durations = ends - starts
     gaps = starts - np.concatenate((starts[:1], np.maximum.accumulate(ends)[:-1]))
     dispatch = np.where((gaps > 0) & (gaps < TINY_OP_US), gaps, 0.0)
-    tiny = (durations < TINY_OP_US) & _starts_in(starts, steps) & ~_starts_in(starts, dataloader)
+    tiny = (durations < TINY_OP_US) & counted
     return int(np.count_nonzero(tiny)), float((durations[tiny] + dispatch[tiny]).sum())
 
 
@@ -1048,12 +1049,4 @@ def _inside(point: float, merged: Sequence[Interval]) -> bool:
     """Whether ``point`` lies in one of the merged intervals (start included, end not)."""
     i = bisect_right(merged, (point, float("inf"))) - 1
     return i >= 0 and point < merged[i][1]
-
-
-def _starting_inside(
-    items: Sequence[tuple[float, float, str]], merged: Sequence[Interval]
-) -> list[tuple[float, float, str]]:
-    """The items (sorted by start) that start in one of the merged intervals."""
-    starts = [item[0] for item in items]
-    return [item for start, end in merged for item in items[bisect_left(starts, start) : bisect_left(starts, end)]]
 
