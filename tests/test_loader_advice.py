@@ -112,6 +112,12 @@ def test_cpu_bound_loading_without_a_free_cpu_sets_no_workers():
     assert "no gain is predicted" in f.advice and "cache decoded or preprocessed data" in f.advice
     assert "lightning-perf compare" in f.advice  # what to measure, since it cannot be predicted
     assert "cuda" not in f.advice.lower() and "GPU" not in f.advice
+    # Two DDP processes on 2 CPUs, one thread each (the project template under DDP): one CPU each, none free.
+    ddp = judge(
+        epoch(wait=0.006, compute=0.008, loading_cpu_share=1.0),
+        facts=dataclasses.replace(two, world_size=2, torch_threads=1),
+    )
+    assert "computes on 1 thread of its 1 CPU," in ddp.advice and settings(ddp.advice) == {}
 
 
 def test_a_busy_machine_has_no_cpu_free_for_workers():

@@ -338,8 +338,8 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> list[str]:
             f"other processes keep the CPUs busy (the training thread waited for one {percent(load.cpu_wait or 0.0)}"
             " of the epoch)"
             if load.contended
-            else f"the training process computes on {threads} thread{'s' if threads != 1 else ''} of its"
-            f" {cpus_per_process(ctx.facts)} CPUs"
+            else f"the training process computes on {_plural(threads or 1, 'thread')} of its"
+            f" {_plural(cpus_per_process(ctx.facts) or 1, 'CPU')}"
         )
         return [
             f"No CPU is free for DataLoader workers: {held}, and loading is CPU-bound, so a worker would take its"
