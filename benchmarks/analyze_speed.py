@@ -5,7 +5,7 @@ Offline trace analysis speed
 How fast lightning-perf analyses a Kineto trace offline, next to the two tools people otherwise point at the
 same file, timed in one run on the same traces:
 
-    ours         ``lightning_perf.readers.load_kineto`` (read, gunzip, decode into typed events, which
+    ours         ``lightning_perf.readers.load_trace`` (read, gunzip, decode into typed events, which
                  checks them), then ``summarize_trace`` and ``operator_stats`` (the step summary and the
                  operator table; the first sorts the events out for both): what ``lightning-perf compare``
                  does with a trace (``analyze`` needs no operator table: 15% less). Load and analysis are
@@ -86,8 +86,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning_perf.readers import GZIP_MAGIC
-from lightning_perf.traces import PROFILER_STEP_PREFIX
+from lightning_perf.readers.files import GZIP_MAGIC
+from lightning_perf.traces import PROFILER_STEP_PREFIX, step_number
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = REPO.parent / "shared" / "fixtures" / "gpu-traces"
@@ -156,15 +156,8 @@ def _max_id(events: list[dict[str, Any]]) -> int:
     return top
 
 
-def _step_number(name: Any) -> int | None:
-    """N of a ``ProfilerStep#N`` name, else None."""
-    if isinstance(name, str) and name.startswith(PROFILER_STEP_PREFIX) and name[len(PROFILER_STEP_PREFIX) :].isdigit():
-        return int(name[len(PROFILER_STEP_PREFIX) :])
-    return None
-
-
 def _step_range(events: list[dict[str, Any]]) -> tuple[int, int]:
-    numbers = [n for e in events if (n := _step_number(e.get("name"))) is not None]
+    numbers = [n for e in events if (n := step_number(e.get("name"))) is not None]
     return (min(numbers), max(numbers)) if numbers else (0, 0)
 
 
@@ -181,7 +174,7 @@ def _shifted(event: dict[str, Any], shift: float, id_offset: int, step_offset: i
             for key in ID_ARGS:
                 if type(args.get(key)) is int:
                     args[key] += id_offset
-    step = _step_number(e.get("name"))
+    step = step_number(e.get("name"))
     if step_offset and step is not None:
         e["name"] = f"{PROFILER_STEP_PREFIX}{step + step_offset}"
     return e
@@ -276,15 +269,16 @@ def _median_runs(runs: int, once: Callable[[], dict[str, float]]) -> Timing:
 
 
 def time_ours(path: pathlib.Path, runs: int) -> Timing:
-    from lightning_perf.readers import load_kineto
-    from lightning_perf.summarize.trace import operator_stats, summarize_trace
+    from lightning_perf.readers import load_trace
+    from lightning_perf.summarize.operators import operator_stats
+    from lightning_perf.summarize.step_summary import summarize_trace
 
     def once() -> dict[str, float]:
         # As `lightning-perf` runs it: without the cyclic garbage collector (see lightning_perf/cli.py).
         gc.disable()
         try:
             t0 = time.perf_counter()
-            trace = load_kineto(path)
+            trace = load_trace(path)
             t1 = time.perf_counter()
             summarize_trace(trace, window=path.name)
             t2 = time.perf_counter()
@@ -368,7 +362,11 @@ def available_tools(wanted: list[str]) -> tuple[list[str], dict[str, str]]:
     no import is timed."""
     notes: dict[str, str] = {}
     modules = {
-        "ours": ("lightning_perf.readers", "lightning_perf.summarize.trace"),
+        "ours": (
+            "lightning_perf.readers",
+            "lightning_perf.summarize.operators",
+            "lightning_perf.summarize.step_summary",
+        ),
         "tb": ("torch_tb_profiler.profiler.data", "torch_tb_profiler.profiler.run_generator"),
         "hta": ("hta.trace_analysis",),
     }
@@ -478,7 +476,7 @@ def print_summary(
 
     if "ours" not in tools:
         return
-    print("\ntargets (ours: load_kineto + summarize_trace + operator_stats):")
+    print("\ntargets (ours: load_trace + summarize_trace + operator_stats):")
     for tool in tools:
         if tool == "ours":
             continue

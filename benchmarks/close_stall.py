@@ -264,7 +264,7 @@ def run_pytorch_profiler(root: str, batches: int, width: int, wait_s: float) -> 
     profiler = PyTorchProfiler(dirpath=dirpath, filename="prof", schedule=schedule)
     trainer = make_trainer(root, 1, callbacks=[timer, exports], profiler=profiler)
     trainer.fit(MNISTLitModule(batches, width, wait_s))
-    touched = {(0, i) for i in range(0, PT_CLOSE_BATCH + 1)}
+    touched = {(0, i) for i in range(PT_CLOSE_BATCH + 1)}
     run = Run("pt")
     run.median_step = median = _median_outside(timer.steps, touched)
     traces = [os.path.join(dirpath, f) for f in os.listdir(dirpath) if ".pt.trace.json" in f]

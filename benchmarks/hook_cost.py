@@ -64,7 +64,7 @@ def hook_cost(log_every_n_steps: int, batches: int) -> float:
         model = Tiny()
         trainer.fit(model)
         perf.on_train_epoch_start(trainer, model)
-        perf._stages["train"].num_batches = float("inf")  # keep the loop inside one endless epoch
+        perf._positions["train"].num_batches = float("inf")  # keep the loop inside one endless epoch
         batch = (torch.randn(64, 16), torch.randn(64, 1))
         outputs = {"loss": torch.tensor(0.5)}
         start = time.perf_counter()

@@ -87,7 +87,7 @@ EARLY_BATCHES = 12  # batches shown in the per-batch table
 # Lightning's PyTorchProfiler default: torch.profiler.schedule(wait=1, warmup=1, active=3), once per run.
 PT_WAIT, PT_WARMUP, PT_ACTIVE = 1, 1, 3
 PT_CLOSE_BATCH = PT_WAIT + PT_WARMUP + PT_ACTIVE - 1  # step in which the trace is stopped and exported
-PT_WINDOW = range(0, PT_WAIT + PT_WARMUP + PT_ACTIVE + 2)  # batches 0..6: every step its window can touch
+PT_WINDOW = range(PT_WAIT + PT_WARMUP + PT_ACTIVE + 2)  # batches 0..6: every step its window can touch
 
 
 class MLP(pl.LightningModule):
@@ -239,14 +239,14 @@ def print_medians(by_config: dict[str, list[Run]]) -> None:
         n = sum(len(run.outside) for run in runs)
         line = f"  ({c}) {LABELS[c]:<18} {ms(medians[c])}   ({n} steps)"
         if c != "a":
-            per_round = [run.median / base.median for run, base in zip(runs, by_config["a"])]
+            per_round = [run.median / base.median for run, base in zip(runs, by_config["a"], strict=True)]
             ratio = medians[c] / medians["a"]
             line += f"   ({c})/(a): {ratio:.3f}   per-round: {min(per_round):.3f}..{max(per_round):.3f}"
         print(line)
     print()
     print("per round: median step outside windows, ratios, other processes' CPU load")
     print("  round       (a)       (b)       (c)   (b)/(a)   (c)/(a)   other load")
-    for r, (a, b, c) in enumerate(zip(*by_config.values())):
+    for r, (a, b, c) in enumerate(zip(*by_config.values(), strict=True)):
         loads = [run.other_load for run in (a, b, c) if run.other_load is not None]
         load = f"{100 * statistics.mean(loads):5.1f} %" if loads else "    n/a"
         print(
@@ -291,7 +291,7 @@ def print_early_batches(by_config: dict[str, list[Run]]) -> None:
             times = [run.steps[i] for run in runs if i in run.steps]
             cells.append(f"{statistics.median(times) * 1e3:6.1f}" if times else "     -")
         slowest = [max(run.steps, key=run.steps.__getitem__) for run in runs]
-        worst = "  ".join(f"{i}: {run.steps[i] * 1e3:.1f}" for i, run in zip(slowest, runs))
+        worst = "  ".join(f"{i}: {run.steps[i] * 1e3:.1f}" for i, run in zip(slowest, runs, strict=True))
         print(f"  ({c})    " + " ".join(cells) + f"   slowest: {worst}")
     print()
 

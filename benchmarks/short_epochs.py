@@ -52,6 +52,7 @@ import contextlib
 import functools
 import glob
 import io
+import itertools
 import logging
 import os
 import statistics
@@ -133,7 +134,7 @@ class EpochTimer(Callback):
     def epochs(self) -> list[float]:
         """Seconds of each epoch, from its start to the next one's (the last one's to the end of training)."""
         marks = self.starts + ([self.end] if self.end is not None else [])
-        return [b - a for a, b in zip(marks, marks[1:])]
+        return [b - a for a, b in itertools.pairwise(marks)]
 
     @property
     def epoch(self) -> int:
@@ -275,7 +276,7 @@ def bands(epochs: int) -> list[range]:
     early = min(50, epochs // 4)
     starts = [early - width // 2] + [epochs * k // 4 - width // 2 for k in (1, 2, 3)] + [epochs - width]
     out: list[range] = []
-    for s in sorted(set(max(1, s) for s in starts)):  # epoch 0 carries the run's own start-up
+    for s in sorted({max(1, s) for s in starts}):  # epoch 0 carries the run's own start-up
         band = range(s, min(s + width, epochs))
         if band and (not out or band.start >= out[-1].stop):
             out.append(band)

@@ -115,7 +115,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, lightning {pl.__version__}; {args.epochs} epochs, 40 batches each;"
           f" {', '.join(options) or 'default options'}")
     print(f"  recorded step inside a window: median {statistics.median(steps) * 1e3:.2f} ms")
-    print(f"  window close, training thread ({args.active} batches, {statistics.median(sizes) / 1024:.0f} KiB gzipped, {events} operators):"
+    print(f"  window close, training thread ({args.active} batches,"
+          f" {statistics.median(sizes) / 1024:.0f} KiB gzipped, {events} operators):"
           f" median {statistics.median(closes) * 1e3:.1f} ms, max {max(closes) * 1e3:.1f} ms")
     print(f"  epoch end (summary, rules, TensorBoard, perf_report.json):"
           f" median {statistics.median(timer.durations) * 1e3:.1f} ms, max {max(timer.durations) * 1e3:.1f} ms")

@@ -67,7 +67,10 @@ def main(argv: list[str] | None = None) -> None:
     trainer.fit(MaybeSlowRank(args.slow_rank), datamodule=DigitsData())
     if trainer.is_global_zero:
         print(f"Per-rank traces, one directory per window: {perf.dirpath}")
-        print(f"Open them (each window is a run, its ranks are workers): tensorboard --logdir {perf.tensorboard_logdir}")
+        print(
+            "Open them (each window is a run, its ranks are workers):"
+            f" tensorboard --logdir {perf.tensorboard_logdir}"
+        )
 
 
 if __name__ == "__main__":

@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> PerfCallback:
 
     print()
     print("lightning-perf, per stage and epoch (every batch measured, no profiler):")
-    print(f"  {'stage':<9}{'epoch':>5}{'batches':>9}{'step p50':>10}{'p90':>9}{'data wait':>11}{'samples/s':>11}{'loss':>8}")
+    print(
+        f"  {'stage':<9}{'epoch':>5}{'batches':>9}{'step p50':>10}{'p90':>9}"
+        f"{'data wait':>11}{'samples/s':>11}{'loss':>8}"
+    )
     for e in perf.epochs:
         throughput = f"{e.throughput:,.0f}" if e.throughput else "-"
         loss = f"{e.loss:.3f}" if e.loss is not None else "-"

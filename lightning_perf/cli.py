@@ -22,24 +22,23 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from lightning_perf import __version__
-from lightning_perf.config import STAGES
-from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
+from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.diagnose.rules import percent
-from lightning_perf.readers import InputError, load_kineto, load_report
+from lightning_perf.diagnosis_context import cross_rank_findings, distributed_info, trace_context, trace_stage
+from lightning_perf.readers import InputError, load_report, load_trace
 from lightning_perf.records import OperatorStat, RankSummary, TraceSummary, share
-from lightning_perf.report.findings import CLEAN, console_report, ranks_table
+from lightning_perf.report.findings import CLEAN, console_report, finding_lines, ranks_table, shown_findings
 from lightning_perf.report.json_report import report_epochs
-from lightning_perf.report.markdown import format_duration
-from lightning_perf.summarize.ranks import rank_work_times
 from lightning_perf.summarize.events import KinetoTrace
-from lightning_perf.summarize.steps import percentile, summarize_epoch
-from lightning_perf.summarize.trace import operator_stats, summarize_trace
-from lightning_perf.traces import METADATA_KEY, collector_paused
+from lightning_perf.summarize.operators import operator_stats
+from lightning_perf.summarize.ranks import rank_summary_of_trace
+from lightning_perf.summarize.step_summary import summarize_trace
+from lightning_perf.traces import collector_paused
+from lightning_perf.units import change, count, duration_us, mib, percent
 
 EXIT_OK, EXIT_SLOWER, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command ended by SIGPIPE
@@ -89,19 +88,6 @@ def find_traces(paths: Iterable[str]) -> list[str]:
     return found
 
 
-def distributed_info(trace: KinetoTrace | Mapping[str, Any]) -> dict[str, Any]:
-    """A trace's ``distributedInfo`` (rank, world size, backend), or ``{}``."""
-    info = trace.distributedInfo if isinstance(trace, KinetoTrace) else trace.get("distributedInfo")
-    return info if isinstance(info, dict) else {}
-
-
-def trace_stage(trace: KinetoTrace | Mapping[str, Any]) -> str:
-    """The stage a trace of ours was recorded in (its ``lightning_perf`` metadata), else ``"train"``."""
-    notes = trace.lightning_perf if isinstance(trace, KinetoTrace) else trace.get(METADATA_KEY)
-    stage = notes.get("stage") if isinstance(notes, dict) else None
-    return stage if stage in STAGES else "train"
-
-
 def trace_rank(path: str, trace: KinetoTrace | Mapping[str, Any]) -> int:
     """A trace's global rank: its ``distributedInfo``, else a ``rank<N>`` in its file name, else 0."""
     info = distributed_info(trace)
@@ -138,52 +124,21 @@ def command_report(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ analyze
 
 
-def trace_context(
-    summary: TraceSummary,
-    info: Mapping[str, Any],
-    *,
-    stage: str = "train",
-    precision: str | None = None,
-    world_size: int = 1,
-) -> StageEpoch:
-    """What the rules need from a trace alone: its steps (``summary``) as an epoch of ``stage`` (a trace of
-    ours says which: :func:`trace_stage`), and the run's facts as far as the trace tells them (``info``: its
-    :func:`distributed_info`; the precision it does not tell: pass Lightning's precision string)."""
-    epoch = summarize_epoch(
-        stage=stage,
-        epoch=0,
-        data_wait=[0.0] * summary.steps,
-        compute=[summary.step_time] * summary.steps,
-        batch_sizes=[None] * summary.steps,
-    )
-    facts = RunFacts(
-        device="cuda" if summary.device_busy is not None else "cpu",
-        device_name=summary.device_name,
-        precision=precision,
-        world_size=max(world_size, int(info.get("world_size") or 1)),
-    )
-    return StageEpoch(epoch=epoch, windows=(summary,), facts=facts)
-
-
 def _summary_line(s: TraceSummary) -> str:
-    parts = [f"{s.steps} steps of {format_duration(s.step_time * 1e6)}"]
+    parts = [f"{s.steps} steps of {duration_us(s.step_time * 1e6)}"]
     if (busy := share(s.device_busy, s)) is not None:
         parts.append(f"device busy {percent(busy)}")
     if (exposed := share(s.communication_exposed_time, s)) is not None:
         parts.append(f"exposed communication {percent(exposed)}")
-    parts.append(f"{s.ops_per_step:,.0f} operators per step")
+    parts.append(f"{count(s.ops_per_step)} operators per step")
     return ", ".join(parts)
 
 
 def _print_findings(findings: Sequence[Finding], verbose: int) -> None:
-    shown = [f for f in findings if verbose >= 2 or f.severity != "info"]
-    if not shown:
-        print(f"    {CLEAN}")
-    for f in shown:
-        print(f"    {f.severity.upper():<8} {f.id}: {f.title}")
-        if verbose >= 2:
-            print(f"             evidence: {f.evidence}")
-        print(f"             -> {f.advice}")
+    """The findings shown at ``verbose``, as the console shows an epoch's, under a trace's line."""
+    shown = shown_findings(findings, verbose)
+    for line in finding_lines(shown, verbose=verbose) if shown else [CLEAN]:
+        print(f"    {line}")
 
 
 def command_analyze(args: argparse.Namespace) -> int:
@@ -202,14 +157,21 @@ def command_analyze(args: argparse.Namespace) -> int:
             print(directory)
         ranks: list[RankSummary] = []
         for rank, path, summary, findings in entries:
-            ranks.append(_rank_of_trace(rank, summary))
-            results[path] = {"rank": rank, "summary": dataclasses.asdict(summary), "findings": [dataclasses.asdict(f) for f in findings]}
+            ranks.append(rank_summary_of_trace(rank, summary))
+            results[path] = {
+                "rank": rank,
+                "summary": dataclasses.asdict(summary),
+                "findings": [dataclasses.asdict(f) for f in findings],
+            }
             if not args.json:
                 print(f"  rank {rank}: {os.path.basename(path)}: {_summary_line(summary)}")
                 _print_findings(findings, args.verbose)
         if len(entries) > 1 and len({r.rank for r in ranks}) == len(ranks):
-            cross = _cross_rank_findings(ranks)
-            results[directory] = {"ranks": [dataclasses.asdict(r) for r in ranks], "findings": [dataclasses.asdict(f) for f in cross]}
+            cross = cross_rank_findings(ranks)
+            results[directory] = {
+                "ranks": [dataclasses.asdict(r) for r in ranks],
+                "findings": [dataclasses.asdict(f) for f in cross],
+            }
             if not args.json:
                 print("  across ranks:")
                 for line in ranks_table(ranks):
@@ -226,37 +188,11 @@ def _analyzed(
     path: str, *, precision: str | None, world_size: int = 1
 ) -> tuple[KinetoTrace, TraceSummary, list[Finding]]:
     """A trace, its summary and the trace-level rules' findings (of ``world_size`` traces analysed together)."""
-    trace = load_kineto(path)
+    trace = load_trace(path)
     summary = summarize_trace(trace, window=os.path.basename(path))
     info = distributed_info(trace)
     context = trace_context(summary, info, stage=trace_stage(trace), precision=precision, world_size=world_size)
     return trace, summary, diagnose(context)
-
-
-def _rank_of_trace(rank: int, summary: TraceSummary) -> RankSummary:
-    """A rank's row of the cross-rank table, as far as one of its traces tells it."""
-    return RankSummary(
-        rank=rank,
-        step_time_p50=summary.step_time,
-        step_time_p90=None,
-        step_time_max=None,
-        data_wait_fraction=share(summary.dataloader_time, summary),
-        throughput=None,
-        host_rss_peak=None,
-        cuda_max_allocated=None,
-        cuda_max_reserved=None,
-        communication_share=share(summary.communication_exposed_time, summary),
-    )
-
-
-def _cross_rank_findings(ranks: Sequence[RankSummary]) -> list[Finding]:
-    """The cross-rank rules over one window's ranks (the same rule code the callback runs at epoch end)."""
-    median = percentile([r.step_time_p50 or 0.0 for r in ranks], 50)
-    epoch = summarize_epoch(stage="train", epoch=0, data_wait=[0.0], compute=[median], batch_sizes=[None])
-    context = StageEpoch(
-        epoch=epoch, facts=RunFacts(world_size=len(ranks)), rank_step_times=rank_work_times(ranks) or None
-    )
-    return [f for f in diagnose(context) if f.id == "rank_straggler"]
 
 
 # ------------------------------------------------------------------ compare
@@ -288,7 +224,7 @@ def _side_of_run(path: str) -> _Side:
     operators: dict[str, OperatorStat] = {}
     windows = [w for w in report.get("windows", []) if w["stage"] == "train" and os.path.exists(w["trace_path"])]
     if windows:
-        operators = {op.name: op for op in operator_stats(load_kineto(windows[-1]["trace_path"]))}
+        operators = {op.name: op for op in operator_stats(load_trace(windows[-1]["trace_path"]))}
     return _Side(
         label=path,
         step_p50=last.step_time_p50,
@@ -331,10 +267,10 @@ def _side(path: str, args: argparse.Namespace) -> _Side:
 def _change(before: float | None, after: float | None, *, lower_is_better: bool = True) -> str:
     if before is None or after is None or before == 0:
         return ""
-    change = after / before - 1
-    better = change < 0 if lower_is_better else change > 0
-    word = "better" if better else "worse" if change else "same"
-    return f"{change:+.1%} ({word})"
+    ratio = after / before - 1
+    better = ratio < 0 if lower_is_better else ratio > 0
+    word = "better" if better else "worse" if ratio else "same"
+    return f"{change(ratio)} ({word})"
 
 
 def _op_time(op: OperatorStat) -> float:
@@ -346,33 +282,37 @@ def command_compare(args: argparse.Namespace) -> int:
 
 
 def _print_comparison(before: _Side, after: _Side, args: argparse.Namespace) -> int:
-    def ms(v: float | None) -> str:
-        return "-" if v is None else format_duration(v * 1e6)
+    def time(v: float | None) -> str:
+        return "-" if v is None else duration_us(v * 1e6)
 
-    def pct(v: float | None) -> str:
-        return "-" if v is None else f"{v:.0%}"
+    def share(v: float | None) -> str:
+        return "-" if v is None else percent(v)  # rounded down, as everywhere
 
-    def mib(v: float | None) -> str:
-        return "-" if v is None else f"{v / 2**20:,.0f} MiB"
+    def memory(v: float | None) -> str:
+        return "-" if v is None else mib(v)
 
     def rate(v: float | None) -> str:
-        return "-" if v is None else f"{v:,.0f}/s"
+        return "-" if v is None else f"{count(v)}/s"
 
-    rows = [
-        ("step time p50", ms(before.step_p50), ms(after.step_p50), _change(before.step_p50, after.step_p50)),
-        ("step time p90", ms(before.step_p90), ms(after.step_p90), _change(before.step_p90, after.step_p90)),
-        ("throughput", rate(before.throughput), rate(after.throughput), _change(before.throughput, after.throughput, lower_is_better=False)),
-        ("data wait", pct(before.data_wait), pct(after.data_wait), _change(before.data_wait, after.data_wait)),
-        ("host memory peak", mib(before.host_peak), mib(after.host_peak), _change(before.host_peak, after.host_peak)),
-        ("CUDA allocated peak", mib(before.cuda_peak), mib(after.cuda_peak), _change(before.cuda_peak, after.cuda_peak)),
+    metrics: list[tuple[str, Callable[[float | None], str], float | None, float | None, bool]] = [
+        # (name, formatter, before, after, lower is better)
+        ("step time p50", time, before.step_p50, after.step_p50, True),
+        ("step time p90", time, before.step_p90, after.step_p90, True),
+        ("throughput", rate, before.throughput, after.throughput, False),
+        ("data wait", share, before.data_wait, after.data_wait, True),
+        ("host memory peak", memory, before.host_peak, after.host_peak, True),
+        ("CUDA allocated peak", memory, before.cuda_peak, after.cuda_peak, True),
     ]
+    rows = [(name, fmt(b), fmt(a), _change(b, a, lower_is_better=lower)) for name, fmt, b, a, lower in metrics]
     if args.json:
         print(json.dumps(_comparison_json(before, after, rows), indent=1))
     else:
         print(f"before: {before.label}\nafter:  {after.label}\n")
-        widths = [max(len(r[i]) for r in [("", "before", "after", "change"), *rows]) for i in range(4)]
-        for row in [("", "before", "after", "change"), *rows]:
-            print("  " + "  ".join(cell.ljust(w) if i in (0, 3) else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+        table = [("", "before", "after", "change"), *rows]
+        widths = [max(len(r[i]) for r in table) for i in range(4)]
+        for row in table:
+            cells = zip(row, widths, strict=True)
+            print("  " + "  ".join(c.ljust(w) if i in (0, 3) else c.rjust(w) for i, (c, w) in enumerate(cells)))
         print()
         fixed, new, kept = _finding_changes(before, after)
         print(f"findings fixed: {', '.join(fixed) or 'none'}")
@@ -380,10 +320,11 @@ def _print_comparison(before: _Side, after: _Side, args: argparse.Namespace) -> 
         print(f"findings kept:  {', '.join(kept) or 'none'}")
         _print_operator_changes(before, after, args.operators)
     if args.fail_if_slower is not None and before.step_p50 and after.step_p50:
-        slower = (after.step_p50 / before.step_p50 - 1) * 100
-        if slower > args.fail_if_slower:
+        slower = after.step_p50 / before.step_p50 - 1
+        if slower * 100 > args.fail_if_slower:
             print(
-                f"lightning-perf: step time p50 is {slower:.1f}% slower (limit --fail-if-slower {args.fail_if_slower:g}%)",
+                f"lightning-perf: step time p50 is {change(slower, signed=False)} slower"
+                f" (limit --fail-if-slower {args.fail_if_slower:g}%)",
                 file=sys.stderr,
             )
             return EXIT_SLOWER
@@ -414,10 +355,11 @@ def _print_operator_changes(before: _Side, after: _Side, limit: int) -> None:
     changes = _operator_changes(before, after)
     if not changes:
         return
-    print(f"\noperators whose self time changed most (per window, {'device' if any(op.self_device_time for op in after.operators.values()) else 'CPU'} time):")
+    clock = "device" if any(op.self_device_time for op in after.operators.values()) else "CPU"
+    print(f"\noperators whose self time changed most (per window, {clock} time):")
     for name, b, a in changes[:limit]:
         word = "faster" if a < b else "slower"
-        print(f"  {name[:60]:<60} {format_duration(b):>10} -> {format_duration(a):>10}  {word}")
+        print(f"  {name[:60]:<60} {duration_us(b):>10} -> {duration_us(a):>10}  {word}")
 
 
 def _comparison_json(before: _Side, after: _Side, rows: list[tuple[str, str, str, str]]) -> dict[str, Any]:

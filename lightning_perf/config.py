@@ -10,11 +10,26 @@ Nothing here imports torch or lightning: a config can be built and checked anywh
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.validation import (
+    BOOLEAN,
+    CALLABLE,
+    INDICES,
+    PATH,
+    Kind,
+    bad_value,
+    choice,
+    declared,
+    field_problems,
+    integer,
+    is_int,
+    number,
+    problems_message,
+)
 
 Stage = Literal["train", "validate", "test", "predict"]
 STAGES: tuple[Stage, ...] = ("train", "validate", "test", "predict")
@@ -67,16 +82,16 @@ class Schedule:
         Schedule(skip_first=10, wait=5, warmup=1, active=2, repeat=2)
     """
 
-    skip_first: int = 5
-    wait: int = 0
-    warmup: int = 1
-    active: int = 3
-    repeat: int = 1
+    skip_first: int = declared(integer(0), 5)
+    wait: int = declared(integer(0), 0)
+    warmup: int = declared(integer(0), 1)
+    active: int = declared(integer(1), 3)
+    repeat: int = declared(integer(0), 1)
 
     def __post_init__(self) -> None:
         problems = schedule_problems({f.name: getattr(self, f.name) for f in fields(self)})
         if problems:
-            raise ValueError(_format_problems("PerfCallback's Schedule", problems))
+            raise ValueError(problems_message("PerfCallback's Schedule", problems))
 
     @property
     def cycle(self) -> int:
@@ -86,24 +101,24 @@ class Schedule:
 
 def schedule_problems(values: Mapping[str, Any]) -> list[str]:
     """The problems with a schedule's field values, one line each; empty if they are valid."""
-    problems = []
-    for f in fields(Schedule):
-        value = values.get(f.name, f.default)
-        minimum = 1 if f.name == "active" else 0
-        if not _is_int(value) or value < minimum:
-            problems.append(f"schedule.{f.name}={value!r}: must be an integer >= {minimum}")
-    return problems
+    return field_problems(Schedule, values, prefix="schedule.")
+
+
+_SCHEDULE = Kind(
+    "a Schedule, a mapping of its fields, or None",
+    lambda value: value is None or isinstance(value, (Schedule, Mapping)),
+)
 
 
 def _to_schedule(value: Schedule | Mapping[str, Any] | None) -> tuple[Schedule, list[str]]:
     """A :class:`Schedule` from itself, a plain mapping (YAML) of its fields, or ``None`` (the default); and
     the problems with ``value``, one line each (the default schedule stands in while there are any)."""
+    if (problem := _SCHEDULE.problem("schedule", value)) is not None:
+        return Schedule(), [problem]
     if value is None:
         return Schedule(), []
     if isinstance(value, Schedule):
         return value, []
-    if not isinstance(value, Mapping):
-        return Schedule(), [f"schedule={value!r}: must be a Schedule, a mapping of its fields, or None"]
     known = {f.name for f in fields(Schedule)}
     unknown = sorted(set(value) - known)
     if unknown:
@@ -112,29 +127,53 @@ def _to_schedule(value: Schedule | Mapping[str, Any] | None) -> tuple[Schedule, 
     return (Schedule(), problems) if problems else (Schedule(**value), [])
 
 
+# The kinds of PerfCallback's arguments that build converts (a list of batches to a sorted tuple...).
+_BATCHES = INDICES.said("a non-empty list of batch indices (integers >= 0), or None")
+
+
+def _are_stages(value: Any) -> bool:
+    """A stage, or a non-empty list of stages."""
+    items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    return bool(items) and all(isinstance(s, str) and s in STAGES for s in items)
+
+
+_STAGES = Kind(f"a stage or a non-empty list of stages, each one of {list(STAGES)}", _are_stages)
+_RANKS = INDICES.said("a list of global ranks >= 0, or None (all ranks)")
+_THRESHOLDS = Kind("a mapping of threshold names to numbers", lambda value: isinstance(value, Mapping))
+# The kinds of the others, declared on PerfConfig's fields.
+_FLAG = BOOLEAN.said("True or False")
+_SORT_BY = choice(SORT_KEYS).or_none().said(f"None (automatic) or one of {list(SORT_KEYS)}")
+_BATCH_SIZE_FN = CALLABLE.said("a callable (batch -> int)").or_none()
+_VERBOSE = Kind("0 (silent), 1 (warnings and critical) or 2 (everything)", lambda v: is_int(v) and 0 <= v <= 2)
+_MAX_TRACE_MB = number(above=0).said("a number of MB > 0")
+_STRICT = Kind("True, False or None (from the environment)", lambda v: v is None or isinstance(v, bool))
+
+
 @dataclass(frozen=True, kw_only=True)
 class PerfConfig:
-    """Every option of :class:`~lightning_perf.PerfCallback`, checked. See that class for their meaning."""
+    """Every option of :class:`~lightning_perf.PerfCallback`, checked. See that class for their meaning.
+
+    The fields given as they are (not converted by :meth:`build`) declare the kind of value they take."""
 
     schedule: Schedule
     batches: tuple[int, ...] | None
     stages: tuple[Stage, ...]
-    max_windows: int
-    dirpath: str | None
-    record_shapes: bool
-    profile_memory: bool
-    with_stack: bool
-    with_flops: bool
-    row_limit: int
-    sort_by: SortKey | None
-    tensorboard_compat: bool
-    log_loss: bool = True
-    batch_size_fn: Callable[[Any], int] | None = None
+    max_windows: int = declared(integer(0))
+    dirpath: str | None = declared(PATH.or_none())
+    record_shapes: bool = declared(_FLAG)
+    profile_memory: bool = declared(_FLAG)
+    with_stack: bool = declared(_FLAG)
+    with_flops: bool = declared(_FLAG)
+    row_limit: int = declared(integer(1))
+    sort_by: SortKey | None = declared(_SORT_BY)
+    tensorboard_compat: bool = declared(_FLAG)
+    log_loss: bool = declared(_FLAG, True)
+    batch_size_fn: Callable[[Any], int] | None = declared(_BATCH_SIZE_FN, None)
     thresholds: Thresholds = field(default_factory=Thresholds)
-    verbose: int = 1
+    verbose: int = declared(_VERBOSE, 1)
     ranks: tuple[int, ...] | None = None
-    max_trace_mb: float = DEFAULT_MAX_TRACE_MB
-    strict: bool | None = None
+    max_trace_mb: float = declared(_MAX_TRACE_MB, DEFAULT_MAX_TRACE_MB)
+    strict: bool | None = declared(_STRICT, None)
 
     @classmethod
     def build(cls, **kwargs: Any) -> PerfConfig:
@@ -144,78 +183,34 @@ class PerfConfig:
             ValueError: Naming each bad parameter, the value given and what is allowed.
         """
         schedule, problems = _to_schedule(kwargs["schedule"])
-
-        batches = _indices(
-            "batches",
-            kwargs["batches"],
-            problems,
-            not_a_list="must be a list of batch indices >= 0, or None",
-            bad="must be a non-empty list of integers >= 0",
-            non_empty=True,
-        )
+        batches = _indices("batches", kwargs["batches"], _BATCHES, problems, non_empty=True)
 
         stages = kwargs["stages"]
-        if isinstance(stages, str):
-            stages = (stages,)
-        if not isinstance(stages, Iterable) or not stages:
-            problems.append(f"stages={stages!r}: must be a non-empty list of {list(STAGES)}")
+        if (problem := _STAGES.problem("stages", _listed(stages))) is not None:
+            problems.append(problem)
             stages = ()
         else:
-            stages = tuple(stages)
-            bad = [s for s in stages if s not in STAGES]
-            if bad:
-                problems.append(f"stages={list(stages)!r}: {bad} not allowed, each must be one of {list(STAGES)}")
+            stages = (stages,) if isinstance(stages, str) else tuple(stages)
             stages = tuple(s for s in STAGES if s in stages)
 
-        for name, minimum in (("max_windows", 0), ("row_limit", 1)):
-            value = kwargs[name]
-            if not _is_int(value) or value < minimum:
-                problems.append(f"{name}={value!r}: must be an integer >= {minimum}")
-
-        dirpath = kwargs["dirpath"]
-        if dirpath is not None and not isinstance(dirpath, (str,)) and not hasattr(dirpath, "__fspath__"):
-            problems.append(f"dirpath={dirpath!r}: must be a path or None")
-
-        batch_size_fn = kwargs.get("batch_size_fn")
-        if batch_size_fn is not None and not callable(batch_size_fn):
-            problems.append(f"batch_size_fn={batch_size_fn!r}: must be a callable (batch -> int) or None")
-
-        for name in ("record_shapes", "profile_memory", "with_stack", "with_flops", "tensorboard_compat", "log_loss"):
-            if not isinstance(kwargs.get(name, True), bool):
-                problems.append(f"{name}={kwargs.get(name)!r}: must be True or False")
+        problems += field_problems(cls, kwargs)
 
         thresholds = Thresholds()
         overrides = kwargs.get("thresholds")
         if overrides is not None:
-            if not isinstance(overrides, Mapping):
-                problems.append(f"thresholds={overrides!r}: must be a mapping of threshold names to numbers")
+            if (problem := _THRESHOLDS.problem("thresholds", overrides)) is not None:
+                problems.append(problem)
             else:
                 try:
                     thresholds = Thresholds.with_overrides(overrides)
                 except ValueError as err:
                     problems.append(f"thresholds: {err}")
 
-        verbose = kwargs.get("verbose", 1)
-        if not _is_int(verbose) or not 0 <= verbose <= 2:
-            problems.append(f"verbose={verbose!r}: must be 0 (silent), 1 (warnings and critical) or 2 (everything)")
-
-        allowed = "must be a list of global ranks >= 0, or None (all ranks)"
-        ranks = _indices("ranks", kwargs.get("ranks"), problems, not_a_list=allowed, bad=allowed)
-
-        max_trace_mb = kwargs.get("max_trace_mb", DEFAULT_MAX_TRACE_MB)
-        if isinstance(max_trace_mb, bool) or not isinstance(max_trace_mb, (int, float)) or not max_trace_mb > 0:
-            problems.append(f"max_trace_mb={max_trace_mb!r}: must be a number of MB > 0")
-
-        strict = kwargs.get("strict")
-        if strict is not None and not isinstance(strict, bool):
-            problems.append(f"strict={strict!r}: must be True, False or None (from the environment)")
-
-        sort_by = kwargs["sort_by"]
-        if sort_by is not None and sort_by not in SORT_KEYS:
-            problems.append(f"sort_by={sort_by!r}: must be None (automatic) or one of {list(SORT_KEYS)}")
+        ranks = _indices("ranks", kwargs.get("ranks"), _RANKS, problems)
 
         if problems:
-            raise ValueError(_format_problems("PerfCallback", problems))
+            raise ValueError(problems_message("PerfCallback", problems))
+        dirpath = kwargs["dirpath"]
         return cls(
             schedule=schedule,
             batches=batches,
@@ -227,43 +222,35 @@ class PerfConfig:
             with_stack=kwargs["with_stack"],
             with_flops=kwargs["with_flops"],
             row_limit=kwargs["row_limit"],
-            sort_by=sort_by,
+            sort_by=kwargs["sort_by"],
             tensorboard_compat=kwargs["tensorboard_compat"],
             log_loss=kwargs.get("log_loss", True),
-            batch_size_fn=batch_size_fn,
+            batch_size_fn=kwargs.get("batch_size_fn"),
             thresholds=thresholds,
-            verbose=verbose,
+            verbose=kwargs.get("verbose", 1),
             ranks=ranks,
-            max_trace_mb=float(max_trace_mb),
-            strict=strict,
+            max_trace_mb=float(kwargs.get("max_trace_mb", DEFAULT_MAX_TRACE_MB)),
+            strict=kwargs.get("strict"),
         )
 
 
+def _listed(value: Any) -> Any:
+    """An iterable other than a string as a list (a tuple or generator shown as the items it holds)."""
+    return list(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else value
+
+
 def _indices(
-    name: str, value: Any, problems: list[str], *, not_a_list: str, bad: str, non_empty: bool = False
+    name: str, value: Any, kind: Kind, problems: list[str], *, non_empty: bool = False
 ) -> tuple[int, ...] | None:
     """``value``, a list of integers >= 0 or None, sorted and without repeats; None, with a problem added that
-    names it (``not_a_list``: it is no list; ``bad``: an item is no integer >= 0, or, where ``non_empty``, the
-    list is empty)."""
+    names it, where it is not of ``kind`` (or, where ``non_empty``, is empty)."""
     if value is None:
         return None
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        problems.append(f"{name}={value!r}: {not_a_list}")
+    value = _listed(value)
+    problem = kind.problem(name, value)
+    if problem is None and non_empty and not value:
+        problem = bad_value(name, value, kind.allowed)
+    if problem is not None:
+        problems.append(problem)
         return None
-    values = tuple(value)
-    if not all(_is_int(v) and v >= 0 for v in values) or (non_empty and not values):
-        problems.append(f"{name}={list(values)!r}: {bad}")
-        return None
-    return tuple(sorted(set(values)))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-_HEADER = "{owner} got invalid arguments:"
-
-
-def _format_problems(owner: str, problems: Sequence[str]) -> str:
-    return "\n".join([_HEADER.format(owner=owner), *(f"  - {p}" for p in problems)])
-
+    return tuple(sorted(set(value)))

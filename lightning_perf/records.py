@@ -12,7 +12,10 @@ import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,7 +156,7 @@ class EpochSummary:
 class TraceSummary:
     """What one window's trace shows, as means per recorded step, in seconds (counts per step as floats).
 
-    Computed in one pass over the trace by :func:`lightning_perf.summarize.trace.summarize_trace`. Device
+    Computed in one pass over the trace by :func:`lightning_perf.summarize.step_summary.summarize_trace`. Device
     fields are ``None`` when the trace holds no device activity (a CPU run).
 
     Attributes:
@@ -174,7 +177,7 @@ class TraceSummary:
         ops_per_step: Host (``cpu_op``) operators.
         median_op_time: Median duration of top-level host operators.
         tiny_op_time: The step's own tiny operators: main-thread top-level host operators shorter than
-            :data:`lightning_perf.summarize.trace.TINY_OP_US` (20 us, about an eager operator's dispatch
+            :data:`lightning_perf.summarize.step_summary.TINY_OP_US` (20 us, about an eager operator's dispatch
             cost) that start in the steps outside the DataLoader's ``__next__`` spans; their durations and,
             for each, the gap before it where shorter than that cutoff (the Python that dispatched it).
             ``None`` in reports written before it was measured.
@@ -261,17 +264,17 @@ class RankSummary:
     communication_share: float | None
 
 
-_Record = TypeVar("_Record")
+_Record = TypeVar("_Record", bound="DataclassInstance")
 
 
-def plain(record: Any) -> dict[str, Any]:
+def plain(record: DataclassInstance) -> dict[str, Any]:
     """A flat record's fields as a dict: what ``dataclasses.asdict`` gives for the records here whose fields are
     numbers and strings (every one but :class:`WindowRecord`), ten times faster (no deep copy)."""
     return {name: getattr(record, name) for name in _field_names(type(record))}
 
 
 @functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
+def _field_names(cls: type[DataclassInstance]) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 

@@ -2,8 +2,11 @@
 Kineto traces
 =============
 
-Reading and writing Kineto (Chrome trace JSON) files, and the small rewrite that makes TensorBoard's
-PyTorch Profiler tab (torch-tb-profiler 0.4.3) read traces of current torch right.
+What this package does to Kineto (Chrome trace JSON) traces as dictionaries, before they are written: the
+``ProfilerStep#N`` spans it keeps (:func:`step_number` reads ``N``, for every reader of a step's name), a
+cut to a size, gzipped atomic writes, and the small rewrite that makes TensorBoard's PyTorch Profiler tab
+(torch-tb-profiler 0.4.3) read traces of current torch right. Traces are read for analysis by
+:func:`lightning_perf.readers.load_trace`, into typed events.
 
 Why a rewrite: torch-tb-profiler maps event categories through a fixed table written for the Kineto of
 2021. On traces of current torch it
@@ -31,7 +34,6 @@ import bisect
 import contextlib
 import gc
 import gzip
-import json
 import os
 import zlib
 from collections.abc import Collection, Iterator
@@ -44,7 +46,7 @@ from lightning_perf.layout import write_atomically
 try:  # Intel's ISA-L (a dependency where it has wheels): gzip 2-3x (inflate) and 8x (fastest level) faster than zlib
     from isal import igzip, isal_zlib
 except ImportError:  # without its wheels: zlib
-    igzip = isal_zlib = None
+    igzip = isal_zlib = None  # type: ignore[assignment]
 
 DATALOADER_PREFIX = "enumerate(DataLoader)#"
 DATALOADER_SUFFIX = ".__next__"
@@ -106,7 +108,7 @@ def keep_steps(trace: dict[str, Any], batches: Collection[int]) -> dict[str, Any
     last: dict[int, int] = {}
     step_events: set[int] = set()
     for i, e in enumerate(events):
-        step = _step_number(e)
+        step = _step_of(e)
         if step is not None:
             step_events.add(i)
             if step in batches:
@@ -116,14 +118,26 @@ def keep_steps(trace: dict[str, Any], batches: Collection[int]) -> dict[str, Any
     return trace
 
 
-def _step_number(event: dict[str, Any]) -> int | None:
-    name = event.get("name")
-    if event.get("ph") == "X" and isinstance(name, str) and name.startswith(PROFILER_STEP_PREFIX):
+def step_number(name: object) -> int | None:
+    """``N`` of a ``ProfilerStep#N`` span's name (what torch's profiler and :mod:`lightning_perf.collect.profiler`
+    name a step), else ``None``: for any other name, and for a ``ProfilerStep#`` name whose rest is no integer.
+
+    Example::
+
+        step_number("ProfilerStep#12")  # 12
+        step_number("ProfilerStep#x")  # None
+    """
+    if isinstance(name, str) and name.startswith(PROFILER_STEP_PREFIX):
         try:
             return int(name[len(PROFILER_STEP_PREFIX) :])
         except ValueError:
             return None
     return None
+
+
+def _step_of(event: dict[str, Any]) -> int | None:
+    """``N`` of a complete event (``ph == "X"``) named ``ProfilerStep#N``, else ``None``."""
+    return step_number(event.get("name")) if event.get("ph") == "X" else None
 
 
 def cut_to_fraction(trace: dict[str, Any], fraction: float) -> int:
@@ -148,16 +162,9 @@ def cut_to_fraction(trace: dict[str, Any], fraction: float) -> int:
 def profiler_steps(trace: dict[str, Any]) -> Iterator[tuple[int, float, float]]:
     """``(N, start_us, end_us)`` for each ``ProfilerStep#N`` span, in trace order."""
     for e in trace.get("traceEvents", ()):
-        step = _step_number(e)
+        step = _step_of(e)
         if step is not None:
             yield step, float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
-
-
-def read_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Loads a Kineto JSON trace, gzipped (``.gz``) or not."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return json.load(f)
 
 
 def write_trace(trace: dict[str, Any], path: str | os.PathLike[str]) -> None:
@@ -196,7 +203,7 @@ def gunzip(data: bytes) -> bytes:
         inflater = isal_zlib.decompressobj(_GZIP_WBITS)
         try:
             inflated = inflater.decompress(data)
-        except Exception:  # noqa: BLE001 - isal's own error types; gzip says what is wrong
+        except Exception:  # isal's own error types; gzip says what is wrong
             pass
         else:
             if inflater.eof and not inflater.unused_data:

@@ -2,17 +2,18 @@
 Window close
 ============
 
-What becomes of a profiler window once it has stopped and torch has exported its trace, and the worker that
-does it off the training thread.
+What becomes of a profiler window once the window controller has closed it, and the worker that does most
+of it off the training thread.
 
-:func:`process_window` is the per-window pipeline, one plain function of plain values
-(collect -> summarize -> report):
+:func:`hand_over` is the training thread's part: it stops the window, has torch export its trace and
+returns a :class:`ClosedWindow`. :func:`process_window` is the rest of the per-window
+pipeline, one plain function of plain values (collect -> summarize -> report):
 
 1. torch's export is read back and turned into the window's trace file
    (:func:`~lightning_perf.collect.profiler.finish_trace`: its recorded steps, its size limit, the
    TensorBoard rewrite, a gzipped atomic write);
-2. the trace is summarized (:mod:`lightning_perf.summarize.trace`: the operators, and the per-step summary
-   the trace-level rules read);
+2. the trace is summarized: its operators (:func:`~lightning_perf.summarize.operators.operator_stats`) and
+   the per-step summary the trace-level rules read (:func:`~lightning_perf.summarize.step_summary.summarize_trace`);
 3. the operator table is written beside the trace and to TensorBoard's text (:mod:`lightning_perf.report`);
 4. out comes the window's :class:`~lightning_perf.records.WindowRecord`.
 
@@ -26,20 +27,26 @@ its thread).
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_perf import layout
+from lightning_perf.collect.memory import CudaMemory
 from lightning_perf.collect.profiler import finish_trace
+from lightning_perf.collect.window import WindowState
 from lightning_perf.config import PerfConfig
 from lightning_perf.records import WindowRecord
 from lightning_perf.report.markdown import operator_table
 from lightning_perf.report.outputs import Outputs
 from lightning_perf.summarize.events import as_trace
-from lightning_perf.summarize.operators import default_sort_key, top_operators
-from lightning_perf.summarize.trace import operator_stats, summarize_trace
+from lightning_perf.summarize.operators import default_sort_key, operator_stats, top_operators
+from lightning_perf.summarize.step_summary import summarize_trace
 from lightning_perf.traces import collector_paused
+from lightning_perf.window_control import WindowToSave
 
 OPERATORS_TAG = "perf/operators/{stage}"
 
@@ -75,6 +82,68 @@ class ProcessedWindow:
 
     record: WindowRecord
     cut_to: int | None = None
+
+
+def hand_over(
+    to_save: WindowToSave,
+    *,
+    dirpath: str,
+    rank: int,
+    staged: bool,
+    device: str,
+    cuda: CudaMemory | None,
+    started: float,
+) -> ClosedWindow:
+    """The training thread's part of a window's close: stops the window, has torch export its trace, and
+    hands over what :func:`process_window` needs.
+
+    Args:
+        to_save: The window, as :class:`~lightning_perf.window_control.WindowControl` closed it.
+        dirpath: The output directory: the window's own directory goes in it (``layout.window_dirname``, or
+            an unused variant when another run's trace of this rank is there).
+        rank: This process's global rank (the trace's and the operator table's file names).
+        staged: Write the trace under a name no trace reader picks up (several ranks: renamed once every
+            rank has written its own).
+        device: ``"cuda"`` when the window recorded CUDA, else ``"cpu"``.
+        cuda: The CUDA caching allocator's peaks over the window (``None``: no CUDA).
+        started: ``time.perf_counter()`` when the close started: the record's ``close_seconds`` runs from
+            there to the end of the export (the training thread's stall).
+
+    Raises:
+        OSError: The window's directory cannot be made.
+    """
+    open_, recorded = to_save.open, to_save.recorded
+    window = open_.window
+    if window.state is not WindowState.STOPPED:
+        window.stop()
+    name = layout.window_dirname(open_.stage, open_.epoch, recorded[0], recorded[-1])
+    window_dir = os.path.join(dirpath, name)
+    if os.path.exists(os.path.join(window_dir, layout.trace_filename(rank))):
+        window_dir = os.path.join(dirpath, layout.unused_name(dirpath, name))
+    os.makedirs(window_dir, exist_ok=True)
+    trace_path = os.path.join(window_dir, layout.trace_filename(rank))
+    export_path = window.export()
+    record = WindowRecord(
+        stage=open_.stage,
+        epoch=open_.epoch,
+        first_batch=recorded[0],
+        last_batch=recorded[-1],
+        name=os.path.basename(window_dir),
+        trace_path=trace_path,
+        step=open_.step,
+        device=device,
+        shortened=to_save.shortened,
+        cuda_max_allocated=cuda.max_allocated if cuda else None,
+        cuda_max_reserved=cuda.max_reserved if cuda else None,
+        close_seconds=time.perf_counter() - started,
+    )
+    return ClosedWindow(
+        record=record,
+        export_path=export_path,
+        written_path=layout.staged_path(trace_path) if staged else trace_path,
+        operators_path=os.path.join(window_dir, layout.operators_filename(rank)),
+        ran=frozenset(window.ran),
+    )
 
 
 def process_window(closed: ClosedWindow, config: PerfConfig, outputs: Outputs | None = None) -> ProcessedWindow:

@@ -2,6 +2,7 @@ import os
 import pathlib
 
 import pytest
+
 from models import torch_threads
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"

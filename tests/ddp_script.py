@@ -20,10 +20,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar, TQDMProgressBar  # noqa: E402
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar, TQDMProgressBar
 
-from lightning_perf import PerfCallback  # noqa: E402
-from models import TinyModel, trainer  # noqa: E402
+from lightning_perf import PerfCallback
+from models import TinyModel, trainer
 
 
 class Scenario(TinyModel):
@@ -118,7 +118,8 @@ def _exchange_rank(rank: int, port: int) -> None:
     """RankExchange on its own, on each of two processes (see test_distributed's test of it)."""
     import torch.distributed as dist
 
-    from lightning_perf.collect.ranks import FIELDS, RankExchange
+    from lightning_perf.collect.ranks import RankExchange
+    from lightning_perf.summarize.ranks import FIELDS
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     values, result, polled = [rank + 0.5] * len(FIELDS), {"rank": rank}, []
@@ -178,12 +179,15 @@ def main() -> None:
     root, strategy, scenario = sys.argv[1:4]
     torch.set_num_threads(1)
     if scenario == "exchange":
-        return _exchange()
+        _exchange()
+        return
     if scenario == "orders":
-        return _orders(root, strategy)
+        _orders(root, strategy)
+        return
     if scenario == "raises_late":
         perf = PerfCallback(schedule={"skip_first": 1, "warmup": 1, "active": 1}, stages=["train"])
-        return _fit(root, strategy, [TQDMProgressBar(), perf], perf, scenario, RaisesLate())
+        _fit(root, strategy, [TQDMProgressBar(), perf], perf, scenario, RaisesLate())
+        return
     callback = PerfCallback(schedule={"skip_first": 2, "warmup": 1, "active": 2}, stages=["train"])
     t = trainer(root, [callback], strategy=strategy, devices=2, max_epochs=2, log_every_n_steps=4)
     t.fit(Scenario(scenario))

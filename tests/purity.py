@@ -16,7 +16,8 @@ def heavy_modules_loaded_by(module: str) -> list[str]:
     only on first use) and lists the heavy top-level modules that got loaded."""
     code = (
         f"import {module}\n"
-        f"import json, sys; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(HEAVY)!r}))))\n"
+        "import json, sys\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(HEAVY)!r}))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])

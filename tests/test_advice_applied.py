@@ -12,11 +12,11 @@ import time
 
 import pytest
 import torch
-from advice import settings
-from models import SleepyDataset, TinyModel, torch_threads, trainer
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from advice import settings
 from lightning_perf import PerfCallback
+from models import SleepyDataset, TinyModel, torch_threads, trainer
 
 
 class Loaded(TinyModel):

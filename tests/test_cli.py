@@ -224,8 +224,8 @@ def bad_runs(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
 @pytest.mark.parametrize(
     ("field", "pattern"),
     [
-        ("active", r"schedule\.active=0: must be an integer >= 1"),
-        ("wait", r"schedule\.wait=-1: must be an integer >= 0"),
+        ("active", r"schedule\.active must be an integer >= 1, got 0 \(integer\)"),
+        ("wait", r"schedule\.wait must be an integer >= 0, got -1 \(integer\)"),
     ],
 )
 def test_invalid_schedule_exits_naming_the_field(bad_runs, field, pattern):

@@ -1,6 +1,7 @@
 """Real two-process runs on this machine (Lightning's DDP over gloo on the CPU), from a subprocess script
 (tests/ddp_script.py): per-rank traces, the cross-rank summary, straggler and communication findings."""
 
+import contextlib
 import json
 import os
 import re
@@ -45,10 +46,8 @@ def _run(tmp_path, strategy: str, scenario: str, timeout: float = 180):
             stdout, stderr = popen.communicate()
             pytest.fail(f"{scenario} under {strategy} still ran after {timeout:g} s (a hang?):\n{stderr[-3000:]}")
         finally:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # (no process left: nothing to kill)
                 os.killpg(popen.pid, signal.SIGKILL)  # a rank left behind by a rank zero that exited
-            except ProcessLookupError:
-                pass
     proc = subprocess.CompletedProcess(popen.args, popen.returncode, stdout, stderr)
     # Wherever a line starts: the ranks share the pipe, and one's progress bar or profiler may have left a
     # line unfinished when another prints.

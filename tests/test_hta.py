@@ -6,6 +6,7 @@ import shutil
 import pytest
 from hta.trace_analysis import TraceAnalysis
 
+from kineto import load
 from lightning_perf import PerfCallback, traces
 from models import TinyModel, trainer
 
@@ -31,7 +32,7 @@ def test_hta_loads_a_window_of_ours(tmp_path):
 
 
 def _gpu_answers(path, tmp_path, rewrite: bool):
-    trace = traces.read_trace(path)
+    trace = load(path)
     if rewrite:
         traces.tensorboard_compatible(trace)
     trace_dir = tmp_path / ("rewritten" if rewrite else "as_recorded")

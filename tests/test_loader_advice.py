@@ -7,14 +7,14 @@ import dataclasses
 import re
 
 import pytest
-from advice import settings
-from summaries import W1, W2, window
 
+from advice import settings
 from lightning_perf.diagnose.loader_advice import loading, spare_cpus
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import RULES
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary, TraceSummary
+from summaries import W1, W2, window
 
 # A CPU run on 8 CPUs computing on 1 thread (7 free for workers), no workers yet.
 CPU = RunFacts(device="cpu", cpu_count=8, torch_threads=1, num_workers=0, pin_memory=False, persistent_workers=False)

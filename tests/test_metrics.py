@@ -2,6 +2,7 @@
 perf_report.json, read back with TensorBoard's EventAccumulator, Lightning's CSV file and json."""
 
 import csv
+import itertools
 import json
 import os
 
@@ -10,7 +11,6 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import CSVLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
 
 from lightning_perf import PerfCallback
 from lightning_perf.report.json_report import SCHEMA_VERSION
@@ -39,7 +39,7 @@ def test_loss_curve_decreases_on_a_learnable_task_even_when_the_user_logs_nothin
     epoch_loss = [v for _, v in scalars["perf/train/epoch/loss"]]
     assert len(epoch_loss) == 4
     assert epoch_loss[-1] < epoch_loss[0] * 0.8, epoch_loss
-    assert all(b <= a * 1.05 for a, b in zip(epoch_loss, epoch_loss[1:])), epoch_loss
+    assert all(b <= a * 1.05 for a, b in itertools.pairwise(epoch_loss)), epoch_loss
     # Per batch at the trainer's cadence, on the training step axis.
     assert [s for s, _ in scalars["perf/train/batch/loss"]][:3] == [4, 8, 12]  # global_step after the batch
     # Validation's own series, on its own axis (validation batches so far), not on training steps.

@@ -10,9 +10,10 @@ import sys
 import pytest
 
 from lightning_perf import PerfCallback
-from lightning_perf.cli import main, trace_context, trace_stage
-from lightning_perf.readers import load_kineto
-from lightning_perf.summarize.trace import summarize_trace
+from lightning_perf.cli import main
+from lightning_perf.diagnosis_context import trace_context, trace_stage
+from lightning_perf.readers import load_trace
+from lightning_perf.summarize.step_summary import summarize_trace
 from models import TinyModel, torch_threads, trainer
 
 WINDOW = {"skip_first": 1, "warmup": 1, "active": 2}
@@ -80,26 +81,27 @@ def test_analyze_diagnoses_each_trace_of_ours_as_the_stage_it_was_recorded_in(tm
     stages = {w.stage for w in callback.windows}
     assert stages == {"train", "validate"}
     for window in callback.windows:
-        trace = load_kineto(window.trace_path)
+        trace = load_trace(window.trace_path)
         assert trace_stage(trace) == window.stage
         summary = summarize_trace(trace, window=window.name)
         assert trace_context(summary, {}, stage=trace_stage(trace)).epoch.stage == window.stage
-    assert trace_stage(load_kineto(gpu_trace("v100_single_rank.json.gz"))) == "train"  # not ours: "train"
+    assert trace_stage(load_trace(gpu_trace("v100_single_rank.json.gz"))) == "train"  # not ours: "train"
 
 
 def test_analyze_a_real_gpu_trace(gpu_trace, capsys):
     assert main(["analyze", str(gpu_trace("v100_single_rank.json.gz")), "--precision", "32-true"]) == 0
     out = capsys.readouterr().out
-    assert "device busy 97%" in out and "WARNING  precision:" in out
+    assert "device busy 97%" in out and "WARNING  precision  " in out
 
 
 def test_analyze_groups_the_ranks_of_a_directory(gpu_trace, tmp_path, capsys):
-    for name in ("sampled_128rank_rank0.json.gz", "sampled_128rank_rank1.json.gz"):
+    names = ("sampled_128rank_rank0.json.gz", "sampled_128rank_rank1.json.gz")
+    for name in names:
         shutil.copy(gpu_trace(name), tmp_path / name)
     assert main(["analyze", str(tmp_path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert [r["rank"] for r in result[str(tmp_path)]["ranks"]] == [0, 1]
-    assert {result[str(tmp_path / n)]["rank"] for n in ("sampled_128rank_rank0.json.gz", "sampled_128rank_rank1.json.gz")} == {0, 1}
+    assert {result[str(tmp_path / n)]["rank"] for n in names} == {0, 1}
 
 
 def test_compare_shows_the_gain_and_the_fixed_finding(runs, capsys):
@@ -190,3 +192,38 @@ def test_analyzing_a_run_s_traces_loads_neither_torch_nor_lightning(runs):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_compare_rounds_shares_down_as_everywhere_else(tmp_path, capsys):
+    # A data wait of 99.6% is shown as 99%, not as all of the step (as the findings and the console show it).
+    from lightning_perf.report.json_report import report_dict, write_json_atomically
+    from lightning_perf.summarize.steps import summarize_epoch
+
+    for name, wait in (("before", 0.996), ("after", 0.5)):
+        epoch = summarize_epoch(stage="train", epoch=0, data_wait=[wait], compute=[1 - wait], batch_sizes=[4])
+        report = report_dict(generated_by="lightning-perf test", run={"device": "cpu"}, epochs=[epoch], windows=[])
+        (tmp_path / name).mkdir()
+        write_json_atomically(report, str(tmp_path / name / "perf_report.json"))
+    assert main(["compare", str(tmp_path / "before"), str(tmp_path / "after")]) == 0
+    [row] = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("data wait")]
+    assert row[2:4] == ["99%", "50%"], row
+    assert main(["compare", str(tmp_path / "before"), str(tmp_path / "after"), "--json"]) == 0
+    data_wait = json.loads(capsys.readouterr().out)["metrics"]["data wait"]
+    assert (data_wait["before"], data_wait["after"]) == ("99%", "50%")
+
+
+def test_analyze_prints_findings_as_the_console_does(gpu_trace, capsys):
+    # One way to print findings: the lines under a trace are the console's lines for the same findings.
+    from lightning_perf.diagnose.model import Finding
+    from lightning_perf.report.findings import console_report, finding_lines
+    from lightning_perf.summarize.steps import summarize_epoch
+
+    path = str(gpu_trace("v100_single_rank.json.gz"))
+    assert main(["analyze", path, "--precision", "32-true", "-v", "2", "--json"]) == 0
+    findings = [Finding(**f) for f in json.loads(capsys.readouterr().out)[path]["findings"]]
+    lines = finding_lines(findings, verbose=2)
+    assert findings and any(line.startswith("WARNING  precision  ") for line in lines)
+    assert main(["analyze", path, "--precision", "32-true", "-v", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[2:] == ["    " + line for line in lines]
+    epoch = summarize_epoch(stage="train", epoch=0, data_wait=[0.0], compute=[0.1], batch_sizes=[None])
+    assert console_report(epoch, findings, verbose=2).splitlines()[1:] == ["  " + line for line in lines]

@@ -8,17 +8,23 @@ import json
 import pathlib
 import re
 
+import msgspec
 import pytest
-from purity import heavy_modules_loaded_by
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from kineto import load
 from lightning_perf import traces
+from lightning_perf.readers import files as readers_files
+from lightning_perf.readers import trace as readers_trace
 from lightning_perf.diagnose.model import Finding
-from lightning_perf.readers import InputError, load_kineto, load_report, load_trace
+from lightning_perf.readers import InputError, load_report, load_trace
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
 from lightning_perf.report.json_report import SCHEMA_VERSION, report_dict, write_json_atomically
-from lightning_perf.summarize.trace import operator_stats, summarize_trace
+from lightning_perf.summarize.events import KinetoTrace, as_trace
+from lightning_perf.summarize.operators import operator_stats
+from lightning_perf.summarize.step_summary import summarize_trace
+from purity import heavy_modules_loaded_by
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -49,6 +55,21 @@ def _trace():
             {"ph": "s", "id": 9, "pid": 1, "tid": 1, "ts": 32, "cat": "ac2g", "name": "ac2g"},
         ],
     }
+
+
+def _content(trace):
+    """What the reader keeps of a trace (a typed one, or dictionaries converted as the analyses would), as
+    plain values: the fields the analyses read, of every event (the others' phase only)."""
+    return msgspec.to_builtins(trace if isinstance(trace, KinetoTrace) else as_trace(trace))
+
+
+def _checked(path):
+    """The trace file's JSON checked field by field (the private checks :func:`load_trace` puts a problem in
+    words with, and falls back to for a file decoding refuses), as dictionaries; ``None`` if they refuse it."""
+    try:
+        return readers_trace._checked_trace(json.loads(pathlib.Path(path).read_text()))
+    except readers_files.Invalid:
+        return None
 
 
 def _epoch(stage, number, **kwargs):
@@ -113,14 +134,14 @@ def scratch(tmp_path_factory):
 def test_a_trace_written_by_write_trace_loads_unchanged(tmp_path, name):
     path = tmp_path / name
     traces.write_trace(_trace(), path)
-    assert load_trace(path) == _trace()
-    assert load_trace(str(path)) == _trace()
+    assert _content(load_trace(path)) == _content(_trace())
+    assert _content(load_trace(str(path))) == _content(_trace())
 
 
 def test_a_top_level_list_of_events_is_a_trace(tmp_path):
     path = tmp_path / "list.json"
     path.write_text(json.dumps(_trace()["traceEvents"]))
-    assert load_trace(path) == {"traceEvents": _trace()["traceEvents"]}
+    assert _content(load_trace(path)) == _content({"traceEvents": _trace()["traceEvents"]})
 
 
 def test_events_of_unknown_phases_are_dropped_and_a_byte_order_mark_is_ignored(tmp_path):
@@ -128,13 +149,13 @@ def test_events_of_unknown_phases_are_dropped_and_a_byte_order_mark_is_ignored(t
     odd = [{"ph": "?", "ts": "x"}, {"name": "no phase"}, {"ph": 5}, {"ph": ["X"]}]
     path = tmp_path / "odd.json"
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"traceEvents": odd[:2] + events + odd[2:]}).encode())
-    assert load_trace(path)["traceEvents"] == events
+    assert _content(load_trace(path))["traceEvents"] == _content({"traceEvents": events})["traceEvents"]
 
 
 def test_a_gzipped_trace_is_recognized_by_its_content_whatever_its_name(tmp_path):
     path = tmp_path / "trace.json"
     path.write_bytes(gzip.compress(json.dumps(_trace()).encode()))
-    assert load_trace(path) == _trace()
+    assert _content(load_trace(path)) == _content(_trace())
 
 
 @pytest.mark.parametrize("inflater", ["isal", "zlib"])
@@ -156,13 +177,15 @@ def test_gunzip_gives_what_gzip_gives_or_raises_what_it_raises(monkeypatch, infl
     }
     for case, data in cases.items():
         try:
-            expected = gzip.decompress(data)
-        except Exception as err:  # noqa: BLE001 - whatever gzip raises, gunzip raises the same
-            with pytest.raises(type(err)) as raised:
-                traces.gunzip(data)
-            assert str(raised.value) == str(err), case
-        else:
+            expected, error = gzip.decompress(data), None
+        except Exception as err:  # whatever gzip raises, gunzip raises the same
+            expected, error = None, err
+        if error is None:
             assert traces.gunzip(data) == expected, case
+            continue
+        with pytest.raises(type(error)) as raised:
+            traces.gunzip(data)
+        assert str(raised.value) == str(error), case
     text = json.dumps(_trace()).encode()
     assert gzip.decompress(traces.gzip_bytes(text)) == text  # what write_trace writes, gzip reads
 
@@ -170,7 +193,7 @@ def test_gunzip_gives_what_gzip_gives_or_raises_what_it_raises(monkeypatch, infl
 def test_real_gpu_traces_load_whole(gpu_trace):
     path = gpu_trace("a100_nccl_2rank_rank0.json.gz")
     trace = load_trace(path)
-    assert len(trace["traceEvents"]) == len(traces.read_trace(path)["traceEvents"]) == 40_573
+    assert len(trace.traceEvents) == len(load(path)["traceEvents"]) == 40_573
     assert summarize_trace(trace, window="w").steps == 3
 
 
@@ -179,27 +202,29 @@ def _analyses(trace):
 
 
 @pytest.mark.parametrize("name", ["a100_nccl_2rank_rank0.json.gz", "v100_single_rank.json.gz"])
-def test_the_typed_reader_gives_the_analyses_what_the_careful_one_gives(gpu_trace, name):
+def test_the_reader_gives_the_analyses_what_the_trace_s_json_gives(gpu_trace, name):
     path = gpu_trace(name)
-    assert _analyses(load_kineto(path)) == _analyses(load_trace(path))
+    assert _analyses(load_trace(path)) == _analyses(load(path))
 
 
-def test_the_typed_reader_falls_back_to_the_careful_one_for_unusual_files(tmp_path):
+def test_the_reader_falls_back_to_the_field_by_field_checks_for_unusual_files(tmp_path):
     events = _trace()["traceEvents"]
     odd = [{"ph": "?", "ts": "x"}, {"name": "no phase"}, {"ph": 5}]
     path = tmp_path / "odd.json"  # events of no known phase, a byte-order mark: the fast path refuses both
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps({**_trace(), "traceEvents": odd + events}).encode())
-    assert _analyses(load_kineto(path)) == _analyses(_trace())
+    assert _analyses(load_trace(path)) == _analyses(_trace())
     path.write_text(json.dumps(events))  # a top-level array of events
-    assert _analyses(load_kineto(path)) == _analyses({"traceEvents": events})
+    assert _analyses(load_trace(path)) == _analyses({"traceEvents": events})
 
 
-def test_the_typed_reader_reads_shapes_only_when_asked(tmp_path):
+def test_the_reader_reads_shapes_only_when_asked(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_trace()))
-    by_shape = {op.name: op.input_shapes for op in operator_stats(load_kineto(path, shapes=True), group_by_input_shape=True)}
+    by_shape = {
+        op.name: op.input_shapes for op in operator_stats(load_trace(path, shapes=True), group_by_input_shape=True)
+    }
     assert by_shape["aten::mm"] == "[[2, 2], [2, 2]]"
-    assert {op.input_shapes for op in operator_stats(load_kineto(path), group_by_input_shape=True)} == {None}
+    assert {op.input_shapes for op in operator_stats(load_trace(path), group_by_input_shape=True)} == {None}
 
 
 def test_a_memory_event_whose_bytes_are_no_number_counts_none(tmp_path):
@@ -207,10 +232,10 @@ def test_a_memory_event_whose_bytes_are_no_number_counts_none(tmp_path):
     memory = next(e for e in trace["traceEvents"] if e["name"] == "[memory]")
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace))
-    assert {op.name: op.self_cpu_memory for op in operator_stats(load_kineto(path))}["aten::mm"] == 512
-    memory["args"]["Bytes"] = "512"  # the careful reader refuses it; the typed one reads past it
+    assert {op.name: op.self_cpu_memory for op in operator_stats(load_trace(path))}["aten::mm"] == 512
+    memory["args"]["Bytes"] = "512"  # the field-by-field checks refuse it; decoding reads past it
     path.write_text(json.dumps(trace))
-    assert {op.name: op.self_cpu_memory for op in operator_stats(load_kineto(path))}["aten::mm"] == 0
+    assert {op.name: op.self_cpu_memory for op in operator_stats(load_trace(path))}["aten::mm"] == 0
 
 
 def test_a_report_written_by_the_writer_loads_unchanged(tmp_path):
@@ -251,15 +276,14 @@ def test_a_window_summary_written_before_tiny_operators_were_measured_loads_with
 
 
 def test_a_real_run_s_report_and_traces_load(tmp_path):
-    from models import TinyModel, trainer
-
     from lightning_perf import PerfCallback
+    from models import TinyModel, trainer
 
     callback = PerfCallback(schedule={"skip_first": 0, "warmup": 1, "active": 2}, verbose=0)
     trainer(tmp_path, [callback], limit_train_batches=4, limit_val_batches=3).fit(TinyModel(n=16))
     report = load_report(callback.report_path)
     assert set(report["stages"]) == {"train", "validate"}
-    assert report["windows"] and all(load_trace(w["trace_path"])["traceEvents"] for w in report["windows"])
+    assert report["windows"] and all(load_trace(w["trace_path"]).traceEvents for w in report["windows"])
 
 
 # --- Broken inputs --------------------------------------------------------------------------------------------
@@ -289,17 +313,21 @@ TRACE_FAILURES = [
     ("not_utf8", "t.json", b'{"a": "\xff"}', r"not UTF-8 text \(byte 0xff at offset 7; a binary file\?\)"),
     ("not_utf8_in_gzip", "t.json.gz", gzip.compress(b"\xc3"), r"not UTF-8 text once decompressed"),
     ("whitespace", "t.json", b" \n\t", r"holds only whitespace, no JSON"),
-    ("truncated_json", "t.json", b'{"traceEvents": [\n  {"ph": "X"', r"invalid JSON at line 2, column 13: .*truncated\?"),
+    ("truncated_json", "t.json", b'{"traceEvents": [\n  {"ph": "X"',
+     r"invalid JSON at line 2, column 13: .*truncated\?"),
     ("bad_json", "t.json", b'{"traceEvents": [}]}', r"invalid JSON at line 1, column 18: Expecting value$"),
     ("bad_json_in_gzip", "t.json.gz", gzip.compress(b"{x}"), r"invalid JSON once decompressed at line 1, column 2"),
     ("deep_json", "t.json", b"[" * 100_000, r"invalid JSON: nested too deeply"),
     ("huge_integer", "t.json", b"9" * 5000, r"invalid JSON: Exceeds the limit"),
     ("top_level_number", "t.json", b"42", r"the top level must be an object or an array, got 42 \(integer\)"),
-    ("no_trace_events", "t.json", b'{"events": []}', r"field traceEvents is missing \(not a Kineto or Chrome trace\?\)"),
-    ("trace_events_object", "t.json", b'{"traceEvents": {}}', r"field traceEvents must be an array, got \{\} \(object\)"),
+    ("no_trace_events", "t.json", b'{"events": []}',
+     r"field traceEvents is missing \(not a Kineto or Chrome trace\?\)"),
+    ("trace_events_object", "t.json", b'{"traceEvents": {}}',
+     r"field traceEvents must be an array, got \{\} \(object\)"),
     ("event_not_object", "t.json", b"[[1]]", r"field traceEvents\[0\] must be an object, got \[1\] \(array\)"),
     ("ts_string", "t.json", _with_event(ts="12"), r"field traceEvents\[1\]\.ts must be a number, got '12' \(string\)"),
-    ("dur_bool", "t.json", _with_event(dur=True), r"field traceEvents\[1\]\.dur must be a number, got True \(boolean\)"),
+    ("dur_bool", "t.json", _with_event(dur=True),
+     r"field traceEvents\[1\]\.dur must be a number, got True \(boolean\)"),
     ("dur_negative", "t.json", _with_event(dur=-1), r"field traceEvents\[1\]\.dur must be a number >= 0, got -1"),
     ("dur_missing", "t.json", _with_event(dur="DEL"), r"field traceEvents\[1\]\.dur is missing \(a complete event"),
     ("ts_nan", "t.json", _with_event(ts=float("nan")), r"field traceEvents\[1\]\.ts must be a finite number, got nan"),
@@ -323,9 +351,8 @@ def _cases(table):
     return [pytest.param(*case[1:], id=case[0]) for case in table]
 
 
-@pytest.mark.parametrize("load", [load_trace, load_kineto], ids=["load_trace", "load_kineto"])
 @pytest.mark.parametrize(("filename", "content", "message"), _cases(TRACE_FAILURES))
-def test_a_broken_trace_is_an_input_error_naming_the_file_and_the_problem(tmp_path, filename, content, message, load):
+def test_a_broken_trace_is_an_input_error_naming_the_file_and_the_problem(tmp_path, filename, content, message):
     path = tmp_path / filename
     if content == "DIR":
         path.mkdir()
@@ -334,7 +361,7 @@ def test_a_broken_trace_is_an_input_error_naming_the_file_and_the_problem(tmp_pa
     elif content is not None:
         path.write_bytes(content)
     with pytest.raises(InputError) as info:
-        load(path)
+        load_trace(path)
     first_line = str(info.value).splitlines()[0]
     assert first_line.startswith(f"{path}: ")
     assert _search(message, first_line[len(f"{path}: ") :])
@@ -486,7 +513,6 @@ def test_random_bytes_load_or_are_input_errors(scratch, data, suffix):
     path = scratch / f"bytes{suffix}"
     path.write_bytes(data)
     _loads_or_input_error(load_trace, path)
-    _loads_or_input_error(load_kineto, path)
     _loads_or_input_error(load_report, path)
 
 
@@ -503,7 +529,6 @@ def test_damaged_gzip_loads_or_is_an_input_error(scratch, cut, flips):
     path = scratch / "damaged.json.gz"
     path.write_bytes(bytes(data))
     _loads_or_input_error(load_trace, path)
-    _loads_or_input_error(load_kineto, path)
 
 
 @FUZZ
@@ -512,11 +537,9 @@ def test_random_json_loads_or_is_an_input_error(scratch, value):
     path = scratch / "value.json"
     path.write_text(json.dumps(value))
     _loads_or_input_error(load_trace, path)
-    _loads_or_input_error(load_kineto, path)
     _loads_or_input_error(load_report, path)
     path.write_text(json.dumps({"traceEvents": value}))
     _loads_or_input_error(load_trace, path)
-    _loads_or_input_error(load_kineto, path)
 
 
 def _leaves(value, path=()):
@@ -611,19 +634,24 @@ _TRACES = _object(
 
 @FUZZ
 @given(trace=_TRACES)
-# An instant event whose name is null, which load_trace allows (found by hypothesis in CI).
-@example(trace={"traceEvents": [{"ph": "X", "name": "ProfilerStep#1", "ts": 0, "dur": 0}, {"ph": "i", "name": None, "ts": 0}]})
+# An instant event whose name is null, which the field-by-field checks allow (found by hypothesis in CI).
+@example(
+    trace={
+        "traceEvents": [{"ph": "X", "name": "ProfilerStep#1", "ts": 0, "dur": 0}, {"ph": "i", "name": None, "ts": 0}]
+    }
+)
 def test_a_trace_that_loads_is_one_the_analyses_can_read(scratch, trace):
     path = scratch / "fuzzed.json"
     path.write_text(json.dumps(trace))
-    loaded = _loads_or_input_error(load_trace, path)
-    if loaded is None:
+    checked = _checked(path)  # what load_trace falls back to where decoding refuses a file
+    if checked is None:
         return
-    summary = summarize_trace(copy.deepcopy(loaded), window="w")
-    operators = operator_stats(copy.deepcopy(loaded), group_by_input_shape=True)
-    # The typed reader reads every trace the careful one does, into the same summaries.
-    typed = load_kineto(path, shapes=True)
+    summary = summarize_trace(copy.deepcopy(checked), window="w")
+    operators = operator_stats(copy.deepcopy(checked), group_by_input_shape=True)
+    # Decoding reads every trace the field-by-field checks accept, into the same summaries.
+    typed = load_trace(path, shapes=True)
     assert summarize_trace(typed, window="w") == summary
     assert operator_stats(typed, group_by_input_shape=True) == operators
-    list(traces.profiler_steps(loaded))
-    traces.keep_steps(traces.standard_categories(traces.tensorboard_compatible(loaded)), {1, 2})
+    list(traces.profiler_steps(checked))
+    traces.keep_steps(traces.standard_categories(traces.tensorboard_compatible(checked)), {1, 2})
+    list(traces.profiler_steps(_content(typed)))  # the typed trace's content, as dictionaries

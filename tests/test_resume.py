@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_perf import PerfCallback
-from lightning_perf.callback import HISTORY_EPOCHS
+from lightning_perf.epoch_report import HISTORY_EPOCHS
 from lightning_perf.records import RankSummary
 from lightning_perf.report.json_report import write_json_atomically
 from models import TinyModel, trainer
@@ -37,7 +37,8 @@ def test_resuming_from_an_end_of_epoch_checkpoint_continues_windows_and_history(
         "train-epoch002-batches0002-0003",
     ]
     assert [(e.stage, e.epoch) for e in resumed.epochs] == [("train", 0), ("train", 1), ("train", 2), ("train", 3)]
-    report = json.loads(open(resumed.report_path).read())
+    with open(resumed.report_path, encoding="utf-8") as f:
+        report = json.load(f)
     assert [e["epoch"] for e in report["stages"]["train"]["epochs"]] == [0, 1, 2, 3]
     assert len(report["windows"]) == 3
 
@@ -74,7 +75,7 @@ def test_two_perf_callbacks_keep_separate_state(tmp_path):
 def test_load_state_dict_tolerates_unknown_and_missing_keys():
     callback = PerfCallback()
     callback.load_state_dict({"version": 99, "stages": {"train": {"epoch": 3, "new_field": 1}}, "extra": True})
-    assert callback._stages["train"].epoch == 3 and callback.epochs == [] and callback.windows == []
+    assert callback._positions["train"].epoch == 3 and callback.epochs == [] and callback.windows == []
 
 
 def test_the_per_rank_tables_survive_a_checkpoint(tmp_path):
@@ -88,7 +89,7 @@ def test_the_per_rank_tables_survive_a_checkpoint(tmp_path):
                     communication_share=0.2)
         for r in (0, 1)
     )  # fmt: skip
-    first._ranks[("train", 0)] = rows  # what the epoch's gather gives a 2-process run, and its report keeps
+    first._epochs.ranks[("train", 0)] = rows  # what the epoch's gather gives a 2-process run, and its report keeps
     write_json_atomically(first.report, first.report_path)
     state = json.loads(json.dumps(first.state_dict()))  # plain values, as a checkpoint keeps them
     resumed = _perf()
@@ -136,6 +137,8 @@ def test_a_version_1_checkpoint_still_restores_its_whole_history():
     finding = {"id": "x", "severity": "warning", "title": "t", "evidence": "e", "advice": "a", "stage": "train",
                "epoch": 0}  # fmt: skip
     callback = PerfCallback()
-    callback.load_state_dict({"version": 1, "stages": {"train": {"epoch": 0}}, "epochs": [epoch], "findings": [finding]})
+    callback.load_state_dict(
+        {"version": 1, "stages": {"train": {"epoch": 0}}, "epochs": [epoch], "findings": [finding]}
+    )
     assert [e.epoch for e in callback.epochs] == [0] and [f.id for f in callback.findings_for("train")] == ["x"]
     assert len(callback._stages["train"].history) == 1

@@ -16,7 +16,7 @@ from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import RULES, diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary, TraceSummary
-from lightning_perf.summarize import trace as trace_module
+from lightning_perf.summarize import step_summary
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MiB, GiB = 2**20, 2**30
@@ -563,7 +563,7 @@ def test_launch_bound_thresholds_override_and_its_cutoff_is_the_summarys():
     floor = tiny_ops(step_time=0.01, tiny_op_time=0.005, framework_time=0.001)
     assert run("launch_bound", ctx(None, floor)) is not None
     assert run("launch_bound", ctx(None, floor), launch_cpu_min_time=0.0051) is None
-    assert rules_device.TINY_OP_TIME == pytest.approx(trace_module.TINY_OP_US * 1e-6)
+    assert rules_device.TINY_OP_TIME == pytest.approx(step_summary.TINY_OP_US * 1e-6)
 
 
 # --- h2d_copy -----------------------------------------------------------------------------------------------
@@ -924,15 +924,15 @@ def test_overrides_from_the_class_start_at_the_defaults_and_from_an_instance_at_
     ("overrides", "message"),
     [
         ({"dataloader_warn": 0.2}, r"dataloader_warn=0\.2: unknown threshold \(known: dataloader_warning, "),
-        ({"dataloader_warning": 1.5}, r"dataloader_warning=1\.5: must be a fraction between 0 and 1"),
-        ({"h2d_copy": -0.1}, r"h2d_copy=-0\.1: must be a fraction between 0 and 1"),
-        ({"validation": "30%"}, r"validation='30%': must be a fraction between 0 and 1"),
-        ({"framework_overhead": True}, r"framework_overhead=True: must be a fraction"),
-        ({"communication": float("nan")}, r"communication=nan: must be a fraction"),
-        ({"rank_straggler": 0.9}, r"rank_straggler=0\.9: must be a ratio >= 1"),
-        ({"launch_kernel_time": -1e-6}, r"launch_kernel_time=-1e-06: must be a number of seconds >= 0"),
-        ({"step_spike_count": 2.5}, r"step_spike_count=2\.5: must be an integer >= 1"),
-        ({"memory_growth_bytes": -1}, r"memory_growth_bytes=-1: must be a number of bytes"),
+        ({"dataloader_warning": 1.5}, r"dataloader_warning must be a fraction between 0 and 1, got 1\.5 \(number\)"),
+        ({"h2d_copy": -0.1}, r"h2d_copy must be a fraction between 0 and 1, got -0\.1 \(number\)"),
+        ({"validation": "30%"}, r"validation must be a fraction between 0 and 1, got '30%' \(string\)"),
+        ({"framework_overhead": True}, r"framework_overhead must be a fraction between 0 and 1, got True \(boolean\)"),
+        ({"communication": float("nan")}, r"communication must be a fraction between 0 and 1, got nan \(number\)"),
+        ({"rank_straggler": 0.9}, r"rank_straggler must be a ratio >= 1, got 0\.9 \(number\)"),
+        ({"launch_kernel_time": -1e-6}, r"launch_kernel_time must be a number of seconds >= 0, got -1e-06"),
+        ({"step_spike_count": 2.5}, r"step_spike_count must be an integer >= 1, got 2\.5 \(number\)"),
+        ({"memory_growth_bytes": -1}, r"memory_growth_bytes must be a number of bytes, an integer >= 0, got -1 \(integer\)"),
         ({"dataloader_warning": 0.5}, r"dataloader_warning=0\.5 > dataloader_critical=0\.3: dataloader_warning must"),
         ({"device_busy_critical": 0.9}, r"device_busy_critical=0\.9 > device_busy_warning=0\.8"),
     ],
@@ -947,12 +947,18 @@ def test_all_bad_overrides_are_reported_in_one_message():
         Thresholds.with_overrides({"nope": 1, "dataloader_warning": 2, "rank_straggler": "x"})
     message = str(info.value)
     assert message.startswith("Invalid threshold overrides: ")
-    assert all(part in message for part in ("nope=1: unknown", "dataloader_warning=2:", "rank_straggler='x':"))
+    parts = (
+        "nope=1: unknown",
+        "dataloader_warning must be a fraction between 0 and 1, got 2 (integer)",
+        "rank_straggler must be a ratio >= 1, got 'x' (string)",
+    )
+    assert all(part in message for part in parts)
     assert "cpu_threads_warning" in message  # the known keys are listed
 
 
 def test_the_constructor_checks_too():
-    with pytest.raises(ValueError, match=r"Invalid thresholds: h2d_copy=2: must be a fraction between 0 and 1"):
+    message = r"^Invalid thresholds: h2d_copy must be a fraction between 0 and 1, got 2 \(integer\)$"
+    with pytest.raises(ValueError, match=message):
         Thresholds(h2d_copy=2)
 
 
@@ -1036,7 +1042,9 @@ def test_the_readme_describes_every_rule_and_threshold():
 # --- no torch, no lightning ---------------------------------------------------------------------------------
 
 FORBIDDEN = {"torch", "lightning", "pytorch_lightning", "numpy"}
-PURE = [*sorted((ROOT / "lightning_perf" / "diagnose").glob("*.py")), ROOT / "lightning_perf" / "records.py"]
+# The package's modules below every layer (records, number formatting, value checks) may be imported.
+BELOW = [ROOT / "lightning_perf" / f"{name}.py" for name in ("records", "units", "validation")]
+PURE = [*sorted((ROOT / "lightning_perf" / "diagnose").glob("*.py")), *BELOW]
 
 
 @pytest.mark.parametrize("path", PURE, ids=lambda p: p.name)
@@ -1050,7 +1058,7 @@ def test_diagnosis_modules_import_neither_torch_nor_lightning(path):
     roots = {name.split(".")[0] for name in imported}
     assert not roots & FORBIDDEN, sorted(imported)
     assert {name for name in imported if name.startswith("lightning_perf")} <= {
-        "lightning_perf.records",
+        *(f"lightning_perf.{p.stem}" for p in BELOW),
         *(f"lightning_perf.diagnose.{p.stem}" for p in PURE if p.parent.name == "diagnose"),
     }
 

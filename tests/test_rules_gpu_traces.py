@@ -4,11 +4,12 @@ its numbers call for, and no others."""
 
 import pytest
 
+from kineto import load
 from lightning_perf import traces
-from lightning_perf.cli import distributed_info, trace_context
 from lightning_perf.diagnose.model import StageEpoch
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.summarize.trace import summarize_trace
+from lightning_perf.diagnosis_context import distributed_info, trace_context
+from lightning_perf.summarize.step_summary import summarize_trace
 
 # file: (what it shows, the finding ids (severity) it must yield). Shares are of the mean step.
 CASES = {
@@ -36,7 +37,7 @@ def _context(trace: dict, name: str) -> StageEpoch:
 
 @pytest.mark.parametrize(("name", "expected"), list(CASES.items()))
 def test_real_gpu_trace_yields_the_findings_it_shows(name, expected, gpu_trace):
-    trace = traces.read_trace(gpu_trace(name))
+    trace = load(gpu_trace(name))
     findings = diagnose(_context(trace, name))
     assert {(f.id, f.severity) for f in findings} == expected
     assert all(f.window == name for f in findings if f.id != "memory_pressure")
@@ -45,7 +46,7 @@ def test_real_gpu_trace_yields_the_findings_it_shows(name, expected, gpu_trace):
 
 
 def test_precision_advice_names_the_trainer_argument(gpu_trace):
-    trace = traces.read_trace(gpu_trace("v100_single_rank.json.gz"))
+    trace = load(gpu_trace("v100_single_rank.json.gz"))
     [finding] = diagnose(_context(trace, "v100"))
     assert 'precision="16-mixed"' in finding.advice  # V100: fp16 tensor cores (no bf16)
     assert "fp32" in finding.evidence and "30%" in finding.evidence

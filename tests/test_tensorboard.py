@@ -3,6 +3,7 @@ of a real TensorBoard server started before training."""
 
 import json
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -47,7 +48,7 @@ def test_operator_table_is_in_tensorboard_at_the_windows_step_and_beside_the_tra
     assert rows[0].startswith(f"| `{top.name}` | {top.calls} |")
     # The same table as a file beside the trace.
     beside = os.path.join(os.path.dirname(train[0].trace_path), "rank0" + OPERATORS_SUFFIX)
-    assert open(beside).read() == table
+    assert pathlib.Path(beside).read_text() == table
     # Validation windows on their own step axis (the validation batches seen so far).
     assert sorted(_texts(t.logger.log_dir, "perf/operators/validate")) == [
         w.step for w in callback.windows if w.stage == "validate"
@@ -57,7 +58,7 @@ def test_operator_table_is_in_tensorboard_at_the_windows_step_and_beside_the_tra
 def test_shapes_and_memory_columns_appear_when_profiled(tmp_path):
     callback = PerfCallback(schedule={"skip_first": 0, "active": 1}, stages=["train"], record_shapes=True, profile_memory=True)
     trainer(tmp_path, [callback]).fit(TinyModel(n=8))
-    table = open(callback.windows[0].trace_path.replace(".pt.trace.json.gz", OPERATORS_SUFFIX)).read()
+    table = pathlib.Path(callback.windows[0].trace_path.replace(".pt.trace.json.gz", OPERATORS_SUFFIX)).read_text()
     assert "| Self CPU mem |" in table and "| Input shapes |" in table
     assert any(op.input_shapes for op in callback.windows[0].operators)
 
@@ -118,22 +119,31 @@ def tensorboard(tmp_path):
     """A real TensorBoard with the profiler plugin on 127.0.0.1, started on an empty logdir."""
     port = _free_port()
     (tmp_path / "logs").mkdir()
-    log = open(tmp_path / "tensorboard.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(tmp_path / "logs"), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        yield _ProfilerPlugin(port)
-    finally:
-        os.kill(proc.pid, signal.SIGTERM)
+    with open(tmp_path / "tensorboard.log", "w") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tensorboard.main",
+                "--logdir",
+                str(tmp_path / "logs"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+            yield _ProfilerPlugin(port)
+        finally:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 @pytest.mark.slow
@@ -150,7 +160,8 @@ def test_profiler_tab_shows_windows_written_after_it_started_with_the_real_datal
     runs = tensorboard.wait_for_runs({w.name for w in callback.windows})
     for window in callback.windows:
         [run] = [r for r in runs if r.endswith("/" + window.name)]
-        assert run == f"lightning_logs/version_0/perf/{window.name}"  # the tab's run list reads like a table of contents
+        # The tab's run list reads like a table of contents.
+        assert run == f"lightning_logs/version_0/perf/{window.name}"
         assert tensorboard.get("/workers", run=run, view="Overview") == ["rank0"]
         spans = tensorboard.get("/spans", run=run, worker="rank0")
         query = dict(run=run, worker="rank0", span=spans[0] if spans else "")

@@ -4,6 +4,7 @@ recorded here, and the real GPU traces of ../shared/fixtures/gpu-traces."""
 import ast
 import copy
 import dataclasses
+import itertools
 import pathlib
 import time
 
@@ -14,9 +15,14 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from kineto import load
 from lightning_perf import traces
-from lightning_perf.summarize import trace as trace_module
-from lightning_perf.summarize.trace import is_fp32_gemm, summarize_trace
+from lightning_perf.summarize import intervals, step_summary
+from lightning_perf.summarize.events import as_trace
+from lightning_perf.summarize.index import HOST_CATEGORIES, TraceIndex
+from lightning_perf.summarize.kernels import is_fp32_gemm
+from lightning_perf.summarize.step_spans import Scan, Steps
+from lightning_perf.summarize.step_summary import summarize_trace
 
 US = 1e-6
 DATALOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
@@ -142,7 +148,7 @@ def test_tiny_operators_are_the_steps_own_outside_the_dataloader(rewrite):
 
 
 @pytest.mark.parametrize(
-    "optimizer, update_op, expected",
+    ("optimizer", "update_op", "expected"),
     [
         ("Optimizer.step#SGD.step", "aten::add_", False),
         ("Optimizer.step#SGD.step", "aten::_foreach_add_", True),
@@ -255,44 +261,48 @@ def test_an_empty_trace():
 
 
 @pytest.mark.parametrize(
-    "name, fp32",
+    ("name", "fp32"),
     [
         # From the fixtures: cuBLAS / CUTLASS SIMT / MAGMA fp32 GEMMs and cuDNN fp32 convolutions.
         ("volta_sgemm_128x64_nn", True),
         ("volta_sgemm_32x32_sliced1x4_tn", True),
         ("ampere_sgemm_32x128_tn", True),
-        ("void cutlass::Kernel<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(cutlass_80_simt_sgemm_128x32_8x5_nn_align1::Params)", True),
+        ("void cutlass::Kernel<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(cutlass_80_simt_sgemm_128x32_8x5_nn_align1::Params)", True),  # noqa: E501 - a kernel's name, verbatim
         ("void magma_sgemmEx_kernel<float, float, float, true, false, 6, 4, 6, 3, 4>(int, int, int, Tensor)", True),
         ("void sgemm_largek_lds64<true, true, 6, 3, 4, 5, 2, 66>(float*, float const*, float const*, int)", True),
         ("cudnn_infer_volta_scudnn_128x64_relu_medium_nn_v1", True),
         ("cudnn_infer_ampere_scudnn_128x64_relu_xregs_large_nn_v1", True),
-        ("void gemmk1_kernel<float, 256, 5, false, false, false, false, cublasGemvTensorStridedBatched<float const>>()", True),
+        ("void gemmk1_kernel<float, 256, 5, false, false, false, false, cublasGemvTensorStridedBatched<float const>>()", True),  # noqa: E501 - a kernel's name, verbatim
         ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int, float const*, int)", True),
         # fp32 xmma (cuBLAS/cuDNN on sm80+ with TF32 off).
-        ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas", True),
+        ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas", True),  # noqa: E501 - a kernel's name, verbatim
         # From the fixtures: TF32 tensor cores.
-        ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4::Params)", False),
-        ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_warpsize2x2x1_g1_tensor16x8x8_execute_kernel_cudnn_infer", False),
-        ("void cutlass_cudnn_infer::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_128x128_32x4_nhwc_align4>(cutlass_tensorop_s1688fprop_optimized_tf32_128x128_32x4_nhwc_align4::Params)", False),
+        ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4::Params)", False),  # noqa: E501 - a kernel's name, verbatim
+        ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_warpsize2x2x1_g1_tensor16x8x8_execute_kernel_cudnn_infer", False),  # noqa: E501 - a kernel's name, verbatim
+        ("void cutlass_cudnn_infer::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_128x128_32x4_nhwc_align4>(cutlass_tensorop_s1688fprop_optimized_tf32_128x128_32x4_nhwc_align4::Params)", False),  # noqa: E501 - a kernel's name, verbatim
         # Half precision tensor cores.
         ("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize96x64x32_stage3_warpsize2x2x1_tensor16x8x16_kernel", False),
         ("volta_h884gemm_64x64_ldg8_nn", False),
         ("ampere_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn", False),
         ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", False),
         # Not GEMMs (from the fixtures).
-        ("void fbgemm_gpu::permute_indices_weights_kernel<true, int, float>(int, int, int, int const*, float const*)", False),
+        ("void fbgemm_gpu::permute_indices_weights_kernel<true, int, float>(int, int, int, int const*, float const*)", False),  # noqa: E501 - a kernel's name, verbatim
         ("void splitKreduce_kernel<float, float, float, float, true, false, false>(cublasSplitKParams<float>)", False),
-        ("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(cudnn::winograd_nonfused::WinogradDataParams<float, float>)", False),
+        ("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(cudnn::winograd_nonfused::WinogradDataParams<float, float>)", False),  # noqa: E501 - a kernel's name, verbatim
         ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", False),
-        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int)", False),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int)", False),  # noqa: E501 - a kernel's name, verbatim
     ],
 )
 def test_fp32_gemm_classifier(name, fp32):
     assert is_fp32_gemm(name) is fp32
 
 
-def test_the_module_imports_neither_torch_nor_lightning():
-    tree = ast.parse(pathlib.Path(trace_module.__file__).read_text())
+SUMMARIZE = sorted((pathlib.Path(step_summary.__file__).parent).glob("*.py"))
+
+
+@pytest.mark.parametrize("path", SUMMARIZE, ids=lambda p: p.name)
+def test_the_summarize_modules_import_neither_torch_nor_lightning(path):
+    tree = ast.parse(path.read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert not {m for m in imported if m.split(".")[0] in {"torch", "lightning", "pytorch_lightning"}}
@@ -308,17 +318,18 @@ def _points(intervals):
 
 @given(_intervals, _intervals)
 def test_interval_union_intersection_and_difference(a, b):
-    ua, ub = trace_module._union(a), trace_module._union(b)
+    ua, ub = intervals.union(a), intervals.union(b)
     assert _points(ua) == _points(a)
-    assert all(end1 < start2 for (_, end1), (start2, _) in zip(ua, ua[1:]))  # sorted, disjoint, not touching
-    assert trace_module._length_within(ua, ub) == len(_points(a) & _points(b))
-    assert _points(trace_module._subtract(ua, ub)) == _points(a) - _points(b)
-    assert sum(end - start for start, end in trace_module._subtract(ua, ub)) == len(_points(a) - _points(b))
+    assert all(end1 < start2 for (_, end1), (start2, _) in itertools.pairwise(ua))  # sorted, disjoint, not touching
+    assert intervals.length_within(ua, ub) == len(_points(a) & _points(b))
+    assert _points(intervals.subtract(ua, ub)) == _points(a) - _points(b)
+    assert sum(end - start for start, end in intervals.subtract(ua, ub)) == len(_points(a) - _points(b))
     spans = sorted(((start, end, "", False) for start, end in a), key=lambda span: (span[0], -span[1]))
-    starts, ends = np.array([span[0] for span in spans], dtype=float), np.array([span[1] for span in spans], dtype=float)
-    assert trace_module._merge_arrays(starts, ends) == ua
+    starts = np.array([span[0] for span in spans], dtype=float)
+    ends = np.array([span[1] for span in spans], dtype=float)
+    assert intervals.merge_arrays(starts, ends) == ua
     points = np.arange(-1.0, 82.0, 0.5)
-    assert trace_module._starts_in(points, ua).tolist() == [trace_module._inside(p, ua) for p in points.tolist()]
+    assert intervals.starts_in(points, ua).tolist() == [intervals.inside(p, ua) for p in points.tolist()]
 
 
 # The arrays' ways of sorting out a thread's host spans and device activity, against plain Python.
@@ -338,8 +349,8 @@ _HOST = st.lists(
 @example([("aten::add", "cpu_op", 3, 1), ("aten::mm", "cpu_op", 3, 4), ("aten::add", "cpu_op", 3, 4)])  # ties
 def test_a_thread_s_spans_sort_by_start_longest_first_then_in_trace_order(spans):
     events = [_x(cat, name, ts, dur, flops=i) for i, (name, cat, ts, dur) in enumerate(spans)]  # flops: identity
-    index = trace_module._Index.of(trace_module.as_trace({"traceEvents": events}))
-    typed = trace_module.as_trace({"traceEvents": events}).traceEvents
+    index = TraceIndex.of(as_trace({"traceEvents": events}))
+    typed = as_trace({"traceEvents": events}).traceEvents
     ordered = sorted(typed, key=lambda e: (e.ts, -e.dur))  # stable: ties in trace order
     host = [e for e in ordered if not e.name.startswith("ProfilerStep#")]
     steps = [e for e in ordered if e.name.startswith("ProfilerStep#")]
@@ -349,22 +360,28 @@ def test_a_thread_s_spans_sort_by_start_longest_first_then_in_trace_order(spans)
         columns = index.columns[(1, 1)]
         assert [columns.names[code] for code in columns.name_code] == [e.name for e in host]
         assert columns.names == list(dict.fromkeys(e.name for e in host))  # in order of first appearance
-        assert [trace_module._HOST_CATEGORIES[code] for code in columns.category_code] == [e.cat for e in host]
+        assert [HOST_CATEGORIES[code] for code in columns.category_code] == [e.cat for e in host]
         assert columns.starts.tolist() == [e.ts for e in host]
         assert columns.ends.tolist() == [e.ts + e.dur for e in host]
         # Top-level operators: cpu_ops inside no other cpu_op (annotations are no parents).
-        main = trace_module._MainThread.of(trace_module._scan(index), (1, 1))
+        main = step_summary._MainThread.of(Scan.of(index), (1, 1))
         ops = [(e.ts, e.ts + e.dur) for e in host if e.cat == "cpu_op" and not e.name.startswith("Optimizer.step#")]
-        assert list(zip(*(column.tolist() for column in main.top_level()))) == trace_module._outermost(ops)
+        assert list(zip(*(column.tolist() for column in main.top_level()), strict=True)) == intervals.outermost(ops)
 
 
 _DEVICE = st.lists(
     st.tuples(
         st.sampled_from(["kernel", "kernel", "gpu_memcpy", "gpu_memset"]),
         st.sampled_from(
-            ["volta_sgemm_128x64_nn", "ncclKernel_AllReduce", "elementwise", "Memcpy HtoD (Pageable -> Device)",
-             "Memcpy HtoD (Pinned -> Device)", "Memcpy DtoH (Device -> Pageable)"]
-        ),  # fmt: skip
+            [
+                "volta_sgemm_128x64_nn",
+                "ncclKernel_AllReduce",
+                "elementwise",
+                "Memcpy HtoD (Pageable -> Device)",
+                "Memcpy HtoD (Pinned -> Device)",
+                "Memcpy DtoH (Device -> Pageable)",
+            ]
+        ),
         st.integers(0, 20),
         st.integers(0, 6),
     ),
@@ -378,8 +395,8 @@ def _device_sets_one_by_one(device, steps):
     kernels = [span for span in spans if span[2].cat == "kernel"]
     h2d = [span for span in spans if span[2].cat == "gpu_memcpy" and "HtoD" in span[2].name]
     in_steps = [span for span in kernels if steps.hold(span[0])]
-    union = lambda spans: trace_module._union([(start, end) for start, end, _ in spans])  # noqa: E731
-    return trace_module._DeviceSets(
+    union = lambda spans: intervals.union([(start, end) for start, end, _ in spans])  # noqa: E731
+    return step_summary._DeviceSets(
         busy=union(spans),
         kernels=union(kernels),
         h2d=union(h2d),
@@ -394,10 +411,10 @@ def _device_sets_one_by_one(device, steps):
 @given(_DEVICE, st.lists(st.tuples(st.integers(0, 18), st.integers(1, 6)), min_size=1, max_size=3))
 @example([("kernel", "elementwise", 10, 2), ("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 1, 2)], [(0, 10)])
 def test_device_activity_sorts_out_alike_on_arrays_and_one_by_one(device, step_spans):
-    events = trace_module.as_trace({"traceEvents": [_x(cat, name, ts, dur) for cat, name, ts, dur in device]}).traceEvents
+    events = as_trace({"traceEvents": [_x(cat, name, ts, dur) for cat, name, ts, dur in device]}).traceEvents
     events = sorted(events, key=lambda e: e.ts)
-    steps = trace_module._Steps.of([(start, start + length) for start, length in step_spans])
-    python, arrays = _device_sets_one_by_one(events, steps), trace_module._DeviceSets.of(events, steps)
+    steps = Steps.of([(start, start + length) for start, length in step_spans])
+    python, arrays = _device_sets_one_by_one(events, steps), step_summary._DeviceSets.of(events, steps)
     for field in dataclasses.fields(python):
         a, b = getattr(python, field.name), getattr(arrays, field.name)
         if field.name == "step_kernel_times":
@@ -419,7 +436,7 @@ def _record_cpu_trace(path, *, foreach):
             with record_function(f"ProfilerStep#{step}"):
                 x, y = next(batches)
 
-                def closure():  # as under Lightning's automatic optimization: forward and backward inside step()
+                def closure(x=x, y=y):  # as under Lightning's automatic optimization: forward and backward in step()
                     optimizer.zero_grad()
                     loss = torch.nn.functional.mse_loss(model(x), y)
                     loss.backward()
@@ -427,7 +444,7 @@ def _record_cpu_trace(path, *, foreach):
 
                 optimizer.step(closure)
     prof.export_chrome_trace(str(path))
-    return traces.read_trace(path)
+    return load(path)
 
 
 def test_real_cpu_profiles_tell_foreach_from_per_parameter_updates(tmp_path):
@@ -496,7 +513,7 @@ GPU_FIXTURES = {
 
 @pytest.mark.parametrize("name", list(GPU_FIXTURES))
 def test_real_gpu_traces_show_what_they_hold(name, gpu_trace):
-    trace = traces.read_trace(gpu_trace(name))
+    trace = load(gpu_trace(name))
     s = summarize_trace(trace, window=name)
     shows = GPU_FIXTURES[name]
 
@@ -524,7 +541,7 @@ def test_real_gpu_traces_show_what_they_hold(name, gpu_trace):
 
 
 def test_summarizes_the_largest_gpu_trace_in_well_under_a_second(gpu_trace):
-    trace = traces.read_trace(gpu_trace("a100_8rank_rank3.json.gz"))  # 109k events
+    trace = load(gpu_trace("a100_8rank_rank3.json.gz"))  # 109k events
     start = time.perf_counter()
     summarize_trace(trace, window="a100_8rank_rank3")
     elapsed = time.perf_counter() - start

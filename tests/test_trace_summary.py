@@ -12,25 +12,28 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch_tb_profiler.profiler.data import RunProfileData
 from torch_tb_profiler.profiler.run_generator import RunGenerator
 
+from kineto import load
 from lightning_perf import traces
-from lightning_perf.readers import load_kineto
-from lightning_perf.summarize import trace as trace_module
-from lightning_perf.summarize.trace import operator_stats
+from lightning_perf.readers import load_trace
+from lightning_perf.summarize import operators
+from lightning_perf.summarize.events import as_trace
+from lightning_perf.summarize.index import TraceIndex
+from lightning_perf.summarize.operators import operator_stats
 
 
 def _nest_on(mode):
     """Operators nested one by one on a stack, or on arrays (what _nest_arrays does for large threads,
     falling back to the stack for spans that do not nest), whatever the thread's size."""
-    trace_module.ARRAY_MIN_OPERATORS = 10**12 if mode == "stack" else 0
+    operators.ARRAY_MIN_OPERATORS = 10**12 if mode == "stack" else 0
 
 
 @pytest.fixture(autouse=True, params=["stack", "arrays"])
 def nesting(request):
     """Every test here twice: on the stack and on arrays."""
-    saved = trace_module.ARRAY_MIN_OPERATORS
+    saved = operators.ARRAY_MIN_OPERATORS
     _nest_on(request.param)
     yield request.param
-    trace_module.ARRAY_MIN_OPERATORS = saved
+    operators.ARRAY_MIN_OPERATORS = saved
 
 
 def _x(cat, name, ts, dur, tid=1, **args):
@@ -95,7 +98,7 @@ def test_matches_torch_key_averages_on_a_real_profile(tmp_path):
                 optimizer.step()
                 optimizer.zero_grad()
     prof.export_chrome_trace(str(tmp_path / "trace.json"))
-    ours = {s.name: s for s in operator_stats(traces.read_trace(tmp_path / "trace.json"))}
+    ours = {s.name: s for s in operator_stats(load(tmp_path / "trace.json"))}
     theirs = {a.key: a for a in prof.key_averages() if not a.key.startswith("ProfilerStep")}
     assert set(ours) == set(theirs)
     for name, avg in theirs.items():
@@ -104,13 +107,16 @@ def test_matches_torch_key_averages_on_a_real_profile(tmp_path):
         assert op.self_cpu_time == pytest.approx(avg.self_cpu_time_total, rel=0.01, abs=2), name
         assert op.cpu_time == pytest.approx(avg.cpu_time_total, rel=0.01, abs=2), name
         assert op.self_cpu_memory == avg.self_cpu_memory_usage, name
-    by_shape = operator_stats(traces.read_trace(tmp_path / "trace.json"), group_by_input_shape=True)
-    assert {s.input_shapes for s in by_shape if s.name == "aten::addmm"} == {"[[1], [16, 64], [64, 1], [], []]", "[[64], [16, 32], [32, 64], [], []]"}
+    by_shape = operator_stats(load(tmp_path / "trace.json"), group_by_input_shape=True)
+    assert {s.input_shapes for s in by_shape if s.name == "aten::addmm"} == {
+        "[[1], [16, 64], [64, 1], [], []]",
+        "[[64], [16, 32], [32, 64], [], []]",
+    }
 
 
 @pytest.mark.parametrize("name", ["v100_single_rank.json.gz", "a100_nccl_2rank_rank0.json.gz"])
 def test_matches_torch_tb_profilers_operator_table_on_real_gpu_traces(name, gpu_trace):
-    trace = traces.read_trace(gpu_trace(name))
+    trace = load(gpu_trace(name))
     ours = {s.name: s for s in operator_stats(trace)}
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/rank0.pt.trace.json.gz"
@@ -131,7 +137,7 @@ def test_older_traces_give_device_time_to_the_operator_each_runtime_call_runs_in
     # operator's; torch-tb-profiler 0.4.3 then attributes no device time at all ("Runtime ... don't
     # correlate to any operator"). The reference here: the innermost operator open when each call starts, by
     # brute force.
-    trace = traces.read_trace(gpu_trace("sampled_128rank_rank0.json.gz"))
+    trace = load(gpu_trace("sampled_128rank_rank0.json.gz"))
     events = trace["traceEvents"]
     device = {}
     for e in events:
@@ -203,7 +209,11 @@ def _events(spans, seed, cross=()):
 @given(spans=_nested_spans(), seed=st.integers(0, 2**16), shapes=st.booleans())
 # A span starting at its grandparent's end, inside its overhanging parent: the stack makes it that parent's
 # child; the arrays would make it its grandparent's (found by hypothesis).
-@example(spans=[("aten::add", 0, 39.0), ("aten::add", 1, 38.25), ("aten::mm", 1, 38.25), ("aten::add", 39, 0.0)], seed=0, shapes=False)
+@example(
+    spans=[("aten::add", 0, 39.0), ("aten::add", 1, 38.25), ("aten::mm", 1, 38.25), ("aten::add", 39, 0.0)],
+    seed=0,
+    shapes=False,
+)
 def test_arrays_and_stack_nest_operators_alike(spans, seed, shapes, nesting):
     events = _events(spans, seed)
     for event in events:
@@ -215,10 +225,10 @@ def test_arrays_and_stack_nest_operators_alike(spans, seed, shapes, nesting):
     stack = operator_stats(trace, group_by_input_shape=shapes)
     assert _same(arrays, stack)
     if spans and all(dur == int(dur) for _, _, dur in spans):  # spans that nest: the arrays took them
-        index = trace_module._Index.of(trace_module.as_trace(trace))
+        index = TraceIndex.of(as_trace(trace))
         [(thread, ops)] = index.host.items()
-        launches = trace_module._Launches.of(index.device)
-        assert trace_module._nest_arrays(ops, index.columns[thread], launches, shapes, {})
+        launches = operators._Launches.of(index.device)
+        assert operators._nest_arrays(ops, index.columns[thread], launches, shapes, {})
 
 
 _ANY_SPANS = st.lists(
@@ -241,7 +251,7 @@ def _same(a, b):
     key = lambda s: (s.name, s.input_shapes or "")  # noqa: E731
     a, b = sorted(a, key=key), sorted(b, key=key)
     assert [key(s) for s in a] == [key(s) for s in b]
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert (x.calls, x.flops, x.self_cpu_memory) == (y.calls, y.flops, y.self_cpu_memory), x.name
         for field in ("self_cpu_time", "cpu_time", "self_device_time", "device_time"):
             assert getattr(x, field) == pytest.approx(getattr(y, field), abs=1e-9), (x.name, field)
@@ -252,11 +262,11 @@ def test_spans_that_do_not_nest_go_to_the_stack(nesting):
     # aten::mm starts inside aten::add and ends after it, and aten::relu starts in between: the stack makes
     # it aten::mm's child, which the arrays cannot, so they give up (and add nothing).
     events = [_x("cpu_op", "aten::add", 0, 10), _x("cpu_op", "aten::mm", 5, 10), _x("cpu_op", "aten::relu", 12, 1)]
-    index = trace_module._Index.of(trace_module.as_trace({"traceEvents": events}))
+    index = TraceIndex.of(as_trace({"traceEvents": events}))
     [(thread, spans)] = index.host.items()
     totals = {}
-    launches = trace_module._Launches.of([])
-    assert not trace_module._nest_arrays(spans, index.columns[thread], launches, False, totals) and totals == {}
+    launches = operators._Launches.of([])
+    assert not operators._nest_arrays(spans, index.columns[thread], launches, False, totals) and totals == {}
     stats = _stats(*events)
     assert [stats[name].self_cpu_time for name in ("aten::add", "aten::mm", "aten::relu")] == [0, 9, 1]
 
@@ -272,11 +282,11 @@ def test_spans_whose_end_rounds_to_their_start_nest_on_arrays(nesting):
         _x("cpu_op", "aten::result_type", base + 0.25, 0.211),
         _x("cpu_op", "aten::empty", base + 0.5, 0.5),
     ]
-    index = trace_module._Index.of(trace_module.as_trace({"traceEvents": events}))
+    index = TraceIndex.of(as_trace({"traceEvents": events}))
     [(thread, spans)] = index.host.items()
     assert index.columns[thread].ends[1] == index.columns[thread].starts[1]  # 0.121 us rounded away
     totals = {}
-    assert trace_module._nest_arrays(spans, index.columns[thread], trace_module._Launches.of([]), False, totals)
+    assert operators._nest_arrays(spans, index.columns[thread], operators._Launches.of([]), False, totals)
     stats = _stats(*events)
     assert stats["aten::to"].self_cpu_time == pytest.approx(2.0 - 0.121 - 0.211 - 0.5)
     assert stats["aten::result_type"].calls == 2
@@ -285,10 +295,10 @@ def test_spans_whose_end_rounds_to_their_start_nest_on_arrays(nesting):
 def test_every_large_thread_of_the_gpu_traces_nests_on_arrays(gpu_trace):
     # Including the V100 trace's main thread, whose sub-microsecond spans end where they start once rounded.
     for name in ("v100_single_rank", "a100_nccl_2rank_rank0", "v100_2rank_rank1"):
-        trace = load_kineto(gpu_trace(f"{name}.json.gz"))
-        index = trace_module._Index.of(trace)
-        launches = trace_module._Launches.of(index.device)
+        trace = load_trace(gpu_trace(f"{name}.json.gz"))
+        index = TraceIndex.of(trace)
+        launches = operators._Launches.of(index.device)
         large = [(thread, spans) for thread, spans in index.host.items() if len(spans) >= 1000]
         assert len(large) == 2, name  # the main thread and the autograd one
         for thread, spans in large:
-            assert trace_module._nest_arrays(spans, index.columns[thread], launches, False, {}), (name, thread)
+            assert operators._nest_arrays(spans, index.columns[thread], launches, False, {}), (name, thread)

@@ -1,4 +1,5 @@
-"""The trace rewrite for torch-tb-profiler, on synthetic events and on real GPU traces read by the plugin's own loader."""
+"""The trace rewrite for torch-tb-profiler, on synthetic events and on real GPU traces read by the plugin's own
+loader; the steps' spans kept, found and numbered; atomic gzipped writes."""
 
 import copy
 import gzip
@@ -10,6 +11,7 @@ from torch_tb_profiler.consts import WORKER_PATTERN
 from torch_tb_profiler.profiler.data import RunProfileData
 from torch_tb_profiler.profiler.run_generator import RunGenerator
 
+from kineto import load
 from lightning_perf import layout, traces
 from lightning_perf.cli import UsageError, find_traces
 
@@ -64,13 +66,40 @@ def test_keep_steps_keeps_the_last_span_of_each_recorded_batch():
     assert any(e["name"] == "aten::mm" for e in trace["traceEvents"])
 
 
+@pytest.mark.parametrize(
+    ("name", "number"),
+    [
+        ("ProfilerStep#0", 0),
+        ("ProfilerStep#12", 12),
+        ("ProfilerStep#x", None),  # a ProfilerStep# name whose rest is no integer: no step
+        ("ProfilerStep#", None),
+        ("ProfilerStep", None),
+        ("aten::mm", None),
+        (None, None),  # a name of another type (a fuzzed trace's)
+        (3, None),
+    ],
+)
+def test_step_number_reads_n_of_a_profiler_step_span_s_name(name, number):
+    assert traces.step_number(name) == number
+
+
+def test_profiler_steps_are_the_complete_events_named_profilerstep_n():
+    trace = _trace(
+        _event("user_annotation", "ProfilerStep#2", 0, 10),
+        {"ph": "i", "name": "ProfilerStep#3", "ts": 5},  # not a span
+        _event("user_annotation", "ProfilerStep#x", 10, 5),  # not a step's name
+        _event("user_annotation", "ProfilerStep#4", 20, 10),
+    )
+    assert list(traces.profiler_steps(trace)) == [(2, 0.0, 10.0), (4, 20.0, 30.0)]
+
+
 def test_write_trace_is_gzip_json_and_leaves_no_temporary_file(tmp_path):
     path = tmp_path / "rank0.pt.trace.json.gz"
     traces.write_trace(_trace(_event("cpu_op", "aten::mm", 0, 1)), path)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
     with gzip.open(path, "rt") as f:
         assert json.load(f)["traceEvents"][0]["name"] == "aten::mm"
-    assert traces.read_trace(path) == _trace(_event("cpu_op", "aten::mm", 0, 1))
+    assert load(path) == _trace(_event("cpu_op", "aten::mm", 0, 1))
 
 
 def _plugin_profile(path, tmp_path):
@@ -84,7 +113,7 @@ def _overview_shares(profile):
 
 @pytest.mark.parametrize("name", ["v100_single_rank.json.gz", "a100_nccl_2rank_rank0.json.gz"])
 def test_real_gpu_trace_shows_runtime_and_operator_device_time_only_after_rewrite(name, gpu_trace, tmp_path):
-    trace = traces.read_trace(gpu_trace(name))
+    trace = load(gpu_trace(name))
     as_recorded = tmp_path / "as_recorded.pt.trace.json.gz"
     rewritten = tmp_path / "rewritten.pt.trace.json.gz"
     traces.write_trace(trace, as_recorded)
@@ -104,7 +133,8 @@ def test_a_staged_trace_is_gzipped_under_a_name_no_trace_reader_picks_up(tmp_pat
     final = str(tmp_path / layout.trace_filename(0))
     staged = layout.staged_path(final)
     traces.write_trace({"traceEvents": []}, staged)
-    assert gzip.decompress(open(staged, "rb").read()) == b'{"traceEvents":[]}'  # gzipped, as the final one
+    with open(staged, "rb") as f:
+        assert gzip.decompress(f.read()) == b'{"traceEvents":[]}'  # gzipped, as the final one
     assert WORKER_PATTERN.match(os.path.basename(final)) and not WORKER_PATTERN.match(os.path.basename(staged))
     with pytest.raises(UsageError, match="holds no Kineto trace"):  # nor the offline CLI
         find_traces([str(tmp_path)])

@@ -87,11 +87,14 @@ class DigitFiles(Dataset):
     def __getitem__(self, i: int):
         image = Image.open(self.paths[i]).convert("L").resize((SIZE, SIZE), Image.BILINEAR)
         if self.augment:
-            image = image.rotate(float(np.random.uniform(-MAX_ANGLE, MAX_ANGLE)), resample=Image.BILINEAR)
+            # numpy's global RNG on purpose: `seed_everything(workers=True)` seeds it in each worker, where a
+            # Generator made here would be copied, and every worker would draw the same numbers.
+            angle = float(np.random.uniform(-MAX_ANGLE, MAX_ANGLE))  # noqa: NPY002
+            image = image.rotate(angle, resample=Image.BILINEAR)
         x = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).unsqueeze(0)
         if self.augment:  # random shift: pad, then crop SIZE x SIZE at a random offset
             x = F.pad(x, (MAX_SHIFT,) * 4)
-            top, left = np.random.randint(0, 2 * MAX_SHIFT + 1, size=2)
+            top, left = np.random.randint(0, 2 * MAX_SHIFT + 1, size=2)  # noqa: NPY002 - as above
             x = x[:, top : top + SIZE, left : left + SIZE]
         return (x - 0.5) / 0.5, self.labels[i]
 

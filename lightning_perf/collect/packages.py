@@ -13,6 +13,7 @@ classes are looked up only when it is already in ``sys.modules``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 
@@ -29,8 +30,7 @@ def lightning_classes(module: str, name: str) -> tuple[type, ...]:
     """
     classes = [getattr(importlib.import_module(f"lightning.pytorch.{module}"), name)]
     if STANDALONE in sys.modules:
-        try:
+        # (ImportError, AttributeError: another version, without that class: none of its objects exist)
+        with contextlib.suppress(ImportError, AttributeError):
             classes.append(getattr(importlib.import_module(f"{STANDALONE}.{module}"), name))
-        except (ImportError, AttributeError):  # another version, without that class: none of its objects exist
-            pass
     return tuple(classes)

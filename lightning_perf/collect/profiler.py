@@ -17,7 +17,6 @@ boundaries chosen by the callback.
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import tempfile
@@ -29,18 +28,11 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 
 from lightning_perf import traces
+from lightning_perf.collect.window import WindowState
 
 # Toggling only some activity kinds makes torch print a warning on every toggle; toggling all the kinds it
 # knows is silent, and kinds the session does not collect are ignored.
 _ALL_ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.CUDA, ProfilerActivity.XPU]
-
-
-class WindowState(enum.Enum):
-    CREATED = "created"
-    WARMING_UP = "warming up"
-    RECORDING = "recording"
-    PAUSED = "paused"
-    STOPPED = "stopped"
 
 
 def torch_profiler_active() -> bool:

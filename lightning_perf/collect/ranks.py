@@ -22,9 +22,8 @@ Notes:
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import datetime
-import math
 import threading
 import time
 from collections.abc import Sequence
@@ -34,9 +33,8 @@ from typing import Any, Generic, TypeVar
 import torch
 import torch.distributed as dist
 
-from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, share
-
-FIELDS = tuple(f.name for f in dataclasses.fields(RankSummary) if f.name != "rank")
+from lightning_perf.records import RankSummary
+from lightning_perf.summarize.ranks import rank_summaries
 
 #: How long rank zero waits at an epoch end for the other ranks' summaries, and a rank at the end of a run
 #: for the gathers it issued. The ranks of a DDP run move in lockstep (every backward pass all-reduces the
@@ -53,28 +51,6 @@ EXCEPTION_WAIT_SECONDS = 5.0
 _MIN_WAIT = datetime.timedelta(milliseconds=1)
 
 _Payload = TypeVar("_Payload")
-
-
-def rank_values(summary: EpochSummary | None, windows: Sequence[TraceSummary]) -> list[float]:
-    """This rank's numbers for :data:`FIELDS`, NaN where unknown."""
-    shares = [s for w in windows if (s := share(w.communication_exposed_time, w)) is not None]
-    values = {
-        "communication_share": max(shares, default=None),
-        **(
-            {name: getattr(summary, name) for name in FIELDS if hasattr(summary, name)}
-            if summary is not None and summary.batches
-            else {}
-        ),
-    }
-    return [math.nan if values.get(name) is None else float(values[name]) for name in FIELDS]
-
-
-def rank_summaries(rows: Sequence[Sequence[float]]) -> tuple[RankSummary, ...]:
-    """One :class:`RankSummary` per row of :data:`FIELDS` values, by global rank (NaN: unknown)."""
-    return tuple(
-        RankSummary(rank=rank, **{name: (None if math.isnan(v) else v) for name, v in zip(FIELDS, row)})
-        for rank, row in enumerate(rows)
-    )
 
 
 @dataclass(frozen=True)
@@ -117,7 +93,8 @@ class RankExchange(Generic[_Payload]):
         return cls(dist.new_group(backend="gloo"), dist.get_world_size())
 
     def issue(self, values: Sequence[float], payload: _Payload) -> None:
-        """Starts the gather of this rank's ``values`` (one per :data:`FIELDS`) and returns at once.
+        """Starts the gather of this rank's ``values`` (one per
+        :data:`~lightning_perf.summarize.ranks.FIELDS`) and returns at once.
 
         ``payload`` is handed back by :meth:`poll` or :meth:`drain` once the gather is done.
         """
@@ -187,10 +164,8 @@ class RankExchange(Generic[_Payload]):
 def _hold_until_done(group: Any, works: Sequence[Any]) -> None:
     """Keeps ``group`` until its ``works`` end (``Work.wait`` lets the GIL go meanwhile), then drops it."""
     for work in works:
-        try:
+        with contextlib.suppress(RuntimeError):  # failed: ended all the same
             work.wait()
-        except RuntimeError:  # failed: ended all the same
-            pass
     del group
 
 

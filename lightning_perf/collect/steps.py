@@ -18,10 +18,10 @@ How the split is measured, for each batch ``k`` of a stage's epoch:
   ``on_validation_epoch_start``; :mod:`lightning_perf.collect.loops` times that and the caller passes it to
   :meth:`StepClock.epoch_start`.
 - **CPU demand during the wait** (:class:`~lightning_perf.collect.cpu.CpuDemand`): over the data wait of
-  every ``CPU_SAMPLE_EVERY``-th batch (batches 1, 5, 9, ...), the process's CPU time (all its threads; not its worker processes') plus
-  the time its main thread waited in the kernel's run queue for a CPU (a busy machine): close to the wait
-  itself when the training process loads the batch with its CPU, close to zero when it waits for workers,
-  a disk or the network. A few microseconds per sampled batch (two system calls).
+  every ``CPU_SAMPLE_EVERY``-th batch (batches 1, 5, 9, ...), the process's CPU time (all its threads; not its
+  worker processes') plus the time its main thread waited in the kernel's run queue for a CPU (a busy machine):
+  close to the wait itself when the training process loads the batch with its CPU, close to zero when it waits
+  for workers, a disk or the network. A few microseconds per sampled batch (two system calls).
 
 Accuracy on CUDA: all three are host-side times. The host may run ahead of the device by the kernels it has
 queued, so a single batch's compute can be short and the next batch's data wait long (the host waits in

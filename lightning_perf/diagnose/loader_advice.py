@@ -41,7 +41,8 @@ import math
 from dataclasses import dataclass
 
 from lightning_perf.diagnose.model import RunFacts, StageEpoch
-from lightning_perf.diagnose.rules import cpus_per_process, ms, on_cuda, percent
+from lightning_perf.diagnose.rule_helpers import cpus_per_process, on_cuda
+from lightning_perf.units import ms, percent
 
 # Advice only: the most workers we suggest. Lightning suggests up to the CPUs per device minus one
 # (`suggested_max_num_workers`); beyond about 8 workers returns diminish for most pipelines while each worker

@@ -9,21 +9,11 @@ copy to it).
 from __future__ import annotations
 
 from lightning_perf.diagnose.loader_advice import loader_advice, loading, loading_evidence
-from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
-from lightning_perf.diagnose.rules import (
-    below,
-    finding,
-    in_window,
-    limit,
-    ms,
-    on_cuda,
-    percent,
-    reaches,
-    stage_name,
-    strongest,
-)
+from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch
+from lightning_perf.diagnose.rule_helpers import below, finding, in_window, on_cuda, reaches, stage_name, strongest
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import share
+from lightning_perf.units import limit, ms, percent
 
 
 def loader_facts(facts: RunFacts) -> str:
@@ -68,7 +58,7 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         return None
     if below(epoch.data_wait / measured, t.dataloader_min_wait):
         return None
-    severity = "critical" if reaches(fraction, t.dataloader_critical) else "warning"
+    severity: Severity = "critical" if reaches(fraction, t.dataloader_critical) else "warning"
     facts = ctx.facts
     load = loading(ctx)
     evidence = [
@@ -126,7 +116,11 @@ def h2d_copy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f" ({ms(window.h2d_exposed_time or 0.0)} of {ms(window.step_time)}, copies {ms(window.h2d_time or 0.0)}"
         f" in all) {in_window(window, len(ctx.windows))} (warning >= {limit(t.h2d_copy)} and"
         f" >= {ms(t.h2d_min_time)} per step)",
-        {True: "some copies come from pageable memory", False: "copies come from pinned memory"}.get(pageable, ""),
+        ""
+        if pageable is None
+        else "some copies come from pageable memory"
+        if pageable
+        else "copies come from pinned memory",
         f"pin_memory={facts.pin_memory}" if facts.pin_memory is not None else "",
     ]
     advice = []

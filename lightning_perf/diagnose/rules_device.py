@@ -8,30 +8,27 @@ How well the step keeps its compute device busy: ``host_sync``, ``device_idle``,
 
 from __future__ import annotations
 
-from lightning_perf.diagnose.model import Finding, StageEpoch
-from lightning_perf.diagnose.rules import (
+from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
+from lightning_perf.diagnose.rule_helpers import (
     FP32_PRECISIONS,
     below,
     cpus_per_process,
     finding,
     in_window,
-    limit,
-    ms,
     on_cuda,
-    percent,
     reaches,
     stage_name,
     step_method,
     strongest,
-    us,
 )
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import TraceSummary, share
+from lightning_perf.units import limit, ms, percent, us
 
 # Tensor-core GPUs without bf16 or TF32 (Volta, Turing): there, only fp16 ("16-mixed") uses the tensor cores.
 PRE_AMPERE_NAMES = ("V100", "GV100", "TITAN V", "T4", "TITAN RTX", "RTX 20", "QUADRO RTX")
 # What the summary counts as a tiny operator, in seconds, for the evidence's text: the summary's own cutoff
-# (lightning_perf.summarize.trace.TINY_OP_US), which this package cannot import (numpy); a test holds them equal.
+# (lightning_perf.summarize.step_summary.TINY_OP_US), which this package cannot import (numpy); a test holds them equal.
 TINY_OP_TIME = 20e-6
 
 
@@ -185,7 +182,7 @@ def device_idle(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     if best is None or not below(best[1], t.device_busy_warning):
         return None
     window, busy = best
-    severity = "critical" if below(busy, t.device_busy_critical) else "warning"
+    severity: Severity = "critical" if below(busy, t.device_busy_critical) else "warning"
     evidence = [
         f"GPU busy {percent(busy)} of the step ({ms(window.device_busy or 0.0)} of {ms(window.step_time)})"
         f" {in_window(window, len(ctx.windows))}"
@@ -362,14 +359,14 @@ def cpu_threads(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     """
     facts = ctx.facts
     threads, cpus = facts.torch_threads, facts.cpu_count
-    if facts.device != "cpu" or threads is None or cpus is None:
+    per_process = cpus_per_process(facts)  # None exactly when cpus is
+    if facts.device != "cpu" or threads is None or cpus is None or per_process is None:
         return None
     if reaches(ctx.epoch.data_wait_fraction, t.dataloader_warning) or below(
         ctx.epoch.step_time_p50, t.cpu_threads_min_step
     ):
         return None
     workers = facts.num_workers or 0
-    per_process = cpus_per_process(facts)  # (cpus is known: at least 1)
     available = max(1, per_process - workers)
     if threads >= available:
         return None

@@ -10,21 +10,18 @@ from __future__ import annotations
 import statistics
 
 from lightning_perf.diagnose.model import Finding, StageEpoch
-from lightning_perf.diagnose.rules import (
+from lightning_perf.diagnose.rule_helpers import (
     finding,
     in_window,
-    limit,
-    ms,
     on_cuda,
-    percent,
     reaches,
     stage_name,
     step_method,
     strongest,
-    times,
 )
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import share
+from lightning_perf.units import limit, ms, percent, times
 
 
 def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:

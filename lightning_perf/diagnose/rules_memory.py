@@ -10,22 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lightning_perf.diagnose.model import Finding, StageEpoch
-from lightning_perf.diagnose.rules import (
+from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
+from lightning_perf.diagnose.rule_helpers import (
     FP32_PRECISIONS,
     batch_end_hook,
     epoch_end_hook,
     finding,
-    limit,
     on_cuda,
-    percent,
     reaches,
-    size,
     stage_name,
     step_method,
 )
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary
+from lightning_perf.units import limit, percent, size
 
 
 def memory_pressure(ctx: StageEpoch, t: Thresholds) -> Finding | None:
@@ -45,7 +43,7 @@ def memory_pressure(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     fraction = reserved / capacity
     if not reaches(fraction, t.memory_pressure_warning):
         return None
-    severity = "critical" if reaches(fraction, t.memory_pressure_critical) else "warning"
+    severity: Severity = "critical" if reaches(fraction, t.memory_pressure_critical) else "warning"
     evidence = [
         f"peak reserved {size(reserved)} of {size(capacity)} ({percent(fraction)})"
         f" (warning >= {limit(t.memory_pressure_warning)}, critical >= {limit(t.memory_pressure_critical)})"

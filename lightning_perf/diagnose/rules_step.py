@@ -8,27 +8,25 @@ Where the step's time goes besides the model's forward and backward: ``optimizer
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import Finding, StageEpoch
-from lightning_perf.diagnose.rules import (
+from lightning_perf.diagnose.rule_helpers import (
     batch_end_hook,
     finding,
     in_window,
-    limit,
-    ms,
     on_cuda,
-    percent,
     reaches,
     stage_name,
     step_method,
     strongest,
-    times,
 )
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary, share
+from lightning_perf.units import limit, ms, percent, times
 
 # Lightning's default `Trainer(log_every_n_steps=...)`: spikes with this period are most likely logging.
 LIGHTNING_LOG_EVERY_N_STEPS = 50
@@ -64,9 +62,11 @@ def optimizer_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f"optimizer update {percent(value)} of the step ({ms(window.optimizer_update_time)} of"
         f" {ms(window.step_time)}, {window.optimizer_update_ops:,.0f} operators) {in_window(window, len(ctx.windows))}"
         f" (warning >= {limit(t.optimizer_update)} and >= {ms(t.optimizer_min_time)} per step)",
-        {True: "multi-tensor (foreach) or fused kernels", False: "a loop over the parameters (no foreach)"}.get(
-            foreach, ""
-        ),
+        ""
+        if foreach is None
+        else "multi-tensor (foreach) or fused kernels"
+        if foreach
+        else "a loop over the parameters (no foreach)",
     ]
     smaller = (
         " Fewer, larger parameter tensors (e.g. one fused QKV projection instead of three) and fewer optimizer"
@@ -240,7 +240,7 @@ def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
            at least ``REGULAR_SHARE`` of the period's slots between the first and the last of them (indices
            that merely share a residue of a short period, far apart, are a coincidence).
     """
-    gaps = [b - a for a, b in zip(indices, indices[1:]) if b - a >= 2]
+    gaps = [b - a for a, b in itertools.pairwise(indices) if b - a >= 2]
     if len(indices) < 3 or not gaps:
         return None
     # Of the gaps most others are within one of, the most common: a stray spike one batch before a periodic

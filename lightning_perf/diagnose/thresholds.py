@@ -11,10 +11,21 @@ it is our own judgment, the comment says that, and why.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
+
+from lightning_perf.validation import (
+    BYTES,
+    COUNT,
+    FRACTION,
+    NON_NEGATIVE,
+    RATIO,
+    SECONDS,
+    declared,
+    field_problems,
+    kinds_of,
+)
 
 # --- dataloader_bound -----------------------------------------------------------------------------------
 # torch-tb-profiler's Overview recommends "set num_workers" when the DataLoader takes more than 5% of the
@@ -62,7 +73,7 @@ DEVICE_IDLE_MIN_TIME = 0.5e-3
 LAUNCH_KERNEL_TIME = 10e-6
 LAUNCH_DEVICE_BUSY = 0.80
 # On CPU there is no launch, but each eager operator pays ~5-20 us of dispatch and Python, so operators
-# shorter than 20 us (`lightning_perf.summarize.trace.TINY_OP_US`) are mostly that cost. The rule judges the
+# shorter than 20 us (`lightning_perf.summarize.step_summary.TINY_OP_US`) are mostly that cost. The rule judges the
 # step's own compute (the DataLoader's per-sample work is dataloader_bound's) by the share of the step in
 # such tiny operators and the Python gaps that dispatch them (TraceSummary.tiny_op_time). Our judgment, from
 # profiles on a 2-core CPU: compute-bound steps hold 1-10% in the operators alone (issue 12's programs: a VAE
@@ -191,27 +202,12 @@ CPU_THREADS_WARNING = 0.50
 # too little such work for more threads to win anything measurable (our judgment).
 CPU_THREADS_MIN_STEP = 1e-3
 
-# How each field is checked: fraction 0..1, ratio >= 1, seconds >= 0, number >= 0, integer >= 1, bytes.
-_KIND = "kind"
-_FRACTION, _RATIO, _SECONDS, _NUMBER, _COUNT, _BYTES = "fraction", "ratio", "seconds", "number", "count", "bytes"
-_ALLOWED = {
-    _FRACTION: "must be a fraction between 0 and 1",
-    _RATIO: "must be a ratio >= 1",
-    _SECONDS: "must be a number of seconds >= 0",
-    _NUMBER: "must be a number >= 0",
-    _COUNT: "must be an integer >= 1",
-    _BYTES: "must be a number of bytes, an integer >= 0",
-}
 # (lower, higher): the first must not exceed the second.
 _ORDERED = (
     ("dataloader_warning", "dataloader_critical"),
     ("device_busy_critical", "device_busy_warning"),
     ("memory_pressure_warning", "memory_pressure_critical"),
 )
-
-
-def _field(default: float, kind: str) -> Any:
-    return field(default=default, metadata={_KIND: kind})
 
 
 class _class_or_instance_method:
@@ -292,55 +288,55 @@ class Thresholds:
         Thresholds().with_overrides({"dataloader_warning": 0.2, "validation": 0.5})
     """
 
-    dataloader_warning: float = _field(DATALOADER_WARNING, _FRACTION)
-    dataloader_critical: float = _field(DATALOADER_CRITICAL, _FRACTION)
-    dataloader_min_wait: float = _field(DATALOADER_MIN_WAIT, _SECONDS)
-    host_sync_per_step: float = _field(HOST_SYNC_PER_STEP, _NUMBER)
-    host_sync_idle: float = _field(HOST_SYNC_IDLE, _FRACTION)
-    host_sync_min_idle: float = _field(HOST_SYNC_MIN_IDLE, _SECONDS)
-    device_busy_warning: float = _field(DEVICE_BUSY_WARNING, _FRACTION)
-    device_busy_critical: float = _field(DEVICE_BUSY_CRITICAL, _FRACTION)
-    device_idle_min_time: float = _field(DEVICE_IDLE_MIN_TIME, _SECONDS)
-    launch_kernel_time: float = _field(LAUNCH_KERNEL_TIME, _SECONDS)
-    launch_device_busy: float = _field(LAUNCH_DEVICE_BUSY, _FRACTION)
-    launch_cpu_tiny_ops: float = _field(LAUNCH_CPU_TINY_OPS, _FRACTION)
-    launch_cpu_min_time: float = _field(LAUNCH_CPU_MIN_TIME, _SECONDS)
-    h2d_copy: float = _field(H2D_COPY, _FRACTION)
-    h2d_min_time: float = _field(H2D_MIN_TIME, _SECONDS)
-    precision_fp32_gemm: float = _field(PRECISION_FP32_GEMM, _FRACTION)
-    precision_min_time: float = _field(PRECISION_MIN_TIME, _SECONDS)
-    memory_pressure_warning: float = _field(MEMORY_PRESSURE_WARNING, _FRACTION)
-    memory_pressure_critical: float = _field(MEMORY_PRESSURE_CRITICAL, _FRACTION)
-    memory_fragmentation: float = _field(MEMORY_FRAGMENTATION, _FRACTION)
-    memory_growth_epochs: int = _field(MEMORY_GROWTH_EPOCHS, _COUNT)
-    memory_growth_fraction: float = _field(MEMORY_GROWTH_FRACTION, _NUMBER)
-    memory_growth_bytes: int = _field(MEMORY_GROWTH_BYTES, _BYTES)
-    optimizer_update: float = _field(OPTIMIZER_UPDATE, _FRACTION)
-    optimizer_min_time: float = _field(OPTIMIZER_MIN_TIME, _SECONDS)
-    validation: float = _field(VALIDATION, _FRACTION)
-    validation_min_time: float = _field(VALIDATION_MIN_TIME, _SECONDS)
-    framework_overhead: float = _field(FRAMEWORK_OVERHEAD, _FRACTION)
-    framework_min_time: float = _field(FRAMEWORK_MIN_TIME, _SECONDS)
-    step_p90_p50: float = _field(STEP_P90_P50, _RATIO)
-    step_spike_factor: float = _field(STEP_SPIKE_FACTOR, _RATIO)
-    step_spike_count: int = _field(STEP_SPIKE_COUNT, _COUNT)
-    step_min_spread: float = _field(STEP_MIN_SPREAD, _SECONDS)
-    step_min_spike: float = _field(STEP_MIN_SPIKE, _SECONDS)
-    communication: float = _field(COMMUNICATION, _FRACTION)
-    communication_min_time: float = _field(COMMUNICATION_MIN_TIME, _SECONDS)
-    rank_straggler: float = _field(RANK_STRAGGLER, _RATIO)
-    rank_straggler_cost: float = _field(RANK_STRAGGLER_COST, _FRACTION)
-    rank_straggler_min_time: float = _field(RANK_STRAGGLER_MIN_TIME, _SECONDS)
-    cpu_threads_warning: float = _field(CPU_THREADS_WARNING, _FRACTION)
-    cpu_threads_min_step: float = _field(CPU_THREADS_MIN_STEP, _SECONDS)
+    dataloader_warning: float = declared(FRACTION, DATALOADER_WARNING)
+    dataloader_critical: float = declared(FRACTION, DATALOADER_CRITICAL)
+    dataloader_min_wait: float = declared(SECONDS, DATALOADER_MIN_WAIT)
+    host_sync_per_step: float = declared(NON_NEGATIVE, HOST_SYNC_PER_STEP)
+    host_sync_idle: float = declared(FRACTION, HOST_SYNC_IDLE)
+    host_sync_min_idle: float = declared(SECONDS, HOST_SYNC_MIN_IDLE)
+    device_busy_warning: float = declared(FRACTION, DEVICE_BUSY_WARNING)
+    device_busy_critical: float = declared(FRACTION, DEVICE_BUSY_CRITICAL)
+    device_idle_min_time: float = declared(SECONDS, DEVICE_IDLE_MIN_TIME)
+    launch_kernel_time: float = declared(SECONDS, LAUNCH_KERNEL_TIME)
+    launch_device_busy: float = declared(FRACTION, LAUNCH_DEVICE_BUSY)
+    launch_cpu_tiny_ops: float = declared(FRACTION, LAUNCH_CPU_TINY_OPS)
+    launch_cpu_min_time: float = declared(SECONDS, LAUNCH_CPU_MIN_TIME)
+    h2d_copy: float = declared(FRACTION, H2D_COPY)
+    h2d_min_time: float = declared(SECONDS, H2D_MIN_TIME)
+    precision_fp32_gemm: float = declared(FRACTION, PRECISION_FP32_GEMM)
+    precision_min_time: float = declared(SECONDS, PRECISION_MIN_TIME)
+    memory_pressure_warning: float = declared(FRACTION, MEMORY_PRESSURE_WARNING)
+    memory_pressure_critical: float = declared(FRACTION, MEMORY_PRESSURE_CRITICAL)
+    memory_fragmentation: float = declared(FRACTION, MEMORY_FRAGMENTATION)
+    memory_growth_epochs: int = declared(COUNT, MEMORY_GROWTH_EPOCHS)
+    memory_growth_fraction: float = declared(NON_NEGATIVE, MEMORY_GROWTH_FRACTION)
+    memory_growth_bytes: int = declared(BYTES, MEMORY_GROWTH_BYTES)
+    optimizer_update: float = declared(FRACTION, OPTIMIZER_UPDATE)
+    optimizer_min_time: float = declared(SECONDS, OPTIMIZER_MIN_TIME)
+    validation: float = declared(FRACTION, VALIDATION)
+    validation_min_time: float = declared(SECONDS, VALIDATION_MIN_TIME)
+    framework_overhead: float = declared(FRACTION, FRAMEWORK_OVERHEAD)
+    framework_min_time: float = declared(SECONDS, FRAMEWORK_MIN_TIME)
+    step_p90_p50: float = declared(RATIO, STEP_P90_P50)
+    step_spike_factor: float = declared(RATIO, STEP_SPIKE_FACTOR)
+    step_spike_count: int = declared(COUNT, STEP_SPIKE_COUNT)
+    step_min_spread: float = declared(SECONDS, STEP_MIN_SPREAD)
+    step_min_spike: float = declared(SECONDS, STEP_MIN_SPIKE)
+    communication: float = declared(FRACTION, COMMUNICATION)
+    communication_min_time: float = declared(SECONDS, COMMUNICATION_MIN_TIME)
+    rank_straggler: float = declared(RATIO, RANK_STRAGGLER)
+    rank_straggler_cost: float = declared(FRACTION, RANK_STRAGGLER_COST)
+    rank_straggler_min_time: float = declared(SECONDS, RANK_STRAGGLER_MIN_TIME)
+    cpu_threads_warning: float = declared(FRACTION, CPU_THREADS_WARNING)
+    cpu_threads_min_step: float = declared(SECONDS, CPU_THREADS_MIN_STEP)
 
     def __post_init__(self) -> None:
         problems = _problems({f.name: getattr(self, f.name) for f in fields(self)})
         if problems:
             raise ValueError("Invalid thresholds: " + "; ".join(problems))
-        for f in fields(self):
-            if f.metadata[_KIND] in (_COUNT, _BYTES):  # a config file may give 3.0
-                object.__setattr__(self, f.name, int(getattr(self, f.name)))
+        for name, kind in kinds_of(Thresholds).items():
+            if kind in (COUNT, BYTES):  # a config file may give 3.0
+                object.__setattr__(self, name, int(getattr(self, name)))
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -372,34 +368,12 @@ class Thresholds:
         return Thresholds(**values)
 
 
-def _kinds() -> dict[str, str]:
-    return {f.name: f.metadata[_KIND] for f in fields(Thresholds)}
-
-
 def _problems(values: Mapping[str, Any], only: set[str] | None = None) -> list[str]:
     """What is wrong with ``values``: each bad value (of the names in ``only``, if given), then bad orders."""
-    kinds = _kinds()
-    problems = [
-        f"{name}={value!r}: {_ALLOWED[kinds[name]]}"
-        for name, value in values.items()
-        if (only is None or name in only) and not _valid(kinds[name], value)
-    ]
+    problems = field_problems(Thresholds, values, only=only)
+    kinds = kinds_of(Thresholds)
     for low, high in _ORDERED:
         a, b = values[low], values[high]
-        if _valid(kinds[low], a) and _valid(kinds[high], b) and a > b:
+        if kinds[low].accepts(a) and kinds[high].accepts(b) and a > b:
             problems.append(f"{low}={a!r} > {high}={b!r}: {low} must not exceed {high}")
     return problems
-
-
-def _valid(kind: str, value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return False
-    if kind == _FRACTION:
-        return 0 <= value <= 1
-    if kind == _RATIO:
-        return value >= 1
-    if kind == _COUNT:
-        return value >= 1 and float(value).is_integer()
-    if kind == _BYTES:
-        return value >= 0 and float(value).is_integer()
-    return value >= 0

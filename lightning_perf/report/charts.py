@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lightning_perf.units import count, duration, percent
+
 DATA_WAIT_COLOUR = (230, 120, 30)
 """Orange: the part of a step spent waiting for the next batch."""
 COMPUTE_COLOUR = (40, 110, 200)
@@ -214,27 +216,14 @@ def step_split_image(
     classes[:baseline, cols] = area
 
     # The caps over clipped bars, in the margin above the plot area; widened to _CAP_MIN_WIDTH over thin bars.
-    capped = np.zeros(bars.width, dtype=bool)
+    capped: np.ndarray = np.zeros(bars.width, dtype=bool)
     capped[cols] = clipped[bar_of_column[in_bar]]
     overhang = max(0, (_CAP_MIN_WIDTH - bars.bar_width + 1) // 2)
     if overhang and capped.any():
         padded = np.pad(capped, overhang)
-        capped = np.lib.stride_tricks.sliding_window_view(padded, 2 * overhang + 1).any(axis=1)
+        capped = np.asarray(np.lib.stride_tricks.sliding_window_view(padded, 2 * overhang + 1).any(axis=1))
     classes[_TOP_MARGIN - _CAP_HEIGHT : _TOP_MARGIN, capped] = _CLIP
     return _PALETTE[classes]
-
-
-def _duration(seconds: float) -> str:
-    """``seconds`` in the unit that reads best, to about three significant digits: ``"41.2 ms"``."""
-    if seconds == 0:
-        return "0 ms"
-    for unit, factor in (("s", 1.0), ("ms", 1e3), ("µs", 1e6)):
-        value = seconds * factor
-        if value >= 0.9995 or unit == "µs":
-            break
-    if value >= 99.95:
-        return f"{value:.0f} {unit}"
-    return f"{value:.1f} {unit}" if value >= 9.995 else f"{value:.2f} {unit}"
 
 
 def step_split_caption(data_wait: Sequence[float], compute: Sequence[float], *, max_width: int = 800) -> str:
@@ -243,7 +232,7 @@ def step_split_caption(data_wait: Sequence[float], compute: Sequence[float], *, 
     It names the colours, the number of batches (and how many were merged into each bar when there were
     more than ``max_width``), the time the full height of the plot area stands for, how many bars were
     clipped, the median step time and the data-wait share: the sum of the data wait over the sum of the
-    step times.
+    step times, as a percentage with one decimal rounded down (as every share: :mod:`lightning_perf.units`).
 
     Args:
         data_wait: Seconds each batch's step spent waiting for the data, as given to the image.
@@ -263,28 +252,28 @@ def step_split_caption(data_wait: Sequence[float], compute: Sequence[float], *, 
     n = len(bars.data_wait)
     if n == 0:
         return "Step time: no batches, nothing to chart."
-    batches = f"{n:,} batch" if n == 1 else f"{n:,} batches"
+    batches = f"{count(n)} batch" if n == 1 else f"{count(n)} batches"
     if bars.per_bar == 1:
         layout = "one bar each in order"
     else:
-        merged = f"{bars.per_bar:,} consecutive batches averaged per bar ({len(bars.bar_data_wait):,} bars)"
+        merged = f"{count(bars.per_bar)} consecutive batches averaged per bar ({count(len(bars.bar_data_wait))} bars)"
         layout = f"in order, {merged}"
     colours = "**orange** = waiting for data, **blue** = compute"
 
     if bars.scale <= 0.0:
         scale = "Every step took 0 s, so the bars are empty"
     else:
-        scale = f"Full height = {_duration(bars.scale)}"
+        scale = f"Full height = {duration(bars.scale)}"
         if bars.clipped:
-            taller = "1 taller bar" if bars.clipped == 1 else f"{bars.clipped:,} taller bars"
+            taller = "1 taller bar" if bars.clipped == 1 else f"{count(bars.clipped)} taller bars"
             scale += f" ({SCALE_PERCENTILE:g}th percentile; {taller} clipped, marked with a red cap)"
         elif len(bars.bar_data_wait) > 1:
             scale += " (the tallest bar)"
     steps = bars.data_wait + bars.compute
     total = float(steps.sum())
-    median = f"Median step {_duration(float(np.median(steps)))}"
+    median = f"Median step {duration(float(np.median(steps)))}"
     if total > 0:
-        share = f"data wait {100.0 * float(bars.data_wait.sum()) / total:.1f}% of step time"
+        share = f"data wait {percent(float(bars.data_wait.sum()) / total, 1)} of step time"
     else:
         share = "no step time to split"
     return f"Step time of {batches}, {layout}: {colours}. {scale}. {median}; {share}."

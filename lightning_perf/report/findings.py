@@ -2,8 +2,9 @@
 Findings, formatted
 ===================
 
-An epoch's findings as a compact console table and as a markdown block for TensorBoard. Formatting only:
-what is a finding, and how bad, the rules decide.
+An epoch's findings as a compact console table (printed by the callback at an epoch's end and by the
+command line, :func:`finding_lines`) and as a markdown block for TensorBoard. Formatting only: what is a
+finding, and how bad, the rules decide.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import re
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import SEVERITIES, Finding
-from lightning_perf.diagnose.rules import ms, percent
 from lightning_perf.records import EpochSummary, RankSummary
+from lightning_perf.units import count, mib, ms, percent
 
 CLEAN = "no bottleneck found"
 _SHOWN = {0: (), 1: ("warning", "critical"), 2: ("info", "warning", "critical")}
@@ -40,7 +41,9 @@ def changed(before: Finding, now: Finding) -> bool:
     if abs(SEVERITIES.index(before.severity) - SEVERITIES.index(now.severity)) > 1:
         return True
     old, new = _title_numbers(before.title), _title_numbers(now.title)
-    return len(old) != len(new) or any(abs(a - b) > MATERIAL_CHANGE * max(abs(a), abs(b)) for a, b in zip(old, new))
+    if len(old) != len(new):
+        return True
+    return any(abs(a - b) > MATERIAL_CHANGE * max(abs(a), abs(b)) for a, b in zip(old, new, strict=True))
 
 
 class ShownFindings:
@@ -88,7 +91,7 @@ def headline(summary: EpochSummary) -> str:
         f"data wait {percent(summary.data_wait_fraction)}",  # rounded down, as in the findings
     ]
     if summary.throughput is not None:
-        parts.append(f"{summary.throughput:,.0f} samples/s")
+        parts.append(f"{count(summary.throughput)} samples/s")
     if summary.loss is not None:
         parts.append(f"loss {summary.loss:.4g}")
     return ", ".join(parts)
@@ -111,9 +114,8 @@ def console_report(
     """
     if verbose <= 0:
         return None
-    severities = _SHOWN[min(verbose, 2)]
-    shown = [f for f in findings if f.severity in severities]
-    still = [f.id for f in unchanged if f.severity in severities]
+    shown = shown_findings(findings, verbose)
+    still = [f.id for f in shown_findings(unchanged, verbose)]
     head = f"lightning-perf | {summary.stage} epoch {summary.epoch}{' (interrupted)' if summary.interrupted else ''}"
     head += f" | {headline(summary)}"
     if still:
@@ -124,14 +126,29 @@ def console_report(
         return head
     lines = [head]
     lines += ["  " + line for line in ranks_table(ranks)]
-    width = max((len(f.id) for f in shown), default=0)
-    for f in shown:
-        where = f"  [{f.window}]" if f.window else ""
-        lines.append(f"  {f.severity.upper():<8} {f.id:<{width}}  {f.title}{where}")
-        if verbose >= 2:
-            lines.append(f"  {'':<8} {'':<{width}}  evidence: {f.evidence}")
-        lines.append(f"  {'':<8} {'':<{width}}  -> {f.advice}")
+    lines += ["  " + line for line in finding_lines(shown, verbose=verbose)]
     return "\n".join(lines)
+
+
+def shown_findings(findings: Sequence[Finding], verbose: int) -> list[Finding]:
+    """The ``findings`` shown at ``verbose``: none at 0, warnings and critical at 1, all at 2."""
+    severities = _SHOWN[max(0, min(verbose, 2))]
+    return [f for f in findings if f.severity in severities]
+
+
+def finding_lines(findings: Sequence[Finding], *, verbose: int) -> list[str]:
+    """Each finding as lines of text, ids aligned: severity, id, title and trace window; the evidence
+    (``verbose >= 2``); the advice after ``->``. The caller indents them, and chooses which to show
+    (:func:`shown_findings`)."""
+    lines = []
+    width = max((len(f.id) for f in findings), default=0)
+    for f in findings:
+        where = f"  [{f.window}]" if f.window else ""
+        lines.append(f"{f.severity.upper():<8} {f.id:<{width}}  {f.title}{where}")
+        if verbose >= 2:
+            lines.append(f"{'':<8} {'':<{width}}  evidence: {f.evidence}")
+        lines.append(f"{'':<8} {'':<{width}}  -> {f.advice}")
+    return lines
 
 
 _RANK_COLUMNS = ("rank", "step p50", "step p90", "step max", "data wait", "samples/s", "comm exposed", "host peak")
@@ -150,9 +167,9 @@ def _rank_cells(r: RankSummary) -> list[str]:
         time(r.step_time_p90),
         time(r.step_time_max),
         share(r.data_wait_fraction),
-        "-" if r.throughput is None else f"{r.throughput:,.0f}",
+        "-" if r.throughput is None else count(r.throughput),
         share(r.communication_share),
-        "-" if r.host_rss_peak is None else f"{r.host_rss_peak / 2**20:,.0f} MiB",
+        "-" if r.host_rss_peak is None else mib(r.host_rss_peak),
     ]
 
 
@@ -162,12 +179,12 @@ def ranks_table(ranks: Sequence[RankSummary]) -> list[str]:
         return []
     rows = [list(_RANK_COLUMNS), *(_rank_cells(r) for r in ranks)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_RANK_COLUMNS))]
-    return ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    return ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
 
 
 def ranks_markdown(summary: EpochSummary, ranks: Sequence[RankSummary]) -> str:
     """The per-rank table of a distributed epoch as markdown; the slowest rank's median step in bold."""
-    slowest = max((r for r in ranks if r.step_time_p50 is not None), key=lambda r: r.step_time_p50, default=None)
+    slowest = max((r for r in ranks if r.step_time_p50 is not None), key=lambda r: r.step_time_p50 or 0.0, default=None)
     lines = [
         f"**{summary.stage} epoch {summary.epoch}**, every rank:",
         "",

@@ -12,36 +12,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lightning_perf.records import OperatorStat, WindowRecord
-
-def format_duration(us: float) -> str:
-    """Microseconds as a short human string: ``812 us``, ``3.42 ms``, ``1.20 s``."""
-    if us < 1_000:
-        return f"{us:.0f} us"
-    if us < 1_000_000:
-        return f"{us / 1_000:.2f} ms"
-    return f"{us / 1_000_000:.2f} s"
-
-
-def format_bytes(n: int) -> str:
-    """Bytes, signed (memory freed is negative), in the largest unit that keeps the number >= 1."""
-    sign = "-" if n < 0 else ""
-    value = float(abs(n))
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
+from lightning_perf.units import duration_us, signed_size
 
 # (header, attribute, formatter); a column is shown only when some row has a value for it.
 _COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("Calls", "calls", str),
-    ("Self CPU", "self_cpu_time", format_duration),
-    ("CPU total", "cpu_time", format_duration),
-    ("Self device", "self_device_time", format_duration),
-    ("Device total", "device_time", format_duration),
-    ("Self CPU mem", "self_cpu_memory", format_bytes),
-    ("Self device mem", "self_device_memory", format_bytes),
+    ("Self CPU", "self_cpu_time", duration_us),
+    ("CPU total", "cpu_time", duration_us),
+    ("Self device", "self_device_time", duration_us),
+    ("Device total", "device_time", duration_us),
+    ("Self CPU mem", "self_cpu_memory", signed_size),
+    ("Self device mem", "self_device_memory", signed_size),
     ("FLOPs", "flops", lambda f: f"{f:.3g}"),
     ("Input shapes", "input_shapes", lambda s: f"`{s}`"),
 )

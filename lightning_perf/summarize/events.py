@@ -2,41 +2,44 @@
 Kineto events as typed records
 ==============================
 
-The trace analyses (:mod:`lightning_perf.summarize.trace`) read a handful of fields of two kinds of events:
-complete events (``ph == "X"``: operators, annotations, runtime calls, kernels, copies) and instant events
-(``ph == "i"``: ``[memory]`` allocations). Decoding a trace's JSON straight into slotted records of just those
-fields with msgspec, which skips every other field (call stacks, launch parameters, module hierarchy...) and
-every other kind of event (flows, metadata, counters) without building Python objects for them, is about four
-times faster than ``json.loads`` into dictionaries and takes less than half the memory: the 505k-event, 154 MB
-trace of ``benchmarks/analyze_speed.py`` decodes in 0.21 s instead of 0.9 s on the 2-core development machine,
-and loading it peaks at 324 MiB instead of 809 MiB.
+The trace analyses (:mod:`lightning_perf.summarize.operators`, :mod:`lightning_perf.summarize.step_summary`)
+read a handful of fields of two kinds of events: complete events (``ph == "X"``: operators, annotations,
+runtime calls, kernels, copies) and instant events (``ph == "i"``: ``[memory]`` allocations). Decoding a
+trace's JSON straight into slotted records of just those fields with msgspec, which skips every other field
+(call stacks, launch parameters, module hierarchy...) and every other kind of event (flows, metadata,
+counters) without building Python objects for them, is about four times faster than ``json.loads`` into
+dictionaries and takes less than half the memory: the 505k-event, 154 MB trace of
+``benchmarks/analyze_speed.py`` decodes in 0.21 s instead of 0.9 s on the 2-core development machine, and
+loading it peaks at 324 MiB instead of 809 MiB.
 
 - :func:`decode_trace`: JSON bytes (Kineto's layout: an object with ``traceEvents``) to a :class:`KinetoTrace`;
 - :func:`as_trace`: a trace loaded as dictionaries (the callback's, a test's synthetic one) to one.
 
-Both check what the analyses rely on, as :func:`lightning_perf.readers.load_trace` does: a complete event has
-a string ``name``, a number ``ts`` and a number ``dur >= 0``, and where present a string ``cat``, an object
-``args`` and in it an ``External id`` (and ``correlation``) that is a number, string or null and ``flops`` a
-number or null; an instant event has a number ``ts``, and where present an object ``args``; both, where
-present, numbers or strings as ``pid`` and ``tid``. Otherwise they raise ``msgspec.ValidationError``
-naming the field's path; an event whose ``ph`` is absent or no phase of the format is a ``ValidationError``
-too (:func:`lightning_perf.readers.load_kineto` then drops it, as ``load_trace`` does).
+Both check what the analyses rely on, and these annotations are where that is declared
+(:func:`lightning_perf.readers.load_trace` decodes with them): a complete event has a string ``name``, a
+number ``ts`` and a number ``dur >= 0``, and where present a string ``cat``, an object ``args`` and in it an
+``External id`` (and ``correlation``) that is a number, string or null and ``flops`` a number or null; an
+instant event has a number ``ts``, and where present an object ``args``; both, where present, numbers or
+strings as ``pid`` and ``tid``. Otherwise they raise ``msgspec.ValidationError`` naming the field's path; an
+event whose ``ph`` is absent or no phase of the format is a ``ValidationError`` too
+(:func:`~lightning_perf.readers.load_trace` then drops it, and puts any other problem in words).
 
 This module imports neither torch nor lightning.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Mapping
-from typing import Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import msgspec
 
 __all__ = ["Complete", "Instant", "KinetoTrace", "ShapedKinetoTrace", "as_trace", "decode_trace"]
 
-# ``Union`` rather than ``|``: msgspec evaluates these annotations, on Python 3.10 too.
-Number = Union[int, float]
-Id = Union[int, float, str, None]  # pid, tid, External id: Kineto writes integers, other Chrome traces strings
+Number = int | float
+Id = int | float | str | None  # pid, tid, External id: Kineto writes integers, other Chrome traces strings
 MEMORY_EVENT_NAME = "[memory]"  # the instant events of profile_memory=True
 # Event phases of the Chrome trace event format that no analysis reads: decoded as empty records.
 OTHER_PHASES = "BEICbnestfPNODMVvRc()STF"
@@ -47,7 +50,7 @@ class CompleteArgs(msgspec.Struct, gc=False, frozen=True):
 
     external_id: Id = msgspec.field(default=None, name="External id")  # ties a kernel to its operator
     correlation: Id = None  # ties a kernel to its runtime call (cudaLaunchKernel)
-    flops: Union[Number, None] = None
+    flops: Number | None = None
     device: Any = None  # of a kernel
 
 
@@ -88,28 +91,34 @@ class Instant(msgspec.Struct, gc=False, tag="i", tag_field="ph"):
     """An instant event (the ``[memory]`` events of ``profile_memory=True``)."""
 
     ts: float
-    name: Any = ""  # any type, as load_trace allows: only "[memory]" is read
+    name: Any = ""  # any type: only "[memory]" is read
     pid: Id = None
     tid: Id = None
     args: InstantArgs = NO_INSTANT_ARGS
 
 
 _OTHERS = tuple(msgspec.defstruct(f"Phase{ord(ph)}", [], tag=ph, tag_field="ph", gc=False) for ph in OTHER_PHASES)
+_EVENTS, _SHAPED_EVENTS = (Complete, Instant, *_OTHERS), (ShapedComplete, Instant, *_OTHERS)
+if TYPE_CHECKING:  # a union built from a tuple is beyond a type checker: any event
+    _Event: TypeAlias = Any
+    _ShapedEvent: TypeAlias = Any
+else:  # an event, by its phase: Complete | Instant | Phase66 | ...
+    _Event, _ShapedEvent = (functools.reduce(operator.or_, events) for events in (_EVENTS, _SHAPED_EVENTS))
 
 
 class KinetoTrace(msgspec.Struct, dict=True):
     """A Kineto trace: its events, and the top-level fields the analyses read. (``dict=True``: the analyses
     keep what they sorted out of the events on it, for the next analysis of the same trace.)"""
 
-    traceEvents: list[Union[(Complete, Instant, *_OTHERS)]]  # type: ignore[valid-type]
-    deviceProperties: Union[list[Any], None] = None
+    traceEvents: list[_Event]
+    deviceProperties: list[Any] | None = None
     distributedInfo: Any = None
     profile_memory: Any = msgspec.UNSET  # present in traces recorded with profile_memory=True
     lightning_perf: dict[str, Any] = msgspec.field(default_factory=dict)  # this package's notes (traces.py)
 
 
 class ShapedKinetoTrace(KinetoTrace):
-    traceEvents: list[Union[(ShapedComplete, Instant, *_OTHERS)]]  # type: ignore[valid-type]
+    traceEvents: list[_ShapedEvent]
 
 
 _DECODERS = {shapes: msgspec.json.Decoder(ShapedKinetoTrace if shapes else KinetoTrace) for shapes in (False, True)}

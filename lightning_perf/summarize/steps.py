@@ -48,7 +48,7 @@ def summarize_epoch(
     steps = [data_wait[i] + compute[i] for i in kept]
     total = sum(steps)
     waited = sum(data_wait[i] for i in kept)
-    sizes = [batch_sizes[i] for i in kept if batch_sizes[i] is not None]
+    sizes = [size for i in kept if (size := batch_sizes[i]) is not None]
     samples = sum(sizes) if sizes else None
     return EpochSummary(
         stage=stage,

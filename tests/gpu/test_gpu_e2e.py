@@ -10,8 +10,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lightning_perf import PerfCallback  # noqa: E402
-from models import TinyModel, trainer  # noqa: E402
+from lightning_perf import PerfCallback
+from models import TinyModel, trainer
 
 pytestmark = [
     pytest.mark.gpu,

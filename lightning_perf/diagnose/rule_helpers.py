@@ -2,36 +2,30 @@
 Rule helpers
 ============
 
-What every bottleneck rule shares: the :data:`Rule` signature, number formatting for evidence strings, and
-picking the trace window with the strongest evidence. The rules themselves live one module per resource:
+What every bottleneck rule is built from: the :data:`Rule` signature, threshold comparisons tolerant of
+floating point, picking the trace window with the strongest evidence, the run's device and CPUs, Lightning's
+names for a stage's methods and hooks (for advice), and the :class:`Finding` builder. The numbers in evidence
+are formatted by :mod:`lightning_perf.units`. The rules themselves live one module per resource:
 :mod:`~lightning_perf.diagnose.rules_data` (input pipeline), :mod:`~lightning_perf.diagnose.rules_device`
 (accelerator and CPU compute), :mod:`~lightning_perf.diagnose.rules_memory`,
 :mod:`~lightning_perf.diagnose.rules_step` (the training loop) and
 :mod:`~lightning_perf.diagnose.rules_distributed`; :mod:`~lightning_perf.diagnose.registry` lists them.
-
-Numbers in evidence: times of steps in ms with two decimals, of single operators or kernels in us with one,
-shares as whole percentages rounded down (so a share shown as "30%" has reached a 30% threshold), ratios
-with two decimals rounded down, memory in MiB or GiB.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 
 from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import TraceSummary
+from lightning_perf.units import TOLERANCE
 
 # Lightning's precision strings of full fp32 training.
 FP32_PRECISIONS = frozenset({"32-true", "32"})
 
 Rule = Callable[[StageEpoch, Thresholds], Finding | Sequence[Finding] | None]
 """A pure function from a stage's epoch and the thresholds to a finding (or ``None``)."""
-
-# A measured share equal to its threshold fires even when floating point puts it a hair below (0.3 computed
-# as 0.29999999999999993).
-_EPS = 1e-9
 
 _STAGE_NAMES = {"train": "Training", "validate": "Validation", "test": "Testing", "predict": "Prediction"}
 
@@ -68,44 +62,12 @@ def epoch_end_hook(stage: str) -> str:
 
 def reaches(value: float, threshold: float) -> bool:
     """``value >= threshold``, tolerant of floating-point error at the threshold itself."""
-    return value >= threshold - _EPS
+    return value >= threshold - TOLERANCE
 
 
 def below(value: float, threshold: float) -> bool:
     """``value < threshold``, where ``value`` equal to ``threshold`` (within rounding) is not below."""
-    return value < threshold - _EPS
-
-
-def percent(fraction: float) -> str:
-    """A measured share, as a whole percentage rounded down: ``0.629`` -> ``"62%"``."""
-    return f"{math.floor(fraction * 100 + _EPS * 100)}%"
-
-
-def limit(fraction: float) -> str:
-    """A threshold share as set: ``0.1`` -> ``"10%"``, ``0.125`` -> ``"12.5%"``."""
-    return f"{round(fraction * 100, 6):g}%"
-
-
-def ms(seconds: float) -> str:
-    """A step-level time: ``0.01234`` -> ``"12.34 ms"``."""
-    return f"{seconds * 1e3:.2f} ms"
-
-
-def us(seconds: float) -> str:
-    """An operator- or kernel-level time: ``4.2e-6`` -> ``"4.2 us"``."""
-    return f"{seconds * 1e6:.1f} us"
-
-
-def times(ratio: float) -> str:
-    """A measured ratio, rounded down to two decimals: ``2.468`` -> ``"2.46x"``."""
-    return f"{math.floor(ratio * 100 + _EPS * 100) / 100:.2f}x"
-
-
-def size(nbytes: float) -> str:
-    """Memory: MiB below 1 GiB, else GiB with one decimal."""
-    if abs(nbytes) >= 2**30:
-        return f"{nbytes / 2**30:.1f} GiB"
-    return f"{nbytes / 2**20:.0f} MiB"
+    return value < threshold - TOLERANCE
 
 
 def strongest(

@@ -1,0 +1,191 @@
+"""
+Diagnosis context
+=================
+
+What the rules read (:class:`~lightning_perf.diagnose.model.StageEpoch`), built one way from plain records,
+by the callback as an epoch ends and by ``lightning-perf analyze`` from saved traces.
+
+- :func:`run_facts`: the run's facts for one stage, from the run-info dict (``perf_report.json``'s ``"run"``).
+- :func:`epoch_context`: a measured stage epoch: its summary, history, windows, per-batch times and ranks.
+- :func:`trace_context`: one trace alone, its steps as an epoch, the run's facts as far as it tells them
+  (:func:`distributed_info`, :func:`trace_stage`).
+- :func:`ranks_context` and :func:`cross_rank_findings`: the ranks of one window, each known from its trace
+  (:func:`~lightning_perf.summarize.ranks.rank_summary_of_trace`), for the cross-rank rules.
+
+Pure (no torch, no Lightning, no file access), and above both ``summarize`` and ``diagnose``: it turns
+summaries into the rules' input, so it lives beside its two users, not in ``diagnose`` (whose modules import
+nothing of this package but the records and each other).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lightning_perf.config import STAGES
+from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
+from lightning_perf.diagnose.registry import CROSS_RANK_RULES, diagnose
+from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.records import EpochSummary, RankSummary, TraceSummary
+from lightning_perf.summarize.events import KinetoTrace
+from lightning_perf.summarize.ranks import rank_work_times
+from lightning_perf.summarize.steps import percentile, summarize_epoch
+from lightning_perf.traces import METADATA_KEY
+
+
+def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
+    """The facts the rules need about the run and ``stage``'s DataLoader.
+
+    Args:
+        run: The run-info dict, as ``perf_report.json``'s ``"run"`` holds it (its ``"dataloaders"`` by stage).
+        stage: The stage whose DataLoader settings count.
+
+    Example::
+
+        facts = run_facts(report["run"], "train")
+    """
+    loader = run.get("dataloaders", {}).get(stage) or {}
+    return RunFacts(
+        device=run.get("device", "cpu"),
+        device_name=run.get("device_name"),
+        precision=run.get("precision"),
+        world_size=run.get("world_size", 1),
+        num_nodes=run.get("num_nodes", 1),
+        cpu_count=run.get("cpu_count"),
+        torch_threads=run.get("torch_threads"),
+        num_workers=loader.get("num_workers"),
+        pin_memory=loader.get("pin_memory"),
+        persistent_workers=loader.get("persistent_workers"),
+        batch_size=loader.get("batch_size"),
+        dataset=loader.get("dataset"),
+        shared_state=loader.get("shared_state"),
+        epochs=run.get("max_epochs"),  # a validate, test or predict call plans 1
+    )
+
+
+def epoch_context(
+    summary: EpochSummary,
+    *,
+    history: Sequence[EpochSummary] = (),
+    windows: Sequence[TraceSummary] = (),
+    validation: Sequence[EpochSummary] = (),
+    facts: RunFacts | None = None,
+    data_wait: Sequence[float] = (),
+    compute: Sequence[float] = (),
+    profiled: Sequence[bool] = (),
+    ranks: Sequence[RankSummary] = (),
+) -> StageEpoch:
+    """A measured stage epoch, as the rules see it.
+
+    Args:
+        summary: The epoch's summary.
+        history: The same stage's earlier epochs, oldest first.
+        windows: The trace summaries of this epoch's profiler windows.
+        validation: For a training epoch, the validation epochs that ran during it.
+        facts: The run's facts (:func:`run_facts`); all unknown when ``None``.
+        data_wait, compute: Each batch's data wait and compute time (seconds), in batch order; a batch that
+            started and did not end (one more wait than compute) is left out.
+        profiled: Whether each batch ran inside a profiler window (its step time is NaN: the profiler slows
+            it down); a batch past its end did not.
+        ranks: Every rank's summary of the epoch, by global rank (a distributed run, on rank zero); their
+            own work per step is what the cross-rank rules compare.
+
+    Example::
+
+        context = epoch_context(summary, history=earlier, facts=run_facts(run, "train"),
+                                data_wait=clock.data_wait, compute=clock.compute, profiled=clock.profiled)
+        findings = diagnose(context)
+    """
+    return StageEpoch(
+        epoch=summary,
+        history=tuple(history),
+        windows=tuple(windows),
+        validation=tuple(validation),
+        facts=facts if facts is not None else RunFacts(),
+        step_times=tuple(
+            math.nan if i < len(profiled) and profiled[i] else wait + work
+            for i, (wait, work) in enumerate(zip(data_wait, compute, strict=False))
+        ),
+        rank_step_times=rank_work_times(ranks) or None,
+    )
+
+
+def distributed_info(trace: KinetoTrace | Mapping[str, Any]) -> dict[str, Any]:
+    """A trace's ``distributedInfo`` (rank, world size, backend), or ``{}``."""
+    info = trace.distributedInfo if isinstance(trace, KinetoTrace) else trace.get("distributedInfo")
+    return info if isinstance(info, dict) else {}
+
+
+def trace_stage(trace: KinetoTrace | Mapping[str, Any]) -> str:
+    """The stage a trace of ours was recorded in (its ``lightning_perf`` metadata), else ``"train"``."""
+    notes = trace.lightning_perf if isinstance(trace, KinetoTrace) else trace.get(METADATA_KEY)
+    stage = notes.get("stage") if isinstance(notes, dict) else None
+    return stage if stage in STAGES else "train"
+
+
+def trace_context(
+    summary: TraceSummary,
+    info: Mapping[str, Any],
+    *,
+    stage: str = "train",
+    precision: str | None = None,
+    world_size: int = 1,
+) -> StageEpoch:
+    """What the rules need from a trace alone.
+
+    Args:
+        summary: The trace's summary; its steps make the epoch (each as long as their mean, no data wait).
+        info: The trace's :func:`distributed_info`; its world size counts when larger than ``world_size``.
+        stage: The stage it was recorded in (a trace of ours says which: :func:`trace_stage`).
+        precision: Lightning's precision string, which a trace does not tell (enables the precision rule).
+        world_size: How many traces (ranks) are analysed together.
+
+    Example::
+
+        context = trace_context(summarize_trace(trace), distributed_info(trace), stage=trace_stage(trace))
+    """
+    facts = RunFacts(
+        device="cuda" if summary.device_busy is not None else "cpu",
+        device_name=summary.device_name,
+        precision=precision,
+        world_size=max(world_size, int(info.get("world_size") or 1)),
+    )
+    return StageEpoch(epoch=_steps(stage, summary.step_time, summary.steps), windows=(summary,), facts=facts)
+
+
+def ranks_context(ranks: Sequence[RankSummary]) -> StageEpoch:
+    """The ranks of one training window for the cross-rank rules: each rank's own work per step, and the
+    median rank's step as the epoch's.
+
+    Args:
+        ranks: One summary per rank (:func:`~lightning_perf.summarize.ranks.rank_summary_of_trace`).
+    """
+    median = percentile([r.step_time_p50 or 0.0 for r in ranks], 50)
+    return StageEpoch(
+        epoch=_steps("train", median, 1),
+        facts=RunFacts(world_size=len(ranks)),
+        rank_step_times=rank_work_times(ranks) or None,
+    )
+
+
+def cross_rank_findings(ranks: Sequence[RankSummary], thresholds: Thresholds | None = None) -> list[Finding]:
+    """The cross-rank rules' findings over one window's ranks (the rules the callback runs at epoch end).
+
+    Example::
+
+        findings = cross_rank_findings([rank_summary_of_trace(rank, summary) for rank, summary in traces])
+    """
+    return diagnose(ranks_context(ranks), thresholds, rules=CROSS_RANK_RULES)
+
+
+def _steps(stage: str, step_time: float, steps: int) -> EpochSummary:
+    """An epoch of ``stage`` as a trace tells it: ``steps`` steps of ``step_time`` seconds each, no data wait
+    (a trace shows the loader's time in its summary, not per step) and no batch size."""
+    return summarize_epoch(
+        stage=stage,
+        epoch=0,
+        data_wait=[0.0] * steps,
+        compute=[step_time] * steps,
+        batch_sizes=[None] * steps,
+    )

@@ -1,0 +1,324 @@
+"""
+Epoch reports
+=============
+
+Each stage epoch's always-on measurement and what becomes of it: the per-batch scalars, the epoch's summary,
+its diagnosis, its scalars, images and texts, the console's lines and ``perf_report.json``. An
+:class:`EpochReporter` holds what the run has measured so far (its epochs, windows, findings and per-rank
+tables, and each stage's recent history for the rules); :class:`~lightning_perf.PerfCallback` calls it from
+its hooks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from lightning_perf import __version__
+from lightning_perf.collect.batch import BatchSizer
+from lightning_perf.collect.cpu import EpochCpu
+from lightning_perf.collect.loader import dataset_facts
+from lightning_perf.collect.memory import CudaPeaks, host_rss
+from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, stage_dataloaders
+from lightning_perf.collect.steps import StepClock
+from lightning_perf.config import STAGES, PerfConfig
+from lightning_perf.diagnose.model import Finding
+from lightning_perf.diagnose.registry import diagnose
+from lightning_perf.diagnosis_context import epoch_context, run_facts
+from lightning_perf.error_policy import ErrorPolicy
+from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
+from lightning_perf.report.charts import step_split_caption, step_split_image
+from lightning_perf.report.findings import ShownFindings, console_report, findings_markdown, ranks_markdown
+from lightning_perf.report.json_report import ReportFile, report_dict
+from lightning_perf.report.metrics import batch_metrics, epoch_metrics
+from lightning_perf.report.outputs import Outputs
+from lightning_perf.summarize.steps import summarize_epoch
+from lightning_perf.window_control import StagePosition
+
+# The earlier epochs of a stage the rules see (memory_growth reads a trailing run of epochs; its count
+# saturates here), and so what a checkpoint keeps of them.
+HISTORY_EPOCHS = 32
+FINDINGS_TAG = "perf/findings/{stage}"
+RANKS_TAG = "perf/ranks/{stage}"
+
+
+def draws_step_split(epoch: int, has_window: bool) -> bool:
+    """Whether an epoch gets a step-split image: at a stage's epochs 0, 1, 2, 4, 8, ... and at every epoch
+    with a profiler window. TensorBoard keeps a sample of 4 images per tag by default, so one per epoch of a
+    long run would be work nobody sees."""
+    return has_window or epoch & (epoch - 1) == 0
+
+
+def stage_step(stage: str, trainer: pl.Trainer, total_batches: int) -> int:
+    """The stage's step axis: the trainer's global step for training, the stage's own batch count else."""
+    return trainer.global_step if stage == "train" else total_batches
+
+
+def logger_step(stage: str, trainer: pl.Trainer, *, epoch_end: bool) -> int | None:
+    """The run's one step axis, for the loggers that have no other (CSV, W&B, MLflow, ...): the step
+    Lightning logs its own rows at, so that the axis stays monotonic with ours among them. ``None`` for a
+    validation, test or predict batch: the whole of such a run sits at one step of that axis.
+
+    Lightning logs its rows (and ``LearningRateMonitor`` and ``DeviceStatsMonitor`` theirs) at its count of
+    batches that stepped the optimizer, a private counter read here with ``global_step`` as the fallback:
+    the same number in automatic optimization, but ``on_train_batch_end`` sees ``global_step`` already past
+    the batch whose row Lightning writes next, and a manual-optimization module's optimizers each count.
+    """
+    if stage != "train" and not epoch_end:
+        return None
+    step = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "_batches_that_stepped", trainer.global_step)
+    # Lightning logs a training epoch's end at its last batch's step: its count has moved past that batch.
+    return max(step - 1, 0) if stage == "train" and epoch_end else step
+
+
+@dataclass
+class StageMeasure:
+    """One stage's always-on measurement: its clocks, its batches over the run, its epoch's peaks and CPU
+    use, and its recent epochs."""
+
+    clock: StepClock
+    total_batches: int = 0  # over the whole run: the stage's own TensorBoard step axis
+    host_rss_peak: int | None = None
+    cpu: EpochCpu = dataclasses.field(default_factory=EpochCpu)  # the epoch's wall time, workers' CPU, CPU waits
+    in_epoch: bool = False  # between its epoch start and end: what an interruption leaves to summarize
+    history: deque[EpochSummary] = dataclasses.field(default_factory=lambda: deque(maxlen=HISTORY_EPOCHS))
+
+
+class EpochReporter:
+    """Measures each stage epoch, diagnoses it and reports it, and keeps what the run has measured.
+
+    Args:
+        config: The callback's options (``log_loss``, ``verbose``, ``thresholds``).
+        batch_size: What counts a batch's samples.
+        policy: Where warnings go, and what a failing rule does.
+
+    The callback sets :attr:`outputs`, :attr:`cuda_peaks`, :attr:`run_info` and :attr:`report_path` at setup.
+    """
+
+    def __init__(self, config: PerfConfig, batch_size: BatchSizer, policy: ErrorPolicy) -> None:
+        self.config = config
+        self.stages: dict[str, StageMeasure] = {stage: StageMeasure(StepClock(batch_size)) for stage in STAGES}
+        self.outputs: Outputs | None = None
+        self.cuda_peaks: CudaPeaks | None = None
+        self.run_info: dict[str, Any] = {}
+        self.report_path: str | None = None  # where perf_report.json goes (None: nowhere)
+        #: Every window saved so far in this process, in order.
+        self.windows: list[WindowRecord] = []
+        #: Every stage epoch measured so far in this process, in order.
+        self.epochs: list[EpochSummary] = []
+        #: The findings of the latest stage epoch that ended (on rank zero).
+        self.findings: list[Finding] = []
+        self.findings_by_epoch: dict[tuple[str, int], list[Finding]] = {}
+        self.ranks: dict[tuple[str, int], tuple[RankSummary, ...]] = {}
+        self._batch_size = batch_size
+        self._policy = policy
+        self._shown = ShownFindings()
+        self._validation_in_train_epoch: list[EpochSummary] = []
+        self._report: ReportFile | None = None  # on rank zero, from the first write on
+
+    def report(self) -> dict[str, Any]:
+        """Everything measured so far, as written to ``perf_report.json``."""
+        return report_dict(
+            generated_by=f"lightning-perf {__version__}",
+            run=self.run_info,
+            epochs=self.epochs,
+            windows=self.windows,
+            findings=self.findings_by_epoch,
+            ranks=self.ranks,
+        )
+
+    def add_window(self, record: WindowRecord) -> None:
+        """A saved window's record, in the order the windows closed."""
+        self.windows.append(record)
+
+    def close_outputs(self) -> None:
+        """Flushes and closes what :attr:`outputs` opened (at the end of a Trainer call)."""
+        if self.outputs is not None:
+            self.outputs.flush()
+            self.outputs.close()
+
+    def window_summaries(self, stage: str, epoch: int) -> tuple[TraceSummary, ...]:
+        """The trace summaries of the stage epoch's windows."""
+        return tuple(w.summary for w in self.windows if w.stage == stage and w.epoch == epoch and w.summary)
+
+    def start_epoch(self, stage: str, trainer: pl.Trainer, waited: float) -> None:
+        """A stage epoch starts: its memory peaks, its DataLoader's settings (once), its CPU use. ``waited``:
+        what Lightning's loop spent starting the DataLoader before the hook."""
+        st = self.stages[stage]
+        st.host_rss_peak = host_rss()
+        if self.cuda_peaks is not None:
+            self.cuda_peaks.start(stage)
+        dataloaders = self.run_info.setdefault("dataloaders", {})
+        if stage not in dataloaders:
+            loader = first_dataloader(stage_dataloaders(trainer, stage))
+            settings = dataloader_settings(loader)
+            dataloaders[stage] = settings and {**settings, **dataset_facts(loader, trainer.lightning_module)}
+        st.cpu.start(already=waited, workers=bool((dataloaders[stage] or {}).get("num_workers")))
+
+    def window_started(self, stage: str, trainer: pl.Trainer) -> int:
+        """A profiler window starts recording (the window controller's ``started``): its CUDA peaks start;
+        returns its step on the stage's axis."""
+        if self.cuda_peaks is not None:
+            self.cuda_peaks.start("window")
+        return stage_step(stage, trainer, self.stages[stage].total_batches)
+
+    def log_batch(self, stage: str, trainer: pl.Trainer) -> None:
+        """Logs the stage's latest batch (at the trainer's logging cadence)."""
+        st = self.stages[stage]
+        clock = st.clock
+        loss = clock.last_loss
+        metrics = batch_metrics(
+            stage,
+            data_wait=clock.data_wait[-1],
+            compute=clock.compute[-1],
+            batch_size=clock.batch_sizes[-1],
+            loss=None if loss is None else float(loss),  # the one device sync, at the logging cadence only
+        )
+        if self.outputs is not None:
+            self.outputs.log_scalars(
+                metrics,
+                stage_step(stage, trainer, st.total_batches),
+                logger_step=logger_step(stage, trainer, epoch_end=False),
+                epoch=trainer.current_epoch,
+            )
+        rss = host_rss()
+        if rss is not None:
+            st.host_rss_peak = max(rss, st.host_rss_peak or 0)
+
+    def measure(self, stage: str, epoch: int, *, interrupted: bool = False) -> EpochSummary:
+        """The stage epoch's summary from its batches, added to :attr:`epochs`."""
+        st = self.stages[stage]
+        clock = st.clock
+        rss = host_rss()
+        cuda = self.cuda_peaks.read(stage, utilization=True) if self.cuda_peaks is not None else None
+        summary = summarize_epoch(
+            stage=stage,
+            epoch=epoch,
+            data_wait=clock.data_wait,
+            compute=clock.compute,
+            batch_sizes=clock.batch_sizes,
+            profiled=clock.profiled,
+            loss=clock.mean_loss(),
+            loading_cpu_share=clock.loading_cpu_share(),
+            **st.cpu.read(),
+            host_rss=rss,
+            host_rss_peak=max(rss or 0, st.host_rss_peak or 0) or None,
+            cuda_max_allocated=cuda.max_allocated if cuda else None,
+            cuda_max_reserved=cuda.max_reserved if cuda else None,
+            cuda_capacity=cuda.capacity if cuda else None,
+            cuda_utilization=cuda.utilization if cuda else None,
+        )
+        if interrupted:
+            summary = dataclasses.replace(summary, interrupted=True)
+        self.epochs.append(summary)
+        return summary
+
+    def report_epoch(
+        self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...], *, had_window: bool
+    ) -> None:
+        """Diagnoses the epoch (rank zero) and reports it: scalars, the step-split image (``had_window``: the
+        epoch had a profiler window), the findings' and ranks' texts, the console, the report file."""
+        stage = summary.stage
+        st = self.stages[stage]
+        if ranks:
+            self.ranks[(stage, summary.epoch)] = ranks
+        findings = self._diagnose(summary, trainer, ranks) if trainer.is_global_zero else []
+        if self._batch_size.failed:
+            self._policy.warn_once(
+                "batch_size_fn", f"PerfCallback: {self._batch_size.failed}; throughput is not measured."
+            )
+        if self.outputs is not None:
+            step = stage_step(stage, trainer, st.total_batches)
+            self.outputs.log_scalars(
+                epoch_metrics(summary),
+                step,
+                logger_step=logger_step(stage, trainer, epoch_end=True),
+                epoch=trainer.current_epoch,
+            )
+            if summary.batches and draws_step_split(summary.epoch, had_window):
+                tag = f"perf/{stage}/step_split"
+                clock = st.clock
+                self.outputs.add_image(tag, step_split_image(clock.data_wait, clock.compute), step)
+                self.outputs.add_text(tag + "_caption", step_split_caption(clock.data_wait, clock.compute), step)
+            self.outputs.add_text(FINDINGS_TAG.format(stage=stage), findings_markdown(summary, findings), step)
+            if ranks:
+                self.outputs.add_text(RANKS_TAG.format(stage=stage), ranks_markdown(summary, ranks), step)
+        if trainer.is_global_zero:
+            fresh, unchanged = self._shown.split(stage, findings)
+            first = not st.history  # the stage's first epoch in this process shows its per-rank table
+            message = console_report(
+                summary,
+                fresh,
+                verbose=self.config.verbose,
+                ranks=ranks if fresh or first else (),
+                unchanged=unchanged,
+            )
+            if message:
+                rank_zero_info(message)
+        self.write_report(trainer, now=not st.history)  # a stage's first epoch, at once; then on the budget
+
+    def end_interrupted(self, trainer: pl.Trainer, positions: Mapping[str, StagePosition]) -> None:
+        """Summarizes, diagnoses and reports the stage epochs an interruption stopped (this rank's own numbers:
+        the other ranks may not be there to gather from), a validation run inside a training epoch first;
+        ``positions``: where each stage is (its epoch, its windows)."""
+        for stage in sorted(self.config.stages, key=lambda s: s == "train"):
+            st = self.stages[stage]
+            if not st.in_epoch:
+                continue
+            st.in_epoch = False
+            st.clock.drop_unfinished()
+            if st.clock.batches:
+                pos = positions[stage]
+                summary = self.measure(stage, pos.epoch, interrupted=True)
+                self.report_epoch(summary, trainer, (), had_window=pos.windows_this_epoch > 0)
+                st.history.append(summary)
+
+    def write_report(self, trainer: pl.Trainer, *, now: bool) -> None:
+        """Rewrites ``perf_report.json`` at :attr:`report_path` (rank zero): ``now``, or when its time budget
+        allows (:class:`~lightning_perf.report.json_report.ReportFile`)."""
+        path = self.report_path
+        if path is None or not trainer.is_global_zero:
+            return
+        if self._report is None or self._report.path != path:
+            self._report = ReportFile(path)
+        if now:
+            self._report.write(self.report())
+        else:
+            self._report.update(self.report)
+
+    def findings_for(self, stage: str, epoch: int | None = None) -> list[Finding]:
+        """The findings of a stage's epoch, or of all its epochs (``epoch=None``), oldest first."""
+        return [
+            f for (s, e), found in self.findings_by_epoch.items() if s == stage and epoch in (None, e) for f in found
+        ]
+
+    def _diagnose(self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...]) -> list[Finding]:
+        stage = summary.stage
+        st = self.stages[stage]
+        if stage == "validate" and trainer.state.fn == TrainerFn.FITTING:
+            self._validation_in_train_epoch.append(summary)
+        validation: tuple[EpochSummary, ...] = ()
+        if stage == "train":
+            validation, self._validation_in_train_epoch = tuple(self._validation_in_train_epoch), []
+        context = epoch_context(
+            summary,
+            history=tuple(st.history),
+            windows=self.window_summaries(stage, summary.epoch),
+            validation=validation,
+            facts=run_facts(self.run_info, stage),
+            data_wait=st.clock.data_wait,
+            compute=st.clock.compute,
+            profiled=st.clock.profiled,
+            ranks=ranks,
+        )
+        findings = diagnose(context, self.config.thresholds, on_error=self._policy.rule_failed)
+        self.findings_by_epoch[(stage, summary.epoch)] = findings
+        self.findings = findings
+        return findings

@@ -1,0 +1,88 @@
+"""
+Error policy
+============
+
+What :class:`~lightning_perf.PerfCallback` does when its own collection or reporting fails: drop what it was
+measuring, say so once and let training go on, or, when ``strict``, re-raise. Every part of the callback says
+what it has to say through one :class:`ErrorPolicy`, so that each message is shown once per run whoever says
+it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+#: The environment variable that turns ``strict`` on where the callback leaves it unset (``1``, ``true``, ``yes``).
+STRICT_ENV = "LIGHTNING_PERF_STRICT"
+
+
+def strict_from_environment() -> bool:
+    """Whether :data:`STRICT_ENV` asks for strict mode."""
+    return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+class ErrorPolicy:
+    """Warnings and notes shown once each (on rank zero), and what a failure of our own does.
+
+    Args:
+        strict: Re-raise our own failures instead of warning once; ``None``: :func:`strict_from_environment`.
+
+    Attributes:
+        drop: ``stage -> None``: drops the stage's open profiler window after a failure (set by the callback).
+
+    Example::
+
+        policy = ErrorPolicy(strict=False)
+        policy.warn_once("cut:train", "a train window's trace was cut")  # shown
+        policy.warn_once("cut:train", "a train window's trace was cut")  # not again
+    """
+
+    def __init__(self, strict: bool | None) -> None:
+        self.strict = strict if strict is not None else strict_from_environment()
+        self._said: set[str] = set()
+        self.drop: Callable[[str], None] | None = None
+
+    def warn_once(self, key: str, message: str) -> None:
+        """``rank_zero_warn(message)``, the first time ``key`` is said."""
+        if key not in self._said:
+            self._said.add(key)
+            rank_zero_warn(message)
+
+    def info_once(self, key: str, message: str) -> None:
+        """``rank_zero_info(message)``, the first time ``key`` is said."""
+        if key not in self._said:
+            self._said.add(key)
+            rank_zero_info(message)
+
+    def safely(self, stage: str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """``fn(*args, **kwargs)``, its failure handled by :meth:`fail` (``stage``: what it was measuring)."""
+        try:
+            fn(*args, **kwargs)
+        except Exception as err:
+            self.fail(stage, err)
+
+    def fail(self, stage: str | None, err: Exception) -> None:
+        """Our own collection or reporting failed: re-raised when :attr:`strict`; else the stage's window is
+        dropped (``None``: saving the output failed) and the failure said once per kind of error."""
+        if self.strict:
+            raise err
+        if stage is not None and self.drop is not None:
+            self.drop(stage)
+        self.warn_once(
+            f"error:{type(err).__name__}",
+            f"PerfCallback: {f'measuring the {stage} stage' if stage else 'saving its output'} failed"
+            f" ({type(err).__name__}: {err}); what it was measuring is lost, training goes on, and later epochs"
+            " and windows are still measured.",
+        )
+
+    def rule_failed(self, rule_id: str, err: Exception) -> None:
+        """A bottleneck rule raised: re-raised when :attr:`strict`, else warned once and the rule skipped."""
+        if self.strict:
+            raise err
+        self.warn_once(
+            f"rule:{rule_id}", f"PerfCallback: the {rule_id} rule failed ({type(err).__name__}: {err}); it is skipped."
+        )

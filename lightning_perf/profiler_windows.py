@@ -1,0 +1,122 @@
+"""
+Profiler windows of a run
+=========================
+
+The real windows, outside the window controller: :class:`ProfilerWindows` makes the
+:class:`~lightning_perf.collect.profiler.ProfilerWindow` the controller opens (its factory), and saves those it
+closes through the per-window pipeline of :mod:`lightning_perf.window_close`: :func:`hand_over` on the training
+thread, :func:`process_window` on a :class:`WindowWorker`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from lightning_perf.collect.memory import CudaPeaks
+from lightning_perf.collect.profiler import ProfilerWindow, torch_profiler_active
+from lightning_perf.config import PerfConfig
+from lightning_perf.error_policy import ErrorPolicy
+from lightning_perf.rank_staging import RankStaging
+from lightning_perf.records import WindowRecord
+from lightning_perf.report.outputs import Outputs
+from lightning_perf.window_close import ClosedWindow, WindowWorker, hand_over, process_window
+from lightning_perf.window_control import WindowToSave
+
+
+class ProfilerWindows:
+    """Makes the windows the controller opens, and saves those it closes.
+
+    Args:
+        config: The callback's options (the profiler's, and the pipeline's).
+        policy: Where the one-time warnings go (a window skipped for another profiler, a trace cut to
+            ``max_trace_mb``).
+        staging: Where a trace written under its staged name waits for the other ranks.
+        add: Takes each window's record, on the worker's thread, in the order the windows closed.
+
+    The callback calls :meth:`prepare` at setup, and :meth:`join` before anything reads the records.
+    """
+
+    def __init__(
+        self, config: PerfConfig, policy: ErrorPolicy, staging: RankStaging, add: Callable[[WindowRecord], None]
+    ) -> None:
+        self._config = config
+        self._policy = policy
+        self._staging = staging
+        self._add = add
+        self._worker = WindowWorker()  # writes and summarizes closed windows off the training thread, in order
+        self._dirpath: str | None = None
+        self._rank = 0
+        self._staged = False
+        self._cuda_peaks: CudaPeaks | None = None
+        self._outputs: Outputs | None = None
+
+    def prepare(
+        self, dirpath: str | None, outputs: Outputs | None, *, rank: int, world_size: int, cuda_peaks: CudaPeaks | None
+    ) -> None:
+        """Where the windows go (``dirpath``) and their operator tables also go (``outputs``), this process's
+        rank among ``world_size`` (several ranks stage their traces), the CUDA peaks (``None``: no CUDA)."""
+        self._dirpath, self._rank, self._staged = dirpath, rank, world_size > 1
+        self._cuda_peaks, self._outputs = cuda_peaks, outputs
+
+    def new_window(self, stage: str, epoch: int) -> ProfilerWindow | None:
+        """The controller's window factory: a new window of ``stage``'s epoch ``epoch``; ``None`` (with a
+        warning, once per stage) while another torch profiler runs."""
+        if torch_profiler_active():
+            self._policy.warn_once(
+                f"busy:{stage}",
+                f"PerfCallback: a {stage} window was skipped because another torch profiler is running.",
+            )
+            return None
+        config = self._config
+        return ProfilerWindow(
+            use_cuda=self._cuda_peaks is not None,
+            record_shapes=config.record_shapes,
+            profile_memory=config.profile_memory,
+            with_stack=config.with_stack,
+            with_flops=config.with_flops,
+            metadata={"lightning_perf": {"stage": stage, "epoch": epoch, "global_rank": self._rank}},
+        )
+
+    def save(self, to_save: WindowToSave | None) -> None:
+        """Stops the window and has torch export its trace, here (the training thread's stall is the record's
+        ``close_seconds``); queues the rest for the worker. ``None``: nothing to save."""
+        if to_save is None:
+            return
+        started = time.perf_counter()
+        cuda = self._cuda_peaks.read("window") if self._cuda_peaks is not None else None
+        assert self._dirpath is not None
+        closed = hand_over(
+            to_save,
+            dirpath=self._dirpath,
+            rank=self._rank,
+            staged=self._staged,
+            device="cuda" if self._cuda_peaks is not None else "cpu",
+            cuda=cuda,
+            started=started,
+        )
+        if self._staged:
+            self._staging.stage(closed.written_path, closed.record.trace_path)
+        self._worker.submit(self._process, closed)
+
+    def join(self) -> None:
+        """Waits until every window saved so far is written and added; a window the worker failed to write goes
+        to the error policy here, on the caller's thread (:meth:`WindowWorker.join`)."""
+        self._worker.join(on_error=self._failed)
+
+    def _failed(self, err: Exception) -> None:
+        self._policy.fail(None, err)
+
+    def _process(self, closed: ClosedWindow) -> None:
+        """The worker's job, on its thread: the window's trace, operator table and record, then the record to
+        ``add`` (jobs run one at a time, in order, so the records stay in order)."""
+        processed = process_window(closed, self._config, self._outputs)
+        stage = closed.record.stage
+        if processed.cut_to is not None:
+            self._policy.warn_once(
+                f"cut:{stage}",
+                f"PerfCallback: a {stage} window's trace was larger than max_trace_mb={self._config.max_trace_mb:g};"
+                f" it keeps its first {processed.cut_to} step(s). Record fewer batches (`schedule.active`), or"
+                " raise `max_trace_mb`.",
+            )
+        self._add(processed.record)

@@ -1,0 +1,111 @@
+"""
+Run setup
+=========
+
+What :class:`~lightning_perf.PerfCallback` decides when a Trainer sets it up: whether it can run at all (one
+torch profiler at a time), and where its output goes (:func:`output_places`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_perf import layout
+from lightning_perf.collect.packages import lightning_classes
+from lightning_perf.collect.profiler import torch_profiler_active
+from lightning_perf.report.json_report import REPORT_FILENAME
+from lightning_perf.report.outputs import Outputs
+
+
+def refuse_other_profilers(trainer: pl.Trainer) -> None:
+    """Fails when another torch profiler would run at the same time as our windows.
+
+    Raises:
+        MisconfigurationException: ``Trainer(profiler="pytorch")`` (of either Lightning package), or a
+            ``torch.profiler.profile`` already running.
+    """
+    if isinstance(trainer.profiler, lightning_classes("profilers", "PyTorchProfiler")):
+        raise MisconfigurationException(
+            'PerfCallback cannot run together with Lightning\'s PyTorchProfiler (`Trainer(profiler="pytorch")`):'
+            " two torch profilers cannot run at once. Remove the `profiler` argument; PerfCallback records"
+            " the same traces, on a schedule you choose."
+        )
+    if torch_profiler_active():
+        raise MisconfigurationException(
+            "PerfCallback found a torch profiler already running (a `torch.profiler.profile` context around"
+            " the Trainer call?): two torch profilers cannot run at once. Remove one of them."
+        )
+
+
+@dataclass(frozen=True)
+class OutputPlaces:
+    """Where a run's output goes; all ``None`` under ``fast_dev_run`` (but ``report_file``: kept for later).
+
+    Attributes:
+        dirpath: The output directory (traces, operator tables, the report).
+        report_file: The report's file name in it: ``perf_report.json``, or ``perf_report-1.json``, ... when
+            another run's is already there.
+        report_path: ``dirpath`` joined with ``report_file``.
+        tensorboard_logdir: The ``tensorboard --logdir`` that shows the run's scalars and traces.
+        outputs: The loggers and the event file the callback writes to, its writer already opened.
+    """
+
+    dirpath: str | None
+    report_file: str | None
+    report_path: str | None
+    tensorboard_logdir: str | None
+    outputs: Outputs | None
+
+
+def output_places(trainer: pl.Trainer, dirpath: str | None, report_file: str | None) -> OutputPlaces:
+    """Decides where everything goes: the output directory, the report's name, the loggers (of either
+    Lightning package), the ``tensorboard --logdir`` to show; nowhere under ``fast_dev_run``.
+
+    Args:
+        trainer: The trainer being set up.
+        dirpath: The ``dirpath`` option: default ``<logger.log_dir>/perf`` (``<default_root_dir>/perf``
+            without a logger).
+        report_file: The report's name at an earlier setup of the same callback: kept while that file exists
+            (``fit`` then ``test`` write one report).
+
+    Raises:
+        MisconfigurationException: The output directory cannot be made.
+    """
+    if trainer.fast_dev_run:
+        # Lightning writes nothing in this mode, nor do we: no window, event file or report, the console
+        # summary only.
+        return OutputPlaces(
+            dirpath=None, report_file=report_file, report_path=None, tensorboard_logdir=None, outputs=None
+        )
+    dirpath = os.path.abspath(dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, layout.PERF_SUBDIR))
+    try:
+        os.makedirs(dirpath, exist_ok=True)
+    except OSError as err:
+        raise MisconfigurationException(
+            f"PerfCallback cannot write its output directory dirpath={dirpath!r}: {err}"
+        ) from err
+    if report_file is None or not os.path.exists(os.path.join(dirpath, report_file)):
+        report_file = layout.unused_name(dirpath, REPORT_FILENAME)
+    tensorboard = lightning_classes("loggers", "TensorBoardLogger")
+    logger = trainer.loggers[0] if trainer.loggers else None
+    if logger is not None and isinstance(logger, (*tensorboard, *lightning_classes("loggers", "CSVLogger"))):
+        tensorboard_logdir = logger.root_dir  # a CSVLogger's log_dir holds our own event file
+    else:
+        tensorboard_logdir = dirpath
+    outputs = Outputs(
+        trainer.loggers,
+        tensorboards=[lg for lg in trainer.loggers if isinstance(lg, tensorboard)],
+        fallback_dir=dirpath,
+    )
+    outputs.prepare()  # not inside the first window's close: opening a writer takes tens of ms
+    return OutputPlaces(
+        dirpath=dirpath,
+        report_file=report_file,
+        report_path=os.path.join(dirpath, report_file),
+        tensorboard_logdir=tensorboard_logdir,
+        outputs=outputs,
+    )

@@ -1,0 +1,110 @@
+"""
+Run state
+=========
+
+What :class:`~lightning_perf.PerfCallback` keeps in a checkpoint, and how a resumed run takes it back.
+
+Version 2 keeps only what resuming needs, bounded however long the run: each stage's position, the windows
+(at most ``max_windows`` per stage), the rules' recent history, and the report's path (a resumed run takes the
+earlier epochs back from that report). Version 1 also kept every epoch, finding and per-rank table; it still
+loads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lightning_perf.diagnose.model import Finding
+from lightning_perf.epoch_report import EpochReporter
+from lightning_perf.readers import InputError, load_report
+from lightning_perf.records import EpochSummary, RankSummary, WindowRecord, from_values, plain
+from lightning_perf.report.json_report import report_epochs, window_dict
+from lightning_perf.window_control import StagePosition
+
+STATE_VERSION = 2
+
+
+def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter) -> dict[str, Any]:
+    """Plain values only: where each stage is, its windows, the rules' recent history, and where the report
+    is (the caller has joined the window worker: every closed window is in ``reporter.windows``).
+
+    Args:
+        positions: Each stage's position (:attr:`~lightning_perf.window_control.WindowControl.stages`).
+        reporter: What the run has measured.
+    """
+    return {
+        "version": STATE_VERSION,
+        "stages": {
+            stage: {
+                "epoch": pos.epoch,
+                "total_batches": reporter.stages[stage].total_batches,
+                "windows_used": pos.windows_used,
+                "history": [plain(e) for e in reporter.stages[stage].history],
+            }
+            for stage, pos in positions.items()
+        },
+        "windows": [window_dict(w, with_summary=False) for w in reporter.windows],
+        "report_path": reporter.report_path,
+    }
+
+
+def load_state_dict(
+    state: Mapping[str, Any],
+    positions: Mapping[str, StagePosition],
+    reporter: EpochReporter,
+    warn: Callable[[str, str], None],
+) -> None:
+    """Restores :func:`state_dict`'s values, and the earlier epochs from the report it names where that file is
+    still there (else the rules' recent history only); tolerates the keys a different version wrote or left
+    out at the top level, and the record fields a newer one added. Version 1 kept the whole history.
+
+    Args:
+        state: What :func:`state_dict` returned, as a checkpoint kept it.
+        positions: Each stage's position, updated in place.
+        reporter: What the run has measured, replaced by what the state holds.
+        warn: ``(key, message)``: a warning to show once (an unreadable earlier report).
+    """
+    for stage, saved in state.get("stages", {}).items():
+        if stage in positions:
+            pos, st = positions[stage], reporter.stages[stage]
+            pos.epoch = int(saved.get("epoch", pos.epoch))
+            st.total_batches = int(saved.get("total_batches", st.total_batches))
+            pos.windows_used = int(saved.get("windows_used", pos.windows_used))
+            st.history.clear()
+            st.history.extend(from_values(EpochSummary, e) for e in saved.get("history", []))
+    reporter.windows = [from_values(WindowRecord, w) for w in state.get("windows", [])]
+    reporter.epochs, reporter.findings_by_epoch, reporter.ranks = [], {}, {}
+    if "epochs" in state:  # version 1
+        reporter.epochs = [from_values(EpochSummary, e) for e in state["epochs"]]
+        for f in state.get("findings", []):
+            finding = from_values(Finding, f)
+            reporter.findings_by_epoch.setdefault((finding.stage, finding.epoch), []).append(finding)
+        reporter.ranks = {
+            (saved["stage"], saved["epoch"]): tuple(from_values(RankSummary, r) for r in saved["ranks"])
+            for saved in state.get("ranks", [])
+        }
+        for stage, st in reporter.stages.items():
+            st.history.clear()
+            st.history.extend(e for e in reporter.epochs if e.stage == stage)
+    elif not _load_earlier_report(state.get("report_path"), reporter, warn):
+        reporter.epochs = sorted((e for st in reporter.stages.values() for e in st.history), key=lambda e: e.epoch)
+
+
+def _load_earlier_report(path: str | None, reporter: EpochReporter, warn: Callable[[str, str], None]) -> bool:
+    """Takes the epochs, findings and per-rank tables back from an earlier run's report; whether it could."""
+    if not path or not os.path.isfile(path):
+        return False
+    try:
+        epochs = report_epochs(load_report(path))
+    except InputError as err:
+        warn("earlier_report", f"PerfCallback: the report to resume from is unreadable ({err}).")
+        return False
+    for summary, findings, ranks in epochs:
+        reporter.epochs.append(summary)
+        if findings:
+            reporter.findings_by_epoch[(summary.stage, summary.epoch)] = findings
+        if ranks:
+            reporter.ranks[(summary.stage, summary.epoch)] = tuple(ranks)
+    return True

@@ -1,0 +1,175 @@
+"""
+Stage hooks
+===========
+
+Lightning's per-stage hooks as the few events of a stage that :class:`~lightning_perf.PerfCallback` acts on.
+Each training, validation, test and predict hook names its stage and passes what the event needs; the
+sanity-check validation is no stage epoch, and a validation run inside a fit is told apart. A subclass
+implements the events; each hook is one call to it, nothing more (the batch hooks run on every batch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
+from typing_extensions import override
+
+
+class StageHooks(Callback):
+    """Lightning's per-stage hooks, as stage events for a subclass to implement.
+
+    Events (``stage`` is ``"train"``, ``"validate"``, ``"test"`` or ``"predict"``):
+
+    - :meth:`_epoch_start`: a stage epoch starts: a training epoch, one validation run (several per training
+      epoch with ``val_check_interval``), a test or predict run;
+    - :meth:`_batch_start` and :meth:`_batch_end`: around each batch (several dataloaders of a stage count as
+      one sequence of batches: their sizes are summed);
+    - :meth:`_epoch_end`: the stage epoch ends;
+    - :meth:`_validation_start` and :meth:`_validation_end`: around a validation run inside a fit;
+    - :meth:`_sanity_check_start`: the sanity-check validation starts (none of the above happen in it).
+    """
+
+    def _epoch_start(self, stage: str, trainer: pl.Trainer, epoch: int | None, num_batches: float) -> None:
+        """A stage epoch of ``num_batches`` starts: epoch ``epoch``, or (``None``) the stage's next."""
+        raise NotImplementedError
+
+    def _batch_start(self, stage: str, trainer: pl.Trainer, batch: Any, batch_idx: int) -> None:
+        """Batch ``batch_idx`` starts (training: of the epoch; other stages: of its dataloader)."""
+        raise NotImplementedError
+
+    def _batch_end(self, stage: str, trainer: pl.Trainer, outputs: Any) -> None:
+        """The batch has ended; ``outputs`` is what its ``*_step`` returned."""
+        raise NotImplementedError
+
+    def _epoch_end(self, stage: str, trainer: pl.Trainer) -> None:
+        """The stage epoch has ended."""
+        raise NotImplementedError
+
+    def _validation_start(self, trainer: pl.Trainer) -> None:
+        """A validation run starts (not the sanity check); inside a fit, in the middle of a training epoch."""
+        raise NotImplementedError
+
+    def _validation_end(self, trainer: pl.Trainer) -> None:
+        """A validation run inside a fit has ended (not the sanity check): the training epoch goes on."""
+        raise NotImplementedError
+
+    def _sanity_check_start(self, trainer: pl.Trainer) -> None:
+        """The sanity-check validation starts: what Lightning's loops did before it belongs to no epoch."""
+        raise NotImplementedError
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start("train", trainer, trainer.current_epoch, trainer.num_training_batches)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_start("train", trainer, batch, batch_idx)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_end("train", trainer, outputs)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end("train", trainer)
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._validation_start(trainer)
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
+            self._validation_end(trainer)
+
+    @override
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            self._sanity_check_start(trainer)
+        else:
+            self._epoch_start("validate", trainer, None, sum(trainer.num_val_batches))
+
+    @override
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not trainer.sanity_checking:
+            self._batch_start("validate", trainer, batch, batch_idx)
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if not trainer.sanity_checking:
+            self._batch_end("validate", trainer, outputs)
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._epoch_end("validate", trainer)
+
+    @override
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start("test", trainer, None, sum(trainer.num_test_batches))
+
+    @override
+    def on_test_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._batch_start("test", trainer, batch, batch_idx)
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch_end("test", trainer, outputs)
+
+    @override
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end("test", trainer)
+
+    @override
+    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start("predict", trainer, None, sum(trainer.num_predict_batches))
+
+    @override
+    def on_predict_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._batch_start("predict", trainer, batch, batch_idx)
+
+    @override
+    def on_predict_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch_end("predict", trainer, outputs)
+
+    @override
+    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_end("predict", trainer)

@@ -1,0 +1,132 @@
+"""
+Units
+=====
+
+Every number shown to a person (the console, the command line, TensorBoard's text, the findings' evidence,
+the operator tables, the chart captions) is formatted here, one formatter per unit and use:
+
+- shares: whole percentages **rounded down** (:func:`percent`), so that a share shown as "30%" has reached
+  a 30% threshold, and a share of 99.6% is not shown as all of it; a threshold as it was set
+  (:func:`limit`); a relative change between two runs (:func:`change`), rounded to one decimal;
+- ratios: two decimals rounded down (:func:`times`);
+- durations, from seconds: of a step in ms with two decimals (:func:`ms`), of an operator or a kernel in us
+  with one (:func:`us`), in a caption to about three significant digits in the unit that reads best
+  (:func:`duration`); from the microseconds of Kineto's operator statistics, in a table (:func:`duration_us`);
+- memory: in evidence, MiB or GiB (:func:`size`); in a table column, whole MiB (:func:`mib`); an operator's
+  memory, signed (freed memory is negative), in the largest unit that keeps the number >= 1
+  (:func:`signed_size`);
+- counts: whole, with thousands separators (:func:`count`).
+
+Pure: imports nothing from torch, Lightning or the rest of this package, so that every layer can use it.
+"""
+
+from __future__ import annotations
+
+import math
+
+TOLERANCE = 1e-9
+"""A measured share equal to its threshold counts as reaching it even when floating point puts it a hair
+below (0.3 computed as 0.29999999999999993); a share is rounded down with the same tolerance."""
+
+MIB = 2**20
+GIB = 2**30
+
+
+def _round_down(value: float, decimals: int) -> float:
+    """``value`` rounded down to ``decimals`` decimals, within :data:`TOLERANCE` of the next one up."""
+    scale = 10**decimals
+    return math.floor(value * scale + TOLERANCE * scale) / scale
+
+
+# --- Shares and ratios ---------------------------------------------------------------------------------------
+
+
+def percent(fraction: float, decimals: int = 0) -> str:
+    """A measured share as a percentage rounded down: ``0.629`` -> ``"62%"``, ``0.996`` -> ``"99%"``;
+    ``percent(0.2346, 1)`` -> ``"23.4%"``."""
+    return f"{_round_down(fraction, decimals + 2) * 100:.{decimals}f}%"
+
+
+def limit(fraction: float) -> str:
+    """A threshold share as set: ``0.1`` -> ``"10%"``, ``0.125`` -> ``"12.5%"``."""
+    return f"{round(fraction * 100, 6):g}%"
+
+
+def change(ratio: float, *, signed: bool = True) -> str:
+    """A relative change, ``after / before - 1``: ``-0.1234`` -> ``"-12.3%"`` (``signed=False``: ``"12.3%"``)."""
+    return f"{ratio:+.1%}" if signed else f"{ratio:.1%}"
+
+
+def times(ratio: float) -> str:
+    """A measured ratio, rounded down to two decimals: ``2.468`` -> ``"2.46x"``."""
+    return f"{_round_down(ratio, 2):.2f}x"
+
+
+# --- Durations -----------------------------------------------------------------------------------------------
+
+
+def ms(seconds: float) -> str:
+    """A step-level time: ``0.01234`` -> ``"12.34 ms"``."""
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def us(seconds: float) -> str:
+    """An operator- or kernel-level time: ``4.2e-6`` -> ``"4.2 us"``."""
+    return f"{seconds * 1e6:.1f} us"
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` in the unit that reads best, to about three significant digits: ``"41.2 ms"``,
+    ``"1.50 s"``, ``"450 µs"``."""
+    if seconds == 0:
+        return "0 ms"
+    for unit, factor in (("s", 1.0), ("ms", 1e3), ("µs", 1e6)):
+        value = seconds * factor
+        if value >= 0.9995 or unit == "µs":
+            break
+    if value >= 99.95:
+        return f"{value:.0f} {unit}"
+    return f"{value:.1f} {unit}" if value >= 9.995 else f"{value:.2f} {unit}"
+
+
+def duration_us(microseconds: float) -> str:
+    """Microseconds (Kineto's unit) as a short human string: ``812 us``, ``3.42 ms``, ``1.20 s``."""
+    if microseconds < 1_000:
+        return f"{microseconds:.0f} us"
+    if microseconds < 1_000_000:
+        return f"{microseconds / 1_000:.2f} ms"
+    return f"{microseconds / 1_000_000:.2f} s"
+
+
+# --- Memory --------------------------------------------------------------------------------------------------
+
+
+def size(nbytes: float) -> str:
+    """Memory in evidence: MiB below 1 GiB, else GiB with one decimal."""
+    if abs(nbytes) >= GIB:
+        return f"{nbytes / GIB:.1f} GiB"
+    return f"{nbytes / MIB:.0f} MiB"
+
+
+def mib(nbytes: float) -> str:
+    """Memory in a table column: whole MiB, ``"1,234 MiB"``."""
+    return f"{nbytes / MIB:,.0f} MiB"
+
+
+def signed_size(nbytes: int) -> str:
+    """Bytes, signed (memory freed is negative), in the largest unit that keeps the number >= 1."""
+    sign = "-" if nbytes < 0 else ""
+    value = float(abs(nbytes))
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+# --- Counts --------------------------------------------------------------------------------------------------
+
+
+def count(value: float) -> str:
+    """A count or a rate, whole, with thousands separators: ``5388.4`` -> ``"5,388"``."""
+    return f"{value:,.0f}"

@@ -1,0 +1,283 @@
+"""
+Window control
+==============
+
+Which batches of each stage the profiler warms up on and records, and the one window open at a time: the
+window semantics of README section "Windows, exactly", as plain code over any
+:class:`~lightning_perf.collect.window.Window`. No Lightning and no ``torch.profiler`` here:
+:class:`~lightning_perf.PerfCallback` calls a :class:`WindowControl` from its hooks and hands what it closes
+to the per-window pipeline (:mod:`lightning_perf.window_close`); the tests drive one with a fake window.
+
+Notes:
+    1. Batches are counted per stage from 0 at each epoch start; the plan
+       (:func:`~lightning_perf.schedule.make_plan`) says what each batch does.
+    2. One window is open at a time: a window of another stage that the plan would open meanwhile (a
+       validation run inside a training window) is skipped, with a note.
+    3. A validation run inside a training window pauses it when it has recorded batches; a window that has
+       not (still warming up) is dropped, and planned again after validation.
+    4. A window still open when its stage's epoch ends is saved there, marked ``shortened``.
+    5. A window that recorded nothing is dropped and does not count against ``max_windows``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_perf.collect.window import Window, WindowState
+from lightning_perf.schedule import Action, WindowPlan
+
+#: ``(key, message)``: a message to show once per key (see :class:`~lightning_perf.error_policy.ErrorPolicy`).
+Say = Callable[[str, str], None]
+
+
+@dataclass
+class StagePosition:
+    """Where one stage is, as far as windows go.
+
+    Attributes:
+        epoch: The stage's current epoch (``-1`` before its first).
+        batch: The batch within the epoch, from 0.
+        num_batches: The epoch's batches (``inf``: unknown).
+        windows_used: The windows the stage has opened in the run, against ``max_windows``.
+        windows_this_epoch: The windows saved in the current epoch.
+    """
+
+    epoch: int = -1
+    batch: int = 0
+    num_batches: float = math.inf
+    windows_used: int = 0
+    windows_this_epoch: int = 0
+
+
+@dataclass(frozen=True)
+class OpenWindow:
+    """The window open now: of which stage and epoch, and its step on the stage's axis (set when it starts
+    recording)."""
+
+    window: Window
+    stage: str
+    epoch: int
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class WindowToSave:
+    """A window closed with recorded batches, for the per-window pipeline
+    (:func:`~lightning_perf.window_close.hand_over`), which stops it and has its trace exported."""
+
+    open: OpenWindow
+    shortened: bool
+    recorded: Sequence[int]
+
+
+class WindowControl:
+    """Plans, opens, pauses and closes the profiler windows of every stage, one at a time.
+
+    Args:
+        plan: Which batches of an epoch to warm up on and record.
+        max_windows: At most this many windows per stage per run.
+        stages: The stages to keep positions for.
+        new_window: ``(stage, epoch) -> Window``: a new window, or ``None`` when none can record now (the
+            factory says why).
+        started: ``(stage, context) -> step``: called when a window starts recording, with the ``context``
+            the caller passed; returns the window's step on the stage's axis.
+        warn, info: ``(key, message)``: what to show once per key, as a warning or as a note.
+
+    The caller sets :attr:`records` (whether this process records windows at all) and calls, for each stage:
+    :meth:`epoch_start`, then :meth:`before_batch`; per batch :meth:`batch_started` (only while a window of the
+    stage is open), :meth:`end_step` and :meth:`next_batch`; at the epoch's end :meth:`close` and, once the
+    epoch is reported, :meth:`epoch_end`. Around a validation run inside training: :meth:`validation_start` and
+    :meth:`validation_end`. Each call that can close a window returns what it closed (:class:`WindowToSave`)
+    or ``None``.
+
+    Example::
+
+        control = WindowControl(make_plan(config), max_windows=5, stages=STAGES, new_window=factory,
+                                started=lambda stage, context: 0, warn=print_once, info=print_once)
+        control.epoch_start("train", 8, epoch=0)
+        control.before_batch("train", None)
+    """
+
+    def __init__(
+        self,
+        plan: WindowPlan,
+        *,
+        max_windows: int,
+        stages: Iterable[str],
+        new_window: Callable[[str, int], Window | None],
+        started: Callable[[str, Any], int],
+        warn: Say,
+        info: Say,
+    ) -> None:
+        self.plan = plan
+        self.max_windows = max_windows
+        self.stages = {stage: StagePosition() for stage in stages}
+        self.open: OpenWindow | None = None
+        self.records = True
+        self._new_window = new_window
+        self._started = started
+        self._warn = warn
+        self._info = info
+
+    def epoch_start(self, stage: str, num_batches: float, *, epoch: int | None = None, first_batch: int = 0) -> None:
+        """A stage epoch of ``num_batches`` starts: epoch ``epoch``, or (``None``) the stage's next (validation
+        runs, test and predict calls are numbered in order); at ``first_batch``, later than 0 when a run
+        resumes mid-epoch."""
+        pos = self.stages[stage]
+        pos.epoch = pos.epoch + 1 if epoch is None else epoch
+        pos.batch, pos.num_batches, pos.windows_this_epoch = first_batch, num_batches, 0
+
+    def next_batch(self, stage: str, context: Any) -> WindowToSave | None:
+        """Moves ``stage`` on to its next batch and sets the window up for it (:meth:`before_batch`). Between
+        windows, a few comparisons and no call but the plan's."""
+        pos = self.stages[stage]
+        pos.batch += 1
+        if self.open is None:
+            if not self.records or pos.windows_used >= self.max_windows:
+                return None  # no window to open on this rank, or no more for this stage
+            if pos.batch < pos.num_batches and self.plan.action(pos.batch, pos.num_batches) is Action.NONE:
+                return None
+        return self.before_batch(stage, context)
+
+    def before_batch(self, stage: str, context: Any) -> WindowToSave | None:
+        """Sets the window up for the stage's current batch, as the plan says: opens, warms up, starts
+        recording, or opens the batch's step span; at the end of the epoch, saves a window still open."""
+        pos = self.stages[stage]
+        open_ = self.open
+        if pos.batch >= pos.num_batches:
+            # The epoch's last batch is done: a window still open cannot complete.
+            return self.close(stage, shortened=True)
+        if open_ is None and (not self.records or pos.windows_used >= self.max_windows):
+            return None
+        action = self.plan.action(pos.batch, pos.num_batches)
+        if action is Action.NONE:
+            return None
+        if open_ is None:
+            open_ = self._open(stage, pos)
+            if open_ is None:
+                return None
+        elif open_.stage != stage:
+            self._info(
+                f"overlap:{stage}",
+                f"PerfCallback: a {stage} window was skipped: it fell inside a {open_.stage} window"
+                f" (a validation run in the middle of a training window). Only one profiler can run at a time.",
+            )
+            return None
+        window = open_.window
+        if action is Action.WARMUP:
+            if window.state is WindowState.CREATED:
+                window.warm_up()
+            return None
+        if window.state in (WindowState.CREATED, WindowState.WARMING_UP):
+            window.start()
+            self.open = dataclasses.replace(open_, step=self._started(stage, context))
+        window.begin_step(pos.batch)
+        return None
+
+    def batch_started(self, stage: str) -> None:
+        """The stage's current batch starts inside the open window (call only while one of ``stage`` is)."""
+        assert self.open is not None
+        self.open.window.mark_ran(self.stages[stage].batch)
+
+    def end_step(self, stage: str) -> WindowToSave | None:
+        """The stage's current batch has ended: closes its step span, and the window after its last batch."""
+        open_ = self.open
+        if open_ is None or open_.stage != stage or open_.window.state is not WindowState.RECORDING:
+            return None
+        open_.window.end_step()
+        pos = self.stages[stage]
+        if self.plan.action(pos.batch, pos.num_batches) is Action.RECORD_AND_SAVE:
+            return self.close(stage, shortened=False)
+        return None
+
+    def validation_start(self) -> WindowToSave | None:
+        """A validation run starts inside training: an open training window that recorded batches pauses;
+        one that did not (warming up) is dropped, so that the validation run can have a window."""
+        open_ = self.open
+        if open_ is None or open_.stage != "train":
+            return None
+        if open_.window.state is WindowState.RECORDING and open_.window.ran:
+            open_.window.pause()
+            return None
+        return self.close("train", shortened=False)
+
+    def validation_end(self, context: Any) -> WindowToSave | None:
+        """The validation run inside training has ended: a paused training window resumes; with none open,
+        the training batch to come is planned again (a window dropped at :meth:`validation_start`)."""
+        open_ = self.open
+        if open_ is None:
+            return self.before_batch("train", context)
+        if open_.window.state is WindowState.PAUSED:
+            open_.window.resume()
+        return None
+
+    def close(self, stage: str | None = None, *, shortened: bool) -> WindowToSave | None:
+        """Closes the open window (only if it is ``stage``'s, when given). One that recorded nothing is
+        stopped here and does not count against ``max_windows``; one that did is returned, still to stop."""
+        open_ = self.open
+        if open_ is None or stage not in (None, open_.stage):
+            return None
+        self.open = None
+        window, pos = open_.window, self.stages[open_.stage]
+        recorded = window.recorded
+        if not recorded:
+            if window.state is not WindowState.STOPPED:
+                window.stop()
+            pos.windows_used -= 1
+            return None
+        if shortened:
+            self._warn(
+                f"shortened:{open_.stage}",
+                f"PerfCallback: a {open_.stage} window was cut short by the end of its epoch or of the run"
+                f" (recorded batches {recorded[0]}-{recorded[-1]}); its trace is saved as it is.",
+            )
+        pos.windows_this_epoch += 1
+        return WindowToSave(open=open_, shortened=shortened, recorded=recorded)
+
+    def drop(self, stage: str) -> None:
+        """Drops ``stage``'s open window after a failure, stopping its profiler if it can."""
+        open_ = self.open
+        if open_ is None or open_.stage != stage:
+            return
+        self.open = None
+        if open_.window.state not in (WindowState.CREATED, WindowState.STOPPED):
+            with contextlib.suppress(Exception):  # the profiler is already broken; nothing more to save
+                open_.window.stop()
+
+    def epoch_end(self, stage: str) -> None:
+        """The stage's epoch is over and reported: warns (once) when it was too short for the plan to open a
+        window, on a process that records windows and a stage with windows left."""
+        pos = self.stages[stage]
+        first = self.plan.first_active()
+        if (
+            pos.windows_this_epoch == 0
+            and first is not None
+            and pos.batch <= first
+            and pos.windows_used < self.max_windows
+            and self.records
+        ):
+            self._warn(
+                f"short:{stage}",
+                f"PerfCallback: the {stage} epoch had {pos.batch} batches, too few for the schedule (its first"
+                f" recorded batch is {first}), so it has no profiler window. Lower `schedule.skip_first`/`wait`,"
+                f" or pass `batches=[...]`.",
+            )
+
+    def _open(self, stage: str, pos: StagePosition) -> OpenWindow | None:
+        window = self._new_window(stage, pos.epoch)
+        if window is None:
+            return None
+        self.open = OpenWindow(window=window, stage=stage, epoch=pos.epoch)
+        pos.windows_used += 1
+        if pos.windows_used == self.max_windows:
+            self._info(
+                f"max:{stage}",
+                f"PerfCallback: this {stage} window is the last of max_windows={self.max_windows}; no more"
+                f" {stage} traces in this run.",
+            )
+        return self.open
