@@ -186,8 +186,11 @@ def _kineto_text(event: dict[str, Any]) -> str:
         return "  {\n    " + json.dumps(event)[1:-1] + "\n  }"
     top = {k: v for k, v in event.items() if k != "args"}
     return (
-        "  {\n    " + json.dumps(top)[1:-1]
-        + ',\n    "args": {\n      ' + json.dumps(event["args"])[1:-1] + "\n    }\n  }"
+        "  {\n    "
+        + json.dumps(top)[1:-1]
+        + ',\n    "args": {\n      '
+        + json.dumps(event["args"])[1:-1]
+        + "\n    }\n  }"
     )
 
 
@@ -480,9 +483,7 @@ def print_summary(
     for tool in tools:
         if tool == "ours":
             continue
-        pairs = [
-            (tr.label, tr.events, _speedup(results[tr.label]["ours"], results[tr.label][tool])) for tr in traces
-        ]
+        pairs = [(tr.label, tr.events, _speedup(results[tr.label]["ours"], results[tr.label][tool])) for tr in traces]
         large = [(label, x) for label, events, x in pairs if x and events >= MIN_EVENTS_FOR_RATE]
         small = [(label, x) for label, events, x in pairs if x and events < MIN_EVENTS_FOR_RATE]
         if not large:
@@ -512,10 +513,7 @@ def print_summary(
     label, events, seconds = max(rates, key=lambda r: r[2] / r[1])
     worst = seconds * 100_000 / events
     met = "MET" if worst < TARGET_SECONDS_PER_100K else "NOT MET"
-    print(
-        f"  a 100k-event trace in < {TARGET_SECONDS_PER_100K:.0f} s: {met}"
-        f" (slowest {worst:.2f} s per 100k, {label})"
-    )
+    print(f"  a 100k-event trace in < {TARGET_SECONDS_PER_100K:.0f} s: {met} (slowest {worst:.2f} s per 100k, {label})")
 
 
 # --- Main -----------------------------------------------------------------------------------------------------
@@ -531,9 +529,7 @@ def main() -> None:
     parser.add_argument("--keep-synthetic", type=pathlib.Path, help="also copy the synthetic trace to this path")
     parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated, of ours,tb,hta (default: all)")
     parser.add_argument("--hta-breakdown", action="store_true", help="time HTA's parse plus get_temporal_breakdown")
-    parser.add_argument(
-        "--in-process", action="store_true", help="time every tool on every trace in this one process"
-    )
+    parser.add_argument("--in-process", action="store_true", help="time every tool on every trace in this one process")
     parser.add_argument("--worker", choices=TOOLS, help=argparse.SUPPRESS)  # time_isolated's child
     parser.add_argument("--workdir", type=pathlib.Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

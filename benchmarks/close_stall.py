@@ -340,12 +340,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     warnings.filterwarnings("ignore")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, lightning {lightning.__version__}; CPUs: {os.cpu_count()},"
-          f" torch threads: {torch.get_num_threads()}")
+    print(
+        f"torch {torch.__version__}, lightning {lightning.__version__}; CPUs: {os.cpu_count()},"
+        f" torch threads: {torch.get_num_threads()}"
+    )
     w = args.width
-    print(f"model: SimpleDenseNet 784-{w}-{w}-{w}-10 + BatchNorm, Adam, batch {BATCH_SIZE}, torchmetrics;"
-          f" {args.rounds} rounds, {args.batches} batches per epoch"
-          + (f", {args.device_wait_ms:g} ms device wait per step" if args.device_wait_ms else "") + "\n")
+    print(
+        f"model: SimpleDenseNet 784-{w}-{w}-{w}-10 + BatchNorm, Adam, batch {BATCH_SIZE}, torchmetrics;"
+        f" {args.rounds} rounds, {args.batches} batches per epoch"
+        + (f", {args.device_wait_ms:g} ms device wait per step" if args.device_wait_ms else "")
+        + "\n"
+    )
     runs: list[Run] = []
     for _ in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="lp-close-") as root:

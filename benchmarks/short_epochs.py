@@ -296,8 +296,10 @@ def size(n: int | None) -> str:
 def print_round(r: int, runs: dict[str, Run], epochs: int) -> None:
     base = runs["a"]
     print(f"round {r}")
-    print(f"  {'configuration':<46} {'fit':>8} {'ratio':>6} {'windows':>7} {'last .ckpt':>11} {'report':>9}"
-          f" {'console lines':>13} {'lightning-perf |':>16} {'warnings':>8} {'other load':>10}")
+    print(
+        f"  {'configuration':<46} {'fit':>8} {'ratio':>6} {'windows':>7} {'last .ckpt':>11} {'report':>9}"
+        f" {'console lines':>13} {'lightning-perf |':>16} {'warnings':>8} {'other load':>10}"
+    )
     for c, run in runs.items():
         label = f"({c}) {CONFIGS[c][0]}"
         load = f"{100 * run.other_load:8.0f} %" if run.other_load is not None else "n/a"
@@ -336,8 +338,10 @@ def print_round(r: int, runs: dict[str, Run], epochs: int) -> None:
 def print_hooks(runs: dict[str, Run], epochs: int) -> None:
     """Where the time inside PerfCallback goes: its methods that take measurable time, in the first and last bands."""
     early, late = bands(epochs)[0], bands(epochs)[-1]
-    print(f"  inside PerfCallback by method (median ms per epoch at epochs {early.start}-{early.stop - 1}"
-          f" -> {late.start}-{late.stop - 1})")
+    print(
+        f"  inside PerfCallback by method (median ms per epoch at epochs {early.start}-{early.stop - 1}"
+        f" -> {late.start}-{late.stop - 1})"
+    )
     for c, run in runs.items():
         cells = []
         for name, per_epoch in sorted(run.by_hook.items()):
@@ -352,8 +356,10 @@ def print_hooks(runs: dict[str, Run], epochs: int) -> None:
 def print_summary(rounds: list[dict[str, Run]], epochs: int) -> None:
     """Ranges over rounds of the figures the issue quotes."""
     early, late = bands(epochs)[0], bands(epochs)[-1]
-    print(f"summary over {len(rounds)} round(s) (min..max); extra per epoch at epochs"
-          f" {early.start}-{early.stop - 1} and {late.start}-{late.stop - 1}")
+    print(
+        f"summary over {len(rounds)} round(s) (min..max); extra per epoch at epochs"
+        f" {early.start}-{early.stop - 1} and {late.start}-{late.stop - 1}"
+    )
     for c in rounds[0]:
         if c == "a":
             fits = [r["a"].fit_seconds for r in rounds]
@@ -402,8 +408,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, lightning {lightning.__version__}, CPUs: {os.cpu_count()}, torch threads: 1")
-    print(f"model: Linear(16, 32) + ReLU + Linear(32, 1), batch {BATCH_SIZE}, {args.batches} batches x"
-          f" {args.epochs} epochs; default logger and ModelCheckpoint; {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    print(
+        f"model: Linear(16, 32) + ReLU + Linear(32, 1), batch {BATCH_SIZE}, {args.batches} batches x"
+        f" {args.epochs} epochs; default logger and ModelCheckpoint; {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
+    )
     print()
     configs = [c for c in CONFIGS if c in args.configs]
     start = time.perf_counter()

@@ -112,14 +112,20 @@ def main() -> None:
     events = len(perf.windows[0].operators)
     steps = [w.summary.step_time for w in perf.windows if w.summary]
     options = [name for name in ("with_stack", "profile_memory", "record_shapes") if getattr(args, name)]
-    print(f"torch {torch.__version__}, lightning {pl.__version__}; {args.epochs} epochs, 40 batches each;"
-          f" {', '.join(options) or 'default options'}")
+    print(
+        f"torch {torch.__version__}, lightning {pl.__version__}; {args.epochs} epochs, 40 batches each;"
+        f" {', '.join(options) or 'default options'}"
+    )
     print(f"  recorded step inside a window: median {statistics.median(steps) * 1e3:.2f} ms")
-    print(f"  window close, training thread ({args.active} batches,"
-          f" {statistics.median(sizes) / 1024:.0f} KiB gzipped, {events} operators):"
-          f" median {statistics.median(closes) * 1e3:.1f} ms, max {max(closes) * 1e3:.1f} ms")
-    print(f"  epoch end (summary, rules, TensorBoard, perf_report.json):"
-          f" median {statistics.median(timer.durations) * 1e3:.1f} ms, max {max(timer.durations) * 1e3:.1f} ms")
+    print(
+        f"  window close, training thread ({args.active} batches,"
+        f" {statistics.median(sizes) / 1024:.0f} KiB gzipped, {events} operators):"
+        f" median {statistics.median(closes) * 1e3:.1f} ms, max {max(closes) * 1e3:.1f} ms"
+    )
+    print(
+        f"  epoch end (summary, rules, TensorBoard, perf_report.json):"
+        f" median {statistics.median(timer.durations) * 1e3:.1f} ms, max {max(timer.durations) * 1e3:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

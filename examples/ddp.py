@@ -68,8 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     if trainer.is_global_zero:
         print(f"Per-rank traces, one directory per window: {perf.dirpath}")
         print(
-            "Open them (each window is a run, its ranks are workers):"
-            f" tensorboard --logdir {perf.tensorboard_logdir}"
+            f"Open them (each window is a run, its ranks are workers): tensorboard --logdir {perf.tensorboard_logdir}"
         )
 
 

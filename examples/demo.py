@@ -48,7 +48,9 @@ class DigitsClassifier(pl.LightningModule):
     def __init__(self, hidden: int = 128, lr: float = 1e-3) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+        self.net = nn.Sequential(
+            nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10)
+        )
 
     def training_step(self, batch, batch_idx):
         x, y = batch

@@ -5,17 +5,8 @@ PerfCallback
 Scheduled ``torch.profiler`` windows for every stage of a Lightning run, with traces that TensorBoard's
 PyTorch Profiler tab, Perfetto and Holistic Trace Analysis read, and operator tables in TensorBoard.
 
-The callback is Lightning's hooks and the wiring between the units that do the work:
-
-- :mod:`lightning_perf.stage_hooks`: which Lightning hook is which stage event;
-- :mod:`lightning_perf.window_control`: which batches to record, and the one open window (no Lightning, no
-  torch: unit-tested with a fake window);
-- :mod:`lightning_perf.profiler_windows` and :mod:`lightning_perf.window_close`: the real windows, made and
-  saved through the per-window pipeline;
-- :mod:`lightning_perf.epoch_report`: each stage epoch measured, diagnosed and reported;
-- :mod:`lightning_perf.rank_staging`, :mod:`lightning_perf.run_state`, :mod:`lightning_perf.run_setup`: what the
-  ranks share, what a checkpoint keeps, where the output goes;
-- :mod:`lightning_perf.error_policy`: what a failure of our own does (``strict``), and what is said once.
+The callback is Lightning's hooks, the wiring between the units that do the work (:mod:`lightning_perf.hooks`
+lists them) and the error policy.
 """
 
 from __future__ import annotations
@@ -27,7 +18,6 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_perf import run_state
 from lightning_perf.collect.batch import BatchSizer
 from lightning_perf.collect.loops import LoopStartTimer
 from lightning_perf.collect.memory import CudaPeaks
@@ -43,15 +33,16 @@ from lightning_perf.config import (
     Stage,
 )
 from lightning_perf.diagnose.model import Finding
-from lightning_perf.epoch_report import EpochReporter
-from lightning_perf.error_policy import ErrorPolicy
-from lightning_perf.profiler_windows import ProfilerWindows
-from lightning_perf.rank_staging import RankStaging
+from lightning_perf.hooks import run_state
+from lightning_perf.hooks.epoch_report import EpochReporter
+from lightning_perf.hooks.error_policy import ErrorPolicy
+from lightning_perf.hooks.profiler_windows import ProfilerWindows
+from lightning_perf.hooks.rank_staging import RankStaging
+from lightning_perf.hooks.run_setup import output_places, refuse_other_profilers
+from lightning_perf.hooks.stage_hooks import StageHooks
+from lightning_perf.hooks.window_control import WindowControl
 from lightning_perf.records import EpochSummary, WindowRecord
-from lightning_perf.run_setup import output_places, refuse_other_profilers
 from lightning_perf.schedule import make_plan
-from lightning_perf.stage_hooks import StageHooks
-from lightning_perf.window_control import WindowControl
 
 
 class PerfCallback(StageHooks):
@@ -232,13 +223,13 @@ class PerfCallback(StageHooks):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """See :func:`lightning_perf.run_state.state_dict`."""
+        """See :func:`lightning_perf.hooks.run_state.state_dict`."""
         self._profiler_windows.join()
         return run_state.state_dict(self._positions, self._epochs)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """See :func:`lightning_perf.run_state.load_state_dict`."""
+        """See :func:`lightning_perf.hooks.run_state.load_state_dict`."""
         run_state.load_state_dict(state_dict, self._positions, self._epochs, self._policy.warn_once)
 
     @override
@@ -254,7 +245,7 @@ class PerfCallback(StageHooks):
         rank, ranks, world_size = trainer.global_rank, self.config.ranks, trainer.world_size
         self._profiler_windows.prepare(self.dirpath, places.outputs, rank=rank, world_size=world_size, cuda_peaks=cuda)
         # and no window under fast_dev_run: Lightning writes nothing then, nor do we
-        self._control.records = (ranks is None or rank in ranks) and not trainer.fast_dev_run
+        self._control.records = (ranks is None or rank in ranks) and not trainer.fast_dev_run  # type: ignore[attr-defined]
         self._windows_at_setup = len(self.windows)
         self._policy.safely(None, self._loop_timer.install, trainer)
         if world_size > 1:
@@ -329,7 +320,8 @@ class PerfCallback(StageHooks):
         st.total_batches += 1
         # Inline try blocks, not policy.safely(): free in CPython 3.11 when nothing raises, and no bound-method or
         # argument-tuple allocation on every batch.
-        cadence = trainer.log_every_n_steps  # 0 (e.g. Trainer(barebones=True)): no per-batch scalars
+        # 0 (e.g. Trainer(barebones=True)): no per-batch scalars. (Set by a connector of Lightning's: unseen by mypy.)
+        cadence = trainer.log_every_n_steps  # type: ignore[attr-defined]
         if cadence and st.total_batches % cadence == 0:
             try:
                 self._epochs.log_batch(stage, trainer)

@@ -103,7 +103,7 @@ def trace_rank(path: str, trace: KinetoTrace | Mapping[str, Any]) -> int:
 def command_report(args: argparse.Namespace) -> int:
     reports = [(path, load_report(path)) for path in find_reports(args.run_dir)]
     if args.json:
-        data: Any = reports[0][1] if len(reports) == 1 else {path: report for path, report in reports}
+        data: Any = reports[0][1] if len(reports) == 1 else dict(reports)
         print(json.dumps(data, indent=1))
         return EXIT_OK
     for path, report in reports:
@@ -336,7 +336,9 @@ def _finding_changes(before: _Side, after: _Side) -> tuple[list[str], list[str],
     fixed = sorted(set(before.findings) - set(after.findings))
     new = sorted(set(after.findings) - set(before.findings))
     kept = [
-        name if before.findings[name] == after.findings[name] else f"{name} ({before.findings[name]} -> {after.findings[name]})"
+        name
+        if before.findings[name] == after.findings[name]
+        else f"{name} ({before.findings[name]} -> {after.findings[name]})"
         for name in sorted(set(before.findings) & set(after.findings))
     ]
     return fixed, new, kept
@@ -345,7 +347,11 @@ def _finding_changes(before: _Side, after: _Side) -> tuple[list[str], list[str],
 def _operator_changes(before: _Side, after: _Side) -> list[tuple[str, float, float]]:
     names = set(before.operators) | set(after.operators)
     changes = [
-        (name, _op_time(before.operators[name]) if name in before.operators else 0.0, _op_time(after.operators[name]) if name in after.operators else 0.0)
+        (
+            name,
+            _op_time(before.operators[name]) if name in before.operators else 0.0,
+            _op_time(after.operators[name]) if name in after.operators else 0.0,
+        )
         for name in names
     ]
     return sorted(changes, key=lambda c: -abs(c[2] - c[1]))
@@ -367,7 +373,7 @@ def _comparison_json(before: _Side, after: _Side, rows: list[tuple[str, str, str
         "before": before.label,
         "after": after.label,
         "metrics": {name: {"before": b, "after": a, "change": c} for name, b, a, c in rows},
-        "findings": dict(zip(("fixed", "new", "kept"), _finding_changes(before, after))),
+        "findings": dict(zip(("fixed", "new", "kept"), _finding_changes(before, after), strict=True)),
         "operators": [{"name": n, "before_us": b, "after_us": a} for n, b, a in _operator_changes(before, after)[:20]],
     }
 
@@ -383,12 +389,18 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="a run's per-epoch summaries and findings")
     report.add_argument("run_dir", help="a run directory (searched for perf_report.json) or a report file")
     report.add_argument("--json", action="store_true", help="print the report as JSON")
-    report.add_argument("-v", "--verbose", type=int, default=2, choices=(1, 2), help="2: also info findings and evidence")
+    report.add_argument(
+        "-v", "--verbose", type=int, default=2, choices=(1, 2), help="2: also info findings and evidence"
+    )
     report.set_defaults(run=command_report)
 
     analyze = commands.add_parser("analyze", help="the trace-level rules on Kineto traces")
-    analyze.add_argument("paths", nargs="+", help="trace files or directories (a directory of ranks: cross-rank findings)")
-    analyze.add_argument("--precision", default=None, help='the run\'s Lightning precision, e.g. "32-true" (enables the precision rule)')
+    analyze.add_argument(
+        "paths", nargs="+", help="trace files or directories (a directory of ranks: cross-rank findings)"
+    )
+    analyze.add_argument(
+        "--precision", default=None, help='the run\'s Lightning precision, e.g. "32-true" (enables the precision rule)'
+    )
     analyze.add_argument("--json", action="store_true")
     analyze.add_argument("-v", "--verbose", type=int, default=1, choices=(1, 2))
     analyze.set_defaults(run=command_analyze)
@@ -396,7 +408,13 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="two runs or two traces side by side")
     compare.add_argument("before", help="a run directory, a perf_report.json, or a trace")
     compare.add_argument("after", help="a run directory, a perf_report.json, or a trace")
-    compare.add_argument("--fail-if-slower", type=float, metavar="PCT", default=None, help="exit 1 if step time p50 grew by more than PCT percent")
+    compare.add_argument(
+        "--fail-if-slower",
+        type=float,
+        metavar="PCT",
+        default=None,
+        help="exit 1 if step time p50 grew by more than PCT percent",
+    )
     compare.add_argument("--operators", type=int, default=10, help="how many operators to list")
     compare.add_argument("--precision", default=None, help=argparse.SUPPRESS)
     compare.add_argument("--json", action="store_true")

@@ -23,5 +23,7 @@ import pytorch_lightning
 from lightning_perf import callback
 
 
-class StandalonePerfCallback(callback.PerfCallback, pytorch_lightning.Callback):
+# Each package's hooks name its own Trainer and LightningModule, so mypy sees every hook as incompatible
+# between the two bases; Lightning calls them with its own classes, which is what each base expects.
+class StandalonePerfCallback(callback.PerfCallback, pytorch_lightning.Callback):  # type: ignore[misc]
     """:class:`lightning_perf.PerfCallback`, also a ``pytorch_lightning.Callback`` (same arguments)."""

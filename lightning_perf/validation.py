@@ -169,9 +169,9 @@ PATH = Kind("a path", lambda value: isinstance(value, str) or hasattr(value, "__
 CALLABLE = Kind("a callable", callable)
 INDICES = Kind(
     "a list of integers >= 0",
-    lambda value: isinstance(value, Iterable)
-    and not isinstance(value, (str, bytes))
-    and all(is_int(v) and v >= 0 for v in value),
+    lambda value: (
+        isinstance(value, Iterable) and not isinstance(value, (str, bytes)) and all(is_int(v) and v >= 0 for v in value)
+    ),
 )
 
 

@@ -27,7 +27,6 @@ def gpu_trace():
 os.environ.setdefault("LIGHTNING_PERF_STRICT", "1")
 
 
-
 @pytest.fixture
 def one_thread():
     """One intra-op torch thread for the test (:func:`models.torch_threads`)."""

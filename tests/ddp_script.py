@@ -1,4 +1,4 @@
-"""A real two-process run for tests/test_distributed.py: ``python ddp_script.py ROOT STRATEGY SCENARIO``.
+"""A real two-process run for tests/callback/test_distributed.py: ``python ddp_script.py ROOT STRATEGY SCENARIO``.
 
 Scenarios: ``plain``; ``straggler`` (rank 1 sleeps 20 ms every step); ``communication`` (large parameters,
 tiny compute: the gradient all-reduce dominates); ``raises`` (rank 1 raises in its third step);

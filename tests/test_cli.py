@@ -1,246 +1,229 @@
-"""PerfCallback through the real LightningCLI (jsonargparse): YAML configs, command-line flags, --print_config
-and the errors a bad value gives. Drives ``examples/cli.py``, in process and as a subprocess; no mocks."""
+"""The offline command line on real runs and real traces: ``lightning-perf report``, ``analyze`` and
+``compare``, through ``main()`` and as a console script."""
 
-from __future__ import annotations
-
-import dataclasses
-import importlib.util
-import inspect
+import json
 import os
-import re
+import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
-from lightning_perf import PerfCallback, Schedule
-from lightning_perf.config import STAGES
+from lightning_perf import PerfCallback
+from lightning_perf.cli import main
+from lightning_perf.diagnosis_context import trace_context, trace_stage
+from lightning_perf.readers import load_trace
+from lightning_perf.summarize.step_summary import summarize_trace
+from models import TinyModel, torch_threads, trainer
 
-# Lightning 2.6's cli.py still calls jsonargparse APIs deprecated in jsonargparse 4.49: theirs, not ours.
-pytestmark = pytest.mark.filterwarnings("ignore::jsonargparse._deprecated.JsonargparseDeprecationWarning")
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "cli.py"
-EXAMPLE_CONFIG = ROOT / "examples" / "cli_config.yaml"
-
-# Quiet, fast trainer flags for every in-process run; outputs go under the test's tmp_path.
-QUIET = [
-    "--trainer.enable_progress_bar=false",
-    "--trainer.enable_model_summary=false",
-    "--trainer.enable_checkpointing=false",
-    "--trainer.num_sanity_val_steps=0",
-]
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("lightning_perf_cli_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # jsonargparse resolves the module's annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-example = _load_example()
-
-
-@pytest.fixture(autouse=True)
-def _plain_argv(monkeypatch):
-    """LightningCLI warns when given ``args`` while ``sys.argv`` has arguments (pytest's own)."""
-    monkeypatch.setattr(sys, "argv", [str(EXAMPLE)])
-
-
-def _perf_callbacks(cli) -> list[PerfCallback]:
-    return [cb for cb in cli.trainer.callbacks if isinstance(cb, PerfCallback)]
-
-
-def _callback_entry(config: dict) -> dict:
-    """The one PerfCallback entry of ``trainer.callbacks`` in a dumped config."""
-    entries = [cb for cb in config["trainer"]["callbacks"] if cb["class_path"] == "lightning_perf.PerfCallback"]
-    assert len(entries) == 1, config["trainer"]["callbacks"]
-    return entries[0]
-
-
-def test_example_config_fit_saves_scheduled_windows(tmp_path):
-    configured = _callback_entry(yaml.safe_load(EXAMPLE_CONFIG.read_text()))["init_args"]
-    assert {k: v for k, v in configured["schedule"].items() if k != "skip_first"} == dict(
-        wait=1, warmup=1, active=2, repeat=2
-    )
-    # Both cycles of the schedule must fit in the limited epochs (and in the 12 validation batches of the
-    # full data set, which the example config is written for).
-    schedule = Schedule(**configured["schedule"])
-    needed = schedule.skip_first + schedule.repeat * schedule.cycle
-    assert needed <= 12
-
-    cli = example.main(
-        [
-            "fit",
-            "--config",
-            str(EXAMPLE_CONFIG),
-            f"--trainer.default_root_dir={tmp_path}",
-            f"--trainer.limit_train_batches={needed}",
-            f"--trainer.limit_val_batches={needed}",
-            *QUIET,
-        ]
-    )
-
-    callbacks = _perf_callbacks(cli)
-    assert len(callbacks) == 1
-    cb = callbacks[0]
-    assert isinstance(cb.config.schedule, Schedule)
-    assert cb.config.schedule == schedule
-    assert (cb.config.schedule.wait, cb.config.schedule.warmup, cb.config.schedule.active) == (1, 1, 2)
-    assert cb.config.schedule.repeat == 2
-    assert cb.config.stages == ("train", "validate")
-
-    assert cb.windows, "the CLI run saved no profiler window"
-    max_epochs = cli.trainer.max_epochs
-    assert max_epochs == 2
-    for stage in ("train", "validate"):
-        for epoch in range(max_epochs):
-            windows = [w for w in cb.windows if w.stage == stage and w.epoch == epoch]
-            # repeat=2: two windows per epoch, each of `active` batches, none cut short.
-            assert len(windows) == 2, (stage, epoch, cb.windows)
-            assert all(w.last_batch - w.first_batch + 1 == 2 and not w.shortened for w in windows)
-    assert {w.stage for w in cb.windows} == {"train", "validate"}
-    for w in cb.windows:
-        assert Path(w.trace_path).is_file()
-        assert Path(w.trace_path).resolve().is_relative_to(tmp_path.resolve())
-
-
-@pytest.mark.parametrize("class_path", ["lightning_perf.PerfCallback", "PerfCallback"])
-def test_callbacks_append_flag_adds_perf_callback_with_defaults(tmp_path, class_path):
-    cli = example.main([f"--trainer.callbacks+={class_path}", f"--trainer.default_root_dir={tmp_path}"], run=False)
-    callbacks = _perf_callbacks(cli)
-    assert len(callbacks) == 1
-    assert callbacks[0].config == PerfCallback().config
-    assert callbacks[0].config.schedule == Schedule()
-    assert callbacks[0].config.stages == STAGES
-
-
-def test_callback_options_from_command_line(tmp_path):
-    cli = example.main(
-        [
-            "--trainer.callbacks+=lightning_perf.PerfCallback",
-            "--trainer.callbacks.schedule.active=2",
-            "--trainer.callbacks.stages=[train]",
-            "--trainer.callbacks.max_windows=1",
-            f"--trainer.default_root_dir={tmp_path}",
-        ],
-        run=False,
-    )
-    (cb,) = _perf_callbacks(cli)
-    assert cb.config.schedule == Schedule(active=2)
-    assert cb.config.stages == ("train",)
-    assert cb.config.max_windows == 1
-
-
-def _expected_dump(value):
-    """A Python default as --print_config writes it to YAML."""
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    if isinstance(value, tuple):
-        return list(value)
-    return value
-
-
-def test_print_config_shows_every_option_with_its_default(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exc:
-        example.main(
-            [
-                "fit",
-                "--trainer.callbacks+=lightning_perf.PerfCallback",
-                f"--trainer.default_root_dir={tmp_path}",
-                "--print_config",
-            ]
-        )
-    assert exc.value.code in (0, None)
-    init_args = _callback_entry(yaml.safe_load(capsys.readouterr().out))["init_args"]
-
-    params = inspect.signature(PerfCallback.__init__).parameters
-    names = [name for name in params if name != "self"]
-    assert set(init_args) == set(names)
-    assert init_args["schedule"] == dict(skip_first=5, wait=0, warmup=1, active=3, repeat=1)
-    for name in names:
-        assert init_args[name] == _expected_dump(params[name].default), name
-
-
-def test_print_config_of_example_config(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        example.main(
-            ["fit", "--config", str(EXAMPLE_CONFIG), f"--trainer.default_root_dir={tmp_path}", "--print_config"]
-        )
-    init_args = _callback_entry(yaml.safe_load(capsys.readouterr().out))["init_args"]
-    configured = _callback_entry(yaml.safe_load(EXAMPLE_CONFIG.read_text()))["init_args"]
-    assert init_args["schedule"] == dataclasses.asdict(Schedule(**configured["schedule"]))
-    assert init_args["stages"] == ["train", "validate"]
-    assert init_args["max_windows"] == 5  # an option the file leaves out: its default
-
-
-BAD_VALUES = {
-    # Rejected by Schedule.__post_init__ when jsonargparse instantiates the callback (after parsing).
-    "active": "schedule: {active: 0}",
-    "wait": "schedule: {wait: -1}",
-    # Rejected by jsonargparse while parsing: not one of the Literal values of `Stage`.
-    "stages": "stages: [training]",
-}
+WINDOW = {"skip_first": 1, "warmup": 1, "active": 2}
 
 
 @pytest.fixture(scope="module")
-def bad_runs(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
-    """``examples/cli.py fit --config <bad yaml>`` for each of BAD_VALUES, run side by side (each process
-    spends its few seconds importing torch): {field: (returncode, stdout + stderr, default_root_dir)}."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    procs = {}
-    for field, init_args in BAD_VALUES.items():
-        tmp = tmp_path_factory.mktemp(f"bad_{field}")
-        config = tmp / "bad.yaml"
-        config.write_text(
-            "trainer:\n"
-            "  callbacks:\n"
-            "    - class_path: lightning_perf.PerfCallback\n"
-            "      init_args:\n"
-            f"        {init_args}\n"
-        )
-        cmd = [sys.executable, str(EXAMPLE), "fit", "--config", str(config)]
-        cmd.append(f"--trainer.default_root_dir={tmp / 'run'}")
-        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        procs[field] = (proc, tmp / "run")
-    results = {}
-    try:
-        for field, (proc, run_dir) in procs.items():
-            out, err = proc.communicate(timeout=120)
-            results[field] = (proc.returncode, out + err, run_dir)
-    finally:
-        for proc, _ in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return results
+def runs(tmp_path_factory):
+    """Two real runs of one model (a few ms of compute per batch): data-bound (each item sleeps 20 ms), then
+    the same with in-memory data."""
+    root = tmp_path_factory.mktemp("runs")
+    out = {}
+    with torch_threads(1):  # the comparisons rest on "fast" being faster, whatever else runs on the machine
+        for name, sleep_s in (("slow", 0.02), ("fast", 0.0)):
+            callback = PerfCallback(schedule=WINDOW, stages=["train"], verbose=0)
+            model = TinyModel(n=48, sleep_s=sleep_s, width=1024, depth=3)
+            trainer(root / name, [callback], max_epochs=2, limit_val_batches=0).fit(model)
+            out[name] = root / name
+    return out
+
+
+def test_report_prints_epochs_and_findings(runs, capsys):
+    assert main(["report", str(runs["slow"])]) == 0
+    out = capsys.readouterr().out
+    assert "perf_report.json" in out and "lightning-perf | train epoch 1 |" in out
+    assert "dataloader_bound" in out and "->" in out and "num_workers" in out  # the finding's advice
+
+
+def test_report_json_is_the_report(runs, capsys):
+    assert main(["report", str(runs["slow"]), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["version"] == 1 and len(report["stages"]["train"]["epochs"]) == 2
+
+
+def test_report_reads_a_newer_writer_s_report(runs, tmp_path, capsys):
+    # load_report lets keys it does not know through (a newer writer's additions): the commands ignore them.
+    [path] = runs["slow"].rglob("perf_report.json")
+    report = json.loads(path.read_text())
+    for stage in report["stages"].values():
+        for epoch in stage["epochs"]:
+            epoch["new_epoch_field"] = 1
+            for finding in epoch["findings"]:
+                finding["confidence"] = 0.9
+    (tmp_path / "perf_report.json").write_text(json.dumps(report))
+    assert main(["report", str(tmp_path)]) == 0
+    assert "dataloader_bound" in capsys.readouterr().out
+    assert main(["compare", str(runs["slow"]), str(tmp_path)]) == 0
+
+
+def test_compare_refuses_a_directory_of_several_runs(runs, capsys):
+    # Which one would it compare? (By name, version_9 sorts after version_10.)
+    assert main(["compare", str(runs["slow"].parent), str(runs["fast"])]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 reports (fast/" in err and "pass its directory" in err
+
+
+def test_analyze_runs_the_trace_rules_on_our_traces(runs, capsys):
+    assert main(["analyze", str(runs["slow"])]) == 0
+    out = capsys.readouterr().out
+    assert out.count("rank 0: rank0.pt.trace.json.gz: 2 steps of") == 2  # one line per window
+
+
+def test_analyze_diagnoses_each_trace_of_ours_as_the_stage_it_was_recorded_in(tmp_path, gpu_trace):
+    callback = PerfCallback(schedule=WINDOW, stages=["train", "validate"], verbose=0)
+    trainer(tmp_path, [callback], max_epochs=1).fit(TinyModel(n=32))
+    stages = {w.stage for w in callback.windows}
+    assert stages == {"train", "validate"}
+    for window in callback.windows:
+        trace = load_trace(window.trace_path)
+        assert trace_stage(trace) == window.stage
+        summary = summarize_trace(trace, window=window.name)
+        assert trace_context(summary, {}, stage=trace_stage(trace)).epoch.stage == window.stage
+    assert trace_stage(load_trace(gpu_trace("v100_single_rank.json.gz"))) == "train"  # not ours: "train"
+
+
+def test_analyze_a_real_gpu_trace(gpu_trace, capsys):
+    assert main(["analyze", str(gpu_trace("v100_single_rank.json.gz")), "--precision", "32-true"]) == 0
+    out = capsys.readouterr().out
+    assert "device busy 97%" in out and "WARNING  precision  " in out
+
+
+def test_analyze_groups_the_ranks_of_a_directory(gpu_trace, tmp_path, capsys):
+    names = ("sampled_128rank_rank0.json.gz", "sampled_128rank_rank1.json.gz")
+    for name in names:
+        shutil.copy(gpu_trace(name), tmp_path / name)
+    assert main(["analyze", str(tmp_path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in result[str(tmp_path)]["ranks"]] == [0, 1]
+    assert {result[str(tmp_path / n)]["rank"] for n in names} == {0, 1}
+
+
+def test_compare_shows_the_gain_and_the_fixed_finding(runs, capsys):
+    assert main(["compare", str(runs["slow"]), str(runs["fast"]), "--fail-if-slower", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "findings fixed:" in out and "operators whose self time changed most" in out
+    assert "dataloader_bound" in out
+    assert main(["compare", str(runs["slow"]), str(runs["fast"]), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for metric in ("step time p50", "throughput", "data wait"):
+        assert result["metrics"][metric]["change"].endswith("(better)"), result["metrics"][metric]
+    # The slow run waited for data most of the time (critical); the fast one waits little, if at all.
+    assert any(f.startswith("dataloader_bound") for f in result["findings"]["fixed"] + result["findings"]["kept"])
+    findings = result["findings"]
+    assert "dataloader_bound" in findings["fixed"] or "dataloader_bound (critical -> warning)" in findings["kept"]
+    slowest = result["operators"][0]
+    assert slowest["name"].startswith("enumerate(DataLoader)#") and slowest["after_us"] < slowest["before_us"]
+
+
+def test_compare_fails_in_ci_when_slower(runs, capsys):
+    assert main(["compare", str(runs["fast"]), str(runs["slow"]), "--fail-if-slower", "10"]) == 1
+    captured = capsys.readouterr()
+    assert "step time p50" in captured.out and "(worse)" in captured.out
+    assert "slower (limit --fail-if-slower 10%)" in captured.err
+
+
+def test_compare_two_traces(runs, capsys):
+    before = sorted(runs["slow"].rglob("*.pt.trace.json.gz"))[0]
+    after = sorted(runs["fast"].rglob("*.pt.trace.json.gz"))[0]
+    assert main(["compare", str(before), str(after), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["metrics"]["step time p50"]["change"].endswith("(better)")
 
 
 @pytest.mark.parametrize(
-    ("field", "pattern"),
+    ("args", "message"),
     [
-        ("active", r"schedule\.active must be an integer >= 1, got 0 \(integer\)"),
-        ("wait", r"schedule\.wait must be an integer >= 0, got -1 \(integer\)"),
+        (["report", "/nonexistent"], "/nonexistent: no such file or directory"),
+        (["analyze", "{empty}"], "holds no Kineto trace"),
+        (["report", "{empty}"], "holds no perf_report.json"),
+        (["analyze", "{bad}"], "not a valid gzip file"),
     ],
 )
-def test_invalid_schedule_exits_naming_the_field(bad_runs, field, pattern):
-    returncode, out, run_dir = bad_runs[field]
-    assert returncode != 0, out
-    assert re.search(pattern, out), out
-    assert not run_dir.exists(), "the run started despite the bad value"
+def test_bad_input_is_one_line_and_exit_code_2(args, message, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad.pt.trace.json.gz").write_bytes(b"\x1f\x8b\x08 truncated")
+    args = [a.format(empty=tmp_path / "empty", bad=tmp_path / "bad.pt.trace.json.gz") for a in args]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lightning-perf: error: ") and message in err and "Traceback" not in err
 
 
-def test_invalid_stage_is_rejected_at_parse_time(bad_runs):
-    returncode, out, run_dir = bad_runs["stages"]
-    assert returncode == 2, out  # argparse's usage error, before anything is built
-    assert 'Parser key "stages"' in out, out
-    # The message lists the allowed values next to the one given.
-    assert any(
-        "training" in line and all(f"'{stage}'" in line for stage in STAGES) for line in out.splitlines()
-    ), out
-    assert not run_dir.exists()
+def test_console_script_and_module_entry_point(runs):
+    for command in (["lightning-perf"], [sys.executable, "-m", "lightning_perf"]):
+        if command[0] == "lightning-perf":
+            command = [str(__import__("pathlib").Path(sys.executable).with_name("lightning-perf"))]
+        proc = subprocess.run([*command, "report", str(runs["fast"])], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert "lightning-perf | train epoch 0 |" in proc.stdout
+    usage = subprocess.run([sys.executable, "-m", "lightning_perf", "nonsense"], capture_output=True, text=True)
+    assert usage.returncode == 2 and "invalid choice" in usage.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(runs):
+    # `lightning-perf report RUN | head -1`, at its most abrupt: the pipe's reader is gone before the first
+    # write. The command stops without a traceback, with the status a shell shows for SIGPIPE.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "lightning_perf", "report", str(runs["slow"])],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr.decode() == "", proc.stderr.decode()
+
+
+def test_analyzing_a_run_s_traces_loads_neither_torch_nor_lightning(runs):
+    # What keeps the command quick to start: torch and Lightning take seconds to import. (numpy, 45 ms, holds
+    # the trace analyses' columns.)
+    code = (
+        "import sys\nfrom lightning_perf.cli import main\n"
+        f"assert main(['analyze', {str(runs['slow'])!r}, '--json']) == 0\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lightning', 'pytorch_lightning'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_compare_rounds_shares_down_as_everywhere_else(tmp_path, capsys):
+    # A data wait of 99.6% is shown as 99%, not as all of the step (as the findings and the console show it).
+    from lightning_perf.report.json_report import report_dict, write_json_atomically
+    from lightning_perf.summarize.steps import summarize_epoch
+
+    for name, wait in (("before", 0.996), ("after", 0.5)):
+        epoch = summarize_epoch(stage="train", epoch=0, data_wait=[wait], compute=[1 - wait], batch_sizes=[4])
+        report = report_dict(generated_by="lightning-perf test", run={"device": "cpu"}, epochs=[epoch], windows=[])
+        (tmp_path / name).mkdir()
+        write_json_atomically(report, str(tmp_path / name / "perf_report.json"))
+    assert main(["compare", str(tmp_path / "before"), str(tmp_path / "after")]) == 0
+    [row] = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("data wait")]
+    assert row[2:4] == ["99%", "50%"], row
+    assert main(["compare", str(tmp_path / "before"), str(tmp_path / "after"), "--json"]) == 0
+    data_wait = json.loads(capsys.readouterr().out)["metrics"]["data wait"]
+    assert (data_wait["before"], data_wait["after"]) == ("99%", "50%")
+
+
+def test_analyze_prints_findings_as_the_console_does(gpu_trace, capsys):
+    # One way to print findings: the lines under a trace are the console's lines for the same findings.
+    from lightning_perf.diagnose.model import Finding
+    from lightning_perf.report.findings import console_report, finding_lines
+    from lightning_perf.summarize.steps import summarize_epoch
+
+    path = str(gpu_trace("v100_single_rank.json.gz"))
+    assert main(["analyze", path, "--precision", "32-true", "-v", "2", "--json"]) == 0
+    findings = [Finding(**f) for f in json.loads(capsys.readouterr().out)[path]["findings"]]
+    lines = finding_lines(findings, verbose=2)
+    assert findings and any(line.startswith("WARNING  precision  ") for line in lines)
+    assert main(["analyze", path, "--precision", "32-true", "-v", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[2:] == ["    " + line for line in lines]
+    epoch = summarize_epoch(stage="train", epoch=0, data_wait=[0.0], compute=[0.1], batch_sizes=[None])
+    assert console_report(epoch, findings, verbose=2).splitlines()[1:] == ["  " + line for line in lines]

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from kineto import load
 from lightning_perf import traces
-from lightning_perf.readers import files as readers_files
-from lightning_perf.readers import trace as readers_trace
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.readers import InputError, load_report, load_trace
+from lightning_perf.readers import files as readers_files
+from lightning_perf.readers import trace as readers_trace
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
 from lightning_perf.report.json_report import SCHEMA_VERSION, report_dict, write_json_atomically
 from lightning_perf.summarize.events import KinetoTrace, as_trace
@@ -74,8 +74,17 @@ def _checked(path):
 
 def _epoch(stage, number, **kwargs):
     fields = dict(
-        stage=stage, epoch=number, batches=8, samples=32, step_time=0.8, data_wait=0.2, step_time_p50=0.1,
-        step_time_p90=0.12, step_time_max=0.2, data_wait_fraction=0.25, throughput=40.0,
+        stage=stage,
+        epoch=number,
+        batches=8,
+        samples=32,
+        step_time=0.8,
+        data_wait=0.2,
+        step_time_p50=0.1,
+        step_time_p90=0.12,
+        step_time_max=0.2,
+        data_wait_fraction=0.25,
+        throughput=40.0,
     )
     return EpochSummary(**{**fields, **kwargs})
 
@@ -89,31 +98,91 @@ EPOCHS = [
 
 def _report():
     summary = TraceSummary(
-        window="train_e0_b2-3", steps=2, step_time=0.1, dataloader_time=0.02, optimizer_time=0.05,
-        optimizer_update_time=0.01, optimizer_update_ops=4.0, optimizer_foreach=True, host_op_time=0.07,
-        framework_time=0.01, ops_per_step=30.0, median_op_time=1e-5, device_name="Fake GPU",
+        window="train_e0_b2-3",
+        steps=2,
+        step_time=0.1,
+        dataloader_time=0.02,
+        optimizer_time=0.05,
+        optimizer_update_time=0.01,
+        optimizer_update_ops=4.0,
+        optimizer_foreach=True,
+        host_op_time=0.07,
+        framework_time=0.01,
+        ops_per_step=30.0,
+        median_op_time=1e-5,
+        device_name="Fake GPU",
     )
     windows = [
-        WindowRecord(stage="train", epoch=0, first_batch=2, last_batch=3, name="train_e0_b2-3",
-                     trace_path="perf/train_e0_b2-3/rank0.pt.trace.json.gz", step=2, device="cpu",
-                     close_seconds=0.3, summary=summary),
-        WindowRecord(stage="validate", epoch=0, first_batch=0, last_batch=0, name="validate_e0_b0",
-                     trace_path="perf/validate_e0_b0/rank0.pt.trace.json.gz", step=0, device="cuda",
-                     shortened=True, cuda_max_allocated=2**30),
+        WindowRecord(
+            stage="train",
+            epoch=0,
+            first_batch=2,
+            last_batch=3,
+            name="train_e0_b2-3",
+            trace_path="perf/train_e0_b2-3/rank0.pt.trace.json.gz",
+            step=2,
+            device="cpu",
+            close_seconds=0.3,
+            summary=summary,
+        ),
+        WindowRecord(
+            stage="validate",
+            epoch=0,
+            first_batch=0,
+            last_batch=0,
+            name="validate_e0_b0",
+            trace_path="perf/validate_e0_b0/rank0.pt.trace.json.gz",
+            step=0,
+            device="cuda",
+            shortened=True,
+            cuda_max_allocated=2**30,
+        ),
     ]
-    finding = Finding(id="dataloader_bound", severity="warning", title="Training waits for data 25% of the time",
-                      evidence="data_wait_fraction 0.25 >= 0.2", advice="DataLoader(num_workers=4)", stage="train",
-                      epoch=0)
-    rank = RankSummary(rank=0, step_time_p50=0.1, step_time_p90=None, step_time_max=0.2, data_wait_fraction=0.25,
-                       throughput=40.0, host_rss_peak=1e9, cuda_max_allocated=None, cuda_max_reserved=None,
-                       communication_share=None)
+    finding = Finding(
+        id="dataloader_bound",
+        severity="warning",
+        title="Training waits for data 25% of the time",
+        evidence="data_wait_fraction 0.25 >= 0.2",
+        advice="DataLoader(num_workers=4)",
+        stage="train",
+        epoch=0,
+    )
+    rank = RankSummary(
+        rank=0,
+        step_time_p50=0.1,
+        step_time_p90=None,
+        step_time_max=0.2,
+        data_wait_fraction=0.25,
+        throughput=40.0,
+        host_rss_peak=1e9,
+        cuda_max_allocated=None,
+        cuda_max_reserved=None,
+        communication_share=None,
+    )
     return report_dict(
         generated_by="lightning-perf 0.1.0",
-        run={"torch": "2.4.0", "lightning": "2.4.0", "device": "cpu", "device_name": None, "world_size": 1,
-             "precision": "32-true", "strategy": "SingleDeviceStrategy", "cpu_count": 8, "torch_threads": 8,
-             "dataloaders": {"train": {"num_workers": 0, "pin_memory": False, "persistent_workers": False,
-                                       "prefetch_factor": None, "batch_size": 4, "drop_last": False},
-                             "predict": None}},
+        run={
+            "torch": "2.4.0",
+            "lightning": "2.4.0",
+            "device": "cpu",
+            "device_name": None,
+            "world_size": 1,
+            "precision": "32-true",
+            "strategy": "SingleDeviceStrategy",
+            "cpu_count": 8,
+            "torch_threads": 8,
+            "dataloaders": {
+                "train": {
+                    "num_workers": 0,
+                    "pin_memory": False,
+                    "persistent_workers": False,
+                    "prefetch_factor": None,
+                    "batch_size": 4,
+                    "drop_last": False,
+                },
+                "predict": None,
+            },
+        },
         epochs=EPOCHS,
         windows=windows,
         findings={("train", 0): [finding]},
@@ -260,7 +329,12 @@ def test_a_report_may_lack_fields_with_defaults_and_carry_unknown_keys(tmp_path)
     path.write_text(json.dumps(report))
     loaded = load_report(path)
     epoch = loaded["stages"]["train"]["epochs"][0]
-    assert (epoch["profiled_batches"], epoch["cuda_utilization"], epoch["findings"], epoch["ranks"]) == (0, None, [], [])
+    assert (epoch["profiled_batches"], epoch["cuda_utilization"], epoch["findings"], epoch["ranks"]) == (
+        0,
+        None,
+        [],
+        [],
+    )
     assert (loaded["windows"][0]["summary"], loaded["windows"][1]["shortened"]) == (None, False)
     assert loaded["future_section"] == {"anything": [1, 2]} and epoch["future_metric"] == "x"
 
@@ -313,21 +387,37 @@ TRACE_FAILURES = [
     ("not_utf8", "t.json", b'{"a": "\xff"}', r"not UTF-8 text \(byte 0xff at offset 7; a binary file\?\)"),
     ("not_utf8_in_gzip", "t.json.gz", gzip.compress(b"\xc3"), r"not UTF-8 text once decompressed"),
     ("whitespace", "t.json", b" \n\t", r"holds only whitespace, no JSON"),
-    ("truncated_json", "t.json", b'{"traceEvents": [\n  {"ph": "X"',
-     r"invalid JSON at line 2, column 13: .*truncated\?"),
+    (
+        "truncated_json",
+        "t.json",
+        b'{"traceEvents": [\n  {"ph": "X"',
+        r"invalid JSON at line 2, column 13: .*truncated\?",
+    ),
     ("bad_json", "t.json", b'{"traceEvents": [}]}', r"invalid JSON at line 1, column 18: Expecting value$"),
     ("bad_json_in_gzip", "t.json.gz", gzip.compress(b"{x}"), r"invalid JSON once decompressed at line 1, column 2"),
     ("deep_json", "t.json", b"[" * 100_000, r"invalid JSON: nested too deeply"),
     ("huge_integer", "t.json", b"9" * 5000, r"invalid JSON: Exceeds the limit"),
     ("top_level_number", "t.json", b"42", r"the top level must be an object or an array, got 42 \(integer\)"),
-    ("no_trace_events", "t.json", b'{"events": []}',
-     r"field traceEvents is missing \(not a Kineto or Chrome trace\?\)"),
-    ("trace_events_object", "t.json", b'{"traceEvents": {}}',
-     r"field traceEvents must be an array, got \{\} \(object\)"),
+    (
+        "no_trace_events",
+        "t.json",
+        b'{"events": []}',
+        r"field traceEvents is missing \(not a Kineto or Chrome trace\?\)",
+    ),
+    (
+        "trace_events_object",
+        "t.json",
+        b'{"traceEvents": {}}',
+        r"field traceEvents must be an array, got \{\} \(object\)",
+    ),
     ("event_not_object", "t.json", b"[[1]]", r"field traceEvents\[0\] must be an object, got \[1\] \(array\)"),
     ("ts_string", "t.json", _with_event(ts="12"), r"field traceEvents\[1\]\.ts must be a number, got '12' \(string\)"),
-    ("dur_bool", "t.json", _with_event(dur=True),
-     r"field traceEvents\[1\]\.dur must be a number, got True \(boolean\)"),
+    (
+        "dur_bool",
+        "t.json",
+        _with_event(dur=True),
+        r"field traceEvents\[1\]\.dur must be a number, got True \(boolean\)",
+    ),
     ("dur_negative", "t.json", _with_event(dur=-1), r"field traceEvents\[1\]\.dur must be a number >= 0, got -1"),
     ("dur_missing", "t.json", _with_event(dur="DEL"), r"field traceEvents\[1\]\.dur is missing \(a complete event"),
     ("ts_nan", "t.json", _with_event(ts=float("nan")), r"field traceEvents\[1\]\.ts must be a finite number, got nan"),
@@ -409,31 +499,58 @@ REPORT_FAILURES = [
     ("run_list", _set(("run",), []), r"field run must be an object, got \[\]"),
     ("run_world_size", _set(("run", "world_size"), "2"), r"field run\.world_size must be an integer, got '2'"),
     ("run_dataloaders", _set(("run", "dataloaders"), [1]), r"field run\.dataloaders must be an object"),
-    ("loader_workers", _set(("run", "dataloaders", "train", "num_workers"), "x"),
-     r"field run\.dataloaders\.train\.num_workers must be an integer or null, got 'x'"),
-    ("loader_pin", _set(("run", "dataloaders", "train", "pin_memory"), 1),
-     r"field run\.dataloaders\.train\.pin_memory must be a boolean or null, got 1"),
+    (
+        "loader_workers",
+        _set(("run", "dataloaders", "train", "num_workers"), "x"),
+        r"field run\.dataloaders\.train\.num_workers must be an integer or null, got 'x'",
+    ),
+    (
+        "loader_pin",
+        _set(("run", "dataloaders", "train", "pin_memory"), 1),
+        r"field run\.dataloaders\.train\.pin_memory must be a boolean or null, got 1",
+    ),
     ("no_stages", _set(("stages",), "DEL"), r"field stages is missing"),
     ("stages_list", _set(("stages",), []), r"field stages must be an object"),
     ("stage_not_object", _set(("stages", "train"), 3), r"field stages\.train must be an object, got 3"),
     ("no_epochs", _set(("stages", "train", "epochs"), "DEL"), r"field stages\.train\.epochs is missing"),
     ("epochs_object", _set(("stages", "train", "epochs"), {}), r"field stages\.train\.epochs must be an array"),
     ("epoch_not_object", _set(EPOCH, "e"), r"field stages\.train\.epochs\[0\] must be an object, got 'e'"),
-    ("epoch_field_missing", _set((*EPOCH, "step_time_p50"), "DEL"), r"field stages\.train\.epochs\[0\]\.step_time_p50 is missing"),
-    ("epoch_field_type", _set((*EPOCH, "step_time_p50"), "abc"),
-     r"field stages\.train\.epochs\[0\]\.step_time_p50 must be a number, got 'abc' \(string\)"),
-    ("epoch_field_null", _set((*EPOCH, "step_time"), None), r"epochs\[0\]\.step_time must be a number, got None \(null\)"),
+    (
+        "epoch_field_missing",
+        _set((*EPOCH, "step_time_p50"), "DEL"),
+        r"field stages\.train\.epochs\[0\]\.step_time_p50 is missing",
+    ),
+    (
+        "epoch_field_type",
+        _set((*EPOCH, "step_time_p50"), "abc"),
+        r"field stages\.train\.epochs\[0\]\.step_time_p50 must be a number, got 'abc' \(string\)",
+    ),
+    (
+        "epoch_field_null",
+        _set((*EPOCH, "step_time"), None),
+        r"epochs\[0\]\.step_time must be a number, got None \(null\)",
+    ),
     ("epoch_count_float", _set((*EPOCH, "batches"), 8.0), r"epochs\[0\]\.batches must be an integer, got 8\.0"),
     ("epoch_optional_type", _set((*EPOCH, "loss"), "0.7"), r"epochs\[0\]\.loss must be a number or null, got '0\.7'"),
-    ("epoch_infinite", _set((*EPOCH, "throughput"), float("inf")), r"epochs\[0\]\.throughput must be a finite number, got inf"),
+    (
+        "epoch_infinite",
+        _set((*EPOCH, "throughput"), float("inf")),
+        r"epochs\[0\]\.throughput must be a finite number, got inf",
+    ),
     ("epoch_huge", _set((*EPOCH, "host_rss"), 10**30), r"epochs\[0\]\.host_rss must be a number between"),
-    ("epoch_stage_mismatch", _set((*EPOCH, "stage"), "test"),
-     r"field stages\.train\.epochs\[0\]\.stage is 'test' \(string\), but the epoch is listed under 'train'"),
+    (
+        "epoch_stage_mismatch",
+        _set((*EPOCH, "stage"), "test"),
+        r"field stages\.train\.epochs\[0\]\.stage is 'test' \(string\), but the epoch is listed under 'train'",
+    ),
     ("findings_object", _set((*EPOCH, "findings"), {}), r"epochs\[0\]\.findings must be an array"),
     ("finding_without_id", _set((*EPOCH, "findings", 0, "id"), "DEL"), r"epochs\[0\]\.findings\[0\]\.id is missing"),
     ("finding_id_type", _set((*EPOCH, "findings", 0, "advice"), ["x"]), r"findings\[0\]\.advice must be a string"),
-    ("finding_severity", _set((*EPOCH, "findings", 0, "severity"), "fatal"),
-     r"findings\[0\]\.severity must be one of 'info', 'warning', 'critical', got 'fatal'"),
+    (
+        "finding_severity",
+        _set((*EPOCH, "findings", 0, "severity"), "fatal"),
+        r"findings\[0\]\.severity must be one of 'info', 'warning', 'critical', got 'fatal'",
+    ),
     ("rank_type", _set((*EPOCH, "ranks", 0, "rank"), "0"), r"epochs\[0\]\.ranks\[0\]\.rank must be an integer"),
     ("no_windows", _set(("windows",), "DEL"), r"field windows is missing"),
     ("windows_object", _set(("windows",), {}), r"field windows must be an array"),
@@ -441,9 +558,16 @@ REPORT_FAILURES = [
     ("window_trace_path", _set(("windows", 1, "trace_path"), None), r"field windows\[1\]\.trace_path must be a string"),
     ("window_stage_missing", _set(("windows", 0, "stage"), "DEL"), r"field windows\[0\]\.stage is missing"),
     ("window_summary", _set(("windows", 0, "summary"), []), r"field windows\[0\]\.summary must be an object"),
-    ("window_summary_field", _set(("windows", 0, "summary", "optimizer_foreach"), "yes"),
-     r"windows\[0\]\.summary\.optimizer_foreach must be a boolean or null"),
-    ("odd_stage_name", lambda r: r["stages"].update({"my stage": {"epochs": [1]}}), r"field stages\['my stage'\]\.epochs\[0\]"),
+    (
+        "window_summary_field",
+        _set(("windows", 0, "summary", "optimizer_foreach"), "yes"),
+        r"windows\[0\]\.summary\.optimizer_foreach must be a boolean or null",
+    ),
+    (
+        "odd_stage_name",
+        lambda r: r["stages"].update({"my stage": {"epochs": [1]}}),
+        r"field stages\['my stage'\]\.epochs\[0\]",
+    ),
 ]
 
 
@@ -601,26 +725,47 @@ _NUMBERS = _mostly(st.integers(0, 200) | st.floats(0, 200), odds=200).flatmap(
 )
 _EVENTS = _object(
     ph=_mostly(st.sampled_from(["X", "X", "X", "X", "X", "i", "M", "s", "f", "B", "q"])),
-    cat=_mostly(st.sampled_from(["cpu_op", "user_annotation", "cuda_runtime", "kernel", "gpu_memcpy", "gpu_memset",
-                                 "python_function"])),
-    name=_mostly(st.sampled_from([
-        "ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#x", "Optimizer.step#SGD.step", "aten::mm",
-        "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "[memory]", "cudaStreamSynchronize",
-        "Memcpy HtoD (Pageable -> Device)", "autograd::engine::evaluate_function: MmBackward0",
-        "nccl:all_reduce", "sm80_xmma_gemm_f32f32_tn", "aten::_local_scalar_dense", "gloo:all_reduce",
-    ])),
+    cat=_mostly(
+        st.sampled_from(
+            ["cpu_op", "user_annotation", "cuda_runtime", "kernel", "gpu_memcpy", "gpu_memset", "python_function"]
+        )
+    ),
+    name=_mostly(
+        st.sampled_from(
+            [
+                "ProfilerStep#1",
+                "ProfilerStep#2",
+                "ProfilerStep#x",
+                "Optimizer.step#SGD.step",
+                "aten::mm",
+                "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+                "[memory]",
+                "cudaStreamSynchronize",
+                "Memcpy HtoD (Pageable -> Device)",
+                "autograd::engine::evaluate_function: MmBackward0",
+                "nccl:all_reduce",
+                "sm80_xmma_gemm_f32f32_tn",
+                "aten::_local_scalar_dense",
+                "gloo:all_reduce",
+            ]
+        )
+    ),
     ts=_NUMBERS,
     dur=_NUMBERS,
     pid=_mostly(st.integers(0, 1) | st.just("Traces")),
     tid=_mostly(st.integers(0, 1)),
-    args=_mostly(_object(**{
-        "External id": _mostly(st.integers(0, 3), odds=60),
-        "Bytes": _mostly(st.integers(-100, 100), odds=60),
-        "Device Type": _mostly(st.integers(0, 1), odds=60),
-        "flops": _mostly(st.integers(0, 100), odds=60),
-        "device": _mostly(st.integers(0, 1), odds=60),
-        "Input Dims": JSON,
-    })),
+    args=_mostly(
+        _object(
+            **{
+                "External id": _mostly(st.integers(0, 3), odds=60),
+                "Bytes": _mostly(st.integers(-100, 100), odds=60),
+                "Device Type": _mostly(st.integers(0, 1), odds=60),
+                "flops": _mostly(st.integers(0, 100), odds=60),
+                "device": _mostly(st.integers(0, 1), odds=60),
+                "Input Dims": JSON,
+            }
+        )
+    ),
 )
 _DEVICE = _object(
     id=_mostly(st.integers(0, 1), 5), name=_mostly(st.text(max_size=5), 5), computeMajor=_mostly(st.integers(5, 9), 5)

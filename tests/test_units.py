@@ -60,9 +60,6 @@ def test_memory_and_counts():
 
 def test_units_imports_nothing_of_the_package():
     # Every layer (diagnose, summarize, report, the command line) may use it: it must sit below them all.
-    code = (
-        "import lightning_perf.units, sys\n"
-        "print(sorted(m for m in sys.modules if m.startswith('lightning_perf.')))"
-    )
+    code = "import lightning_perf.units, sys\nprint(sorted(m for m in sys.modules if m.startswith('lightning_perf.')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["['lightning_perf.units']"]

@@ -6,7 +6,7 @@ The only code that touches :mod:`torch.profiler`. A :class:`ProfilerWindow` is o
 session: created when a window's warm-up starts, discarded once torch has exported its trace. Between
 windows nothing of the profiler exists, so the training loop runs exactly as it would without us.
 :func:`finish_trace` turns that export into the window's trace file, off the training thread (see
-:mod:`lightning_perf.window_close`).
+:mod:`lightning_perf.hooks.window_close`).
 
 Step spans: ``torch.profiler.profile.step()`` would mark steps, but it marks every step of the session's
 life, including warm-up, and it cannot leave out a validation run that Lightning starts in the middle of a

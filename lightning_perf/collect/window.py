@@ -4,7 +4,7 @@ Profiler window interface
 
 What a profiler window is to the code that drives it: its states and its calls, without ``torch``.
 :class:`~lightning_perf.collect.profiler.ProfilerWindow` is the real one; the window controller
-(:mod:`lightning_perf.window_control`) drives any object of this shape, so its tests use a fake.
+(:mod:`lightning_perf.hooks.window_control`) drives any object of this shape, so its tests use a fake.
 """
 
 from __future__ import annotations

@@ -89,26 +89,26 @@ def _sync_advice(stage: str) -> str:
         " `torch.nonzero` or boolean-mask indexing (`x[mask]`), whose output size the host must read (use"
         " `torch.where` or multiplications instead)."
     )
-    debug = " `torch.cuda.set_sync_debug_mode(\"warn\")` reports each sync with its stack."
+    debug = ' `torch.cuda.set_sync_debug_mode("warn")` reports each sync with its stack.'
     step = f"`.item()`, `.cpu()`, `.tolist()`, `print(...)` or `if tensor:` in `{step_method(stage)}`"
     if stage == "train":
         return (
             f"Find what makes the host wait in the step: {step}; `self.log(..., sync_dist=True)` on every step;"
             + common
-            + " Log tensors (`self.log(\"loss\", loss)`) and let Lightning reduce them every"
+            + ' Log tensors (`self.log("loss", loss)`) and let Lightning reduce them every'
             " `log_every_n_steps`." + debug
         )
     if stage == "predict":
         return (
             f"Find what makes the host wait in the step: {step};" + common + " Lightning itself copies each"
             " batch's predictions to the CPU to return them, one sync per step that is expected:"
-            " `trainer.predict(..., return_predictions=False)` drops it when nothing needs them on the host."
-            + debug
+            " `trainer.predict(..., return_predictions=False)` drops it when nothing needs them on the host." + debug
         )
     return (
         f"Find what makes the host wait in the step: {step}; `self.log(..., on_step=True, sync_dist=True)`;"
         + common
-        + " Log tensors (`self.log(name, value)`): here Lightning reduces them once, at the epoch's end." + debug
+        + " Log tensors (`self.log(name, value)`): here Lightning reduces them once, at the epoch's end."
+        + debug
     )
 
 
@@ -249,7 +249,7 @@ def launch_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         ]
         advice = [
             "Fuse the small operations: `model = torch.compile(model)` before `trainer.fit(model)` merges"
-            " elementwise chains into few kernels, and `torch.compile(model, mode=\"reduce-overhead\")` replays"
+            ' elementwise chains into few kernels, and `torch.compile(model, mode="reduce-overhead")` replays'
             " the step as a CUDA graph, one launch for all its kernels. A larger `batch_size` makes each kernel"
             " longer for the same launch cost; replace Python loops over small tensors with batched tensor ops.",
         ]
@@ -373,7 +373,8 @@ def cpu_threads(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     weak = workers > 0 or reaches(threads / per_process, t.cpu_threads_warning)
     evidence = [
         f"torch computes on {threads} thread{'s' if threads != 1 else ''} with {per_process} CPUs for this"
-        " process" + (f" ({cpus} shared by {facts.world_size} processes)" if facts.world_size > 1 else "")
+        " process"
+        + (f" ({cpus} shared by {facts.world_size} processes)" if facts.world_size > 1 else "")
         + (f", {workers} of them for DataLoader workers" if workers else ""),
         f"compute-bound: data wait {percent(ctx.epoch.data_wait_fraction)} (< {limit(t.dataloader_warning)}),"
         f" median step {ms(ctx.epoch.step_time_p50)} (>= {ms(t.cpu_threads_min_step)})",

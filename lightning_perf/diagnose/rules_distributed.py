@@ -38,8 +38,7 @@ def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     windows = [
         w
         for w in ctx.windows
-        if w.communication_exposed_time is not None
-        and reaches(w.communication_exposed_time, t.communication_min_time)
+        if w.communication_exposed_time is not None and reaches(w.communication_exposed_time, t.communication_min_time)
     ]
     if ctx.facts.world_size <= 1 and not any(w.communication_time is not None for w in ctx.windows):
         return None

@@ -311,8 +311,10 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     else:
         advice = [_spread_advice(ctx, ratio or 0.0)]
     title = (
-        f"{stage_name(ctx.stage)} stalls every {every} batches" if spiky and every
-        else f"{stage_name(ctx.stage)} step time unstable: p90 {times(ratio)} the median" if spread and ratio
+        f"{stage_name(ctx.stage)} stalls every {every} batches"
+        if spiky and every
+        else f"{stage_name(ctx.stage)} step time unstable: p90 {times(ratio)} the median"
+        if spread and ratio
         else f"{stage_name(ctx.stage)} step time spikes {len(found)} times"
     )
     return finding(ctx, "step_time_unstable", "warning", title, evidence, advice)

@@ -181,8 +181,10 @@ def _check_version(data: dict[str, Any]) -> None:
     if version > SCHEMA_VERSION:
         writer = data.get("generated_by")
         known = isinstance(writer, str) and re.fullmatch(r"lightning-perf [\w.+-]{1,40}", writer)
-        by = f"It was written by {writer}: read it with that release or a newer one" if known else (
-            "Read it with the lightning-perf release that wrote it or a newer one"
+        by = (
+            f"It was written by {writer}: read it with that release or a newer one"
+            if known
+            else ("Read it with the lightning-perf release that wrote it or a newer one")
         )
         raise Invalid(
             f"report schema version {version} is newer than this lightning-perf reads (version {SCHEMA_VERSION})"

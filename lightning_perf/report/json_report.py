@@ -88,7 +88,9 @@ def report_epochs(report: Mapping[str, Any]) -> list[tuple[EpochSummary, list[Fi
 def window_dict(window: WindowRecord, *, with_summary: bool = True) -> dict[str, Any]:
     """A window as plain data: without its operators (they are in the ``*.operators.md`` file beside the
     trace), and with its trace summary unless ``with_summary`` is false."""
-    entry = {f.name: getattr(window, f.name) for f in dataclasses.fields(window) if f.name not in ("operators", "summary")}
+    entry = {
+        f.name: getattr(window, f.name) for f in dataclasses.fields(window) if f.name not in ("operators", "summary")
+    }
     if with_summary:
         entry["summary"] = None if window.summary is None else plain(window.summary)
     return entry

@@ -28,7 +28,9 @@ def refuse_other_profilers(trainer: pl.Trainer) -> None:
         MisconfigurationException: ``Trainer(profiler="pytorch")`` (of either Lightning package), or a
             ``torch.profiler.profile`` already running.
     """
-    if isinstance(trainer.profiler, lightning_classes("profilers", "PyTorchProfiler")):
+    # Trainer.profiler, .fast_dev_run: set by Lightning's connectors in __init__, unseen by mypy.
+    profiler = trainer.profiler  # type: ignore[attr-defined]
+    if isinstance(profiler, lightning_classes("profilers", "PyTorchProfiler")):
         raise MisconfigurationException(
             'PerfCallback cannot run together with Lightning\'s PyTorchProfiler (`Trainer(profiler="pytorch")`):'
             " two torch profilers cannot run at once. Remove the `profiler` argument; PerfCallback records"
@@ -75,7 +77,7 @@ def output_places(trainer: pl.Trainer, dirpath: str | None, report_file: str | N
     Raises:
         MisconfigurationException: The output directory cannot be made.
     """
-    if trainer.fast_dev_run:
+    if trainer.fast_dev_run:  # type: ignore[attr-defined]
         # Lightning writes nothing in this mode, nor do we: no window, event file or report, the console
         # summary only.
         return OutputPlaces(

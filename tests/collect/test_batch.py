@@ -191,9 +191,7 @@ DIVERGENT = {"tensor 0-d", "0-d first, then real", "0-d in dict first", "datacla
 LIGHTNING_CASES = [c for c in CASES if c[2] is not None and c[0] not in DIVERGENT]
 
 
-@pytest.mark.parametrize(
-    ("batch", "expected"), [c[1:] for c in LIGHTNING_CASES], ids=[c[0] for c in LIGHTNING_CASES]
-)
+@pytest.mark.parametrize(("batch", "expected"), [c[1:] for c in LIGHTNING_CASES], ids=[c[0] for c in LIGHTNING_CASES])
 def test_same_as_lightning(batch: Any, expected: int) -> None:
     assert lightning(batch) == infer_batch_size(batch) == expected
 

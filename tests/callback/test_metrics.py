@@ -160,9 +160,25 @@ def test_perf_report_json_parses_after_every_epoch_and_has_its_schema(tmp_path):
     }
     assert run["max_epochs"] == 3
     epoch = report["stages"]["train"]["epochs"][0]
-    assert {"epoch", "batches", "samples", "step_time_p50", "step_time_p90", "step_time_max", "data_wait_fraction",
-            "throughput", "loss", "host_rss", "host_rss_peak", "cuda_max_allocated", "first_data_wait",
-            "loading_cpu_share", "worker_cpu", "wall_time", "cpu_wait_share"} <= set(epoch)
+    assert {
+        "epoch",
+        "batches",
+        "samples",
+        "step_time_p50",
+        "step_time_p90",
+        "step_time_max",
+        "data_wait_fraction",
+        "throughput",
+        "loss",
+        "host_rss",
+        "host_rss_peak",
+        "cuda_max_allocated",
+        "first_data_wait",
+        "loading_cpu_share",
+        "worker_cpu",
+        "wall_time",
+        "cpu_wait_share",
+    } <= set(epoch)
     # Batches 1 and 2 ran in the profiler window (warm-up, record): left out of times and samples.
     assert (epoch["batches"], epoch["profiled_batches"], epoch["samples"]) == (8, 2, 24)
     assert epoch["cuda_max_allocated"] is None
@@ -182,5 +198,3 @@ def test_a_failing_batch_size_fn_is_reported_once_and_training_goes_on(tmp_path)
     with pytest.warns(UserWarning, match="batch_size_fn .* raised"):
         trainer(tmp_path, [callback]).fit(TinyModel(n=32))
     assert callback.epochs[-1].samples is None and callback.epochs[-1].throughput is None
-
-

@@ -51,7 +51,13 @@ def test_metric_names_and_units():
         "perf/train/batch/loss": 0.5,
     }
     summary = summarize_epoch(
-        stage="validate", epoch=0, data_wait=[0.0], compute=[0.5], batch_sizes=[None], host_rss=2**20, host_rss_peak=2**21
+        stage="validate",
+        epoch=0,
+        data_wait=[0.0],
+        compute=[0.5],
+        batch_sizes=[None],
+        host_rss=2**20,
+        host_rss_peak=2**21,
     )
     metrics = epoch_metrics(summary)
     assert metrics["perf/validate/epoch/host_rss_mb"] == 1.0 and metrics["perf/validate/epoch/host_rss_peak_mb"] == 2.0
@@ -71,7 +77,9 @@ def test_nested_peaks_keep_an_epochs_peak_across_a_window_reset():
 
 def test_report_is_plain_json_and_written_atomically(tmp_path):
     epoch = summarize_epoch(stage="train", epoch=0, data_wait=[0.1], compute=[0.2], batch_sizes=[4])
-    window = WindowRecord(stage="train", epoch=0, first_batch=6, last_batch=8, name="w", trace_path="/t", step=6, device="cpu")
+    window = WindowRecord(
+        stage="train", epoch=0, first_batch=6, last_batch=8, name="w", trace_path="/t", step=6, device="cpu"
+    )
     report = report_dict(generated_by="test", run={"torch": "x"}, epochs=[epoch], windows=[window])
     assert report["version"] == SCHEMA_VERSION
     assert report["stages"]["train"]["epochs"][0]["samples"] == 4

@@ -56,7 +56,9 @@ def test_operator_table_is_in_tensorboard_at_the_windows_step_and_beside_the_tra
 
 
 def test_shapes_and_memory_columns_appear_when_profiled(tmp_path):
-    callback = PerfCallback(schedule={"skip_first": 0, "active": 1}, stages=["train"], record_shapes=True, profile_memory=True)
+    callback = PerfCallback(
+        schedule={"skip_first": 0, "active": 1}, stages=["train"], record_shapes=True, profile_memory=True
+    )
     trainer(tmp_path, [callback]).fit(TinyModel(n=8))
     table = pathlib.Path(callback.windows[0].trace_path.replace(".pt.trace.json.gz", OPERATORS_SUFFIX)).read_text()
     assert "| Self CPU mem |" in table and "| Input shapes |" in table

@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lightning_perf.diagnose.model import Finding
-from lightning_perf.epoch_report import EpochReporter
+from lightning_perf.hooks.epoch_report import EpochReporter
+from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.readers import InputError, load_report
 from lightning_perf.records import EpochSummary, RankSummary, WindowRecord, from_values, plain
 from lightning_perf.report.json_report import report_epochs, window_dict
-from lightning_perf.window_control import StagePosition
 
 STATE_VERSION = 2
 
@@ -31,7 +31,7 @@ def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter) 
     is (the caller has joined the window worker: every closed window is in ``reporter.windows``).
 
     Args:
-        positions: Each stage's position (:attr:`~lightning_perf.window_control.WindowControl.stages`).
+        positions: Each stage's position (:attr:`~lightning_perf.hooks.window_control.WindowControl.stages`).
         reporter: What the run has measured.
     """
     return {

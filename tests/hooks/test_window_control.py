@@ -1,7 +1,7 @@
 """The window semantics of README section "Windows, exactly" and the schedule's, on WindowControl with a fake
 window: no Trainer, no profiler. The calls come in the order PerfCallback makes them from Lightning's hooks
-(a Driver plays the hooks); the real-Trainer tests of the same semantics are in test_windows.py and
-test_lifecycle.py."""
+(a Driver plays the hooks); the real-Trainer tests of the same semantics are in callback/test_windows.py and
+callback/test_lifecycle.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 from lightning_perf.collect.window import WindowState
 from lightning_perf.config import STAGES, Schedule
+from lightning_perf.hooks.window_control import WindowControl, WindowToSave
 from lightning_perf.schedule import BatchListPlan, CyclePlan
-from lightning_perf.window_control import WindowControl, WindowToSave
 from purity import heavy_modules_loaded_by
 
 
@@ -435,4 +435,4 @@ def test_dropping_a_failed_stages_window_stops_it_and_leaves_other_stages_alone(
 
 
 def test_the_controller_imports_neither_lightning_nor_torch():
-    assert heavy_modules_loaded_by("lightning_perf.window_control") == []
+    assert heavy_modules_loaded_by("lightning_perf.hooks.window_control") == []

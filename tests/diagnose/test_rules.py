@@ -8,8 +8,6 @@ import pathlib
 import re
 
 import pytest
-from purity import heavy_modules_loaded_by
-from summaries import W1, W2, window
 
 from lightning_perf.diagnose import rules_device
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
@@ -17,8 +15,10 @@ from lightning_perf.diagnose.registry import RULES, diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary, TraceSummary
 from lightning_perf.summarize import step_summary
+from purity import heavy_modules_loaded_by
+from summaries import W1, W2, window
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 MiB, GiB = 2**20, 2**30
 
 CPU = RunFacts(
@@ -137,6 +137,7 @@ def with_history(*peaks_mib, field="host_rss_peak", facts=CPU) -> StageEpoch:
 
 
 # --- every rule: (context, expected warning/critical finding ids) -------------------------------------------
+
 
 def tiny_ops(name: str = W1, **kw) -> TraceSummary:
     """A CPU window exactly at launch_bound's threshold: 30% of the step in 1500 tiny operators of its own."""
@@ -310,8 +311,14 @@ FLOOR_CASES = {
         set(),
     ),
     # h2d_copy: >= 0.5 ms of exposed copies per step (25% of a 2 ms step)
-    "h2d 0.5 ms": (gpu_ctx(None, gpu_window(step_time=0.002, h2d_exposed_time=5e-4, h2d_time=6e-4, optimizer_update_time=1e-4)), {"h2d_copy"}),
-    "h2d under 0.5 ms": (gpu_ctx(None, gpu_window(step_time=0.002, h2d_exposed_time=4.99e-4, h2d_time=6e-4, optimizer_update_time=1e-4)), set()),
+    "h2d 0.5 ms": (
+        gpu_ctx(None, gpu_window(step_time=0.002, h2d_exposed_time=5e-4, h2d_time=6e-4, optimizer_update_time=1e-4)),
+        {"h2d_copy"},
+    ),
+    "h2d under 0.5 ms": (
+        gpu_ctx(None, gpu_window(step_time=0.002, h2d_exposed_time=4.99e-4, h2d_time=6e-4, optimizer_update_time=1e-4)),
+        set(),
+    ),
     # precision: fp32 GEMMs of >= 0.5 ms per step (half of a 1 ms kernel time)
     "fp32 GEMMs 0.5 ms": (
         gpu_ctx(None, gpu_window(kernel_time=0.001, fp32_gemm_time=5e-4), facts=FP32_GPU),
@@ -464,7 +471,6 @@ def test_advice_fits_the_device_and_the_stage(rule_id, device, case, stage):
         assert [word for word in TRAINING_ONLY if word.lower() in text] == [], f.advice
 
 
-
 def test_catalogue_ids_and_order_are_fixed():
     assert list(RULES) == [
         "dataloader_bound", "host_sync", "device_idle", "launch_bound", "h2d_copy", "precision",
@@ -473,7 +479,7 @@ def test_catalogue_ids_and_order_are_fixed():
     ]  # fmt: skip
 
 
-# --- dataloader_bound: tests/test_loader_advice.py ------------------------------------------------------
+# --- dataloader_bound: tests/diagnose/test_loader_advice.py---------------------------------------------------
 
 
 # --- host_sync ----------------------------------------------------------------------------------------------
@@ -563,7 +569,7 @@ def test_launch_bound_thresholds_override_and_its_cutoff_is_the_summarys():
     floor = tiny_ops(step_time=0.01, tiny_op_time=0.005, framework_time=0.001)
     assert run("launch_bound", ctx(None, floor)) is not None
     assert run("launch_bound", ctx(None, floor), launch_cpu_min_time=0.0051) is None
-    assert rules_device.TINY_OP_TIME == pytest.approx(step_summary.TINY_OP_US * 1e-6)
+    assert pytest.approx(step_summary.TINY_OP_US * 1e-6) == rules_device.TINY_OP_TIME
 
 
 # --- h2d_copy -----------------------------------------------------------------------------------------------
@@ -573,7 +579,11 @@ def test_h2d_copy_from_pageable_memory_advises_pinning():
     pageable = gw(W2, h2d_time=0.3, h2d_exposed_time=0.2, h2d_pageable=True)
     f = run("h2d_copy", gpu_ctx(None, gpu_window(W1), pageable, facts=facts(GPU, pin_memory=False)))
     assert f.window == W2 and f.severity == "warning"
-    assert "take 20% of the step" in f.evidence and "(warning >= 10% and >= 0.50 ms per step)" in f.evidence and "pageable" in f.evidence
+    assert (
+        "take 20% of the step" in f.evidence
+        and "(warning >= 10% and >= 0.50 ms per step)" in f.evidence
+        and "pageable" in f.evidence
+    )
     assert "`DataLoader(pin_memory=True)`" in f.advice and "non_blocking=True" in f.advice
 
 
@@ -847,7 +857,10 @@ def test_communication_in_a_trace_counts_without_world_size():
 def test_rank_straggler_names_the_slow_rank():
     f = run("rank_straggler", ctx(facts=facts(world_size=4), rank_step_times={0: 0.010, 1: 0.011, 2: 0.010, 3: 0.020}))
     assert f.title == "Rank 3 is 1.90x slower than the median rank"
-    assert "rank 3's own work per step (its median step less its wait in collectives) 20.00 ms is 1.90x the median over 4 ranks (10.50 ms" in f.evidence
+    assert (
+        "rank 3's own work per step (its median step less its wait in collectives) 20.00 ms is 1.90x the median"
+        " over 4 ranks (10.50 ms" in f.evidence
+    )
     assert "(warning >= 1.2x, and >= 10% of the" in f.evidence
     assert "rank 3" in f.advice and "rank_zero_only" not in f.advice
     zero = run("rank_straggler", ctx(facts=facts(world_size=2), rank_step_times={0: 0.03, 1: 0.01}))
@@ -932,7 +945,10 @@ def test_overrides_from_the_class_start_at_the_defaults_and_from_an_instance_at_
         ({"rank_straggler": 0.9}, r"rank_straggler must be a ratio >= 1, got 0\.9 \(number\)"),
         ({"launch_kernel_time": -1e-6}, r"launch_kernel_time must be a number of seconds >= 0, got -1e-06"),
         ({"step_spike_count": 2.5}, r"step_spike_count must be an integer >= 1, got 2\.5 \(number\)"),
-        ({"memory_growth_bytes": -1}, r"memory_growth_bytes must be a number of bytes, an integer >= 0, got -1 \(integer\)"),
+        (
+            {"memory_growth_bytes": -1},
+            r"memory_growth_bytes must be a number of bytes, an integer >= 0, got -1 \(integer\)",
+        ),
         ({"dataloader_warning": 0.5}, r"dataloader_warning=0\.5 > dataloader_critical=0\.3: dataloader_warning must"),
         ({"device_busy_critical": 0.9}, r"device_busy_critical=0\.9 > device_busy_warning=0\.8"),
     ],
@@ -943,7 +959,7 @@ def test_bad_overrides_are_named_with_value_and_what_is_allowed(overrides, messa
 
 
 def test_all_bad_overrides_are_reported_in_one_message():
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match=r"^Invalid threshold overrides: ") as info:
         Thresholds.with_overrides({"nope": 1, "dataloader_warning": 2, "rank_straggler": "x"})
     message = str(info.value)
     assert message.startswith("Invalid threshold overrides: ")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from lightning_perf.collect.ranks import WAIT_SECONDS, RankExchange
-from lightning_perf.error_policy import ErrorPolicy
+from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary
 from lightning_perf.summarize.ranks import rank_values
 

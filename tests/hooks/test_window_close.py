@@ -18,8 +18,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from kineto import load, op_names, steps
 from lightning_perf import PerfCallback
+from lightning_perf.hooks.window_close import WindowWorker
 from lightning_perf.layout import OPERATORS_SUFFIX
-from lightning_perf.window_close import WindowWorker
 from models import TinyModel, trainer, window_names
 
 WINDOW_3 = {"skip_first": 1, "warmup": 1, "active": 3}  # records batches 2, 3, 4 of each epoch
@@ -72,7 +72,7 @@ def test_windows_are_written_off_the_training_thread_in_order_and_whole_after_fi
         marker = "aten::sin" if window.stage == "train" else "aten::cos"
         assert op_names(trace)[marker] == 3
         assert window.operators and window.summary is not None and window.summary.window == window.name
-        assert 0 < window.close_seconds
+        assert window.close_seconds > 0
         assert os.path.isfile(window.trace_path.replace(".pt.trace.json.gz", OPERATORS_SUFFIX))
     threads = logger.experiment.text_threads
     tables = [name for tag, name in threads if tag.startswith("perf/operators/")]
@@ -161,7 +161,7 @@ def test_a_job_still_queued_at_interpreter_exit_is_finished(tmp_path):
     done = tmp_path / "done"
     script = (
         "import sys, time\n"
-        "from lightning_perf.window_close import WindowWorker\n"
+        "from lightning_perf.hooks.window_close import WindowWorker\n"
         "worker = WindowWorker()\n"
         "worker.submit(time.sleep, 0.5)\n"
         "worker.submit(open(sys.argv[1], 'w').write, 'written')\n"

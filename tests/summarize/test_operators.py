@@ -150,8 +150,10 @@ def test_older_traces_give_device_time_to_the_operator_each_runtime_call_runs_in
     expected = {}
     for call in (e for e in host if e["cat"] == "cuda_runtime" and e["args"].get("External id") in device):
         around = [
-            e for e in host
-            if e is not call and (e["pid"], e["tid"]) == (call["pid"], call["tid"])
+            e
+            for e in host
+            if e is not call
+            and (e["pid"], e["tid"]) == (call["pid"], call["tid"])
             and e["ts"] <= call["ts"] < e["ts"] + e["dur"]
         ]  # fmt: skip (open when the call starts: its end may be rounded to just before the call's)
         if around:

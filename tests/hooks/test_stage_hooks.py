@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from lightning.pytorch.trainer.states import TrainerFn
 
-from lightning_perf.stage_hooks import StageHooks
+from lightning_perf.hooks.stage_hooks import StageHooks
 
 
 class Recorder(StageHooks):

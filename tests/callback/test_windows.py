@@ -1,6 +1,7 @@
 """Window semantics, each on a real Trainer run: which batches a trace holds and when windows open and close."""
 
 import gc
+import pathlib
 import time
 
 import pytest
@@ -98,7 +99,9 @@ def test_stage_too_short_gets_no_window_and_one_warning(tmp_path, recwarn):
 
 
 def test_repeat_two_gives_two_windows_every_epoch(tmp_path):
-    callback = PerfCallback(schedule={"skip_first": 0, "wait": 1, "warmup": 1, "active": 2, "repeat": 2}, stages=["train"])
+    callback = PerfCallback(
+        schedule={"skip_first": 0, "wait": 1, "warmup": 1, "active": 2, "repeat": 2}, stages=["train"]
+    )
     trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=48))  # 12 batches per epoch
     assert window_names(callback) == [
         "train-epoch000-batches0002-0003",
@@ -124,7 +127,9 @@ def test_explicit_batches_replace_the_schedule(tmp_path):
 
 
 def test_max_windows_caps_each_stage_over_the_run(tmp_path, caplog):
-    callback = PerfCallback(schedule={"skip_first": 0, "warmup": 1, "active": 1, "repeat": 0}, stages=["train", "validate"], max_windows=3)
+    callback = PerfCallback(
+        schedule={"skip_first": 0, "warmup": 1, "active": 1, "repeat": 0}, stages=["train", "validate"], max_windows=3
+    )
     with caplog.at_level("INFO"):
         trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=32, val_n=16))
     assert len(window_names(callback, "train")) == 3
@@ -158,9 +163,11 @@ def test_lightning_pytorch_profiler_is_refused_at_setup(tmp_path):
 
 def test_an_active_torch_profiler_is_refused_at_setup(tmp_path):
     t = trainer(tmp_path, [PerfCallback()])
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
-        with pytest.raises(MisconfigurationException, match="found a torch profiler already running"):
-            t.fit(TinyModel(n=8))
+    with (
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]),
+        pytest.raises(MisconfigurationException, match="found a torch profiler already running"),
+    ):
+        t.fit(TinyModel(n=8))
 
 
 def test_a_failure_in_our_own_output_warns_once_and_training_goes_on(tmp_path):
@@ -210,7 +217,9 @@ def test_strict_re_raises_our_own_failure(tmp_path):
     dirpath = tmp_path / "perf"
     dirpath.mkdir()
     (dirpath / "train-epoch000-batches0001-0001").write_text("in the way")
-    callback = PerfCallback(schedule={"skip_first": 0, "active": 1}, stages=["train"], dirpath=str(dirpath), strict=True)
+    callback = PerfCallback(
+        schedule={"skip_first": 0, "active": 1}, stages=["train"], dirpath=str(dirpath), strict=True
+    )
     with pytest.raises(FileExistsError):
         trainer(tmp_path, [callback]).fit(TinyModel(n=16))
 
@@ -230,10 +239,12 @@ def test_a_second_run_in_the_same_dirpath_overwrites_nothing(tmp_path):
     dirpath = str(tmp_path / "shared")
     first = PerfCallback(schedule={"skip_first": 1, "active": 1}, stages=["train"], dirpath=dirpath)
     trainer(tmp_path / "a", [first]).fit(TinyModel(n=16))
-    first_files = {path: open(path, "rb").read() for path in (first.windows[0].trace_path, first.report_path)}
+    first_files = {path: pathlib.Path(path).read_bytes() for path in (first.windows[0].trace_path, first.report_path)}
     second = PerfCallback(schedule={"skip_first": 1, "active": 1}, stages=["train"], dirpath=dirpath)
     trainer(tmp_path / "b", [second]).fit(TinyModel(n=16))
-    assert {path: open(path, "rb").read() for path in first_files} == first_files  # the first run's files as they were
+    assert {
+        path: pathlib.Path(path).read_bytes() for path in first_files
+    } == first_files  # the first run's files as they were
     assert first.windows[0].name == "train-epoch000-batches0002-0002"
     assert second.windows[0].name == "train-epoch000-batches0002-0002-1"
     assert first.report_path.endswith("perf_report.json") and second.report_path.endswith("perf_report-1.json")

@@ -6,7 +6,7 @@ Which batches of each stage the profiler warms up on and records, and the one wi
 window semantics of README section "Windows, exactly", as plain code over any
 :class:`~lightning_perf.collect.window.Window`. No Lightning and no ``torch.profiler`` here:
 :class:`~lightning_perf.PerfCallback` calls a :class:`WindowControl` from its hooks and hands what it closes
-to the per-window pipeline (:mod:`lightning_perf.window_close`); the tests drive one with a fake window.
+to the per-window pipeline (:mod:`lightning_perf.hooks.window_close`); the tests drive one with a fake window.
 
 Notes:
     1. Batches are counted per stage from 0 at each epoch start; the plan
@@ -31,7 +31,7 @@ from typing import Any
 from lightning_perf.collect.window import Window, WindowState
 from lightning_perf.schedule import Action, WindowPlan
 
-#: ``(key, message)``: a message to show once per key (see :class:`~lightning_perf.error_policy.ErrorPolicy`).
+#: ``(key, message)``: a message to show once per key (see :class:`~lightning_perf.hooks.error_policy.ErrorPolicy`).
 Say = Callable[[str, str], None]
 
 
@@ -68,7 +68,7 @@ class OpenWindow:
 @dataclass(frozen=True)
 class WindowToSave:
     """A window closed with recorded batches, for the per-window pipeline
-    (:func:`~lightning_perf.window_close.hand_over`), which stops it and has its trace exported."""
+    (:func:`~lightning_perf.hooks.window_close.hand_over`), which stops it and has its trace exported."""
 
     open: OpenWindow
     shortened: bool

@@ -18,7 +18,7 @@ from torch_tb_profiler.profiler.loader import RunLoader
 
 from lightning_perf import layout
 
-SCRIPT = Path(__file__).resolve().parent / "ddp_script.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "ddp_script.py"
 ROOT = SCRIPT.parents[1]
 
 pytestmark = pytest.mark.slow
@@ -129,7 +129,12 @@ def test_ddp_spawn_writes_every_rank_and_the_report(tmp_path):
     proc, _ = _run(tmp_path, "ddp_spawn", "plain")
     assert proc.returncode == 0, proc.stderr[-3000:]
     names = sorted(p.name for p in tmp_path.rglob("*.pt.trace.json.gz"))
-    assert names == ["rank0.pt.trace.json.gz", "rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
+    assert names == [
+        "rank0.pt.trace.json.gz",
+        "rank0.pt.trace.json.gz",
+        "rank1.pt.trace.json.gz",
+        "rank1.pt.trace.json.gz",
+    ]
     assert [r["rank"] for r in _report(tmp_path)["stages"]["train"]["epochs"][0]["ranks"]] == [0, 1]
 
 

@@ -1,6 +1,6 @@
 """Runs of many epochs cost the same per epoch at the first and the last: the report is rewritten on a time
 budget, a finding that persists unchanged is printed once, the step-split image is drawn at log-spaced
-epochs, and the checkpoint state is bounded (tests/test_resume.py)."""
+epochs, and the checkpoint state is bounded (tests/hooks/test_run_state.py)."""
 
 import json
 import logging
@@ -55,8 +55,12 @@ def test_the_report_is_rewritten_only_when_the_time_since_the_last_write_pays_fo
 
 
 def test_a_finding_is_shown_again_only_when_its_numbers_or_its_severity_by_two_levels_change():
-    assert not changed(_finding("Training waits for data 29% of the time"), _finding("Training waits for data 31% of the time"))
-    assert changed(_finding("Training waits for data 29% of the time"), _finding("Training waits for data 37% of the time"))
+    assert not changed(
+        _finding("Training waits for data 29% of the time"), _finding("Training waits for data 31% of the time")
+    )
+    assert changed(
+        _finding("Training waits for data 29% of the time"), _finding("Training waits for data 37% of the time")
+    )
     # At a threshold's edge (27-33% around 30%) the severity flips with the value: not news.
     assert not changed(_finding("waits 29%"), _finding("waits 31%", severity="critical"))
     assert changed(_finding("waits 29%", severity="info"), _finding("waits 29%", severity="critical"))
@@ -88,7 +92,9 @@ def test_the_console_names_unchanged_findings_on_the_headline():
 def test_a_persisting_finding_is_printed_once_and_reported_every_epoch(tmp_path, caplog):
     callback = PerfCallback(batches=[100_000], stages=["train"])
     with caplog.at_level(logging.INFO):
-        trainer(tmp_path, [callback], max_epochs=4, limit_val_batches=0).fit(TinyModel(n=16, batch_size=4, sleep_s=0.05))
+        trainer(tmp_path, [callback], max_epochs=4, limit_val_batches=0).fit(
+            TinyModel(n=16, batch_size=4, sleep_s=0.05)
+        )
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lightning-perf | train epoch")]
     assert len(lines) == 4
     assert "dataloader_bound" in lines[0].splitlines()[1]  # shown in full once, with its advice

@@ -32,7 +32,8 @@ from lightning_perf.config import STAGES, PerfConfig
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnosis_context import epoch_context, run_facts
-from lightning_perf.error_policy import ErrorPolicy
+from lightning_perf.hooks.error_policy import ErrorPolicy
+from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
 from lightning_perf.report.charts import step_split_caption, step_split_image
 from lightning_perf.report.findings import ShownFindings, console_report, findings_markdown, ranks_markdown
@@ -40,7 +41,6 @@ from lightning_perf.report.json_report import ReportFile, report_dict
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
 from lightning_perf.report.outputs import Outputs
 from lightning_perf.summarize.steps import summarize_epoch
-from lightning_perf.window_control import StagePosition
 
 # The earlier epochs of a stage the rules see (memory_growth reads a trailing run of epochs; its count
 # saturates here), and so what a checkpoint keeps of them.

@@ -267,30 +267,57 @@ def test_an_empty_trace():
         ("volta_sgemm_128x64_nn", True),
         ("volta_sgemm_32x32_sliced1x4_tn", True),
         ("ampere_sgemm_32x128_tn", True),
-        ("void cutlass::Kernel<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(cutlass_80_simt_sgemm_128x32_8x5_nn_align1::Params)", True),  # noqa: E501 - a kernel's name, verbatim
+        (
+            "void cutlass::Kernel<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(cutlass_80_simt_sgemm_128x32_8x5_nn_align1::Params)",  # noqa: E501 - a kernel's name, verbatim
+            True,
+        ),
         ("void magma_sgemmEx_kernel<float, float, float, true, false, 6, 4, 6, 3, 4>(int, int, int, Tensor)", True),
         ("void sgemm_largek_lds64<true, true, 6, 3, 4, 5, 2, 66>(float*, float const*, float const*, int)", True),
         ("cudnn_infer_volta_scudnn_128x64_relu_medium_nn_v1", True),
         ("cudnn_infer_ampere_scudnn_128x64_relu_xregs_large_nn_v1", True),
-        ("void gemmk1_kernel<float, 256, 5, false, false, false, false, cublasGemvTensorStridedBatched<float const>>()", True),  # noqa: E501 - a kernel's name, verbatim
+        (
+            "void gemmk1_kernel<float, 256, 5, false, false, false, false, cublasGemvTensorStridedBatched<float const>>()",  # noqa: E501 - a kernel's name, verbatim
+            True,
+        ),
         ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int, float const*, int)", True),
         # fp32 xmma (cuBLAS/cuDNN on sm80+ with TF32 off).
-        ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas", True),  # noqa: E501 - a kernel's name, verbatim
+        (
+            "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
+            True,
+        ),
         # From the fixtures: TF32 tensor cores.
-        ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4::Params)", False),  # noqa: E501 - a kernel's name, verbatim
-        ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_warpsize2x2x1_g1_tensor16x8x8_execute_kernel_cudnn_infer", False),  # noqa: E501 - a kernel's name, verbatim
-        ("void cutlass_cudnn_infer::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_128x128_32x4_nhwc_align4>(cutlass_tensorop_s1688fprop_optimized_tf32_128x128_32x4_nhwc_align4::Params)", False),  # noqa: E501 - a kernel's name, verbatim
+        (
+            "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4::Params)",  # noqa: E501 - a kernel's name, verbatim
+            False,
+        ),
+        (
+            "sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_warpsize2x2x1_g1_tensor16x8x8_execute_kernel_cudnn_infer",
+            False,
+        ),
+        (
+            "void cutlass_cudnn_infer::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_128x128_32x4_nhwc_align4>(cutlass_tensorop_s1688fprop_optimized_tf32_128x128_32x4_nhwc_align4::Params)",  # noqa: E501 - a kernel's name, verbatim
+            False,
+        ),
         # Half precision tensor cores.
         ("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize96x64x32_stage3_warpsize2x2x1_tensor16x8x16_kernel", False),
         ("volta_h884gemm_64x64_ldg8_nn", False),
         ("ampere_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn", False),
         ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", False),
         # Not GEMMs (from the fixtures).
-        ("void fbgemm_gpu::permute_indices_weights_kernel<true, int, float>(int, int, int, int const*, float const*)", False),  # noqa: E501 - a kernel's name, verbatim
+        (
+            "void fbgemm_gpu::permute_indices_weights_kernel<true, int, float>(int, int, int, int const*, float const*)",  # noqa: E501 - a kernel's name, verbatim
+            False,
+        ),
         ("void splitKreduce_kernel<float, float, float, float, true, false, false>(cublasSplitKParams<float>)", False),
-        ("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(cudnn::winograd_nonfused::WinogradDataParams<float, float>)", False),  # noqa: E501 - a kernel's name, verbatim
+        (
+            "void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(cudnn::winograd_nonfused::WinogradDataParams<float, float>)",  # noqa: E501 - a kernel's name, verbatim
+            False,
+        ),
         ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", False),
-        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int)", False),  # noqa: E501 - a kernel's name, verbatim
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int)",  # noqa: E501 - a kernel's name, verbatim
+            False,
+        ),
     ],
 )
 def test_fp32_gemm_classifier(name, fp32):

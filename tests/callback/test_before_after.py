@@ -11,7 +11,7 @@ import pytest
 
 from lightning_perf.cli import main
 
-SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "before_after" / "train.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "before_after" / "train.py"
 
 pytestmark = pytest.mark.slow
 

@@ -37,7 +37,7 @@ def _bar_columns(img):
     """[(first, last)] column ranges of the bars, left to right: runs of columns with any bar colour."""
     coloured = (_is(img, DATA_WAIT_COLOUR) | _is(img, COMPUTE_COLOUR)).any(axis=0)
     edges = np.flatnonzero(np.diff(np.concatenate([[0], coloured.astype(np.int8), [0]])))
-    return list(zip(edges[::2], edges[1::2] - 1))
+    return list(zip(edges[::2], edges[1::2] - 1, strict=True))
 
 
 def _png(img):
@@ -103,7 +103,7 @@ def test_colours_are_in_the_proportions_of_the_times():
     (a0, a1), (b0, b1) = bars
     assert a1 - a0 == b1 - b0 and a1 - a0 + 1 >= 40, "two equal bars sharing the width"
     assert b0 == a1 + 2, "a 1 px gap between bars"
-    for (first, last), (wait, compute) in zip(bars, [(0.03, 0.01), (0.01, 0.03)]):
+    for (first, last), (wait, compute) in zip(bars, [(0.03, 0.01), (0.01, 0.03)], strict=True):
         columns = img[:, first : last + 1]
         orange = _is(columns, DATA_WAIT_COLOUR).sum()
         blue = _is(columns, COMPUTE_COLOUR).sum()
@@ -143,7 +143,7 @@ def test_gridlines_mark_quarters_of_the_scale():
 
 
 @pytest.mark.parametrize(
-    "n, max_width, pitch, bar_width, overhang",
+    ("n", "max_width", "pitch", "bar_width", "overhang"),
     [
         (200, 800, 4, 3, 1),  # 3 px bars 1 px apart: the cap, 5 px at least, overhangs into the gaps
         (400, 800, 2, 2, 2),  # 2 px bars touching: the cap overhangs the neighbours
@@ -204,7 +204,7 @@ def test_averaging_takes_the_mean_of_each_part():
 
 
 @pytest.mark.parametrize(
-    "n, width, bars",
+    ("n", "width", "bars"),
     [
         (1, 800, 1),  # one bar the full width
         (10, 799, 10),  # 79 px bars, 1 px apart
@@ -267,7 +267,7 @@ def test_the_caption_states_colours_count_scale_median_and_data_wait_share():
 
 
 @pytest.mark.parametrize(
-    "seconds, text",
+    ("seconds", "text"),
     [(0.0412, "41.2 ms"), (1.5, "1.50 s"), (0.000_45, "450 µs"), (0.123_4, "123 ms"), (0.005, "5.00 ms")],
 )
 def test_the_caption_picks_a_readable_unit(seconds, text):

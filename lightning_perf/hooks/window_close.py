@@ -39,6 +39,7 @@ from lightning_perf.collect.memory import CudaMemory
 from lightning_perf.collect.profiler import finish_trace
 from lightning_perf.collect.window import WindowState
 from lightning_perf.config import PerfConfig
+from lightning_perf.hooks.window_control import WindowToSave
 from lightning_perf.records import WindowRecord
 from lightning_perf.report.markdown import operator_table
 from lightning_perf.report.outputs import Outputs
@@ -46,7 +47,6 @@ from lightning_perf.summarize.events import as_trace
 from lightning_perf.summarize.operators import default_sort_key, operator_stats, top_operators
 from lightning_perf.summarize.step_summary import summarize_trace
 from lightning_perf.traces import collector_paused
-from lightning_perf.window_control import WindowToSave
 
 OPERATORS_TAG = "perf/operators/{stage}"
 
@@ -98,7 +98,7 @@ def hand_over(
     hands over what :func:`process_window` needs.
 
     Args:
-        to_save: The window, as :class:`~lightning_perf.window_control.WindowControl` closed it.
+        to_save: The window, as :class:`~lightning_perf.hooks.window_control.WindowControl` closed it.
         dirpath: The output directory: the window's own directory goes in it (``layout.window_dirname``, or
             an unused variant when another run's trace of this rank is there).
         rank: This process's global rank (the trace's and the operator table's file names).

@@ -4,7 +4,7 @@ Profiler windows of a run
 
 The real windows, outside the window controller: :class:`ProfilerWindows` makes the
 :class:`~lightning_perf.collect.profiler.ProfilerWindow` the controller opens (its factory), and saves those it
-closes through the per-window pipeline of :mod:`lightning_perf.window_close`: :func:`hand_over` on the training
+closes through the per-window pipeline of :mod:`lightning_perf.hooks.window_close`: :func:`hand_over` on the training
 thread, :func:`process_window` on a :class:`WindowWorker`.
 """
 
@@ -16,12 +16,12 @@ from collections.abc import Callable
 from lightning_perf.collect.memory import CudaPeaks
 from lightning_perf.collect.profiler import ProfilerWindow, torch_profiler_active
 from lightning_perf.config import PerfConfig
-from lightning_perf.error_policy import ErrorPolicy
-from lightning_perf.rank_staging import RankStaging
+from lightning_perf.hooks.error_policy import ErrorPolicy
+from lightning_perf.hooks.rank_staging import RankStaging
+from lightning_perf.hooks.window_close import ClosedWindow, WindowWorker, hand_over, process_window
+from lightning_perf.hooks.window_control import WindowToSave
 from lightning_perf.records import WindowRecord
 from lightning_perf.report.outputs import Outputs
-from lightning_perf.window_close import ClosedWindow, WindowWorker, hand_over, process_window
-from lightning_perf.window_control import WindowToSave
 
 
 class ProfilerWindows:
