@@ -70,6 +70,16 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
+def seconds(value: float) -> str:
+    """An epoch-level time: ``1.234`` -> ``"1.23 s"``."""
+    return f"{value:.2f} s"
+
+
+def seconds_or_ms(value: float) -> str:
+    """A time that may be an epoch's or a step's: :func:`seconds` from 0.1 s up, else :func:`ms`."""
+    return seconds(value) if value >= 0.1 else ms(value)
+
+
 def us(seconds: float) -> str:
     """An operator- or kernel-level time: ``4.2e-6`` -> ``"4.2 us"``."""
     return f"{seconds * 1e6:.1f} us"
@@ -130,3 +140,8 @@ def signed_size(nbytes: int) -> str:
 def count(value: float) -> str:
     """A count or a rate, whole, with thousands separators: ``5388.4`` -> ``"5,388"``."""
     return f"{value:,.0f}"
+
+
+def cpus(value: float) -> str:
+    """CPUs' worth of CPU time over wall time, one decimal: ``1.25`` -> ``"1.2 CPUs"``."""
+    return f"{value:.1f} CPUs"

@@ -38,7 +38,8 @@ def test_thresholds_and_changes():
 
 
 def test_durations():
-    assert (units.ms(0.01234), units.us(4.2e-6)) == ("12.34 ms", "4.2 us")
+    assert (units.ms(0.01234), units.us(4.2e-6), units.seconds(1.234)) == ("12.34 ms", "4.2 us", "1.23 s")
+    assert [units.seconds_or_ms(x) for x in (0.25, 0.1, 0.0999)] == ["0.25 s", "0.10 s", "99.90 ms"]
     assert [units.duration_us(x) for x in (812, 3420, 1_200_000)] == ["812 us", "3.42 ms", "1.20 s"]
     assert [units.duration(x) for x in (0.0412, 1.5, 0.000_45, 0.123_4, 0.005, 0)] == [
         "41.2 ms",
@@ -56,6 +57,7 @@ def test_memory_and_counts():
     sizes = [units.signed_size(x) for x in (512, -2048, 3 * 2**20, 2**42)]
     assert sizes == ["512 B", "-2.0 KiB", "3.0 MiB", "4096.0 GiB"]
     assert [units.count(x) for x in (5388.4, 12, 1e6)] == ["5,388", "12", "1,000,000"]
+    assert [units.cpus(x) for x in (1.25, 0, 12)] == ["1.2 CPUs", "0.0 CPUs", "12.0 CPUs"]
 
 
 def test_units_imports_nothing_of_the_package():

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from lightning_perf.diagnose.model import RunFacts, StageEpoch
 from lightning_perf.diagnose.rule_helpers import cpus_per_process, on_cuda
-from lightning_perf.units import ms, percent
+from lightning_perf.units import cpus, ms, percent, seconds_or_ms
 
 # Advice only: the most workers we suggest. Lightning suggests up to the CPUs per device minus one
 # (`suggested_max_num_workers`); beyond about 8 workers returns diminish for most pipelines while each worker
@@ -196,7 +196,7 @@ def loading_evidence(load: Loading, facts: RunFacts) -> list[str]:
             f"the training process used or waited for a CPU {percent(min(load.cpu_share, 1.0))} of the sampled waits"
         )
     if load.worker_cpus is not None and facts.num_workers:
-        parts.append(f"the {facts.num_workers} workers used {load.worker_cpus:.1f} CPUs")
+        parts.append(f"the {facts.num_workers} workers used {cpus(load.worker_cpus)}")
     if load.contended:
         parts.append(f"the training thread waited for a CPU {percent(load.cpu_wait or 0.0)} of the epoch")
     if load.spare is not None:
@@ -359,9 +359,9 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     saved = max(steady - after, 0.0) * load.batches
     if _net_saving(load, k, epochs, cpu_bound) <= 0:
         return [
-            f"Workers would save at most {_seconds(saved)} an epoch here (receiving each batch from a worker costs"
+            f"Workers would save at most {seconds_or_ms(saved)} an epoch here (receiving each batch from a worker costs"
             f" the training process about {ms(HANDOFF)}); over {epochs} epoch{'s' if epochs != 1 else ''} that is"
-            f" no more than starting them costs (about {_seconds(WORKER_STARTUP_GUESS)} each): measure before"
+            f" no more than starting them costs (about {seconds_or_ms(WORKER_STARTUP_GUESS)} each): measure before"
             " changing anything"
             f" (`DataLoader(num_workers={k}, persistent_workers=True)` against this run, with `lightning-perf"
             " compare`).",
@@ -375,7 +375,7 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     return [
         f"Set `DataLoader(num_workers={k}, persistent_workers=True)`: {why}, so {k} worker"
         f"{'s' if k > 1 else ''} can load batches while the model computes; predicted data wait"
-        f" {ms(after)} per batch instead of {ms(steady)} (about {_seconds(saved)} less per epoch)."
+        f" {ms(after)} per batch instead of {ms(steady)} (about {seconds_or_ms(saved)} less per epoch)."
         " `persistent_workers` starts the workers once per run, not at every epoch.",
         _iterable_caveat(ctx),
     ]
@@ -404,7 +404,7 @@ def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     if cpu_bound is False:
         if load.cpu_share is not None and load.cpu_share >= CPU_BOUND:
             return [
-                f"The {named} {are} mostly idle ({load.worker_cpus or 0:.1f} CPUs in all) while the training"
+                f"The {named} {are} mostly idle ({cpus(load.worker_cpus or 0)} in all) while the training"
                 " process is busy during the wait: receiving batches from the workers costs more than loading"
                 " them. Compare `DataLoader(num_workers=0)` with this run (`lightning-perf compare`), or send"
                 " fewer bytes per batch (smaller dtypes, uint8 images converted after the transfer)."
@@ -412,7 +412,7 @@ def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
         target = min(2 * workers, MAX_SUGGESTED_WORKERS * 2)
         return [
             f"Set `DataLoader(num_workers={target}, prefetch_factor=4)`: the {named} {are} mostly"
-            f" waiting ({load.worker_cpus or 0:.1f} CPUs in all), on a disk or the network, not computing, so"
+            f" waiting ({cpus(load.worker_cpus or 0)} in all), on a disk or the network, not computing, so"
             " more of them overlap more waits, even beyond the CPU count.",
             _iterable_caveat(ctx),
         ]
@@ -428,7 +428,7 @@ def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     if cpu_bound:
         return [
             f"The CPU is the limit: the {named} {'keeps' if workers == 1 else 'keep'}"
-            f" {load.worker_cpus or 0:.1f} CPUs busy and no more are free, so more workers will not help.",
+            f" {cpus(load.worker_cpus or 0)} busy and no more are free, so more workers will not help.",
             cheaper_samples(ctx),
             _persistent(facts, workers),
         ]
@@ -448,7 +448,3 @@ def _persistent(facts: RunFacts, workers: int) -> str:
             " run instead of every epoch."
         )
     return ""
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.2f} s" if value >= 0.1 else ms(value)

@@ -23,7 +23,7 @@ from lightning_perf.diagnose.rule_helpers import (
 )
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import TraceSummary, share
-from lightning_perf.units import limit, ms, percent, us
+from lightning_perf.units import count, limit, ms, percent, us
 
 # Tensor-core GPUs without bf16 or TF32 (Volta, Turing): there, only fp16 ("16-mixed") uses the tensor cores.
 PRE_AMPERE_NAMES = ("V100", "GV100", "TITAN V", "T4", "TITAN RTX", "RTX 20", "QUADRO RTX")
@@ -244,7 +244,7 @@ def launch_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         median = window.median_kernel_time or 0.0
         evidence = [
             f"median kernel {us(median)} (threshold < {us(t.launch_kernel_time)}),"
-            f" {window.kernels_per_step or 0:,.0f} kernels per step, GPU busy {percent(busy)} of the step"
+            f" {count(window.kernels_per_step or 0)} kernels per step, GPU busy {percent(busy)} of the step"
             f" (threshold < {limit(t.launch_device_busy)}) {in_window(window, len(ctx.windows))}"
         ]
         advice = [
@@ -272,7 +272,7 @@ def launch_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     ops = window.tiny_ops_per_step or 0.0
     evidence = [
         f"{percent(tiny)} of the step ({ms(window.tiny_op_time or 0.0)} of {ms(window.step_time)}) in"
-        f" {ops:,.0f} operators shorter than {us(TINY_OP_TIME)} each and the Python calling them, outside the"
+        f" {count(ops)} operators shorter than {us(TINY_OP_TIME)} each and the Python calling them, outside the"
         f" DataLoader {in_window(window, len(ctx.windows))} (warning >= {limit(t.launch_cpu_tiny_ops)} and"
         f" >= {ms(t.launch_cpu_min_time)} per step)"
     ]
@@ -282,7 +282,7 @@ def launch_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         " `torch.stack` once instead of per element, indexing instead of loops); `model = torch.compile(model)`"
         " before `trainer.fit` fuses what remains, and a larger `batch_size` does more work per operator.",
     ]
-    title = f"{stage} spends {percent(tiny)} of each step in {ops:,.0f} tiny operators"
+    title = f"{stage} spends {percent(tiny)} of each step in {count(ops)} tiny operators"
     return finding(ctx, "launch_bound", "warning", title, evidence, advice, window)
 
 

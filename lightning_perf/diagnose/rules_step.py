@@ -26,7 +26,7 @@ from lightning_perf.diagnose.rule_helpers import (
 )
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary, share
-from lightning_perf.units import limit, ms, percent, times
+from lightning_perf.units import count, limit, ms, percent, seconds, times
 
 # Lightning's default `Trainer(log_every_n_steps=...)`: spikes with this period are most likely logging.
 LIGHTNING_LOG_EVERY_N_STEPS = 50
@@ -60,7 +60,8 @@ def optimizer_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     foreach = window.optimizer_foreach
     evidence = [
         f"optimizer update {percent(value)} of the step ({ms(window.optimizer_update_time)} of"
-        f" {ms(window.step_time)}, {window.optimizer_update_ops:,.0f} operators) {in_window(window, len(ctx.windows))}"
+        f" {ms(window.step_time)}, {count(window.optimizer_update_ops)} operators)"
+        f" {in_window(window, len(ctx.windows))}"
         f" (warning >= {limit(t.optimizer_update)} and >= {ms(t.optimizer_min_time)} per step)",
         ""
         if foreach is None
@@ -132,9 +133,10 @@ def validation_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     runs = len(ctx.validation)
     batches = sum(v.batches for v in ctx.validation)
     evidence = [
-        f"validation {percent(fraction)} of the epoch's step time ({val:.2f} s in {runs} run{'s' if runs > 1 else ''}"
-        f" of {batches} batches, training {train:.2f} s) (warning >= {limit(t.validation)} and"
-        f" >= {t.validation_min_time:.2f} s per epoch)"
+        f"validation {percent(fraction)} of the epoch's step time"
+        f" ({seconds(val)} in {runs} run{'s' if runs > 1 else ''}"
+        f" of {batches} batches, training {seconds(train)}) (warning >= {limit(t.validation)} and"
+        f" >= {seconds(t.validation_min_time)} per epoch)"
     ]
     advice = [
         "Validate less or faster: `Trainer(limit_val_batches=0.25)` uses a quarter of the validation set,"
