@@ -17,6 +17,7 @@ _EXPORTS = {
     "EpochSummary": "lightning_perf.records",
     "OperatorStat": "lightning_perf.records",
     "WindowRecord": "lightning_perf.records",
+    "peak_flops": "lightning_perf.peak_table",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]

@@ -36,6 +36,7 @@ from lightning_perf.diagnose.model import Finding
 from lightning_perf.hooks import run_state
 from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.error_policy import ErrorPolicy
+from lightning_perf.hooks.flop_count import run_peak_flops
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
 from lightning_perf.hooks.rank_staging import RankStaging
 from lightning_perf.hooks.run_setup import output_places, refuse_other_profilers
@@ -88,6 +89,8 @@ class PerfCallback(StageHooks):
             its first steps that fit, with a warning.
         strict: Re-raise a failure of our own collection or reporting instead of warning once and going on.
             Default (``None``): the environment variable ``LIGHTNING_PERF_STRICT`` (``1`` = strict), else off.
+        peak_flops: The device's peak FLOP/s for the run's dtype, what MFU divides by; default (``None``): the
+            dense datasheet figure for the device (:func:`lightning_perf.peak_flops`), where it is known.
 
     Raises:
         ValueError: At construction, listing every invalid argument with its value and what is allowed.
@@ -132,6 +135,7 @@ class PerfCallback(StageHooks):
         ranks: Sequence[int] | None = None,
         max_trace_mb: float = DEFAULT_MAX_TRACE_MB,
         strict: bool | None = None,
+        peak_flops: float | None = None,
     ) -> None:
         self.config = PerfConfig.build(
             schedule=schedule,
@@ -153,6 +157,7 @@ class PerfCallback(StageHooks):
             ranks=ranks,
             max_trace_mb=max_trace_mb,
             strict=strict,
+            peak_flops=peak_flops,
         )
         if self.config.schedule.warmup == 0:
             rank_zero_warn(
@@ -174,6 +179,7 @@ class PerfCallback(StageHooks):
         )
         self._policy.drop = self._control.drop
         self._stages = self._epochs.stages  # what the per-batch hooks touch, one lookup away
+        self._flops = self._epochs.flops
         self._positions = self._control.stages
         self._loop_timer = LoopStartTimer()  # what Lightning's loops spend starting DataLoaders before our hooks
         self._windows_at_setup = 0
@@ -241,7 +247,8 @@ class PerfCallback(StageHooks):
         self._epochs.report_path, self._epochs.outputs = places.report_path, places.outputs
         device = trainer.strategy.root_device
         cuda = self._epochs.cuda_peaks = CudaPeaks(device) if device.type == "cuda" else None
-        self._epochs.run_info = {**run_info(trainer), "dataloaders": self._epochs.run_info.get("dataloaders", {})}
+        run = self._epochs.run_info = {**run_info(trainer), "dataloaders": self._epochs.run_info.get("dataloaders", {})}
+        run["peak_flops"] = run_peak_flops(run, self.config.peak_flops)
         rank, ranks, world_size = trainer.global_rank, self.config.ranks, trainer.world_size
         self._profiler_windows.prepare(self.dirpath, places.outputs, rank=rank, world_size=world_size, cuda_peaks=cuda)
         # and no window under fast_dev_run: Lightning writes nothing then, nor do we
@@ -271,6 +278,7 @@ class PerfCallback(StageHooks):
     def _end(self, trainer: pl.Trainer, *, wait: float, interrupted: bool = False) -> None:
         """A Trainer call ends: what is open is saved, what is pending written, at most ``wait`` s for the ranks."""
         stage = self._control.open.stage if self._control.open is not None else None
+        self._flops.cancel()
         self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.close(shortened=True)))
         self._profiler_windows.join()
         self._policy.safely(None, self._staging.publish, wait=wait)
@@ -291,6 +299,8 @@ class PerfCallback(StageHooks):
         self._control.epoch_start(stage, num_batches, epoch=epoch, first_batch=first_batch)
         st = self._stages[stage]
         st.in_epoch = True
+        if stage == "train":
+            self._flops.epoch_start()
         waited = self._loop_timer.take(stage)
         self._policy.safely(stage, self._epochs.start_epoch, stage, trainer, waited)
         self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.before_batch(stage, trainer)))
@@ -308,6 +318,8 @@ class PerfCallback(StageHooks):
         if window is not None and window.stage == stage:
             st.clock.batch_start(batch, profiled=True)
             self._control.batch_started(stage)
+        elif stage == "train" and self._flops.pending and batch_idx:  # counted: left out of the times too
+            st.clock.batch_start(batch, profiled=self._epochs.flops_batch_start(batch))
         else:
             st.clock.batch_start(batch)
 
@@ -317,6 +329,8 @@ class PerfCallback(StageHooks):
             return
         st = self._stages[stage]
         st.clock.batch_end(outputs, keep_loss=self.config.log_loss and stage != "predict")
+        if self._flops.active:
+            self._epochs.flops_batch_end()
         st.total_batches += 1
         # Inline try blocks, not policy.safely(): free in CPython 3.11 when nothing raises, and no bound-method or
         # argument-tuple allocation on every batch.

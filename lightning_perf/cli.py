@@ -5,9 +5,11 @@ Command line
 ``lightning-perf`` (or ``python -m lightning_perf``): the offline side of the loop measure, change one
 thing, measure again, compare.
 
-- ``report RUN_DIR``: a run's per-epoch summaries and findings, from its ``perf_report.json``.
+- ``report RUN_DIR``: a run's per-epoch summaries and findings, from its ``perf_report.json`` (with its FLOPs
+  per batch, achieved FLOP/s, MFU and top modules by FLOPs where they were counted).
 - ``analyze PATH...``: the trace-level rules on any Kineto traces, grouped by rank per directory.
-- ``compare BEFORE AFTER``: two runs (or two traces) side by side; ``--fail-if-slower PCT`` for CI.
+- ``compare BEFORE AFTER``: two runs (or two traces) side by side (MFU before and after, where known);
+  ``--fail-if-slower PCT`` for CI.
 
 One code path with the callback: the same readers, summaries, rules and formatters; no second
 implementation of a rule. Bad input (a missing file, a truncated gzip, a malformed report) is one line on
@@ -30,21 +32,22 @@ from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnosis_context import cross_rank_findings, distributed_info, trace_context, trace_stage
 from lightning_perf.readers import InputError, load_report, load_trace
-from lightning_perf.records import OperatorStat, RankSummary, TraceSummary, share
+from lightning_perf.records import EpochSummary, OperatorStat, RankSummary, TraceSummary, share
 from lightning_perf.report.findings import CLEAN, console_report, finding_lines, ranks_table, shown_findings
-from lightning_perf.report.json_report import report_epochs
+from lightning_perf.report.json_report import report_epochs, report_top_modules
 from lightning_perf.summarize.events import KinetoTrace
 from lightning_perf.summarize.operators import operator_stats
 from lightning_perf.summarize.ranks import rank_summary_of_trace
 from lightning_perf.summarize.step_summary import summarize_trace
 from lightning_perf.traces import collector_paused
-from lightning_perf.units import change, count, duration_us, mib, percent
+from lightning_perf.units import change, count, duration_us, flops, flops_rate, mib, percent
 
 EXIT_OK, EXIT_SLOWER, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command ended by SIGPIPE
 REPORT_PATTERN = re.compile(r"^perf_report(-\d+)?\.json$")
 TRACE_PATTERN = re.compile(r"\.json(\.gz)?$")
 RANK_PATTERN = re.compile(r"rank[_-]?(\d+)")
+TOP_MODULES_SHOWN = 5  # of the report's run.flops.by_module, on `report`'s line of modules by FLOPs share
 
 
 class UsageError(InputError):
@@ -113,12 +116,35 @@ def command_report(args: argparse.Namespace) -> int:
             f"  {run.get('device', '?')} {run.get('device_name') or ''}, world size {run.get('world_size', 1)},"
             f" precision {run.get('precision')}, torch {run.get('torch')}, lightning {run.get('lightning')}"
         )
+        for line in _run_flops_lines(run):
+            print(f"  {line}")
         for summary, findings, ranks in report_epochs(report):
-            print(console_report(summary, findings, verbose=args.verbose, ranks=ranks))
+            print(_with_flops_per_batch(console_report(summary, findings, verbose=args.verbose, ranks=ranks), summary))
         windows = report.get("windows", [])
         if windows:
             print(f"  {len(windows)} profiler window(s): " + ", ".join(w["name"] for w in windows))
     return EXIT_OK
+
+
+def _run_flops_lines(run: Mapping[str, Any]) -> list[str]:
+    """The run's FLOPs facts, where known: the peak MFU divides by, and the modules with the largest share of
+    a counted batch's FLOPs. Nothing for a run whose FLOPs were not counted."""
+    lines = []
+    peak = run.get("peak_flops")
+    if isinstance(peak, (int, float)) and not isinstance(peak, bool) and peak > 0:
+        lines.append(f"peak {flops_rate(peak)} per device (what MFU divides by)")
+    if modules := report_top_modules(run):
+        shown = ", ".join(f"{name} {percent(part)}" for name, part in modules[:TOP_MODULES_SHOWN])
+        lines.append(f"top modules by FLOPs: {shown}")
+    return lines
+
+
+def _with_flops_per_batch(text: str | None, summary: EpochSummary) -> str | None:
+    """An epoch's console text with its FLOPs per batch under the headline, where they were counted."""
+    if text is None or summary.flops_per_batch is None:
+        return text
+    head, *rest = text.split("\n")
+    return "\n".join([head, f"  FLOPs per batch: {flops(summary.flops_per_batch)} (forward and backward)", *rest])
 
 
 # ------------------------------------------------------------------ analyze
@@ -204,6 +230,8 @@ class _Side:
     step_p50: float | None
     step_p90: float | None
     throughput: float | None
+    flops_per_second: float | None
+    mfu: float | None
     data_wait: float | None
     host_peak: float | None
     cuda_peak: float | None
@@ -230,6 +258,8 @@ def _side_of_run(path: str) -> _Side:
         step_p50=last.step_time_p50,
         step_p90=last.step_time_p90,
         throughput=last.throughput,
+        flops_per_second=last.flops_per_second,
+        mfu=last.mfu,
         data_wait=last.data_wait_fraction,
         host_peak=last.host_rss_peak,
         cuda_peak=last.cuda_max_allocated,
@@ -250,6 +280,8 @@ def _side_of_trace(path: str, args: argparse.Namespace) -> _Side:
         step_p50=summary.step_time,
         step_p90=None,
         throughput=None,
+        flops_per_second=None,
+        mfu=None,
         data_wait=share(summary.dataloader_time, summary),
         host_peak=None,
         cuda_peak=None,
@@ -294,19 +326,33 @@ def _print_comparison(before: _Side, after: _Side, args: argparse.Namespace) -> 
     def rate(v: float | None) -> str:
         return "-" if v is None else f"{count(v)}/s"
 
+    def flop_rate(v: float | None) -> str:
+        return "-" if v is None else flops_rate(v)
+
     metrics: list[tuple[str, Callable[[float | None], str], float | None, float | None, bool]] = [
         # (name, formatter, before, after, lower is better)
         ("step time p50", time, before.step_p50, after.step_p50, True),
         ("step time p90", time, before.step_p90, after.step_p90, True),
         ("throughput", rate, before.throughput, after.throughput, False),
+        ("FLOP/s", flop_rate, before.flops_per_second, after.flops_per_second, False),
+        ("MFU", share, before.mfu, after.mfu, False),
         ("data wait", share, before.data_wait, after.data_wait, True),
         ("host memory peak", memory, before.host_peak, after.host_peak, True),
         ("CUDA allocated peak", memory, before.cuda_peak, after.cuda_peak, True),
     ]
-    rows = [(name, fmt(b), fmt(a), _change(b, a, lower_is_better=lower)) for name, fmt, b, a, lower in metrics]
-    if args.json:
-        print(json.dumps(_comparison_json(before, after, rows), indent=1))
+    if args.json:  # what is unknown on a side is null (the table's "-"), and so is a change not computed
+        known: list[tuple[str, str | None, str | None, str | None]] = [
+            (
+                name,
+                fmt(b) if b is not None else None,
+                fmt(a) if a is not None else None,
+                _change(b, a, lower_is_better=lower) or None,
+            )
+            for name, fmt, b, a, lower in metrics
+        ]
+        print(json.dumps(_comparison_json(before, after, known), indent=1))
     else:
+        rows = [(name, fmt(b), fmt(a), _change(b, a, lower_is_better=lower)) for name, fmt, b, a, lower in metrics]
         print(f"before: {before.label}\nafter:  {after.label}\n")
         table = [("", "before", "after", "change"), *rows]
         widths = [max(len(r[i]) for r in table) for i in range(4)]
@@ -368,7 +414,9 @@ def _print_operator_changes(before: _Side, after: _Side, limit: int) -> None:
         print(f"  {name[:60]:<60} {duration_us(b):>10} -> {duration_us(a):>10}  {word}")
 
 
-def _comparison_json(before: _Side, after: _Side, rows: list[tuple[str, str, str, str]]) -> dict[str, Any]:
+def _comparison_json(
+    before: _Side, after: _Side, rows: list[tuple[str, str | None, str | None, str | None]]
+) -> dict[str, Any]:
     return {
         "before": before.label,
         "after": after.label,

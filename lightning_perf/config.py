@@ -147,6 +147,7 @@ _BATCH_SIZE_FN = CALLABLE.said("a callable (batch -> int)").or_none()
 _VERBOSE = Kind("0 (silent), 1 (warnings and critical) or 2 (everything)", lambda v: is_int(v) and 0 <= v <= 2)
 _MAX_TRACE_MB = number(above=0).said("a number of MB > 0")
 _STRICT = Kind("True, False or None (from the environment)", lambda v: v is None or isinstance(v, bool))
+_PEAK_FLOPS = number(above=0).said("a number of FLOP/s > 0").or_none("None (from the device's datasheet)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +175,7 @@ class PerfConfig:
     ranks: tuple[int, ...] | None = None
     max_trace_mb: float = declared(_MAX_TRACE_MB, DEFAULT_MAX_TRACE_MB)
     strict: bool | None = declared(_STRICT, None)
+    peak_flops: float | None = declared(_PEAK_FLOPS, None)
 
     @classmethod
     def build(cls, **kwargs: Any) -> PerfConfig:
@@ -231,6 +233,7 @@ class PerfConfig:
             ranks=ranks,
             max_trace_mb=float(kwargs.get("max_trace_mb", DEFAULT_MAX_TRACE_MB)),
             strict=kwargs.get("strict"),
+            peak_flops=None if kwargs.get("peak_flops") is None else float(kwargs["peak_flops"]),
         )
 
 

@@ -60,6 +60,7 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         batch_size=loader.get("batch_size"),
         dataset=loader.get("dataset"),
         shared_state=loader.get("shared_state"),
+        peak_flops=run.get("peak_flops"),
         epochs=run.get("max_epochs"),  # a validate, test or predict call plans 1
     )
 

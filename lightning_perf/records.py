@@ -118,6 +118,12 @@ class EpochSummary:
         wall_time: Seconds from the epoch's start (the DataLoader's start-up included) to its end hook.
         cpu_wait_share: The share of ``wall_time`` the training process's main thread was ready to run but
             waited for a CPU: other threads or processes held the CPUs (a busy machine).
+        flops_per_batch: The FLOPs of one of the stage's batches, forward and backward, as counted on a batch
+            of the run (``torch.utils.flop_counter``), per sample times the epoch's mean batch size; ``None``
+            until a batch is counted (training only).
+        flops_per_second: The FLOPs of the epoch's measured batches (per sample, times their samples) over
+            their compute time.
+        mfu: ``flops_per_second`` over the device's dense peak for the run's dtype, where that peak is known.
     """
 
     stage: str
@@ -145,6 +151,9 @@ class EpochSummary:
     worker_cpu: float | None = None
     wall_time: float | None = None
     cpu_wait_share: float | None = None
+    flops_per_batch: float | None = None
+    flops_per_second: float | None = None
+    mfu: float | None = None
 
     @property
     def measured_batches(self) -> int:
@@ -250,6 +259,7 @@ class RankSummary:
         host_rss_peak: Its process's resident memory peak.
         cuda_max_allocated, cuda_max_reserved: Its CUDA allocator peaks.
         communication_share: Exposed collective time over step time, in its windows of the epoch.
+        flops_per_second: Its achieved FLOP/s (see :attr:`EpochSummary.flops_per_second`).
     """
 
     rank: int
@@ -262,6 +272,7 @@ class RankSummary:
     cuda_max_allocated: float | None
     cuda_max_reserved: float | None
     communication_share: float | None
+    flops_per_second: float | None = None
 
 
 _Record = TypeVar("_Record", bound="DataclassInstance")

@@ -15,7 +15,9 @@ the operator tables, the chart captions) is formatted here, one formatter per un
 - memory: in evidence, MiB or GiB (:func:`size`); in a table column, whole MiB (:func:`mib`); an operator's
   memory, signed (freed memory is negative), in the largest unit that keeps the number >= 1
   (:func:`signed_size`);
-- counts: whole, with thousands separators (:func:`count`).
+- counts: whole, with thousands separators (:func:`count`);
+- floating-point work: a count of FLOPs (:func:`flops`) and a rate (:func:`flops_rate`), to three significant
+  digits with the SI prefix that keeps the number >= 1.
 
 Pure: imports nothing from torch, Lightning or the rest of this package, so that every layer can use it.
 """
@@ -145,3 +147,29 @@ def count(value: float) -> str:
 def cpus(value: float) -> str:
     """CPUs' worth of CPU time over wall time, one decimal: ``1.25`` -> ``"1.2 CPUs"``."""
     return f"{value:.1f} CPUs"
+
+
+# --- Arithmetic ----------------------------------------------------------------------------------------------
+
+_SI_PREFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
+def _three_digits(value: float, unit: str) -> str:
+    """``value`` to three significant digits, with the SI prefix that keeps it between 1 and 1000."""
+    if value == 0:
+        return f"0 {unit}"
+    scaled, prefix = value, 0
+    while abs(scaled) >= 999.5 and prefix < len(_SI_PREFIXES) - 1:  # 999.6 shows as 1.00 k, not 1000
+        scaled, prefix = scaled / 1000, prefix + 1
+    digits = 0 if abs(scaled) >= 99.95 else 1 if abs(scaled) >= 9.995 else 2
+    return f"{scaled:.{digits}f} {_SI_PREFIXES[prefix]}{unit}"
+
+
+def flops(value: float) -> str:
+    """An amount of arithmetic: ``8.12e11`` -> ``"812 GFLOP"``, ``1.5e12`` -> ``"1.50 TFLOP"``."""
+    return _three_digits(value, "FLOP")
+
+
+def flops_rate(value: float) -> str:
+    """An arithmetic rate: ``4.12e13`` -> ``"41.2 TFLOP/s"``, ``8.12e11`` -> ``"812 GFLOP/s"``."""
+    return _three_digits(value, "FLOP/s")

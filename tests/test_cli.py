@@ -227,3 +227,74 @@ def test_analyze_prints_findings_as_the_console_does(gpu_trace, capsys):
     assert capsys.readouterr().out.splitlines()[2:] == ["    " + line for line in lines]
     epoch = summarize_epoch(stage="train", epoch=0, data_wait=[0.0], compute=[0.1], batch_sizes=[None])
     assert console_report(epoch, findings, verbose=2).splitlines()[1:] == ["  " + line for line in lines]
+
+
+def _write_report(directory, *, flops_per_second=None, mfu=None, counted=True):
+    """A hand-built perf_report.json of one training epoch, with the FLOPs figures the callback fills in."""
+    import dataclasses
+
+    from lightning_perf.report.json_report import report_dict, write_json_atomically
+    from lightning_perf.summarize.steps import summarize_epoch
+
+    epoch = summarize_epoch(stage="train", epoch=0, data_wait=[0.01] * 4, compute=[0.1] * 4, batch_sizes=[32] * 4)
+    run = {"device": "cuda", "device_name": "NVIDIA H200", "world_size": 1, "precision": "bf16-mixed"}
+    if counted:
+        epoch = dataclasses.replace(epoch, flops_per_batch=4.12e12, flops_per_second=flops_per_second, mfu=mfu)
+        run["peak_flops"] = 989e12 if mfu is not None else None
+        run["flops"] = {
+            "by_module": [["encoder.layer1", 2.06e12], ["decoder", 1.03e12], ["head", 0.2e12]],
+            "counted": [{"flops": 4.12e12, "samples": 32, "shape": "32x128"}],
+        }
+    report = report_dict(generated_by="lightning-perf test", run=run, epochs=[epoch], windows=[])
+    directory.mkdir()
+    write_json_atomically(report, str(directory / "perf_report.json"))
+    return directory
+
+
+def test_report_shows_flops_per_batch_mfu_and_the_top_modules(tmp_path, capsys):
+    run = _write_report(tmp_path / "run", flops_per_second=3.1e14, mfu=0.3134)
+    assert main(["report", str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "  peak 989 TFLOP/s per device (what MFU divides by)" in lines
+    assert "  top modules by FLOPs: encoder.layer1 50%, decoder 25%, head 4%" in lines  # of the batch's 4.12 TFLOP
+    [i] = [i for i, line in enumerate(lines) if line.startswith("lightning-perf | train epoch 0 |")]
+    assert lines[i].split(" | ")[2].endswith("samples/s, 310 TFLOP/s, MFU 31%")
+    assert lines[i + 1] == "  FLOPs per batch: 4.12 TFLOP (forward and backward)"
+
+
+def test_a_report_without_flops_shows_no_flops_line(tmp_path, capsys):
+    run = _write_report(tmp_path / "run", counted=False)
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "lightning-perf | train epoch 0 |" in out
+    assert not [word for word in ("FLOP", "MFU", "peak", "top modules") if word in out]
+    # Counted on a device whose peak is unknown: FLOP/s and modules, no MFU and no peak.
+    run = _write_report(tmp_path / "cpu", flops_per_second=3.1e10)
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "31.0 GFLOP/s" in out and "top modules by FLOPs:" in out and "MFU" not in out and "peak" not in out
+
+
+def test_compare_shows_flops_and_mfu_before_and_after(tmp_path, capsys):
+    before = _write_report(tmp_path / "before", flops_per_second=1.5e14, mfu=0.1516)
+    after = _write_report(tmp_path / "after", flops_per_second=3.1e14, mfu=0.3134)
+    assert main(["compare", str(before), str(after)]) == 0
+    rows = {line.split("  ")[1]: line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")}
+    assert rows["FLOP/s"][1:] == ["150", "TFLOP/s", "310", "TFLOP/s", "+106.7%", "(better)"]
+    assert rows["MFU"][1:] == ["15%", "31%", "+106.7%", "(better)"]  # rounded down
+    assert main(["compare", str(before), str(after), "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)["metrics"]
+    assert metrics["MFU"] == {"before": "15%", "after": "31%", "change": "+106.7% (better)"}
+    assert metrics["FLOP/s"] == {"before": "150 TFLOP/s", "after": "310 TFLOP/s", "change": "+106.7% (better)"}
+
+
+def test_compare_shows_unknown_flops_as_a_dash_and_as_null_in_json(tmp_path, capsys):
+    before = _write_report(tmp_path / "before", counted=False)
+    after = _write_report(tmp_path / "after", flops_per_second=3.1e10)  # counted on a device of unknown peak
+    assert main(["compare", str(before), str(after)]) == 0
+    rows = {line.split("  ")[1]: line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")}
+    assert rows["FLOP/s"][1:] == ["-", "31.0", "GFLOP/s"] and rows["MFU"][1:] == ["-", "-"]
+    assert main(["compare", str(before), str(after), "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)["metrics"]
+    assert metrics["FLOP/s"] == {"before": None, "after": "31.0 GFLOP/s", "change": None}
+    assert metrics["MFU"] == {"before": None, "after": None, "change": None}

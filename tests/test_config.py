@@ -50,6 +50,8 @@ BAD_ARGUMENTS = [
     ({"ranks": "0"}, r"ranks must be a list of global ranks >= 0, or None \(all ranks\), got '0' \(string\)"),
     ({"max_trace_mb": 0}, r"max_trace_mb must be a number of MB > 0, got 0 \(integer\)"),
     ({"max_trace_mb": True}, r"max_trace_mb must be a number of MB > 0, got True \(boolean\)"),
+    ({"peak_flops": 0}, r"peak_flops must be a number of FLOP/s > 0 or None .*, got 0 \(integer\)"),
+    ({"peak_flops": "312e12"}, r"peak_flops must be a number of FLOP/s > 0 or None .*, got '312e12' \(string\)"),
     ({"strict": "yes"}, r"strict must be True, False or None \(from the environment\), got 'yes' \(string\)"),
 ]
 

@@ -49,6 +49,7 @@ RUN = {
     "cpu_count": 12,
     "torch_threads": 6,
     "max_epochs": 7,
+    "peak_flops": 312e12,
     "dataloaders": {
         "train": {
             "num_workers": 3,
@@ -93,6 +94,7 @@ def test_run_facts_reads_the_run_and_the_stages_dataloader():
         dataset="iterable",
         shared_state="`self.buffer` of the LightningModule",
         epochs=7,
+        peak_flops=312e12,
     )
     validate = run_facts(RUN, "validate")
     assert (validate.num_workers, validate.pin_memory, validate.batch_size) == (0, False, 128)

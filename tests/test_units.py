@@ -60,6 +60,20 @@ def test_memory_and_counts():
     assert [units.cpus(x) for x in (1.25, 0, 12)] == ["1.2 CPUs", "0.0 CPUs", "12.0 CPUs"]
 
 
+def test_flops_and_rates_to_three_significant_digits():
+    rates = [units.flops_rate(x) for x in (4.12e13, 8.12e11, 989e12, 1.5e15, 9.9949e12, 999.6e9, 0)]
+    assert rates == [
+        "41.2 TFLOP/s",
+        "812 GFLOP/s",
+        "989 TFLOP/s",
+        "1.50 PFLOP/s",
+        "9.99 TFLOP/s",
+        "1.00 TFLOP/s",  # 999.6 G rounds up into the next prefix
+        "0 FLOP/s",
+    ]
+    assert [units.flops(x) for x in (1.2e12, 3.4e9, 512.0)] == ["1.20 TFLOP", "3.40 GFLOP", "512 FLOP"]
+
+
 def test_units_imports_nothing_of_the_package():
     # Every layer (diagnose, summarize, report, the command line) may use it: it must sit below them all.
     code = "import lightning_perf.units, sys\nprint(sorted(m for m in sys.modules if m.startswith('lightning_perf.')))"

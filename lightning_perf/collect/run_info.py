@@ -35,6 +35,7 @@ def run_info(trainer: pl.Trainer) -> dict[str, Any]:
         "strategy": type(trainer.strategy).__name__,
         "cpu_count": cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),  # "high"/"medium": TF32 matmuls
         "max_epochs": planned_epochs(trainer),
         "dataloaders": {},
     }

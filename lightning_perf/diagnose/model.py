@@ -35,6 +35,7 @@ class RunFacts:
     dataset: str | None = None  # "map" or "iterable"
     shared_state: str | None = None  # what the dataset shares with the LightningModule, described
     epochs: int | None = None  # epochs of this stage the run does (1 for a validate/test/predict call)
+    peak_flops: float | None = None  # the device's dense peak FLOP/s for the run's dtype (table or option)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,7 +3,9 @@ Rule registry
 =============
 
 Every bottleneck rule, by id, in catalogue order, and :func:`diagnose`, which runs them all on one stage's
-epoch. The catalogue (what each rule measures, its thresholds and why) is in README.md, "Bottleneck rules".
+epoch: first the :data:`RULES`, each on the epoch alone, then the :data:`SUMMARY_RULES`, which also read the
+others' findings of the epoch (``low_mfu`` names the findings that explain a low MFU). The catalogue (what
+each rule measures, its thresholds and why) is in README.md, "Bottleneck rules".
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 
 from lightning_perf.diagnose.model import SEVERITIES, Finding, StageEpoch
-from lightning_perf.diagnose.rule_helpers import Rule
+from lightning_perf.diagnose.rule_helpers import Rule, SummaryRule
+from lightning_perf.diagnose.rules_compute import low_mfu
 from lightning_perf.diagnose.rules_data import dataloader_bound, h2d_copy
 from lightning_perf.diagnose.rules_device import cpu_threads, device_idle, host_sync, launch_bound, precision
 from lightning_perf.diagnose.rules_distributed import communication_bound, rank_straggler
@@ -19,7 +22,7 @@ from lightning_perf.diagnose.rules_memory import memory_growth, memory_pressure
 from lightning_perf.diagnose.rules_step import framework_overhead, optimizer_heavy, step_time_unstable, validation_heavy
 from lightning_perf.diagnose.thresholds import Thresholds
 
-__all__ = ["CROSS_RANK_RULES", "RULES", "Rule", "diagnose"]
+__all__ = ["CROSS_RANK_RULES", "RULES", "RULE_IDS", "SUMMARY_RULES", "Rule", "SummaryRule", "diagnose"]
 
 # Each rule's id is its function's name.
 RULES: dict[str, Rule] = {
@@ -43,6 +46,12 @@ RULES: dict[str, Rule] = {
     )
 }
 
+#: The rules that read the findings of the RULES above for the same epoch; they run after them.
+SUMMARY_RULES: dict[str, SummaryRule] = {rule.__name__: rule for rule in (low_mfu,)}
+
+#: Every rule's id, in catalogue order: the :data:`RULES`, then the :data:`SUMMARY_RULES`.
+RULE_IDS: tuple[str, ...] = (*RULES, *SUMMARY_RULES)
+
 #: The rules that compare the ranks of a run (``StageEpoch.rank_step_times``): what ``lightning-perf analyze``
 #: runs over a directory of one window's ranks, besides the rules it runs on each trace.
 CROSS_RANK_RULES: tuple[str, ...] = (rank_straggler.__name__,)
@@ -57,6 +66,12 @@ def diagnose(
 ) -> list[Finding]:
     """Runs every rule (or the ``rules`` named) on one stage's epoch.
 
+    Notes:
+        1. The :data:`RULES` run first, each on ``ctx`` alone.
+        2. Then the :data:`SUMMARY_RULES`, each given the findings of step 1 in catalogue order. When one of
+           them is among ``rules``, every rule of step 1 runs for it, so that a summary rule always sees the
+           whole epoch: their findings are returned only when named too, their errors reach ``on_error``.
+
     Args:
         ctx: The stage's epoch, its history, trace windows and run facts.
         thresholds: The rules' thresholds; the defaults when ``None``.
@@ -70,20 +85,38 @@ def diagnose(
     Raises:
         ValueError: ``rules`` names a rule that does not exist.
     """
-    if rules is not None and (unknown := sorted(set(rules) - RULES.keys())):
-        raise ValueError(f"no rule named {', '.join(map(repr, unknown))}; the rules are: {', '.join(RULES)}")
+    catalogue = (*RULES, *SUMMARY_RULES)
+    if rules is not None and (unknown := sorted(set(rules) - set(catalogue))):
+        raise ValueError(f"no rule named {', '.join(map(repr, unknown))}; the rules are: {', '.join(catalogue)}")
     thresholds = thresholds if thresholds is not None else Thresholds()
+    wanted = set(catalogue if rules is None else rules)
+    summaries = [rule_id for rule_id in SUMMARY_RULES if rule_id in wanted]
     findings: list[tuple[int, int, Finding]] = []
+    found: list[Finding] = []  # step 1's findings, for the summary rules
     for order, (rule_id, rule) in enumerate(RULES.items()):
-        if rules is not None and rule_id not in rules:
-            continue
-        try:
-            result = rule(ctx, thresholds)
-        except Exception as err:  # a rule's bug must not stop the others or the training
-            if on_error is not None:
-                on_error(rule_id, err)
-            continue
-        results: Sequence[Finding] = () if result is None else (result,) if isinstance(result, Finding) else result
+        if rule_id in wanted or summaries:
+            results = _run(rule_id, on_error, rule, ctx, thresholds)
+            found.extend(results)
+            if rule_id in wanted:
+                findings.extend((-SEVERITIES.index(f.severity), order, f) for f in results)
+    for order, rule_id in enumerate(summaries, start=len(RULES)):
+        results = _run(rule_id, on_error, SUMMARY_RULES[rule_id], ctx, thresholds, tuple(found))
         findings.extend((-SEVERITIES.index(f.severity), order, f) for f in results)
     findings.sort(key=lambda item: item[:2])
     return [f for _, _, f in findings]
+
+
+def _run(
+    rule_id: str,
+    on_error: Callable[[str, Exception], None] | None,
+    rule: Callable[..., Finding | Sequence[Finding] | None],
+    *args: object,
+) -> Sequence[Finding]:
+    """``rule(*args)``'s findings as a sequence; none when it raises (reported to ``on_error``)."""
+    try:
+        result = rule(*args)
+    except Exception as err:  # a rule's bug must not stop the others or the training
+        if on_error is not None:
+            on_error(rule_id, err)
+        return ()
+    return () if result is None else (result,) if isinstance(result, Finding) else result

@@ -2,14 +2,15 @@
 Rule helpers
 ============
 
-What every bottleneck rule is built from: the :data:`Rule` signature, threshold comparisons tolerant of
-floating point, picking the trace window with the strongest evidence, the run's device and CPUs, Lightning's
-names for a stage's methods and hooks (for advice), and the :class:`Finding` builder. The numbers in evidence
-are formatted by :mod:`lightning_perf.units`. The rules themselves live one module per resource:
-:mod:`~lightning_perf.diagnose.rules_data` (input pipeline), :mod:`~lightning_perf.diagnose.rules_device`
-(accelerator and CPU compute), :mod:`~lightning_perf.diagnose.rules_memory`,
-:mod:`~lightning_perf.diagnose.rules_step` (the training loop) and
-:mod:`~lightning_perf.diagnose.rules_distributed`; :mod:`~lightning_perf.diagnose.registry` lists them.
+What every bottleneck rule is built from: the :data:`Rule` and :data:`SummaryRule` signatures, threshold
+comparisons tolerant of floating point, picking the trace window with the strongest evidence, the run's
+device and CPUs, Lightning's names for a stage's methods and hooks (for advice), and the :class:`Finding`
+builder. The numbers in evidence are formatted by :mod:`lightning_perf.units`. The rules themselves live one
+module per resource: :mod:`~lightning_perf.diagnose.rules_data` (input pipeline),
+:mod:`~lightning_perf.diagnose.rules_device` (accelerator and CPU compute),
+:mod:`~lightning_perf.diagnose.rules_memory`, :mod:`~lightning_perf.diagnose.rules_step` (the training loop),
+:mod:`~lightning_perf.diagnose.rules_distributed` and :mod:`~lightning_perf.diagnose.rules_compute` (the
+arithmetic achieved against the device's peak); :mod:`~lightning_perf.diagnose.registry` lists them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ FP32_PRECISIONS = frozenset({"32-true", "32"})
 
 Rule = Callable[[StageEpoch, Thresholds], Finding | Sequence[Finding] | None]
 """A pure function from a stage's epoch and the thresholds to a finding (or ``None``)."""
+
+SummaryRule = Callable[[StageEpoch, Thresholds, Sequence[Finding]], Finding | Sequence[Finding] | None]
+"""A rule that also reads the findings every :data:`Rule` made for the same epoch (the third argument, in
+catalogue order), to name what explains its own: it runs after them."""
 
 _STAGE_NAMES = {"train": "Training", "validate": "Validation", "test": "Testing", "predict": "Prediction"}
 

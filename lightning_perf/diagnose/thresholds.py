@@ -202,6 +202,15 @@ CPU_THREADS_WARNING = 0.50
 # too little such work for more threads to win anything measurable (our judgment).
 CPU_THREADS_MIN_STEP = 1e-3
 
+# --- low_mfu --------------------------------------------------------------------------------------------
+# Model FLOPs utilization (achieved FLOP/s over the device's dense peak) of large, well-tuned training runs:
+# PaLM 540B 46.2% on TPU v4, and in the same paper's Table 3 GPT-3 21.3%, Gopher 32.5%, Megatron-Turing NLG
+# 29.7% (Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways"); Llama 3 405B 38-43% in
+# bf16 on H100s (Dubey et al. 2024, "The Llama 3 Herd of Models"). Our judgment: under 30%, below what tuned
+# large-model runs reach, a run leaves large gains; info, because a small model, or one of mostly
+# elementwise or normalization work (which the FLOP counter does not count), cannot reach it however tuned.
+LOW_MFU = 0.30
+
 # (lower, higher): the first must not exceed the second.
 _ORDERED = (
     ("dataloader_warning", "dataloader_critical"),
@@ -230,7 +239,7 @@ class Thresholds:
     """The thresholds of every bottleneck rule; the defaults and their sources are in this module's comments.
 
     Fractions are between 0 and 1 (``0.1`` = 10% of the step), times in seconds, memory in bytes. A rule
-    fires at its threshold (``>=``, or ``<`` for the "busy below" thresholds of ``device_idle``).
+    fires at its threshold (``>=``, or ``<`` for the "below" thresholds of ``device_idle`` and ``low_mfu``).
 
     Args:
         dataloader_warning, dataloader_critical: ``dataloader_bound``: data wait / step time.
@@ -278,6 +287,7 @@ class Thresholds:
         cpu_threads_warning: ``cpu_threads``: torch threads / this process's share of the CPUs below which
             the finding is a warning rather than info.
         cpu_threads_min_step: ``cpu_threads``: judged only when the median step reaches this (seconds).
+        low_mfu: ``low_mfu``: fires when achieved FLOP/s / the GPU's dense peak (MFU) is below this.
 
     Raises:
         ValueError: Naming every bad value and what is allowed, in one message (also from
@@ -329,6 +339,7 @@ class Thresholds:
     rank_straggler_min_time: float = declared(SECONDS, RANK_STRAGGLER_MIN_TIME)
     cpu_threads_warning: float = declared(FRACTION, CPU_THREADS_WARNING)
     cpu_threads_min_step: float = declared(SECONDS, CPU_THREADS_MIN_STEP)
+    low_mfu: float = declared(FRACTION, LOW_MFU)
 
     def __post_init__(self) -> None:
         problems = _problems({f.name: getattr(self, f.name) for f in fields(self)})

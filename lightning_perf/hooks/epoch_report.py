@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_perf import __version__
 from lightning_perf.collect.batch import BatchSizer
 from lightning_perf.collect.cpu import EpochCpu
+from lightning_perf.collect.flops import BatchFlops
 from lightning_perf.collect.loader import dataset_facts
 from lightning_perf.collect.memory import CudaPeaks, host_rss
 from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, stage_dataloaders
@@ -33,6 +34,7 @@ from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnosis_context import epoch_context, run_facts
 from lightning_perf.hooks.error_policy import ErrorPolicy
+from lightning_perf.hooks.flop_count import FlopCounting
 from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
 from lightning_perf.report.charts import step_split_caption, step_split_image
@@ -40,6 +42,7 @@ from lightning_perf.report.findings import ShownFindings, console_report, findin
 from lightning_perf.report.json_report import ReportFile, report_dict
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
 from lightning_perf.report.outputs import Outputs
+from lightning_perf.summarize.flops import epoch_flops
 from lightning_perf.summarize.steps import summarize_epoch
 
 # The earlier epochs of a stage the rules see (memory_growth reads a trailing run of epochs; its count
@@ -122,6 +125,7 @@ class EpochReporter:
         self._shown = ShownFindings()
         self._validation_in_train_epoch: list[EpochSummary] = []
         self._report: ReportFile | None = None  # on rank zero, from the first write on
+        self.flops = FlopCounting()  # the training batches' FLOP counts
 
     def report(self) -> dict[str, Any]:
         """Everything measured so far, as written to ``perf_report.json``."""
@@ -215,10 +219,55 @@ class EpochReporter:
             cuda_capacity=cuda.capacity if cuda else None,
             cuda_utilization=cuda.utilization if cuda else None,
         )
+        if stage == "train":
+            flops = epoch_flops(
+                self.flops.counts,
+                batch_sizes=clock.batch_sizes,
+                compute=clock.compute,
+                profiled=clock.profiled,
+                peak=self.run_info.get("peak_flops"),
+            )
+            summary = dataclasses.replace(summary, **dataclasses.asdict(flops))
         if interrupted:
             summary = dataclasses.replace(summary, interrupted=True)
         self.epochs.append(summary)
         return summary
+
+    def flops_batch_start(self, batch: Any) -> bool:
+        """Offers a training batch for counting (:class:`~lightning_perf.hooks.flop_count.FlopCounting`);
+        whether it is being counted. A failure goes to the error policy: the batch is not counted."""
+        try:
+            return self.flops.batch_start(batch)
+        except Exception as err:
+            self.flops.cancel()
+            self._policy.fail("train", err)
+            return False
+
+    def flops_batch_end(self) -> None:
+        """The training batch being counted has ended: its count is kept (:meth:`flops_counted`)."""
+        try:
+            record = self.flops.batch_end()
+            if record is not None:
+                self.flops_counted(record)
+        except Exception as err:
+            self.flops.cancel()
+            self._policy.fail("train", err)
+
+    def flops_counted(self, record: BatchFlops) -> None:
+        """A training batch's FLOPs were counted: the run's counts and top modules go in the report; where
+        no peak is known, one note says how to give it."""
+        first = self.run_info.get("flops", {}).get("by_module")  # the shares are of the first counted batch
+        self.run_info["flops"] = {
+            "by_module": first if first is not None else [[name, flops] for name, flops in record.by_module],
+            "counted": [{"flops": c.flops, "samples": c.samples} for c in self.flops.counts],
+        }
+        if self.run_info.get("peak_flops") is None:
+            self._policy.info_once(
+                "peak_flops",
+                f"PerfCallback: FLOPs are counted, but no peak FLOP/s is known for {self.run_info.get('device_name')}"
+                f" ({self.run_info.get('precision')}), so MFU is not computed: pass `PerfCallback(peak_flops=...)`,"
+                " the device's peak FLOP/s for the run's dtype.",
+            )
 
     def report_epoch(
         self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...], *, had_window: bool

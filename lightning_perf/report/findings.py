@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import SEVERITIES, Finding
 from lightning_perf.records import EpochSummary, RankSummary
-from lightning_perf.units import count, mib, ms, percent
+from lightning_perf.units import count, flops_rate, mib, ms, percent
 
 CLEAN = "no bottleneck found"
 _SHOWN = {0: (), 1: ("warning", "critical"), 2: ("info", "warning", "critical")}
@@ -92,6 +92,10 @@ def headline(summary: EpochSummary) -> str:
     ]
     if summary.throughput is not None:
         parts.append(f"{count(summary.throughput)} samples/s")
+    if summary.flops_per_second is not None:
+        parts.append(flops_rate(summary.flops_per_second))
+    if summary.mfu is not None:
+        parts.append(f"MFU {percent(summary.mfu)}")
     if summary.loss is not None:
         parts.append(f"loss {summary.loss:.4g}")
     return ", ".join(parts)
@@ -152,6 +156,9 @@ def finding_lines(findings: Sequence[Finding], *, verbose: int) -> list[str]:
 
 
 _RANK_COLUMNS = ("rank", "step p50", "step p90", "step max", "data wait", "samples/s", "comm exposed", "host peak")
+# After samples/s, in a table where some rank's achieved FLOP/s are known (a run whose FLOPs were not counted
+# keeps the table it always had).
+_FLOPS_COLUMN = "FLOP/s"
 
 
 def _rank_cells(r: RankSummary) -> list[str]:
@@ -173,26 +180,37 @@ def _rank_cells(r: RankSummary) -> list[str]:
     ]
 
 
+def _rank_rows(ranks: Sequence[RankSummary]) -> list[list[str]]:
+    """The per-rank table's header and one row per rank, as cells."""
+    rows = [list(_RANK_COLUMNS), *(_rank_cells(r) for r in ranks)]
+    if any(r.flops_per_second is not None for r in ranks):
+        at = _RANK_COLUMNS.index("samples/s") + 1
+        rows[0].insert(at, _FLOPS_COLUMN)
+        for row, r in zip(rows[1:], ranks, strict=True):
+            row.insert(at, "-" if r.flops_per_second is None else flops_rate(r.flops_per_second))
+    return rows
+
+
 def ranks_table(ranks: Sequence[RankSummary]) -> list[str]:
     """The per-rank table as aligned text lines (empty for a single process)."""
     if not ranks:
         return []
-    rows = [list(_RANK_COLUMNS), *(_rank_cells(r) for r in ranks)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_RANK_COLUMNS))]
+    rows = _rank_rows(ranks)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
 
 
 def ranks_markdown(summary: EpochSummary, ranks: Sequence[RankSummary]) -> str:
     """The per-rank table of a distributed epoch as markdown; the slowest rank's median step in bold."""
     slowest = max((r for r in ranks if r.step_time_p50 is not None), key=lambda r: r.step_time_p50 or 0.0, default=None)
+    header, *rows = _rank_rows(ranks)
     lines = [
         f"**{summary.stage} epoch {summary.epoch}**, every rank:",
         "",
-        "| " + " | ".join(_RANK_COLUMNS) + " |",
-        "|" + "---:|" * len(_RANK_COLUMNS),
+        "| " + " | ".join(header) + " |",
+        "|" + "---:|" * len(header),
     ]
-    for r in ranks:
-        cells = _rank_cells(r)
+    for r, cells in zip(ranks, rows, strict=True):
         if r is slowest and len(ranks) > 1:
             cells[1] = f"**{cells[1]}**"
         lines.append("| " + " | ".join(cells) + " |")

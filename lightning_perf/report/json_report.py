@@ -12,13 +12,17 @@ end of each ``fit``/``validate``/``test``/``predict`` and on an interruption. It
       "version": 1,
       "generated_by": "lightning-perf <version>",
       "run": {torch, lightning, device, device_name, world_size, precision, strategy,
-              dataloaders: {<stage>: {num_workers, pin_memory, persistent_workers, batch_size}}},
+              dataloaders: {<stage>: {num_workers, pin_memory, persistent_workers, batch_size}},
+              peak_flops,
+              flops: {by_module: [[<module>, <FLOPs>], ...], counted: [{flops, samples, shape}, ...]}},
       "stages": {<stage>: {"epochs": [{<EpochSummary fields>, "findings": [<Finding fields>, ...],
                                        "ranks": [<RankSummary fields>, ...]}, ...]}},
       "windows": [{<WindowRecord fields but operators>, "summary": {<TraceSummary fields>}}, ...]
     }
 
-Times are in seconds, memory in bytes; ``null`` where a value could not be measured.
+Times are in seconds, memory in bytes, work in FLOPs (rates in FLOP/s, ``peak_flops`` per device); ``null``
+where a value could not be measured. ``run.flops`` is absent when no batch's FLOPs were counted: ``counted``
+holds each batch shape counted, ``by_module`` the largest modules of the first one.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.layout import REPORT_SCHEMA_VERSION, write_atomically
@@ -83,6 +87,31 @@ def report_epochs(report: Mapping[str, Any]) -> list[tuple[EpochSummary, list[Fi
         for stage in report.get("stages", {}).values()
         for entry in stage.get("epochs", [])
     ]
+
+
+def report_top_modules(run: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """``(module, share of the batch's FLOPs)`` from a report's ``run`` (its ``flops``), largest first: each
+    module of ``by_module`` over the FLOPs of the batch they were counted on (the first of ``counted``). Empty
+    where the report holds no counted batch; entries of another shape are left out (``run.flops`` is not part
+    of the schema ``readers.load_report`` checks)."""
+    counts = run.get("flops")
+    counted = counts.get("counted") if isinstance(counts, Mapping) else None
+    by_module = counts.get("by_module") if isinstance(counts, Mapping) else None
+    if not isinstance(counted, list) or not counted or not isinstance(counted[0], Mapping):
+        return []
+    total = counted[0].get("flops")
+    if not isinstance(by_module, list) or not _is_number(total) or total <= 0:
+        return []
+    modules = [
+        (entry[0], entry[1] / total)
+        for entry in by_module
+        if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str) and _is_number(entry[1])
+    ]
+    return sorted(modules, key=lambda m: -m[1])
+
+
+def _is_number(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def window_dict(window: WindowRecord, *, with_summary: bool = True) -> dict[str, Any]:

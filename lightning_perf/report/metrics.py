@@ -14,6 +14,7 @@ from lightning_perf.records import EpochSummary
 
 MS = 1e3
 MB = 1 / 2**20
+TERA = 1e12
 
 
 def batch_metrics(
@@ -53,6 +54,8 @@ def epoch_metrics(summary: EpochSummary) -> dict[str, float]:
         "cuda_max_reserved_mb": None if summary.cuda_max_reserved is None else summary.cuda_max_reserved * MB,
         "cuda_capacity_mb": None if summary.cuda_capacity is None else summary.cuda_capacity * MB,
         "cuda_utilization_pct": None if summary.cuda_utilization is None else float(summary.cuda_utilization),
+        "tflops": None if summary.flops_per_second is None else summary.flops_per_second / TERA,
+        "mfu": summary.mfu,  # a share, 0-1
     }
     metrics.update({prefix + name: value for name, value in optional.items() if value is not None})
     return metrics

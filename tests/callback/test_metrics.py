@@ -73,8 +73,9 @@ def test_data_wait_fraction_tells_a_slow_dataset_from_an_in_memory_one(tmp_path,
     trainer(tmp_path, [callback], limit_val_batches=0).fit(model)
     [train] = [e for e in callback.epochs if e.stage == "train"]
     assert low < train.data_wait_fraction < high, train
-    assert train.batches == 12 and train.samples == 384
-    assert train.throughput == pytest.approx(384 / train.step_time)
+    # One batch (the second) was counted for its FLOPs: like a profiled batch, left out of times and samples.
+    assert (train.batches, train.profiled_batches, train.samples) == (12, 1, 384 - 32)
+    assert train.throughput == pytest.approx((384 - 32) / train.step_time)
 
 
 def test_host_memory_peak_grows_for_a_module_that_keeps_its_outputs(tmp_path):
@@ -179,8 +180,9 @@ def test_perf_report_json_parses_after_every_epoch_and_has_its_schema(tmp_path):
         "wall_time",
         "cpu_wait_share",
     } <= set(epoch)
-    # Batches 1 and 2 ran in the profiler window (warm-up, record): left out of times and samples.
-    assert (epoch["batches"], epoch["profiled_batches"], epoch["samples"]) == (8, 2, 24)
+    # Batches 1 and 2 ran in the profiler window (warm-up, record), batch 3 was counted for its FLOPs: left out
+    # of times and samples.
+    assert (epoch["batches"], epoch["profiled_batches"], epoch["samples"]) == (8, 3, 20)
     assert epoch["cuda_max_allocated"] is None
     windows = report["windows"]
     assert [w["name"] for w in windows][:2] == ["train-epoch000-batches0002-0002", "validate-epoch000-batches0002-0002"]
@@ -190,7 +192,7 @@ def test_perf_report_json_parses_after_every_epoch_and_has_its_schema(tmp_path):
 def test_batch_size_fn_overrides_inference(tmp_path):
     callback = PerfCallback(batch_size_fn=lambda batch: 2 * len(batch[0]), **NO_WINDOWS)
     trainer(tmp_path, [callback]).fit(TinyModel(n=32))
-    assert callback.epochs[-1].samples == 64
+    assert callback.epochs[-1].samples == 64 - 8  # 8 batches of 8, one counted for its FLOPs (left out)
 
 
 def test_a_failing_batch_size_fn_is_reported_once_and_training_goes_on(tmp_path):

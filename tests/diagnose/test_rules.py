@@ -11,7 +11,7 @@ import pytest
 
 from lightning_perf.diagnose import rules_device
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
-from lightning_perf.diagnose.registry import RULES, diagnose
+from lightning_perf.diagnose.registry import RULE_IDS, RULES, diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary, TraceSummary
 from lightning_perf.summarize import step_summary
@@ -1049,7 +1049,7 @@ def test_a_healthy_run_gets_no_warning():
 
 def test_the_readme_describes_every_rule_and_threshold():
     docs = (ROOT / "README.md").read_text()
-    for rule_id in RULES:
+    for rule_id in RULE_IDS:
         assert f"`{rule_id}`" in docs, rule_id
     for name in Thresholds.names():
         assert f"`{name}`" in docs, name

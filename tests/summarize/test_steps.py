@@ -1,6 +1,7 @@
 """Pure layers of the always-on metrics: epoch summaries, metric names, nested memory peaks, the report."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -118,3 +119,65 @@ def test_a_clean_distributed_epoch_prints_its_rank_table():
     text = console_report(summary, [], verbose=1, ranks=ranks)
     assert text.splitlines()[0].endswith(f"| {CLEAN}")
     assert len(text.splitlines()) == 1 + len(ranks_table(ranks)) and "rank" in text.splitlines()[1]
+
+
+def _counted(summary, *, flops_per_second=4.12e13, mfu=0.3149):
+    """``summary`` as an epoch whose FLOPs were counted (the callback fills these in)."""
+    import dataclasses
+
+    return dataclasses.replace(summary, flops_per_batch=1.2e12, flops_per_second=flops_per_second, mfu=mfu)
+
+
+def test_flops_metrics_are_logged_only_where_known():
+    summary = summarize_epoch(stage="train", epoch=0, data_wait=[0.0], compute=[0.5], batch_sizes=[8])
+    assert not {"perf/train/epoch/tflops", "perf/train/epoch/mfu"} & set(epoch_metrics(summary))
+    metrics = epoch_metrics(_counted(summary))
+    assert metrics["perf/train/epoch/tflops"] == pytest.approx(41.2)  # TFLOP/s
+    assert metrics["perf/train/epoch/mfu"] == pytest.approx(0.3149)  # a share, 0-1
+    metrics = epoch_metrics(_counted(summary, mfu=None))  # counted, but the device's peak is unknown (CPU)
+    assert "perf/train/epoch/tflops" in metrics and "perf/train/epoch/mfu" not in metrics
+
+
+def test_the_headline_shows_flops_and_mfu_after_the_throughput_and_nothing_without_them():
+    from lightning_perf.report.findings import headline
+
+    summary = summarize_epoch(stage="train", epoch=0, data_wait=[0.01] * 2, compute=[0.1] * 2, batch_sizes=[8] * 2)
+    plain = "2 batches, step p50 110.00 ms, p90 110.00 ms, data wait 9%, 73 samples/s"
+    assert headline(summary) == plain
+    assert headline(_counted(summary)) == plain + ", 41.2 TFLOP/s, MFU 31%"  # MFU rounded down
+    assert headline(_counted(summary, mfu=None)) == plain + ", 41.2 TFLOP/s"
+
+
+def test_the_rank_table_has_a_flops_column_only_where_a_rank_s_flops_are_known():
+    from lightning_perf.report.findings import ranks_markdown
+
+    def rank(r, flops_per_second):
+        return RankSummary(rank=r, step_time_p50=0.11, step_time_p90=0.12, step_time_max=0.13, data_wait_fraction=0.09,
+                           throughput=72.0, host_rss_peak=None, cuda_max_allocated=None, cuda_max_reserved=None,
+                           communication_share=None, flops_per_second=flops_per_second)  # fmt: skip
+
+    summary = summarize_epoch(stage="train", epoch=0, data_wait=[0.01], compute=[0.1], batch_sizes=[8])
+    without = [rank(0, None), rank(1, None)]
+    assert "FLOP/s" not in "\n".join(ranks_table(without)) + ranks_markdown(summary, without)
+    header, *rows = [re.split(r"\s{2,}", line.strip()) for line in ranks_table([rank(0, 4.12e13), rank(1, None)])]
+    assert header[5:8] == ["samples/s", "FLOP/s", "comm exposed"]  # after samples/s
+    assert rows[0][5:7] == ["72", "41.2 TFLOP/s"] and rows[1][5:7] == ["72", "-"]
+    markdown = ranks_markdown(summary, [rank(0, 4.12e13), rank(1, 8.12e11)]).splitlines()
+    assert "| samples/s | FLOP/s | comm exposed |" in markdown[2]
+    assert markdown[3].count("---:") == len(markdown[2].split(" | "))
+    assert "| 72 | 812 GFLOP/s | - |" in markdown[5]
+
+
+def test_the_top_modules_are_shares_of_the_counted_batch_and_odd_entries_are_left_out():
+    from lightning_perf.report.json_report import report_top_modules
+
+    counted = [{"flops": 400, "samples": 8, "shape": "8x16"}, {"flops": 800, "samples": 16, "shape": "16x16"}]
+    run = {"flops": {"by_module": [["head", 100], ["body", 300], ["bad", "x"], [1, 2]], "counted": counted}}
+    assert report_top_modules(run) == [("body", 0.75), ("head", 0.25)]  # of the first batch counted, largest first
+    for odd in (
+        {},
+        {"flops": None},
+        {"flops": {"by_module": [["a", 1]], "counted": []}},
+        {"flops": {"counted": counted}},
+    ):
+        assert report_top_modules(odd) == []

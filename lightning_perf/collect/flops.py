@@ -1,0 +1,262 @@
+"""
+FLOPs per batch
+===============
+
+One training batch's floating-point operations, forward and backward, counted by PyTorch's own
+:class:`torch.utils.flop_counter.FlopCounterMode` (a dispatch mode that sees every ATen op and knows
+formulas for matmuls, convolutions and attention). :class:`BatchFlopCounter` enters the mode at a batch's
+start and leaves it at the batch's end, across two calls (``on_train_batch_start`` and
+``on_train_batch_end``), and returns a :class:`BatchFlops` record.
+
+Notes:
+    1. **When.** The first batch is counted, and again each batch whose inputs' shapes (its
+       :func:`shape_key`) have not been counted yet, until :data:`MAX_COUNTS` shapes are counted.
+       :meth:`BatchFlopCounter.wants` says whether a batch is to be counted; a counted batch runs slower
+       (every op goes through Python) and is to be left out of step times.
+    2. **torch.compile.** Measured on torch 2.13, CPU, ``backend="aot_eager"``: a dispatch mode active
+       when a compiled frame is entered makes Dynamo skip that frame (``convert_frame``: "non-infra
+       torch dispatch mode present") *and every later call of the same code*, so counting a compiled
+       model naively leaves it eager for the rest of the run (0 compiled-graph calls after the count),
+       whether it was compiled before the count or not; ``torch._dynamo.config.patch(disable=True)``
+       does the same. The counted batch therefore runs under ``torch.compiler.set_stance("force_eager")``
+       (torch >= 2.6): the model runs as written, its FLOPs are counted (equal to the eager count, with
+       per-module names), nothing is compiled or marked skipped, and its later calls run the compiled
+       graph again with no recompile. The count is the model's eager ops: a compiler may fuse or
+       decompose ops, but it does not change the matmul and convolution work. On torch < 2.6 (no
+       stances) the count runs as is, and a compiled model may stay eager after it.
+    3. **Manual optimization, gradient accumulation.** Everything between the two calls is counted: the
+       whole ``training_step`` with each ``manual_backward``, and every forward and backward of an
+       accumulating batch. An optimizer step adds no matmul or convolution FLOPs, so batches with and
+       without one count the same.
+    4. **Activation checkpointing.** The recomputed forward runs inside the backward and is counted:
+       the figure is the FLOPs the hardware executed, not the model's (6 x params x tokens-style)
+       FLOPs. Measured: a checkpointed MLP (``use_reentrant=False``) counts 96,256 + 32,768, its first
+       Linear's forward again (non-reentrant recomputation stops once the saved tensors are back). The
+       module tracker also charges recomputed ops to the module whose backward is running, so under
+       checkpointing :attr:`BatchFlops.by_module` can add up to more than the total.
+    5. **Variable-length batches.** Each new shape is counted until :data:`MAX_COUNTS`; beyond it,
+       :meth:`BatchFlopCounter.estimate` scales the count whose batch held the nearest number of
+       input elements (samples x tokens) linearly to the batch's elements: exact for matmul-bound
+       models in the sequence length, an underestimate of attention's quadratic term.
+    6. **Ops the counter does not know** (custom kernels, ``torch.ops`` of extensions, Triton kernels,
+       and every pointwise op, norm and reduction by design) count 0; biases are not counted either
+       (a Linear's forward is ``2 * B * in * out``, a convolution's ``2 * B * Cout * Hout * Wout * Cin
+       * k * k``, grouped convolutions counted as if ungrouped, as PyTorch's formulas do).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import FlopCounterMode
+
+from lightning_perf.collect.batch import MAX_DEPTH, infer_batch_size
+
+MAX_COUNTS = 4
+"""Distinct batch shapes counted per run. A counted batch runs several times slower (each op goes through
+Python and a module tracker), so a run with a new length each batch must not pay that each batch; four
+covers fixed-size training plus a last partial batch and a few buckets of a bucketed sampler."""
+
+DEPTH = 3
+"""Module depth of the breakdown: ``Model.backbone.layer1`` is depth 3. The root is the first module
+called (the LightningModule's child when ``training_step`` calls ``self.model``), so depth 3 reaches
+the blocks of a wrapped network."""
+
+TOP_MODULES = 10
+"""How many modules :attr:`BatchFlops.by_module` keeps, largest first."""
+
+MAX_KEY_NODES = 1024
+"""Objects :func:`shape_key` visits at most: a batch that carries a long Python list (token ids, file
+names) costs one bounded walk per batch, not one per element."""
+
+ShapeKey = tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchFlops:
+    """One counted training batch.
+
+    Attributes:
+        total: FLOPs of the batch, forward and backward (multiply-adds count 2).
+        by_module: ``(module name, FLOPs)`` of the largest modules at the counter's depth, largest
+            first; names as ``FlopCounterMode`` gives them (``"Model.encoder.0"``).
+        shape_key: The shapes of the batch's tensors, in walk order (:func:`shape_key`).
+        batch_size: Samples in the batch (the first dimension of its first tensor), or ``None``.
+        elements: Elements in all the batch's tensors, what :meth:`BatchFlopCounter.estimate` scales by.
+    """
+
+    total: int
+    by_module: tuple[tuple[str, int], ...]
+    shape_key: ShapeKey
+    batch_size: int | None
+    elements: int
+
+
+def shape_key(batch: Any, *, max_depth: int = MAX_DEPTH) -> ShapeKey:
+    """The shapes of the tensors in ``batch``, depth-first, through the containers that
+    :func:`~lightning_perf.collect.batch.infer_batch_size` opens (mappings, lists, tuples, dataclasses).
+
+    Reads metadata only (no device sync); never raises; visits at most :data:`MAX_KEY_NODES` objects.
+
+    Examples:
+        >>> shape_key({"x": torch.zeros(8, 3), "meta": ["a"], "y": (torch.zeros(8),)})
+        ((8, 3), (8,))
+    """
+    shapes: list[tuple[int, ...]] = []
+    budget = [MAX_KEY_NODES]
+
+    def walk(obj: Any, depth_left: int) -> None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            return
+        if isinstance(obj, Tensor):
+            shapes.append((-1,) if obj.is_nested else tuple(obj.shape))
+            return
+        if isinstance(obj, (str, bytes, bytearray)) or depth_left <= 0:
+            return
+        if isinstance(obj, (list, tuple)):
+            children: Any = obj
+        elif isinstance(obj, Mapping):
+            children = obj.values()
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            children = [getattr(obj, f.name, None) for f in dataclasses.fields(obj)]
+        else:
+            return
+        for child in children:
+            walk(child, depth_left - 1)
+            if budget[0] < 0:
+                return
+
+    with contextlib.suppress(Exception):  # an odd container that fails to be read: the shapes so far
+        walk(batch, max_depth)
+    return tuple(shapes)
+
+
+class BatchFlopCounter:
+    """Counts the FLOPs of a few training batches, each between :meth:`start` and :meth:`stop`.
+
+    Args:
+        max_counts: Distinct batch shapes to count at most (:data:`MAX_COUNTS`).
+        depth: Module depth of :attr:`BatchFlops.by_module` (:data:`DEPTH`).
+        top: Modules kept in :attr:`BatchFlops.by_module` (:data:`TOP_MODULES`).
+
+    Raises:
+        ValueError: ``max_counts``, ``depth`` or ``top`` is below 1.
+
+    Example::
+
+        counter = BatchFlopCounter()
+        if counter.wants(batch):
+            counter.start(batch)
+            try:
+                loss = model(batch).sum()
+                loss.backward()
+            except BaseException:
+                counter.cancel()
+                raise
+            record = counter.stop()
+    """
+
+    def __init__(self, *, max_counts: int = MAX_COUNTS, depth: int = DEPTH, top: int = TOP_MODULES) -> None:
+        given = {"max_counts": max_counts, "depth": depth, "top": top}
+        bad = [f"{name}={value!r}" for name, value in given.items() if value < 1]
+        if bad:
+            raise ValueError(f"BatchFlopCounter needs positive integers; got {', '.join(bad)}")
+        self.max_counts, self.depth, self.top = max_counts, depth, top
+        self._counted: dict[ShapeKey, BatchFlops] = {}
+        self._mode: FlopCounterMode | None = None
+        self._exits: contextlib.ExitStack | None = None
+        self._batch: tuple[ShapeKey, int | None, int] | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether a count is under way (between :meth:`start` and :meth:`stop` or :meth:`cancel`)."""
+        return self._mode is not None
+
+    @property
+    def records(self) -> tuple[BatchFlops, ...]:
+        """The counts made so far, in order."""
+        return tuple(self._counted.values())
+
+    def wants(self, batch: Any) -> bool:
+        """Whether ``batch`` is to be counted: its shapes are new and fewer than ``max_counts`` were."""
+        return not self.active and len(self._counted) < self.max_counts and shape_key(batch) not in self._counted
+
+    def start(self, batch: Any) -> None:
+        """Starts counting: every op until :meth:`stop` is counted. A count left open is cancelled first."""
+        self.cancel()
+        key = shape_key(batch)
+        self._batch = (key, infer_batch_size(batch), sum(_numel(shape) for shape in key))
+        mode = FlopCounterMode(display=False, depth=self.depth)
+        with contextlib.ExitStack() as exits:
+            set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6; see Notes 2
+            if set_stance is not None:
+                exits.enter_context(set_stance("force_eager"))
+            # The module tracker's global hooks make OptimizedModule warn once per count; not the user's.
+            exits.enter_context(warnings.catch_warnings())
+            warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+            exits.enter_context(mode)
+            self._exits, self._mode = exits.pop_all(), mode
+
+    def stop(self) -> BatchFlops:
+        """Stops counting and returns the batch's record.
+
+        Raises:
+            RuntimeError: No count is under way.
+        """
+        mode, batch = self._mode, self._batch
+        if mode is None or batch is None:
+            raise RuntimeError("BatchFlopCounter.stop() called with no count under way; call start() first")
+        self.cancel()
+        counts = {name: sum(ops.values()) for name, ops in mode.get_flop_counts().items()}
+        key, batch_size, elements = batch
+        record = BatchFlops(
+            total=mode.get_total_flops(),
+            by_module=_top_modules(counts, self.depth, self.top),
+            shape_key=key,
+            batch_size=batch_size,
+            elements=elements,
+        )
+        self._counted[key] = record
+        return record
+
+    def cancel(self) -> None:
+        """Leaves the count under way, if any, and records nothing: safe to call at any time."""
+        exits, self._exits, self._mode = self._exits, None, None
+        if exits is not None:
+            with contextlib.suppress(Exception):  # leave what can be left; a count failing must not fail training
+                exits.close()
+
+    def estimate(self, batch: Any) -> int | None:
+        """FLOPs of ``batch``: its count where its shapes were counted, else the count with the nearest
+        number of elements scaled to the batch's (Notes 5); ``None`` before any count."""
+        key = shape_key(batch)
+        if key in self._counted:
+            return self._counted[key].total
+        if not self._counted:
+            return None
+        elements = sum(_numel(shape) for shape in key)
+        nearest = min(self._counted.values(), key=lambda r: abs(r.elements - elements))
+        return round(nearest.total * elements / nearest.elements) if nearest.elements else nearest.total
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= max(d, 0)
+    return n
+
+
+def _top_modules(counts: dict[str, int], depth: int, top: int) -> tuple[tuple[str, int], ...]:
+    """The deepest counted modules at most ``depth`` deep (those with no counted child that deep), largest
+    first; a parent whose children are listed is left out, so that the shares add up to at most 1 (Notes 4)."""
+    names = [n for n in counts if n != "Global" and n.count(".") < depth and counts[n] > 0]
+    leaves = [n for n in names if not any(o.startswith(n + ".") for o in names)]
+    return tuple(sorted(((n, counts[n]) for n in leaves), key=lambda item: (-item[1], item[0]))[:top])

@@ -1,0 +1,87 @@
+"""
+FLOP counting
+=============
+
+When the callback counts a training batch's FLOPs (:class:`~lightning_perf.collect.flops.BatchFlopCounter`),
+and what it keeps of the counts.
+
+Notes:
+    1. One batch per training epoch is a candidate: the first one after the epoch's first (whose data wait holds
+       the DataLoader's start-up, which a counted batch would take out of the epoch) that runs outside a
+       profiler window. It is counted when its shapes are new (at most
+       :data:`~lightning_perf.collect.flops.MAX_COUNTS` shapes per run), so a run of fixed shapes counts one
+       batch, and the check costs one comparison a batch.
+    2. A counted batch runs slower (every op goes through Python): like a profiled batch, it is left out of the
+       epoch's step times.
+    3. The peak FLOP/s come from ``PerfCallback(peak_flops=...)``, else from the datasheet table
+       (:func:`lightning_perf.peak_flops`) for a CUDA device and the run's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_perf.collect.flops import BatchFlopCounter, BatchFlops
+from lightning_perf.peak_table import dtype_for, peak_flops
+from lightning_perf.summarize.flops import FlopCount
+
+
+def run_peak_flops(run: dict[str, Any], override: float | None) -> float | None:
+    """The peak FLOP/s MFU divides by: ``override``, else the table's dense figure for a CUDA device's name
+    and the run's dtype (its precision, and ``float32_matmul_precision`` for TF32), ``None`` where unknown."""
+    if override is not None:
+        return override
+    if run.get("device") != "cuda" or not run.get("device_name"):
+        return None
+    try:
+        dtype = dtype_for(run.get("precision"), run.get("float32_matmul_precision", "highest"))
+    except ValueError:  # a precision plugin of the user's: no known dtype
+        return None
+    return peak_flops(run["device_name"], dtype) if dtype is not None else None
+
+
+class FlopCounting:
+    """The run's FLOP counts: which batch to count (one candidate per training epoch), and the counts.
+
+    Example::
+
+        counting.epoch_start()
+        counted = counting.batch_start(batch)  # True: this batch is being counted (leave it out of times)
+        record = counting.batch_end()  # a BatchFlops when it was
+    """
+
+    def __init__(self) -> None:
+        self._counter = BatchFlopCounter()
+        #: A batch of this training epoch is still to be offered for counting.
+        self.pending = False
+        #: The counts, for :func:`~lightning_perf.summarize.flops.epoch_flops`.
+        self.counts: list[FlopCount] = []
+        #: A batch is being counted (a plain attribute: the callback reads it after every batch).
+        self.active = False
+
+    def epoch_start(self) -> None:
+        """A training epoch starts: its first batch outside a window is offered."""
+        self.pending = True
+
+    def batch_start(self, batch: Any) -> bool:
+        """Offers the batch (call only while :attr:`pending`); whether it is being counted."""
+        self.pending = False
+        if not self._counter.wants(batch):
+            return False
+        self._counter.start(batch)
+        self.active = True
+        return True
+
+    def batch_end(self) -> BatchFlops | None:
+        """The counted batch's record, when one was being counted."""
+        if not self._counter.active:
+            return None
+        self.active = False
+        record = self._counter.stop()
+        self.counts.append(FlopCount(flops=record.total, samples=record.batch_size))
+        return record
+
+    def cancel(self) -> None:
+        """Leaves a count under way, if any (an exception, the end of the run)."""
+        self.active = False
+        self._counter.cancel()

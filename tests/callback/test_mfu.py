@@ -1,0 +1,87 @@
+"""FLOPs per batch, achieved FLOP/s and MFU on real Trainer runs: counted automatically on an MLP and a small
+convolutional network whose FLOPs are counted here by hand, MFU from the given peak, and the run's report."""
+
+import json
+import pathlib
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+
+from lightning_perf import PerfCallback
+from models import TinyModel, trainer
+
+NO_WINDOWS = {"batches": [10_000]}  # no profiler window: every batch but the counted one is measured
+
+
+def _linear(batch: int, inputs: int, outputs: int, *, input_grad: bool) -> int:
+    """A Linear's FLOPs over forward and backward: 2*B*in*out forward, as much for the weight's gradient, and
+    as much again for the input's gradient where autograd computes it (not for the network's input)."""
+    return 2 * batch * inputs * outputs * (3 if input_grad else 2)
+
+
+def test_an_mlps_flops_per_batch_are_its_hand_count_and_mfu_is_over_the_given_peak(tmp_path):
+    # TinyModel: Linear(16, 32) -> ReLU -> Linear(32, 1), 4 samples a batch.
+    hand = _linear(4, 16, 32, input_grad=False) + _linear(4, 32, 1, input_grad=True)
+    perf = PerfCallback(**NO_WINDOWS, stages=["train"], peak_flops=1e9)
+    trainer(tmp_path, [perf], max_epochs=2).fit(TinyModel(n=32))
+    train = [e for e in perf.epochs if e.stage == "train"]
+    assert [e.flops_per_batch for e in train] == [hand, hand]
+    for e in train:
+        assert e.flops_per_second is not None and e.flops_per_second > 0
+        assert e.mfu == pytest.approx(e.flops_per_second / 1e9)
+    assert (train[0].profiled_batches, train[1].profiled_batches) == (1, 0)  # the counted batch: left out
+    report = json.loads(pathlib.Path(perf.report_path).read_text())
+    epoch = report["stages"]["train"]["epochs"][0]
+    assert {key: epoch[key] for key in ("flops_per_batch", "mfu")} == {"flops_per_batch": hand, "mfu": train[0].mfu}
+    assert report["run"]["peak_flops"] == 1e9
+    assert report["run"]["flops"]["counted"] == [{"flops": hand, "samples": 4}]
+    assert [name for name, _ in report["run"]["flops"]["by_module"]] == ["Sequential.0", "Sequential.2"]
+
+
+class ConvNet(TinyModel):
+    """Conv2d(3, 8, 3) on 3x10x10 images, flattened into Linear(8*8*8, 1)."""
+
+    def __init__(self) -> None:
+        super().__init__(n=16)
+        self.net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 8 * 8, 1))
+
+    def train_dataloader(self):
+        data = torch.utils.data.TensorDataset(torch.randn(16, 3, 10, 10), torch.rand(16, 1))
+        return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def test_a_conv_nets_flops_per_batch_are_its_hand_count(tmp_path):
+    batch = 4
+    conv_forward = 2 * batch * 8 * 8 * 8 * 3 * 3 * 3  # 2*B*Cout*Hout*Wout*Cin*k*k
+    hand = 2 * conv_forward + _linear(batch, 512, 1, input_grad=True)  # no input gradient for the images
+    perf = PerfCallback(**NO_WINDOWS, stages=["train"])
+    trainer(tmp_path, [perf], limit_val_batches=0).fit(ConvNet())
+    (epoch,) = [e for e in perf.epochs if e.stage == "train"]
+    assert epoch.flops_per_batch == hand
+    assert epoch.mfu is None  # a CPU: no peak unless one is given
+
+
+def test_without_a_count_the_figures_are_null_and_no_other_stage_is_counted(tmp_path):
+    perf = PerfCallback(**NO_WINDOWS)
+    trainer(tmp_path, [perf]).validate(TinyModel(n=8))
+    assert [(e.flops_per_batch, e.flops_per_second, e.mfu) for e in perf.epochs] == [(None, None, None)]
+
+
+def test_a_compiled_model_is_counted_and_stays_compiled(tmp_path):
+    torch._dynamo.reset()
+    model = TinyModel(n=32)
+    model.net = torch.compile(model.net, backend="aot_eager")
+    perf = PerfCallback(**NO_WINDOWS, stages=["train"])
+    trainer(tmp_path, [perf], max_epochs=2).fit(model)
+    hand = _linear(4, 16, 32, input_grad=False) + _linear(4, 32, 1, input_grad=True)
+    assert [e.flops_per_batch for e in perf.epochs if e.stage == "train"] == [hand, hand]
+    frames = torch._dynamo.utils.counters["stats"]
+    assert frames["unique_graphs"] >= 1  # compiled, and not left to run eagerly by the count
+
+
+def test_pl_module_callback_option_is_validated():
+    with pytest.raises(ValueError, match="peak_flops must be a number of FLOP/s > 0"):
+        PerfCallback(peak_flops=0)
+    assert isinstance(PerfCallback(peak_flops=312e12), pl.Callback)
