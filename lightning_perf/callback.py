@@ -318,8 +318,8 @@ class PerfCallback(StageHooks):
         if window is not None and window.stage == stage:
             st.clock.batch_start(batch, profiled=True)
             self._control.batch_started(stage)
-        elif stage == "train" and self._flops.pending and batch_idx:  # counted: left out of the times too
-            st.clock.batch_start(batch, profiled=self._epochs.flops_batch_start(batch))
+        elif stage == "train" and self._flops.pending:  # counted: left out of the times too
+            st.clock.batch_start(batch, profiled=self._epochs.flops_batch_start(batch, batch_idx))
         else:
             st.clock.batch_start(batch)
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from lightning_perf.records import TraceSummary
+import dataclasses
+
+from lightning_perf.diagnose.model import RunFacts
+from lightning_perf.records import EpochSummary, TraceSummary
+
+GiB = 2**30
 
 W1, W2 = "train-epoch000-batches0006-0008", "train-epoch000-batches0106-0108"
 
@@ -25,3 +30,56 @@ def window(name: str = W1, **kw) -> TraceSummary:
     )
     values.update(kw)
     return TraceSummary(**values)
+
+
+CPU = RunFacts(
+    device="cpu",
+    device_name="x86_64",
+    precision="32-true",
+    cpu_count=8,
+    torch_threads=8,
+    num_workers=4,
+    pin_memory=False,
+    persistent_workers=True,
+    batch_size=32,
+)
+GPU = RunFacts(
+    device="cuda",
+    device_name="NVIDIA A100-SXM4-80GB",
+    precision="bf16-mixed",
+    cpu_count=16,
+    torch_threads=8,
+    num_workers=8,
+    pin_memory=True,
+    persistent_workers=True,
+    batch_size=64,
+)
+FP32_GPU = dataclasses.replace(GPU, precision="32-true")
+
+
+# --- builders: a healthy run unless told otherwise ---------------------------------------------------------
+
+
+def epoch(**kw) -> EpochSummary:
+    """A healthy 100-batch epoch of 10 ms steps, 1% data wait."""
+    values = dict(
+        stage="train",
+        epoch=0,
+        batches=100,
+        samples=3200,
+        step_time=1.0,
+        data_wait=0.01,
+        step_time_p50=0.010,
+        step_time_p90=0.011,
+        step_time_max=0.012,
+        data_wait_fraction=0.01,
+        throughput=3200.0,
+        host_rss=1 * GiB,
+        host_rss_peak=1 * GiB,
+    )
+    values.update(kw)
+    return EpochSummary(**values)
+
+
+def gpu_epoch(**kw) -> EpochSummary:
+    return epoch(**{"cuda_max_allocated": 20 * GiB, "cuda_max_reserved": 24 * GiB, "cuda_capacity": 80 * GiB, **kw})

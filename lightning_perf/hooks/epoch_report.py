@@ -233,11 +233,11 @@ class EpochReporter:
         self.epochs.append(summary)
         return summary
 
-    def flops_batch_start(self, batch: Any) -> bool:
+    def flops_batch_start(self, batch: Any, batch_idx: int) -> bool:
         """Offers a training batch for counting (:class:`~lightning_perf.hooks.flop_count.FlopCounting`);
         whether it is being counted. A failure goes to the error policy: the batch is not counted."""
         try:
-            return self.flops.batch_start(batch)
+            return self.flops.batch_start(batch, batch_idx)
         except Exception as err:
             self.flops.cancel()
             self._policy.fail("train", err)

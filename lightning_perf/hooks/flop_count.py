@@ -46,7 +46,7 @@ class FlopCounting:
     Example::
 
         counting.epoch_start()
-        counted = counting.batch_start(batch)  # True: this batch is being counted (leave it out of times)
+        counted = counting.batch_start(batch, batch_idx)  # True: being counted (leave it out of times)
         record = counting.batch_end()  # a BatchFlops when it was
     """
 
@@ -63,8 +63,11 @@ class FlopCounting:
         """A training epoch starts: its first batch outside a window is offered."""
         self.pending = True
 
-    def batch_start(self, batch: Any) -> bool:
-        """Offers the batch (call only while :attr:`pending`); whether it is being counted."""
+    def batch_start(self, batch: Any, batch_idx: int) -> bool:
+        """Offers batch ``batch_idx`` of the epoch (call only while :attr:`pending`, outside a window); whether
+        it is being counted. The epoch's first batch is passed over (Notes 1)."""
+        if batch_idx == 0:
+            return False
         self.pending = False
         if not self._counter.wants(batch):
             return False

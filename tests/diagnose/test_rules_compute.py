@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+import summaries
 from lightning_perf.diagnose import registry
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import RULE_IDS, RULES, SUMMARY_RULES, diagnose
@@ -13,21 +14,9 @@ from lightning_perf.diagnose.rules_compute import EXPLAINING_RULES, low_mfu
 from lightning_perf.diagnose.thresholds import LOW_MFU, Thresholds
 from lightning_perf.records import EpochSummary
 
-GiB = 2**30
 H100_BF16 = 989e12  # dense bf16 peak of an H100 SXM, FLOP/s
 
-GPU = RunFacts(
-    device="cuda",
-    device_name="NVIDIA H100 80GB HBM3",
-    precision="bf16-mixed",
-    cpu_count=16,
-    torch_threads=8,
-    num_workers=8,
-    pin_memory=True,
-    persistent_workers=True,
-    batch_size=64,
-    peak_flops=H100_BF16,
-)
+GPU = dataclasses.replace(summaries.GPU, device_name="NVIDIA H100 80GB HBM3", peak_flops=H100_BF16)
 FP32_GPU = dataclasses.replace(GPU, precision="32-true", peak_flops=67e12)
 V100 = dataclasses.replace(GPU, device_name="Tesla V100-SXM2-16GB", precision="32-true", peak_flops=15.7e12)
 CPU = dataclasses.replace(GPU, device="cpu", device_name="x86_64", precision="32-true", peak_flops=1e12)
@@ -37,27 +26,13 @@ def epoch(mfu: float | None, stage: str = "train", peak: float = H100_BF16, **kw
     """A healthy 100-batch GPU epoch of 10 ms steps whose achieved FLOP/s is ``mfu`` of ``peak``."""
     values = dict(
         stage=stage,
-        epoch=0,
-        batches=100,
         samples=6400,
-        step_time=1.0,
-        data_wait=0.01,
-        step_time_p50=0.010,
-        step_time_p90=0.011,
-        step_time_max=0.012,
-        data_wait_fraction=0.01,
         throughput=6400.0,
-        host_rss=GiB,
-        host_rss_peak=GiB,
-        cuda_max_allocated=20 * GiB,
-        cuda_max_reserved=24 * GiB,
-        cuda_capacity=80 * GiB,
         flops_per_batch=1.2e12 if mfu is not None else None,
         flops_per_second=mfu * peak if mfu is not None else None,
         mfu=mfu,
     )
-    values.update(kw)
-    return EpochSummary(**values)
+    return summaries.gpu_epoch(**{**values, **kw})
 
 
 def ctx(epoch_: EpochSummary, facts: RunFacts = GPU) -> StageEpoch:
