@@ -1,0 +1,95 @@
+"""
+Command line
+============
+
+``lightning-perf`` (or ``python -m lightning_perf``): the offline side of the loop measure, change one
+thing, measure again, compare.
+
+- ``report RUN_DIR``: a run's per-epoch summaries and findings, from its ``perf_report.json`` (with its FLOPs
+  per batch, achieved FLOP/s, MFU and top modules by FLOPs where they were counted).
+- ``analyze PATH...``: the trace-level rules on any Kineto traces, grouped by rank per directory.
+- ``compare BEFORE AFTER``: two runs (or two traces) side by side (MFU before and after, where known);
+  ``--fail-if-slower PCT`` for CI.
+
+One code path with the callback: the same readers, summaries, rules and formatters; no second
+implementation of a rule. Bad input (a missing file, a truncated gzip, a malformed report) is one line on
+stderr and exit code 2. Nothing here imports torch or Lightning, so the commands start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from lightning_perf import __version__
+from lightning_perf.cli.analyze import command_analyze
+from lightning_perf.cli.compare import command_compare
+from lightning_perf.cli.inputs import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, UsageError, find_traces
+from lightning_perf.cli.report import command_report
+from lightning_perf.readers import InputError
+from lightning_perf.traces import collector_paused
+
+__all__ = ["UsageError", "build_parser", "find_traces", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lightning-perf", description=__doc__.split("\n\n")[1].strip())
+    parser.add_argument("--version", action="version", version=f"lightning-perf {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    report = commands.add_parser("report", help="a run's per-epoch summaries and findings")
+    report.add_argument("run_dir", help="a run directory (searched for perf_report.json) or a report file")
+    report.add_argument("--json", action="store_true", help="print the report as JSON")
+    report.add_argument(
+        "-v", "--verbose", type=int, default=2, choices=(1, 2), help="2: also info findings and evidence"
+    )
+    report.set_defaults(run=command_report)
+
+    analyze = commands.add_parser("analyze", help="the trace-level rules on Kineto traces")
+    analyze.add_argument(
+        "paths", nargs="+", help="trace files or directories (a directory of ranks: cross-rank findings)"
+    )
+    analyze.add_argument(
+        "--precision", default=None, help='the run\'s Lightning precision, e.g. "32-true" (enables the precision rule)'
+    )
+    analyze.add_argument("--json", action="store_true")
+    analyze.add_argument("-v", "--verbose", type=int, default=1, choices=(1, 2))
+    analyze.set_defaults(run=command_analyze)
+
+    compare = commands.add_parser("compare", help="two runs or two traces side by side")
+    compare.add_argument("before", help="a run directory, a perf_report.json, or a trace")
+    compare.add_argument("after", help="a run directory, a perf_report.json, or a trace")
+    compare.add_argument(
+        "--fail-if-slower",
+        type=float,
+        metavar="PCT",
+        default=None,
+        help="exit 1 if step time p50 grew by more than PCT percent",
+    )
+    compare.add_argument("--operators", type=int, default=10, help="how many operators to list")
+    compare.add_argument("--precision", default=None, help=argparse.SUPPRESS)
+    compare.add_argument("--json", action="store_true")
+    compare.set_defaults(run=command_compare)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with collector_paused():  # a command is short-lived and builds 10^5 acyclic records: it runs without
+            return args.run(args)
+    except InputError as err:
+        print(f"lightning-perf: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # The reader went away (`lightning-perf report ... | head`): stop quietly, as other commands do, and
+        # point stdout at nothing so that the interpreter's final flush does not raise again (Python's
+        # documented recipe, "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

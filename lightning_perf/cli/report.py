@@ -1,0 +1,67 @@
+"""
+``lightning-perf report``
+=========================
+
+A run's per-epoch summaries and findings, from its ``perf_report.json`` (with its FLOPs per batch, achieved
+FLOP/s, MFU and top modules by FLOPs where they were counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from lightning_perf.cli.inputs import EXIT_OK, find_reports
+from lightning_perf.readers import load_report
+from lightning_perf.records import EpochSummary
+from lightning_perf.report.findings import console_report
+from lightning_perf.report.json_report import report_epochs, report_top_modules
+from lightning_perf.units import flops, flops_rate, percent
+
+TOP_MODULES_SHOWN = 5  # of the report's run.flops.by_module, on `report`'s line of modules by FLOPs share
+
+
+def command_report(args: argparse.Namespace) -> int:
+    reports = [(path, load_report(path)) for path in find_reports(args.run_dir)]
+    if args.json:
+        data: Any = reports[0][1] if len(reports) == 1 else dict(reports)
+        print(json.dumps(data, indent=1))
+        return EXIT_OK
+    for path, report in reports:
+        run = report.get("run", {})
+        print(f"{path}")
+        print(
+            f"  {run.get('device', '?')} {run.get('device_name') or ''}, world size {run.get('world_size', 1)},"
+            f" precision {run.get('precision')}, torch {run.get('torch')}, lightning {run.get('lightning')}"
+        )
+        for line in _run_flops_lines(run):
+            print(f"  {line}")
+        for summary, findings, ranks in report_epochs(report):
+            print(_with_flops_per_batch(console_report(summary, findings, verbose=args.verbose, ranks=ranks), summary))
+        windows = report.get("windows", [])
+        if windows:
+            print(f"  {len(windows)} profiler window(s): " + ", ".join(w["name"] for w in windows))
+    return EXIT_OK
+
+
+def _run_flops_lines(run: Mapping[str, Any]) -> list[str]:
+    """The run's FLOPs facts, where known: the peak MFU divides by, and the modules with the largest share of
+    a counted batch's FLOPs. Nothing for a run whose FLOPs were not counted."""
+    lines = []
+    peak = run.get("peak_flops")
+    if isinstance(peak, (int, float)) and not isinstance(peak, bool) and peak > 0:
+        lines.append(f"peak {flops_rate(peak)} per device (what MFU divides by)")
+    if modules := report_top_modules(run):
+        shown = ", ".join(f"{name} {percent(part)}" for name, part in modules[:TOP_MODULES_SHOWN])
+        lines.append(f"top modules by FLOPs: {shown}")
+    return lines
+
+
+def _with_flops_per_batch(text: str | None, summary: EpochSummary) -> str | None:
+    """An epoch's console text with its FLOPs per batch under the headline, where they were counted."""
+    if text is None or summary.flops_per_batch is None:
+        return text
+    head, *rest = text.split("\n")
+    return "\n".join([head, f"  FLOPs per batch: {flops(summary.flops_per_batch)} (forward and backward)", *rest])
