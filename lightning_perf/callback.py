@@ -255,12 +255,14 @@ class PerfCallback(StageHooks):
         self._control.records = (ranks is None or rank in ranks) and not trainer.fast_dev_run  # type: ignore[attr-defined]
         self._windows_at_setup = len(self.windows)
         self._policy.safely(None, self._loop_timer.install, trainer)
+        self._policy.safely(None, self._epochs.compile.install, trainer)
         if world_size > 1:
             self._staging.open()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._policy.safely(None, self._loop_timer.uninstall)
+        self._policy.safely(None, self._epochs.compile.uninstall)
         self._end(trainer, wait=WAIT_SECONDS)
         self._epochs.close_outputs()
         new = self.windows[self._windows_at_setup :]

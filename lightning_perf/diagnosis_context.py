@@ -27,7 +27,7 @@ from lightning_perf.config import STAGES
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import CROSS_RANK_RULES, diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
-from lightning_perf.records import EpochSummary, RankSummary, TraceSummary
+from lightning_perf.records import CompileStats, EpochSummary, RankSummary, TraceSummary
 from lightning_perf.summarize.events import KinetoTrace
 from lightning_perf.summarize.ranks import rank_work_times
 from lightning_perf.summarize.steps import percentile, summarize_epoch
@@ -76,6 +76,8 @@ def epoch_context(
     compute: Sequence[float] = (),
     profiled: Sequence[bool] = (),
     ranks: Sequence[RankSummary] = (),
+    compile: CompileStats | None = None,
+    validation_compile: float = 0.0,
 ) -> StageEpoch:
     """A measured stage epoch, as the rules see it.
 
@@ -91,6 +93,8 @@ def epoch_context(
             it down); a batch past its end did not.
         ranks: Every rank's summary of the epoch, by global rank (a distributed run, on rank zero); their
             own work per step is what the cross-rank rules compare.
+        compile: What ``torch.compile`` did during the epoch, when the run compiled anything.
+        validation_compile: For a training epoch, the seconds its validation runs spent compiling in their steps.
 
     Example::
 
@@ -109,6 +113,8 @@ def epoch_context(
             for i, (wait, work) in enumerate(zip(data_wait, compute, strict=False))
         ),
         rank_step_times=rank_work_times(ranks) or None,
+        compile=compile,
+        validation_compile=validation_compile,
     )
 
 

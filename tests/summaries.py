@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from lightning_perf.diagnose.model import RunFacts
-from lightning_perf.records import EpochSummary, TraceSummary
+from lightning_perf.records import CompileStats, EpochSummary, TraceSummary
 
 GiB = 2**30
 
@@ -83,3 +83,10 @@ def epoch(**kw) -> EpochSummary:
 
 def gpu_epoch(**kw) -> EpochSummary:
     return epoch(**{"cuda_max_allocated": 20 * GiB, "cuda_max_reserved": 24 * GiB, "cuda_capacity": 80 * GiB, **kw})
+
+
+def compile_stats(**kw) -> CompileStats:
+    """A clean compiled epoch: one graph compiled in 2 s during batch 0, no break, no recompile."""
+    values = dict(graphs=1, breaks=0, recompiles=0, limit_reached=False, seconds=2.0, steps=(0,))
+    values.update(kw)
+    return CompileStats(**values)

@@ -298,3 +298,41 @@ def test_compare_shows_unknown_flops_as_a_dash_and_as_null_in_json(tmp_path, cap
     metrics = json.loads(capsys.readouterr().out)["metrics"]
     assert metrics["FLOP/s"] == {"before": None, "after": "31.0 GFLOP/s", "change": None}
     assert metrics["MFU"] == {"before": None, "after": None, "change": None}
+
+
+def _write_trace(path, *names_ts_dur):
+    """A hand-built CPU Kineto trace of one 1 ms ``ProfilerStep#0`` on the main thread and ``cpu_op`` spans."""
+    events = [("ProfilerStep#0", 0, 1000, "user_annotation")] + [(*span, "cpu_op") for span in names_ts_dur]
+    trace = {
+        "traceEvents": [
+            {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": {}}
+            for name, ts, dur, cat in events
+        ]
+    }
+    path.write_text(json.dumps(trace))
+    return str(path)
+
+
+def test_analyze_shows_the_share_of_compiled_regions_and_guard_checks(tmp_path, capsys):
+    path = _write_trace(
+        tmp_path / "compiled.json",
+        ("TorchDynamo Cache Lookup", 100, 12),
+        ("Torch-Compiled Region: 0/0", 120, 629),
+        ("CompiledFunction", 150, 500),
+    )
+    assert main(["analyze", path]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.endswith(", compiled regions 62% of the step, guard checks 1.2%")  # rounded down, as everywhere
+    assert main(["analyze", path, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)[path]["summary"]
+    assert summary["compiled_time"] == pytest.approx(629e-6) and summary["guard_time"] == pytest.approx(12e-6)
+
+
+def test_analyze_of_a_trace_without_compiled_code_says_nothing_of_it(tmp_path, capsys):
+    path = _write_trace(tmp_path / "eager.json", ("aten::addmm", 100, 500))
+    assert main(["analyze", path]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.endswith("1 operators per step") and "compiled" not in line and "guard" not in line
+    assert main(["analyze", path, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)[path]["summary"]
+    assert (summary["compiled_time"], summary["guard_time"]) == (None, None)

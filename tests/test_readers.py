@@ -19,8 +19,8 @@ from lightning_perf.diagnose.model import Finding
 from lightning_perf.readers import InputError, load_report, load_trace
 from lightning_perf.readers import files as readers_files
 from lightning_perf.readers import trace as readers_trace
-from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
-from lightning_perf.report.json_report import SCHEMA_VERSION, report_dict, write_json_atomically
+from lightning_perf.records import CompileStats, EpochSummary, GraphBreak, RankSummary, TraceSummary, WindowRecord
+from lightning_perf.report.json_report import SCHEMA_VERSION, report_dict, report_epochs, write_json_atomically
 from lightning_perf.summarize.events import KinetoTrace, as_trace
 from lightning_perf.summarize.operators import operator_stats
 from lightning_perf.summarize.step_summary import summarize_trace
@@ -187,7 +187,19 @@ def _report():
         windows=windows,
         findings={("train", 0): [finding]},
         ranks={("train", 0): [rank]},
+        compile={("train", 0): COMPILE},
     )
+
+
+COMPILE = CompileStats(
+    graphs=2,
+    breaks=1,
+    recompiles=0,
+    limit_reached=False,
+    seconds=1.5,
+    break_sites=(GraphBreak(reason="Unsupported Tensor.item() call", location="/tmp/model.py:29", count=1),),
+    steps=(0,),
+)
 
 
 @pytest.fixture(scope="module")
@@ -347,6 +359,24 @@ def test_a_window_summary_written_before_tiny_operators_were_measured_loads_with
     path.write_text(json.dumps(report))
     loaded = TraceSummary(**load_report(path)["windows"][0]["summary"])
     assert (loaded.tiny_op_time, loaded.tiny_ops_per_step) == (None, None)
+
+
+def test_a_window_summary_with_compiled_code_loads_and_one_written_before_it_was_measured_loads_without_it(tmp_path):
+    report = _report()
+    summary = report["windows"][0]["summary"]
+    summary.update(compiled_time=0.062, guard_time=0.0012)
+    path = tmp_path / "perf_report.json"
+    path.write_text(json.dumps(report))
+    loaded = TraceSummary(**load_report(path)["windows"][0]["summary"])
+    assert (loaded.compiled_time, loaded.guard_time) == (0.062, 0.0012)
+    summary["guard_time"] = "1.2%"
+    path.write_text(json.dumps(report))
+    with pytest.raises(InputError, match="guard_time"):
+        load_report(path)
+    del summary["compiled_time"], summary["guard_time"]
+    path.write_text(json.dumps(report))
+    loaded = TraceSummary(**load_report(path)["windows"][0]["summary"])
+    assert (loaded.compiled_time, loaded.guard_time) == (None, None)
 
 
 def test_a_real_run_s_report_and_traces_load(tmp_path):
@@ -552,6 +582,12 @@ REPORT_FAILURES = [
         r"findings\[0\]\.severity must be one of 'info', 'warning', 'critical', got 'fatal'",
     ),
     ("rank_type", _set((*EPOCH, "ranks", 0, "rank"), "0"), r"epochs\[0\]\.ranks\[0\]\.rank must be an integer"),
+    ("compile_list", _set((*EPOCH, "compile"), []), r"epochs\[0\]\.compile must be an object, got \[\] \(array\)"),
+    (
+        "compile_break_count",
+        _set((*EPOCH, "compile", "break_sites", 0, "count"), None),
+        r"epochs\[0\]\.compile\.break_sites\[0\]\.count must be an integer, got None \(null\)",
+    ),
     ("no_windows", _set(("windows",), "DEL"), r"field windows is missing"),
     ("windows_object", _set(("windows",), {}), r"field windows must be an array"),
     ("window_name", _set(("windows", 0, "name"), 5), r"field windows\[0\]\.name must be a string, got 5"),
@@ -703,6 +739,7 @@ def test_a_mutated_report_loads_into_records_or_is_an_input_error(scratch, where
     for window in loaded["windows"]:
         if window["summary"] is not None:
             TraceSummary(**{f.name: window["summary"][f.name] for f in dataclasses.fields(TraceSummary)})
+    report_epochs(loaded)  # the epochs' records, their compile stats included
 
 
 _ABSENT = object()

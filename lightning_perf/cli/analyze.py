@@ -35,6 +35,10 @@ def _summary_line(s: TraceSummary) -> str:
     if (exposed := share(s.communication_exposed_time, s)) is not None:
         parts.append(f"exposed communication {percent(exposed)}")
     parts.append(f"{count(s.ops_per_step)} operators per step")
+    if (compiled := share(s.compiled_time, s)) is not None:
+        parts.append(f"compiled regions {percent(compiled)} of the step")
+    if (guards := share(s.guard_time, s)) is not None:
+        parts.append(f"guard checks {percent(guards, 1)}")
     return ", ".join(parts)
 
 

@@ -2,8 +2,10 @@
 ``lightning-perf compare``
 ==========================
 
-Two runs (or two traces) side by side: step times, throughput, FLOP/s and MFU, data wait, memory peaks, the
-findings fixed, new and kept, and the operators that changed most; ``--fail-if-slower PCT`` for CI.
+Two runs (or two traces) side by side: step times, throughput, FLOP/s and MFU, data wait, memory peaks, what
+``torch.compile`` did where either side shows it (a run's compile time, graph breaks and recompiles over its
+training epochs; a trace's share of the step in compiled regions and guard checks), the findings fixed, new
+and kept, and the operators that changed most; ``--fail-if-slower PCT`` for CI.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from lightning_perf.cli.inputs import EXIT_OK, EXIT_SLOWER, REPORT_PATTERN, Usag
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.readers import load_report, load_trace
 from lightning_perf.records import OperatorStat, share
-from lightning_perf.report.json_report import report_epochs
+from lightning_perf.report.json_report import ReportEpoch, report_epochs
 from lightning_perf.summarize.operators import operator_stats
 from lightning_perf.units import change, count, duration_us, flops_rate, mib, percent
 
@@ -39,6 +41,22 @@ class _Side:
     cuda_peak: float | None
     findings: dict[str, str]  # id -> severity, warnings and critical only
     operators: dict[str, OperatorStat]
+    # What torch.compile did over a run's training epochs; None: it compiled nothing there (or a trace).
+    compile_seconds: float | None = None
+    graph_breaks: int | None = None
+    recompiles: int | None = None
+    # A trace's share of the step in compiled regions and in dynamo's guard checks; None: none in it (or a run).
+    compiled_share: float | None = None
+    guard_share: float | None = None
+
+
+def _compile_totals(epochs: Sequence[ReportEpoch]) -> tuple[float | None, int | None, int | None]:
+    """The compile seconds, graph breaks and recompiles of ``epochs`` summed; ``None`` where no epoch has
+    compile stats (a run that compiled nothing)."""
+    stats = [e.compile for e in epochs if e.compile is not None]
+    if not stats:
+        return None, None, None
+    return sum(s.seconds for s in stats), sum(s.breaks for s in stats), sum(s.recompiles for s in stats)
 
 
 def _side_of_run(path: str) -> _Side:
@@ -47,10 +65,12 @@ def _side_of_run(path: str) -> _Side:
         shown = ", ".join(os.path.relpath(r, path) for r in reports[:3]) + (", ..." if len(reports) > 3 else "")
         raise UsageError(f"{path}: holds {len(reports)} reports ({shown}); compare one run: pass its directory")
     report = load_report(reports[0])
-    train = [(s, f) for s, f, _ in report_epochs(report) if s.stage == "train" and s.batches]
+    epochs = [e for e in report_epochs(report) if e.summary.stage == "train"]
+    train = [e for e in epochs if e.summary.batches]
     if not train:
         raise UsageError(f"{path}: its report has no measured training epoch")
-    last, findings = train[-1]  # the last epoch: past start-up effects
+    last, findings = train[-1].summary, train[-1].findings  # the last epoch: past start-up effects
+    compile_seconds, graph_breaks, recompiles = _compile_totals(epochs)
     operators: dict[str, OperatorStat] = {}
     windows = [w for w in report.get("windows", []) if w["stage"] == "train" and os.path.exists(w["trace_path"])]
     if windows:
@@ -67,6 +87,9 @@ def _side_of_run(path: str) -> _Side:
         cuda_peak=last.cuda_max_allocated,
         findings=_severities(findings),
         operators=operators,
+        compile_seconds=compile_seconds,
+        graph_breaks=graph_breaks,
+        recompiles=recompiles,
     )
 
 
@@ -89,6 +112,8 @@ def _side_of_trace(path: str, args: argparse.Namespace) -> _Side:
         cuda_peak=None,
         findings=_severities(findings),
         operators={op.name: op for op in operator_stats(trace)},
+        compiled_share=share(summary.compiled_time, summary),
+        guard_share=share(summary.guard_time, summary),
     )
 
 
@@ -98,10 +123,16 @@ def _side(path: str, args: argparse.Namespace) -> _Side:
     return _side_of_trace(path, args)
 
 
-def _change(before: float | None, after: float | None, *, lower_is_better: bool = True) -> str:
+# (name, formatter, before, after, lower is better: None where neither way is)
+_Metric = tuple[str, Callable[[float | None], str], float | None, float | None, bool | None]
+
+
+def _change(before: float | None, after: float | None, *, lower_is_better: bool | None = True) -> str:
     if before is None or after is None or before == 0:
         return ""
     ratio = after / before - 1
+    if lower_is_better is None:
+        return change(ratio)
     better = ratio < 0 if lower_is_better else ratio > 0
     word = "better" if better else "worse" if ratio else "same"
     return f"{change(ratio)} ({word})"
@@ -131,8 +162,7 @@ def _print_comparison(before: _Side, after: _Side, args: argparse.Namespace) -> 
     def flop_rate(v: float | None) -> str:
         return "-" if v is None else flops_rate(v)
 
-    metrics: list[tuple[str, Callable[[float | None], str], float | None, float | None, bool]] = [
-        # (name, formatter, before, after, lower is better)
+    metrics: list[_Metric] = [
         ("step time p50", time, before.step_p50, after.step_p50, True),
         ("step time p90", time, before.step_p90, after.step_p90, True),
         ("throughput", rate, before.throughput, after.throughput, False),
@@ -142,6 +172,7 @@ def _print_comparison(before: _Side, after: _Side, args: argparse.Namespace) -> 
         ("host memory peak", memory, before.host_peak, after.host_peak, True),
         ("CUDA allocated peak", memory, before.cuda_peak, after.cuda_peak, True),
     ]
+    metrics += _compile_metrics(before, after)
     if args.json:  # what is unknown on a side is null (the table's "-"), and so is a change not computed
         known: list[tuple[str, str | None, str | None, str | None]] = [
             (
@@ -177,6 +208,38 @@ def _print_comparison(before: _Side, after: _Side, args: argparse.Namespace) -> 
             )
             return EXIT_SLOWER
     return EXIT_OK
+
+
+def _compile_metrics(before: _Side, after: _Side) -> list[_Metric]:
+    """The rows of what ``torch.compile`` did, each where either side shows it: a run's compile time, graph
+    breaks and recompiles over its training epochs (lower is better); a trace's share of the step in compiled
+    regions (neither way is better: faster compiled code shrinks it too) and in guard checks (lower is better).
+    """
+
+    def time(v: float | None) -> str:
+        return "-" if v is None else duration_us(v * 1e6)
+
+    def number(v: float | None) -> str:
+        return "-" if v is None else count(v)
+
+    def share(v: float | None) -> str:
+        return "-" if v is None else percent(v)
+
+    def small_share(v: float | None) -> str:
+        return "-" if v is None else percent(v, 1)  # as `analyze` shows it
+
+    rows: list[_Metric] = []
+    if before.compile_seconds is not None or after.compile_seconds is not None:
+        rows += [
+            ("compile time", time, before.compile_seconds, after.compile_seconds, True),
+            ("graph breaks", number, before.graph_breaks, after.graph_breaks, True),
+            ("recompiles", number, before.recompiles, after.recompiles, True),
+        ]
+    if before.compiled_share is not None or after.compiled_share is not None:
+        rows.append(("compiled regions", share, before.compiled_share, after.compiled_share, None))
+    if before.guard_share is not None or after.guard_share is not None:
+        rows.append(("guard checks", small_share, before.guard_share, after.guard_share, True))
+    return rows
 
 
 def _finding_changes(before: _Side, after: _Side) -> tuple[list[str], list[str], list[str]]:

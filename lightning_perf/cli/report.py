@@ -3,7 +3,8 @@
 =========================
 
 A run's per-epoch summaries and findings, from its ``perf_report.json`` (with its FLOPs per batch, achieved
-FLOP/s, MFU and top modules by FLOPs where they were counted).
+FLOP/s, MFU and top modules by FLOPs where they were counted, and what ``torch.compile`` did in each epoch
+where it compiled something).
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ def command_report(args: argparse.Namespace) -> int:
         )
         for line in _run_flops_lines(run):
             print(f"  {line}")
-        for summary, findings, ranks in report_epochs(report):
-            print(_with_flops_per_batch(console_report(summary, findings, verbose=args.verbose, ranks=ranks), summary))
+        for epoch in report_epochs(report):
+            text = console_report(
+                epoch.summary, epoch.findings, verbose=args.verbose, ranks=epoch.ranks, compile=epoch.compile
+            )
+            print(_with_flops_per_batch(text, epoch.summary))
         windows = report.get("windows", [])
         if windows:
             print(f"  {len(windows)} profiler window(s): " + ", ".join(w["name"] for w in windows))

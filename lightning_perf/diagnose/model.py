@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lightning_perf.records import EpochSummary, TraceSummary
+from lightning_perf.records import CompileStats, EpochSummary, TraceSummary
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
@@ -53,6 +53,10 @@ class StageEpoch:
         rank_step_times: Per global rank of a distributed run, its median step time less the share it spent
             waiting in collectives (its own work: under DDP every rank's step lasts as long as the slowest
             rank's, so the slow rank is the one that waits least).
+        compile: What ``torch.compile`` did during the epoch; ``None`` when nothing compiled in the run so far
+            (or torch could not tell).
+        validation_compile: For a training epoch, the seconds its validation runs spent compiling, inside
+            their steps (``torch.compile``'s eval graphs, compiled at the first validation).
     """
 
     epoch: EpochSummary
@@ -62,6 +66,8 @@ class StageEpoch:
     validation: tuple[EpochSummary, ...] = ()
     facts: RunFacts = field(default_factory=RunFacts)
     rank_step_times: Mapping[int, float] | None = None
+    compile: CompileStats | None = None
+    validation_compile: float = 0.0
 
     @property
     def stage(self) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from lightning_perf.diagnose.model import SEVERITIES, Finding, StageEpoch
 from lightning_perf.diagnose.rule_helpers import Rule, SummaryRule
+from lightning_perf.diagnose.rules_compile import compile_graph_breaks, compile_recompiles, compile_time
 from lightning_perf.diagnose.rules_compute import low_mfu
 from lightning_perf.diagnose.rules_data import dataloader_bound, h2d_copy
 from lightning_perf.diagnose.rules_device import cpu_threads, device_idle, host_sync, launch_bound, precision
@@ -40,6 +41,9 @@ RULES: dict[str, Rule] = {
         validation_heavy,
         framework_overhead,
         step_time_unstable,
+        compile_graph_breaks,
+        compile_recompiles,
+        compile_time,
         communication_bound,
         rank_straggler,
         cpu_threads,

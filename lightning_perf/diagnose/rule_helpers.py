@@ -9,8 +9,9 @@ builder. The numbers in evidence are formatted by :mod:`lightning_perf.units`. T
 module per resource: :mod:`~lightning_perf.diagnose.rules_data` (input pipeline),
 :mod:`~lightning_perf.diagnose.rules_device` (accelerator and CPU compute),
 :mod:`~lightning_perf.diagnose.rules_memory`, :mod:`~lightning_perf.diagnose.rules_step` (the training loop),
-:mod:`~lightning_perf.diagnose.rules_distributed` and :mod:`~lightning_perf.diagnose.rules_compute` (the
-arithmetic achieved against the device's peak); :mod:`~lightning_perf.diagnose.registry` lists them.
+:mod:`~lightning_perf.diagnose.rules_distributed`, :mod:`~lightning_perf.diagnose.rules_compute` (the
+arithmetic achieved against the device's peak) and :mod:`~lightning_perf.diagnose.rules_compile` (what
+``torch.compile`` did); :mod:`~lightning_perf.diagnose.registry` lists them.
 """
 
 from __future__ import annotations
@@ -107,6 +108,25 @@ def cpus_per_process(facts: RunFacts) -> int | None:
 def on_cuda(ctx: StageEpoch) -> bool:
     """The run's device is a CUDA GPU."""
     return ctx.facts.device.startswith("cuda")
+
+
+def compiles(ctx: StageEpoch, window: TraceSummary | None = None) -> bool:
+    """Whether the run already uses ``torch.compile``: something compiled in it, or ``window``'s trace holds
+    compiled regions."""
+    return ctx.compile is not None or (window is not None and window.compiled_time is not None)
+
+
+def compile_lever(ctx: StageEpoch, window: TraceSummary | None, effect: str) -> str:
+    """The advice to compile, ``effect`` being what compiling would do (e.g. "fuses what remains"); for a run
+    that already compiles, where the eager remainder comes from instead."""
+    if compiles(ctx, window):
+        return (
+            "the run already uses `torch.compile`: what runs eagerly is what it leaves out, the code around a"
+            " graph break (see `compile_graph_breaks`) or under `torch.compiler.disable`; bringing it into the"
+            f" compiled region {effect}"
+        )
+    where = "before `trainer.fit(model)`" if ctx.stage == "train" else "before passing it to the Trainer"
+    return f"`model = torch.compile(model)` {where} {effect}"
 
 
 def finding(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import SEVERITIES, Finding, StageEpoch
-from lightning_perf.diagnose.rule_helpers import FP32_PRECISIONS, below, finding, on_cuda, stage_name
+from lightning_perf.diagnose.rule_helpers import FP32_PRECISIONS, below, compile_lever, finding, on_cuda, stage_name
 from lightning_perf.diagnose.rules_device import PRE_AMPERE_NAMES
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.units import count, flops, flops_rate, limit, percent
@@ -118,11 +118,10 @@ def _levers(ctx: StageEpoch) -> list[str]:
                 '`Trainer(precision="bf16-mixed")` runs matmuls and convolutions on the tensor cores, typically'
                 " 2-8x faster than fp32 (Ampere or newer)."
             )
-    levers.append(
-        "`model = torch.compile(model)` before "
-        + ("`trainer.fit(model)`" if training else "passing it to the Trainer")
-        + " fuses elementwise operations into fewer kernels and cuts the host's work per step."
+    lever = compile_lever(
+        ctx, None, "fuses elementwise operations into fewer kernels and cuts the host's work per step."
     )
+    levers.append(lever[0].upper() + lever[1:])
     batch = f" (now {count(facts.batch_size)})" if facts.batch_size else ""
     levers.append(
         f"A larger `batch_size`{batch} in the {stage_name(ctx.stage).lower()} DataLoader gives each kernel more"

@@ -12,6 +12,7 @@ from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
 from lightning_perf.diagnose.rule_helpers import (
     FP32_PRECISIONS,
     below,
+    compile_lever,
     cpus_per_process,
     finding,
     in_window,
@@ -198,9 +199,7 @@ def device_idle(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             "No other signal explains it: the host does not queue work fast enough. Open this window in"
             " TensorBoard's PyTorch Profiler tab (or HTA's idle-time breakdown) to see what the host runs during"
             " the gaps. A larger `batch_size` gives the GPU more work per launch (torch-tb-profiler's advice"
-            " below 50% utilization), and `model = torch.compile(model)` before"
-            + (" `trainer.fit`" if ctx.stage == "train" else " passing it to the Trainer")
-            + " cuts the host's work per step."
+            " below 50% utilization), and " + compile_lever(ctx, window, "cuts the host's work per step.")
         ]
     return finding(
         ctx,
@@ -248,10 +247,11 @@ def launch_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             f" (threshold < {limit(t.launch_device_busy)}) {in_window(window, len(ctx.windows))}"
         ]
         advice = [
-            "Fuse the small operations: `model = torch.compile(model)` before `trainer.fit(model)` merges"
-            ' elementwise chains into few kernels, and `torch.compile(model, mode="reduce-overhead")` replays'
-            " the step as a CUDA graph, one launch for all its kernels. A larger `batch_size` makes each kernel"
-            " longer for the same launch cost; replace Python loops over small tensors with batched tensor ops.",
+            "Fuse the small operations: "
+            + compile_lever(ctx, window, "merges elementwise chains into few kernels")
+            + ', and `torch.compile(model, mode="reduce-overhead")` replays the step as a CUDA graph, one launch'
+            " for all its kernels. A larger `batch_size` makes each kernel longer for the same launch cost;"
+            " replace Python loops over small tensors with batched tensor ops.",
         ]
         title = f"{stage} is launch-bound: median kernel {us(median)}, GPU busy {percent(busy)}"
         return finding(ctx, "launch_bound", "warning", title, evidence, advice, window)
@@ -279,8 +279,9 @@ def launch_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     advice = [
         "Vectorize: each eager operator pays microseconds of dispatch however small its tensor, so a Python"
         " loop of tiny tensor ops is all overhead. Express it as whole-tensor operations (batched matmuls,"
-        " `torch.stack` once instead of per element, indexing instead of loops); `model = torch.compile(model)`"
-        " before `trainer.fit` fuses what remains, and a larger `batch_size` does more work per operator.",
+        " `torch.stack` once instead of per element, indexing instead of loops); "
+        + compile_lever(ctx, window, "fuses what remains")
+        + ", and a larger `batch_size` does more work per operator.",
     ]
     title = f"{stage} spends {percent(tiny)} of each step in {count(ops)} tiny operators"
     return finding(ctx, "launch_bound", "warning", title, evidence, advice, window)

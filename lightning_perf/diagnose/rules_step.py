@@ -24,6 +24,7 @@ from lightning_perf.diagnose.rule_helpers import (
     step_method,
     strongest,
 )
+from lightning_perf.diagnose.rules_compile import compile_steps
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary, share
 from lightning_perf.units import count, limit, ms, percent, seconds, times
@@ -119,13 +120,15 @@ def validation_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 
     Notes:
         1. Only for a training epoch: the step time of the validation runs during it / (its own step time +
-           theirs).
+           theirs), both without their time compiling (``torch.compile``: a one-off cost).
         2. Fires, as a warning, at ``validation`` when validation also takes ``validation_min_time`` or more.
     """
     if ctx.stage != "train" or not ctx.validation:
         return None
-    val = sum(epoch_time(v) for v in ctx.validation)
-    train = epoch_time(ctx.epoch)
+    # Compiling (torch.compile) is a one-off cost of the first epochs, not what validating costs each epoch.
+    val = max(sum(epoch_time(v) for v in ctx.validation) - ctx.validation_compile, 0.0)
+    compiling = ctx.compile.seconds - ctx.compile.seconds_before if ctx.compile is not None else 0.0
+    train = max(epoch_time(ctx.epoch) - compiling, 0.0)
     total = train + val
     if total <= 0 or not reaches(val / total, t.validation) or not reaches(val, t.validation_min_time):
         return None
@@ -137,6 +140,7 @@ def validation_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f" ({seconds(val)} in {runs} run{'s' if runs > 1 else ''}"
         f" of {batches} batches, training {seconds(train)}) (warning >= {limit(t.validation)} and"
         f" >= {seconds(t.validation_min_time)} per epoch)"
+        + (" (time compiling left out)" if compiling or ctx.validation_compile else "")
     ]
     advice = [
         "Validate less or faster: `Trainer(limit_val_batches=0.25)` uses a quarter of the validation set,"
@@ -262,6 +266,14 @@ def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
     return every, on
 
 
+def _p50_p90(values: Sequence[float]) -> tuple[float, float]:
+    """The median and p90 of ``values`` (not empty), interpolated linearly between ranks as the epoch's own
+    percentiles are (:func:`lightning_perf.summarize.steps.percentile`, numpy's default)."""
+    if len(values) < 2:
+        return values[0], values[0]
+    return statistics.median(values), statistics.quantiles(values, n=10, method="inclusive")[-1]
+
+
 def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     """Step times vary a lot, or spike again and again.
 
@@ -270,26 +282,34 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            ``step_p90_p50`` and p90 - p50 reaches ``step_min_spread``.
         2. Spikes: steps at least ``step_spike_factor`` times the median step and ``step_min_spike`` above it
            (the first step left out); and their period, when most of them are regularly spaced (:func:`period`).
-        3. Fires, as a warning, on the spread or on ``step_spike_count`` spikes or more; advice follows the
+        3. Batches during which ``torch.compile`` compiled (``StageEpoch.compile.steps``) are left out of
+           both: the percentiles are taken over the other batches' step times, and compile steps that
+           would have been spikes are named as such in the evidence. A compiled run whose only slow steps
+           are its compiles is steady.
+        4. Fires, as a warning, on the spread or on ``step_spike_count`` spikes or more; advice follows the
            period (e.g. every 50 training batches: Lightning's default ``log_every_n_steps``), the stage and the
            device.
     """
     epoch = ctx.epoch
-    ratio = epoch.step_time_p90 / epoch.step_time_p50 if epoch.step_time_p50 > 0 else None
-    found, median = spikes(ctx.step_times, t.step_spike_factor, t.step_min_spike)
-    spread = (
-        ratio is not None
-        and reaches(ratio, t.step_p90_p50)
-        and reaches(epoch.step_time_p90 - epoch.step_time_p50, t.step_min_spread)
-    )
+    p50, p90 = epoch.step_time_p50, epoch.step_time_p90
+    step_times = ctx.step_times
+    compiled = compile_steps(ctx)
+    if compiled:
+        step_times = tuple(math.nan if i in compiled else s for i, s in enumerate(ctx.step_times))
+        if kept := [s for s in step_times if math.isfinite(s)]:
+            p50, p90 = _p50_p90(kept)
+    ratio = p90 / p50 if p50 > 0 else None
+    found, median = spikes(step_times, t.step_spike_factor, t.step_min_spike)
+    spread = ratio is not None and reaches(ratio, t.step_p90_p50) and reaches(p90 - p50, t.step_min_spread)
     spiky = len(found) >= t.step_spike_count
     if not (spread or spiky):
         return None
     evidence = []
     if ratio is not None:
         evidence.append(
-            f"p90 step {ms(epoch.step_time_p90)} is {times(ratio)} the median {ms(epoch.step_time_p50)}"
-            f" (warning >= {t.step_p90_p50:g}x and >= {ms(t.step_min_spread)} above it)"
+            f"p90 step {ms(p90)} is {times(ratio)} the median {ms(p50)}"
+            + (" (compile steps left out)" if compiled else "")
+            + f" (warning >= {t.step_p90_p50:g}x and >= {ms(t.step_min_spread)} above it)"
         )
     regular = period(found)
     every = regular[0] if regular else None
@@ -306,6 +326,16 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             f" {ms(median)} at batches {shown}{periodic} (warning >= {t.step_spike_count} spikes, each"
             f" >= {ms(t.step_min_spike)} above the median)"
         )
+    if slow_compiles := [
+        i
+        for i in sorted(compiled)
+        if i < len(ctx.step_times)
+        and median > 0
+        and reaches(ctx.step_times[i] / median, t.step_spike_factor)
+        and reaches(ctx.step_times[i] - median, t.step_min_spike)
+    ]:
+        shown = ", ".join(str(i) for i in slow_compiles[:8]) + (", ..." if len(slow_compiles) > 8 else "")
+        evidence.append(f"batch{'es' if len(slow_compiles) > 1 else ''} {shown} compiled (torch.compile): left out")
     if spiky and every:
         advice = [_periodic_advice(ctx, every)]
     elif spiky:

@@ -166,6 +166,29 @@ STEP_SPIKE_COUNT = 3
 STEP_MIN_SPREAD = 1e-3
 STEP_MIN_SPIKE = 1e-3
 
+# --- compile_graph_breaks -------------------------------------------------------------------------------
+# One graph break is enough to name: each splits the compiled code into pieces that run apart, with Python
+# between them and nothing fused across them, and the user rarely meant it (`torch._dynamo.explain` and
+# `fullgraph=True` treat any break as worth fixing). Dynamo reports a break once per compile that meets it,
+# so the count is found in the epochs that compile (usually the first), not once per batch.
+COMPILE_BREAKS = 1
+
+# --- compile_recompiles ---------------------------------------------------------------------------------
+# A normal compiled Lightning run recompiles each compiled function up to twice in a stage's epoch: once
+# when the last batch is smaller (automatic dynamic shapes then compile a graph for any size of that
+# dimension; seen with torch 2.13 and a DataLoader with drop_last=False) and once when it switches
+# between train and eval mode (a guard on `self.training`). Hence a warning from 3 recompiles of one
+# function in an epoch (our judgment); reaching `torch._dynamo.config.recompile_limit` (8 by default) is
+# critical whatever the count: the function then runs eager.
+COMPILE_RECOMPILES = 3
+
+# --- compile_time ---------------------------------------------------------------------------------------
+# Our judgment: compiling a tenth of the epoch or more is what makes a first epoch visibly slower than the
+# next (inductor takes seconds to minutes per graph); in the stage's first epoch that is info (a one-time
+# cost, won back later if the compiled steps are faster), in a later epoch a warning: a run that keeps
+# compiling loses a tenth of every epoch to it.
+COMPILE_TIME = 0.10
+
 # --- communication_bound --------------------------------------------------------------------------------
 # torch-tb-profiler recommends gradient compression or accumulation when communication takes more than 10%
 # of the step. We count only exposed communication (no compute kernel overlapping it), which is what the
@@ -279,6 +302,11 @@ class Thresholds:
         step_min_spread: ``step_time_unstable``: the spread fires only when p90 - p50 reaches this (seconds).
         step_min_spike: ``step_time_unstable``: a spike counts only when it exceeds the median by this
             (seconds).
+        compile_breaks: ``compile_graph_breaks``: graph breaks found while compiling in the epoch.
+        compile_recompiles: ``compile_recompiles``: recompiles of one compiled function in the epoch (the
+            recompile limit reached is critical whatever the count).
+        compile_time: ``compile_time``: compile seconds / the epoch's wall time (info in the stage's first
+            epoch, warning after it).
         communication: ``communication_bound``: exposed communication time / step time.
         communication_min_time: ``communication_bound``: and that time reaches this per step (seconds).
         rank_straggler: ``rank_straggler``: slowest rank's own work per step / median over ranks.
@@ -332,6 +360,9 @@ class Thresholds:
     step_spike_count: int = declared(COUNT, STEP_SPIKE_COUNT)
     step_min_spread: float = declared(SECONDS, STEP_MIN_SPREAD)
     step_min_spike: float = declared(SECONDS, STEP_MIN_SPIKE)
+    compile_breaks: int = declared(COUNT, COMPILE_BREAKS)
+    compile_recompiles: int = declared(COUNT, COMPILE_RECOMPILES)
+    compile_time: float = declared(FRACTION, COMPILE_TIME)
     communication: float = declared(FRACTION, COMMUNICATION)
     communication_min_time: float = declared(SECONDS, COMMUNICATION_MIN_TIME)
     rank_straggler: float = declared(RATIO, RANK_STRAGGLER)

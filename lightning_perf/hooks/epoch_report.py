@@ -33,10 +33,11 @@ from lightning_perf.config import STAGES, PerfConfig
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnosis_context import epoch_context, run_facts
+from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.flop_count import FlopCounting
 from lightning_perf.hooks.window_control import StagePosition
-from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
+from lightning_perf.records import CompileStats, EpochSummary, RankSummary, TraceSummary, WindowRecord
 from lightning_perf.report.charts import step_split_caption, step_split_image
 from lightning_perf.report.findings import ShownFindings, console_report, findings_markdown, ranks_markdown
 from lightning_perf.report.json_report import ReportFile, report_dict
@@ -120,12 +121,15 @@ class EpochReporter:
         self.findings: list[Finding] = []
         self.findings_by_epoch: dict[tuple[str, int], list[Finding]] = {}
         self.ranks: dict[tuple[str, int], tuple[RankSummary, ...]] = {}
+        #: What torch.compile did, by stage epoch (none for a run that compiles nothing).
+        self.compile_stats: dict[tuple[str, int], CompileStats] = {}
         self._batch_size = batch_size
         self._policy = policy
         self._shown = ShownFindings()
         self._validation_in_train_epoch: list[EpochSummary] = []
         self._report: ReportFile | None = None  # on rank zero, from the first write on
         self.flops = FlopCounting()  # the training batches' FLOP counts
+        self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
 
     def report(self) -> dict[str, Any]:
         """Everything measured so far, as written to ``perf_report.json``."""
@@ -136,6 +140,7 @@ class EpochReporter:
             windows=self.windows,
             findings=self.findings_by_epoch,
             ranks=self.ranks,
+            compile=self.compile_stats,
         )
 
     def add_window(self, record: WindowRecord) -> None:
@@ -156,6 +161,7 @@ class EpochReporter:
         """A stage epoch starts: its memory peaks, its DataLoader's settings (once), its CPU use. ``waited``:
         what Lightning's loop spent starting the DataLoader before the hook."""
         st = self.stages[stage]
+        self.compile.epoch_start()
         st.host_rss_peak = host_rss()
         if self.cuda_peaks is not None:
             self.cuda_peaks.start(stage)
@@ -230,6 +236,9 @@ class EpochReporter:
             summary = dataclasses.replace(summary, **dataclasses.asdict(flops))
         if interrupted:
             summary = dataclasses.replace(summary, interrupted=True)
+        compiled = self.compile.take(stage)
+        if compiled is not None:
+            self.compile_stats[(stage, epoch)] = compiled
         self.epochs.append(summary)
         return summary
 
@@ -276,6 +285,7 @@ class EpochReporter:
         epoch had a profiler window), the findings' and ranks' texts, the console, the report file."""
         stage = summary.stage
         st = self.stages[stage]
+        compiled = self.compile_stats.get((stage, summary.epoch))
         if ranks:
             self.ranks[(stage, summary.epoch)] = ranks
         findings = self._diagnose(summary, trainer, ranks) if trainer.is_global_zero else []
@@ -296,7 +306,9 @@ class EpochReporter:
                 clock = st.clock
                 self.outputs.add_image(tag, step_split_image(clock.data_wait, clock.compute), step)
                 self.outputs.add_text(tag + "_caption", step_split_caption(clock.data_wait, clock.compute), step)
-            self.outputs.add_text(FINDINGS_TAG.format(stage=stage), findings_markdown(summary, findings), step)
+            self.outputs.add_text(
+                FINDINGS_TAG.format(stage=stage), findings_markdown(summary, findings, compile=compiled), step
+            )
             if ranks:
                 self.outputs.add_text(RANKS_TAG.format(stage=stage), ranks_markdown(summary, ranks), step)
         if trainer.is_global_zero:
@@ -308,6 +320,7 @@ class EpochReporter:
                 verbose=self.config.verbose,
                 ranks=ranks if fresh or first else (),
                 unchanged=unchanged,
+                compile=compiled,
             )
             if message:
                 rank_zero_info(message)
@@ -366,6 +379,12 @@ class EpochReporter:
             compute=st.clock.compute,
             profiled=st.clock.profiled,
             ranks=ranks,
+            compile=self.compile_stats.get((stage, summary.epoch)),
+            validation_compile=sum(
+                c.seconds - c.seconds_before
+                for v in validation
+                if (c := self.compile_stats.get(("validate", v.epoch))) is not None
+            ),
         )
         findings = diagnose(context, self.config.thresholds, on_error=self._policy.rule_failed)
         self.findings_by_epoch[(stage, summary.epoch)] = findings

@@ -75,7 +75,7 @@ def load_state_dict(
             st.history.clear()
             st.history.extend(from_values(EpochSummary, e) for e in saved.get("history", []))
     reporter.windows = [from_values(WindowRecord, w) for w in state.get("windows", [])]
-    reporter.epochs, reporter.findings_by_epoch, reporter.ranks = [], {}, {}
+    reporter.epochs, reporter.findings_by_epoch, reporter.ranks, reporter.compile_stats = [], {}, {}, {}
     if "epochs" in state:  # version 1
         reporter.epochs = [from_values(EpochSummary, e) for e in state["epochs"]]
         for f in state.get("findings", []):
@@ -93,7 +93,8 @@ def load_state_dict(
 
 
 def _load_earlier_report(path: str | None, reporter: EpochReporter, warn: Callable[[str, str], None]) -> bool:
-    """Takes the epochs, findings and per-rank tables back from an earlier run's report; whether it could."""
+    """Takes the epochs, findings, per-rank tables and compile numbers back from an earlier run's report;
+    whether it could."""
     if not path or not os.path.isfile(path):
         return False
     try:
@@ -101,10 +102,13 @@ def _load_earlier_report(path: str | None, reporter: EpochReporter, warn: Callab
     except InputError as err:
         warn("earlier_report", f"PerfCallback: the report to resume from is unreadable ({err}).")
         return False
-    for summary, findings, ranks in epochs:
+    for epoch in epochs:
+        summary = epoch.summary
         reporter.epochs.append(summary)
-        if findings:
-            reporter.findings_by_epoch[(summary.stage, summary.epoch)] = findings
-        if ranks:
-            reporter.ranks[(summary.stage, summary.epoch)] = tuple(ranks)
+        if epoch.findings:
+            reporter.findings_by_epoch[(summary.stage, summary.epoch)] = list(epoch.findings)
+        if epoch.ranks:
+            reporter.ranks[(summary.stage, summary.epoch)] = epoch.ranks
+        if epoch.compile is not None:
+            reporter.compile_stats[(summary.stage, summary.epoch)] = epoch.compile
     return True

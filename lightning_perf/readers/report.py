@@ -16,7 +16,15 @@ from typing import Any
 from lightning_perf.diagnose.model import SEVERITIES, Finding, RunFacts
 from lightning_perf.layout import REPORT_SCHEMA_VERSION as SCHEMA_VERSION
 from lightning_perf.readers.files import KINDS, InputError, Invalid, at, check, missing, must, read_json
-from lightning_perf.records import EpochSummary, RankSummary, TraceSummary, WindowRecord
+from lightning_perf.records import (
+    CompileStats,
+    EpochSummary,
+    GraphBreak,
+    RankSummary,
+    Recompile,
+    TraceSummary,
+    WindowRecord,
+)
 from lightning_perf.validation import is_int as _is_int
 from lightning_perf.validation import shown as _shown
 
@@ -71,6 +79,10 @@ WINDOW_FIELDS = _fields_of(WindowRecord, skip=("operators", "summary"))  # as th
 TRACE_SUMMARY_FIELDS = _fields_of(TraceSummary)
 RUN_FIELDS = _fields_of(RunFacts, skip=DATALOADER_FACTS)
 DATALOADER_FIELDS = tuple(f for f in _fields_of(RunFacts) if f.name in DATALOADER_FACTS)
+COMPILE_LISTS = ("break_sites", "recompile_guards", "steps")  # CompileStats' tuples, checked item by item
+COMPILE_FIELDS = _fields_of(CompileStats, skip=COMPILE_LISTS)
+GRAPH_BREAK_FIELDS = _fields_of(GraphBreak)
+RECOMPILE_FIELDS = _fields_of(Recompile)
 
 
 def _check_record(record: Any, fields: Iterable[_Field], where: str, *, fill: bool = True) -> dict[str, Any]:
@@ -116,7 +128,10 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
            (an integer is a number too), ``| None``: or null), its ``stage`` is the stage it is listed
            under, and its ``findings`` and ``ranks`` are arrays of
            :class:`~lightning_perf.diagnose.model.Finding` and :class:`~lightning_perf.records.RankSummary`
-           objects (a finding's ``severity`` one of ``info``, ``warning``, ``critical``).
+           objects (a finding's ``severity`` one of ``info``, ``warning``, ``critical``). Its ``compile``, where
+           present, is a :class:`~lightning_perf.records.CompileStats` object: its ``break_sites`` and
+           ``recompile_guards`` arrays of :class:`~lightning_perf.records.GraphBreak` and
+           :class:`~lightning_perf.records.Recompile` objects, its ``steps`` an array of integers.
         4. ``windows`` is an array of :class:`~lightning_perf.records.WindowRecord` objects (less their
            operators), each ``summary`` null or a :class:`~lightning_perf.records.TraceSummary` object.
         5. Numbers are finite. Keys the schema does not name are allowed (a newer writer's additions).
@@ -206,3 +221,15 @@ def _check_epoch(epoch: Any, stage: str, where: str) -> None:
             raise must(at(place, "severity"), "one of " + ", ".join(map(repr, SEVERITIES)), finding["severity"])
     for i, rank in enumerate(_list(epoch, "ranks", where, default=[])):
         _check_record(rank, RANK_FIELDS, at(at(where, "ranks"), i))
+    if "compile" in epoch:  # absent: the run compiled nothing, or its writer predates compile stats
+        _check_compile(epoch["compile"], at(where, "compile"))
+
+
+def _check_compile(stats: Any, where: str) -> None:
+    _check_record(stats, COMPILE_FIELDS, where)
+    for i, site in enumerate(_list(stats, "break_sites", where, default=[])):
+        _check_record(site, GRAPH_BREAK_FIELDS, at(at(where, "break_sites"), i))
+    for i, guard in enumerate(_list(stats, "recompile_guards", where, default=[])):
+        _check_record(guard, RECOMPILE_FIELDS, at(at(where, "recompile_guards"), i))
+    for i, step in enumerate(_list(stats, "steps", where, default=[])):
+        check(at(at(where, "steps"), i), step, ("int",))

@@ -3,8 +3,9 @@ Findings, formatted
 ===================
 
 An epoch's findings as a compact console table (printed by the callback at an epoch's end and by the
-command line, :func:`finding_lines`) and as a markdown block for TensorBoard. Formatting only: what is a
-finding, and how bad, the rules decide.
+command line, :func:`finding_lines`) and as a markdown block for TensorBoard, under the epoch's headline and,
+where ``torch.compile`` compiled something in it, its compile line (:func:`compile_line`). Formatting only:
+what is a finding, and how bad, the rules decide.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import re
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import SEVERITIES, Finding
-from lightning_perf.records import EpochSummary, RankSummary
-from lightning_perf.units import count, flops_rate, mib, ms, percent
+from lightning_perf.records import CompileStats, EpochSummary, RankSummary
+from lightning_perf.units import count, duration, flops_rate, mib, ms, percent
 
 CLEAN = "no bottleneck found"
 _SHOWN = {0: (), 1: ("warning", "critical"), 2: ("info", "warning", "critical")}
@@ -101,6 +102,23 @@ def headline(summary: EpochSummary) -> str:
     return ", ".join(parts)
 
 
+def compile_line(stats: CompileStats | None) -> str | None:
+    """What ``torch.compile`` did in an epoch, on one line: ``"compile: 4 graphs, 1 graph break, 2 recompiles,
+    3.10 s compiling"`` (and ``", recompile limit reached"``); ``None`` without stats, or for an epoch of a
+    compiled run in which nothing compiled (every epoch after the first, in a run whose shapes settle)."""
+    if stats is None or not (stats.graphs or stats.breaks or stats.recompiles or stats.seconds or stats.limit_reached):
+        return None
+    line = (
+        f"compile: {_counted(stats.graphs, 'graph')}, {_counted(stats.breaks, 'graph break')},"
+        f" {_counted(stats.recompiles, 'recompile')}, {duration(stats.seconds)} compiling"
+    )
+    return line + (", recompile limit reached" if stats.limit_reached else "")
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{count(n)} {noun}{'' if n == 1 else 's'}"
+
+
 def console_report(
     summary: EpochSummary,
     findings: Sequence[Finding],
@@ -108,10 +126,12 @@ def console_report(
     verbose: int,
     ranks: Sequence[RankSummary] = (),
     unchanged: Sequence[Finding] = (),
+    compile: CompileStats | None = None,
 ) -> str | None:
     """What the console shows at an epoch's end: ``None`` at ``verbose=0``.
 
-    ``verbose=1``: the headline, the per-rank table of a distributed run and, per warning or critical
+    ``verbose=1``: the headline, the :func:`compile_line` of an epoch in which ``torch.compile`` compiled
+    something (``compile``: its stats), the per-rank table of a distributed run and, per warning or critical
     finding, its title, window and advice; a clean single-process epoch is one line. ``verbose=2``: info
     findings too, and each finding's evidence. ``unchanged`` findings (shown at an earlier epoch, see
     :class:`ShownFindings`) are only named on the headline.
@@ -126,9 +146,11 @@ def console_report(
         head += f" | unchanged: {', '.join(still)}"
     elif not shown:
         head += f" | {CLEAN}"
-    if not shown and not ranks:
+    compiled = compile_line(compile)
+    if not shown and not ranks and compiled is None:
         return head
     lines = [head]
+    lines += [] if compiled is None else ["  " + compiled]
     lines += ["  " + line for line in ranks_table(ranks)]
     lines += ["  " + line for line in finding_lines(shown, verbose=verbose)]
     return "\n".join(lines)
@@ -217,9 +239,16 @@ def ranks_markdown(summary: EpochSummary, ranks: Sequence[RankSummary]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def findings_markdown(summary: EpochSummary, findings: Sequence[Finding]) -> str:
-    """An epoch's findings as a markdown block for TensorBoard's text dashboard (all severities)."""
+def findings_markdown(
+    summary: EpochSummary, findings: Sequence[Finding], *, compile: CompileStats | None = None
+) -> str:
+    """An epoch's findings as a markdown block for TensorBoard's text dashboard (all severities), under its
+    headline and, where ``torch.compile`` compiled something in it (``compile``: its stats), its
+    :func:`compile_line`."""
     lines = [f"**{summary.stage} epoch {summary.epoch}**: {headline(summary)}", ""]
+    compiled = compile_line(compile)
+    if compiled is not None:
+        lines += [compiled, ""]
     if not findings:
         lines.append("No bottleneck found.")
         return "\n".join(lines) + "\n"

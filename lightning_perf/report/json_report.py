@@ -16,13 +16,23 @@ end of each ``fit``/``validate``/``test``/``predict`` and on an interruption. It
               peak_flops,
               flops: {by_module: [[<module>, <FLOPs>], ...], counted: [{flops, samples, shape}, ...]}},
       "stages": {<stage>: {"epochs": [{<EpochSummary fields>, "findings": [<Finding fields>, ...],
-                                       "ranks": [<RankSummary fields>, ...]}, ...]}},
+                                       "ranks": [<RankSummary fields>, ...],
+                                       "compile": {<CompileStats fields>,
+                                                   "break_sites": [{reason, location, count}, ...],
+                                                   "recompile_guards": [{function, guard, count}, ...],
+                                                   "steps": [<batch>, ...]}}, ...]}},
       "windows": [{<WindowRecord fields but operators>, "summary": {<TraceSummary fields>}}, ...]
     }
 
 Times are in seconds, memory in bytes, work in FLOPs (rates in FLOP/s, ``peak_flops`` per device); ``null``
 where a value could not be measured. ``run.flops`` is absent when no batch's FLOPs were counted: ``counted``
 holds each batch shape counted, ``by_module`` the largest modules of the first one.
+
+An epoch's ``compile`` (:class:`~lightning_perf.records.CompileStats`: ``graphs``, ``breaks``, ``recompiles``,
+``limit_reached``, ``seconds``, ``seconds_before``, ``limit_function``, and the graph breaks by reason and
+place, the recompiles by function and failed guard, the batches that compiled) is what ``torch.compile`` did
+during it; the key is absent from every epoch of a run that compiled nothing (and from reports written before
+it was measured).
 """
 
 from __future__ import annotations
@@ -35,7 +45,16 @@ from typing import Any, TypeGuard
 
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.layout import REPORT_SCHEMA_VERSION, write_atomically
-from lightning_perf.records import EpochSummary, RankSummary, WindowRecord, from_values, plain
+from lightning_perf.records import (
+    CompileStats,
+    EpochSummary,
+    GraphBreak,
+    RankSummary,
+    Recompile,
+    WindowRecord,
+    from_values,
+    plain,
+)
 
 SCHEMA_VERSION = REPORT_SCHEMA_VERSION
 REPORT_FILENAME = "perf_report.json"
@@ -56,15 +75,21 @@ def report_dict(
     windows: Iterable[WindowRecord],
     findings: Mapping[tuple[str, int], Sequence[Finding]] | None = None,
     ranks: Mapping[tuple[str, int], Sequence[RankSummary]] | None = None,
+    compile: Mapping[tuple[str, int], CompileStats] | None = None,
 ) -> dict[str, Any]:
-    """The report as plain JSON-ready data; ``findings`` and ``ranks`` (the per-rank table of a distributed
-    run) by ``(stage, epoch)``."""
-    findings, ranks = findings or {}, ranks or {}
+    """The report as plain JSON-ready data; ``findings``, ``ranks`` (the per-rank table of a distributed run)
+    and ``compile`` (what ``torch.compile`` did) by ``(stage, epoch)``. An epoch without compile stats gets
+    no ``compile`` key."""
+    findings, ranks, compile = findings or {}, ranks or {}, compile or {}
     stages: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for summary in epochs:
+        key = (summary.stage, summary.epoch)
         entry = plain(summary)
-        entry["findings"] = [plain(f) for f in findings.get((summary.stage, summary.epoch), ())]
-        entry["ranks"] = [plain(r) for r in ranks.get((summary.stage, summary.epoch), ())]
+        entry["findings"] = [plain(f) for f in findings.get(key, ())]
+        entry["ranks"] = [plain(r) for r in ranks.get(key, ())]
+        stats = compile.get(key)
+        if stats is not None:
+            entry["compile"] = compile_dict(stats)
         stages.setdefault(summary.stage, {"epochs": []})["epochs"].append(entry)
     return {
         "version": SCHEMA_VERSION,
@@ -75,14 +100,55 @@ def report_dict(
     }
 
 
-def report_epochs(report: Mapping[str, Any]) -> list[tuple[EpochSummary, list[Finding], list[RankSummary]]]:
+def compile_dict(stats: CompileStats) -> dict[str, Any]:
+    """An epoch's compile stats as plain data, as the report's ``compile`` holds them."""
+    entry = plain(stats)
+    entry["break_sites"] = [plain(b) for b in stats.break_sites]
+    entry["recompile_guards"] = [plain(r) for r in stats.recompile_guards]
+    entry["steps"] = list(stats.steps)
+    return entry
+
+
+def compile_record(values: Mapping[str, Any]) -> CompileStats:
+    """:class:`~lightning_perf.records.CompileStats` from a report's ``compile`` (as ``readers.load_report``
+    checked it): the inverse of :func:`compile_dict`."""
+    return from_values(
+        CompileStats,
+        {
+            **values,
+            "break_sites": tuple(from_values(GraphBreak, b) for b in values.get("break_sites", ())),
+            "recompile_guards": tuple(from_values(Recompile, r) for r in values.get("recompile_guards", ())),
+            "steps": tuple(values.get("steps", ())),
+        },
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportEpoch:
+    """One stage epoch of a report, as records.
+
+    Attributes:
+        summary: Its summary.
+        findings: Its findings.
+        ranks: Its per-rank table (a distributed run).
+        compile: What ``torch.compile`` did during it; ``None`` where the run compiled nothing.
+    """
+
+    summary: EpochSummary
+    findings: tuple[Finding, ...] = ()
+    ranks: tuple[RankSummary, ...] = ()
+    compile: CompileStats | None = None
+
+
+def report_epochs(report: Mapping[str, Any]) -> list[ReportEpoch]:
     """The epochs of a report (as :func:`report_dict` writes it, checked by ``readers.load_report``), each with
-    its findings and per-rank table: the inverse of :func:`report_dict`'s ``stages``."""
+    its findings, per-rank table and compile stats: the inverse of :func:`report_dict`'s ``stages``."""
     return [
-        (
-            from_values(EpochSummary, entry),
-            [from_values(Finding, f) for f in entry.get("findings", [])],
-            [from_values(RankSummary, r) for r in entry.get("ranks", [])],
+        ReportEpoch(
+            summary=from_values(EpochSummary, entry),
+            findings=tuple(from_values(Finding, f) for f in entry.get("findings", [])),
+            ranks=tuple(from_values(RankSummary, r) for r in entry.get("ranks", [])),
+            compile=compile_record(entry["compile"]) if entry.get("compile") is not None else None,
         )
         for stage in report.get("stages", {}).values()
         for entry in stage.get("epochs", [])

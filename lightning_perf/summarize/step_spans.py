@@ -4,8 +4,9 @@ Step spans
 
 What the step summary (:mod:`lightning_perf.summarize.step_summary`) reads of a trace's host spans, sorted
 out by kind in one pass over the event index (:class:`Scan`: the ``ProfilerStep#N`` spans, DataLoader,
-optimizer, backward, synchronization and collective spans, device activity by start), and the steps' time
-ranges, which turn what happened in them into means per step (:class:`Steps`).
+optimizer, backward, synchronization and collective spans, ``torch.compile``'d code's calls and the guard
+checks before them, device activity by start), and the steps' time ranges, which turn what happened in them
+into means per step (:class:`Steps`).
 
 This module imports neither torch nor lightning.
 """
@@ -40,10 +41,18 @@ SYNC_NAMES = frozenset(
 # worker threads for gloo) and c10d's dispatch and parameter-recording wrappers around them.
 HOST_COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "c10d::")
 HOST_COLLECTIVE_NAMES = frozenset({"record_param_comms"})
+# Compiled code (torch.compile), as torch 2.x's profiler records it on the host: each call of a compiled frame
+# is a ``Torch-Compiled Region: F/N`` span (frame F, its N-th compiled version) holding the AOTAutograd
+# ``CompiledFunction`` of its forward; the backward is a ``CompiledFunctionBackward`` node (on the autograd
+# thread, inside its ``autograd::engine::evaluate_function: ...``). Before each call, dynamo checks the
+# cached versions' guards in a ``TorchDynamo Cache Lookup`` span.
+COMPILED_REGION_PREFIX = "Torch-Compiled Region"
+COMPILED_FUNCTION_NAMES = frozenset({"CompiledFunction", "CompiledFunctionBackward"})
+GUARD_CHECK_NAME = "TorchDynamo Cache Lookup"
 US = 1e-6  # trace times are microseconds; summaries are seconds
 
 # Flags of a host span's name, worked out once per name (a trace has 10^5 spans of a few hundred names).
-_DATALOADER, _OPTIMIZER, _BACKWARD, _SYNC, _COLLECTIVE = 2, 4, 8, 16, 32
+_DATALOADER, _OPTIMIZER, _BACKWARD, _SYNC, _COLLECTIVE, _COMPILED, _GUARD = 2, 4, 8, 16, 32, 64, 128
 _NOT_OPS = _DATALOADER | _OPTIMIZER  # annotations by name, whatever their category (the rewrite makes them cpu_ops)
 
 
@@ -55,6 +64,10 @@ def _name_flags(name: str) -> int:
         flags |= _OPTIMIZER
     elif name.startswith(BACKWARD_PREFIX):
         flags |= _BACKWARD
+    elif name.startswith(COMPILED_REGION_PREFIX) or name in COMPILED_FUNCTION_NAMES:
+        flags |= _COMPILED
+    elif name == GUARD_CHECK_NAME:
+        flags |= _GUARD
     if name in SYNC_NAMES:
         flags |= _SYNC
     elif name.startswith(HOST_COLLECTIVE_PREFIXES) or name in HOST_COLLECTIVE_NAMES:
@@ -73,6 +86,8 @@ class Scan:
     backward: list[Interval] = field(default_factory=list)
     syncs: dict[Thread, list[Interval]] = field(default_factory=lambda: defaultdict(list))
     collectives: list[Interval] = field(default_factory=list)
+    compiled: list[Interval] = field(default_factory=list)  # compiled code's calls, forward and backward
+    guards: list[Interval] = field(default_factory=list)  # dynamo's guard checks
     not_ops: set[str] = field(default_factory=set)  # names of host spans that are no operators, any category
     device: list[Complete] = field(default_factory=list)  # kernels, copies, memsets, sorted by start
     device_id: Any = None
@@ -96,6 +111,10 @@ class Scan:
                     scan.optimizer.append((*span, e.name, thread))
                 elif f & _BACKWARD and e.cat == "cpu_op":
                     scan.backward.append(span)
+                elif f & _COMPILED:
+                    scan.compiled.append(span)
+                elif f & _GUARD:
+                    scan.guards.append(span)
                 if f & _SYNC:
                     scan.syncs[thread].append(span)
                 elif f & _COLLECTIVE:

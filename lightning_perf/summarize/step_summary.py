@@ -3,7 +3,7 @@ Step summary
 ============
 
 What a window's steps look like in its Kineto trace (data loading, optimizer, host framework overhead, device
-busy time, copies, synchronizations, communication), as means per ``ProfilerStep#N`` span: the
+busy time, copies, synchronizations, communication, compiled code), as means per ``ProfilerStep#N`` span: the
 :class:`~lightning_perf.records.TraceSummary` the trace-level diagnosis rules read (:func:`summarize_trace`).
 
 It takes typed events (:mod:`lightning_perf.summarize.events`, what :func:`lightning_perf.readers.load_trace`
@@ -58,8 +58,8 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
         1. The complete (``ph == "X"``) events are sorted out once
            (:class:`~lightning_perf.summarize.index.TraceIndex`): host spans (``cpu_op``, ``user_annotation``,
            runtime calls) per thread, as numpy columns, and by name the step, DataLoader, optimizer, backward,
-           synchronization and collective spans; kernels, copies and memsets. Flow events,
-           ``python_function`` and ``gpu_user_annotation`` are skipped.
+           synchronization, collective, compiled-code and guard-check spans; kernels, copies and memsets. Flow
+           events, ``python_function`` and ``gpu_user_annotation`` are skipped.
         2. The main thread holds the ``ProfilerStep#N`` spans; the steps' time ranges ``S`` are their union.
            A trace without them counts as one step over its whole time range (``steps == 1``), and its main
            thread is the one holding an optimizer span, else the one with most host spans.
@@ -87,6 +87,10 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
            counts once) less device busy time.
         8. Communication: NCCL kernels, exposed where no other kernel runs; without them, host collective
            spans on any thread (gloo runs its collectives on worker threads), all exposed.
+        9. Compiled code (``torch.compile``): ``compiled_time`` is the union of the ``Torch-Compiled Region``,
+           ``CompiledFunction`` and ``CompiledFunctionBackward`` spans on any thread (the forward's
+           ``CompiledFunction`` lies inside its region and counts once), ``guard_time`` that of the
+           ``TorchDynamo Cache Lookup`` spans; each ``None`` when the trace holds no such span.
     """
     trace = as_trace(trace)
     scan = Scan.of(TraceIndex.of(trace))
@@ -130,7 +134,14 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
         tiny_ops_per_step=steps.per_step(tiny_ops),
         **_device_and_communication(scan, steps),
         **device_properties(trace, scan.device_id),
+        compiled_time=_time_if_any(scan.compiled, steps),
+        guard_time=_time_if_any(scan.guards, steps),
     )
+
+
+def _time_if_any(spans: list[Interval], steps: Steps) -> float | None:
+    """Seconds per step of the union of ``spans`` within the steps; ``None`` when there are none at all."""
+    return steps.time(union(spans)) if spans else None
 
 
 def _optimizer_update_parts(scan: Scan, steps: Steps) -> list[Interval]:

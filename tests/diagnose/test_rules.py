@@ -13,10 +13,10 @@ from lightning_perf.diagnose import rules_device
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import RULE_IDS, RULES, diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
-from lightning_perf.records import EpochSummary, TraceSummary
+from lightning_perf.records import EpochSummary, GraphBreak, Recompile, TraceSummary
 from lightning_perf.summarize import step_summary
 from purity import heavy_modules_loaded_by
-from summaries import CPU, FP32_GPU, GPU, W1, W2, epoch, gpu_epoch, window
+from summaries import CPU, FP32_GPU, GPU, W1, W2, compile_stats, epoch, gpu_epoch, window
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MiB, GiB = 2**20, 2**30
@@ -328,6 +328,24 @@ TRAINING_ONLY = (
 TRAINING_RULES = {"optimizer_heavy", "validation_heavy", "rank_straggler"}  # judged in training epochs only
 STAGES = ("train", "validate", "test", "predict")
 
+# Dynamo's graph-break reasons and failed guards, one per class of advice (torch 2.13's texts).
+COMPILE_BREAK_REASONS = (
+    "Unsupported Tensor.item() call with capture_scalar_outputs=False",
+    "logging.Logger method not supported for non-export cases",
+    "Data-dependent branching",
+    "Dynamic shape operator",
+    "Failed to trace builtin operator",
+    "Skip calling `torch.compiler.disable()`d function",
+    "Call to `torch._dynamo.graph_break()`",
+)
+COMPILE_GUARDS = (
+    "0/0: n == 1",
+    "0/0: tensor 'x' size mismatch at index 0. expected 4, actual 2",
+    "0/0: L['self'].training == True",
+    "tensor 'x' dtype mismatch. expected Float, actual Half",
+    "0/0: ___check_obj_id(L['cfg'], 140234)",
+)
+
 # Per rule and device, contexts that fire it in training, one per branch of its advice.
 ADVICE_CASES = {
     "dataloader_bound": {
@@ -391,6 +409,31 @@ ADVICE_CASES = {
         for device, run_facts in (("cpu", CPU), ("cuda", GPU))
     },
     "cpu_threads": {"cpu": [ctx(facts=NO_WORKERS_ONE_THREAD), ctx(facts=facts(torch_threads=1, num_workers=2))]},
+    "compile_graph_breaks": {
+        device: [
+            ctx(facts=run_facts, compile=compile_stats(breaks=1, break_sites=(GraphBreak(reason, "/tmp/m.py:9", 1),)))
+            for reason in (*COMPILE_BREAK_REASONS, "")
+        ]
+        for device, run_facts in (("cpu", CPU), ("cuda", GPU))
+    },
+    "compile_recompiles": {
+        device: [
+            ctx(
+                facts=run_facts,
+                compile=compile_stats(recompiles=8, recompile_guards=(Recompile("g (m.py:3)", guard, 8),)),
+            )
+            for guard in (*COMPILE_GUARDS, "new")
+        ]
+        + [ctx(facts=run_facts, compile=compile_stats(recompiles=1, limit_reached=True))]
+        for device, run_facts in (("cpu", CPU), ("cuda", GPU))
+    },
+    "compile_time": {
+        device: [
+            ctx(facts=run_facts, compile=compile_stats(seconds=0.5)),
+            ctx(facts=run_facts, compile=compile_stats(seconds=0.5, recompiles=2), history=(epoch(),)),
+        ]
+        for device, run_facts in (("cpu", CPU), ("cuda", GPU))
+    },
 }
 ADVICE = [
     pytest.param(rule_id, device, i, stage, id=f"{rule_id}-{device}-{i}-{stage}")
@@ -423,7 +466,8 @@ def test_catalogue_ids_and_order_are_fixed():
     assert list(RULES) == [
         "dataloader_bound", "host_sync", "device_idle", "launch_bound", "h2d_copy", "precision",
         "memory_pressure", "memory_growth", "optimizer_heavy", "validation_heavy", "framework_overhead",
-        "step_time_unstable", "communication_bound", "rank_straggler", "cpu_threads",
+        "step_time_unstable", "compile_graph_breaks", "compile_recompiles", "compile_time", "communication_bound",
+        "rank_straggler", "cpu_threads",
     ]  # fmt: skip
 
 

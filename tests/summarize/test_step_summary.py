@@ -5,6 +5,7 @@ import ast
 import copy
 import dataclasses
 import itertools
+import json
 import pathlib
 import time
 
@@ -241,6 +242,57 @@ def test_host_collectives_count_without_nccl_kernels():
     assert s.communication_time == _approx(30 * US)
     assert s.communication_exposed_time == _approx(30 * US)
     assert s.device_busy is None and s.syncs_per_step is None
+
+
+COMPILED_STEPS = [
+    # torch.compile's spans as torch 2.x records them: dynamo's guard checks, then the compiled frame's region
+    # holding its forward's CompiledFunction; the backward's CompiledFunctionBackward on the autograd thread.
+    # Step 0, [0, 1000): guards 50 us; region 300 us (its CompiledFunction inside counts once); backward 200 us.
+    _span("ProfilerStep#0", 0, 1000),
+    _op("TorchDynamo Cache Lookup", 10, 50),
+    _op("Torch-Compiled Region: 0/0", 70, 300),
+    _op("Pregraph bytecode", 75, 5),
+    _op("CompiledFunction", 100, 250),
+    _op("aten::addmm", 110, 20),
+    _op("autograd::engine::evaluate_function: CompiledFunctionBackward", 400, 210, tid=2),
+    _op("CompiledFunctionBackward", 405, 200, tid=2),
+    _op("aten::mm", 420, 30, tid=2),
+    # Step 1, [1000, 2000): guards 30 us; a region [1050, 1250) overlapped by the backward [1200, 1400) on
+    # the other thread: 350 us; after a graph break, a second frame's region runs past the step's end: 100 us.
+    _span("ProfilerStep#1", 1000, 1000),
+    _op("TorchDynamo Cache Lookup", 1010, 30),
+    _op("Torch-Compiled Region: 0/0", 1050, 200),
+    _op("CompiledFunction", 1060, 180),
+    _op("CompiledFunctionBackward", 1200, 200, tid=2),
+    _op("Torch-Compiled Region: 1/0", 1900, 200),
+    # Outside the steps: not counted.
+    _op("TorchDynamo Cache Lookup", 2450, 40),
+    _op("Torch-Compiled Region: 0/0", 2500, 100),
+]
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["torch-categories", "tensorboard-categories"])
+def test_compiled_code_and_guard_checks_of_the_steps(rewrite):
+    s = _summary(*copy.deepcopy(COMPILED_STEPS), rewrite=rewrite)
+    assert s.steps == 2
+    assert s.compiled_time == _approx((300 + 200 + 350 + 100) / 2 * US)
+    assert s.guard_time == _approx((50 + 30) / 2 * US)
+    # Compiled code is operators' time, not the framework's; the operators inside it are no tiny top-level ones.
+    assert s.host_op_time == _approx((50 + 300 + 30 + 200 + 100) / 2 * US)
+    assert s.tiny_ops_per_step == 0
+
+
+def test_compiled_code_and_guard_checks_are_none_without_their_spans_and_zero_outside_the_steps():
+    s = _summary(*copy.deepcopy(HOST_STEPS))
+    assert (s.compiled_time, s.guard_time) == (None, None)
+    step = _span("ProfilerStep#0", 0, 100)
+    s = _summary(step, _op("Torch-Compiled Region: 0/0", 200, 50), _op("TorchDynamo Cache Lookup", 150, 40))
+    assert (s.compiled_time, s.guard_time) == (0.0, 0.0)
+    # Guard checks that find no compiled code to run (a frame dynamo skips), and a backward alone.
+    s = _summary(step, _op("TorchDynamo Cache Lookup", 10, 40))
+    assert (s.compiled_time, s.guard_time) == (None, _approx(40 * US))
+    s = _summary(step, _op("CompiledFunctionBackward", 10, 40, tid=2))
+    assert (s.compiled_time, s.guard_time) == (_approx(40 * US), None)
 
 
 def test_a_trace_without_profiler_steps_is_one_step():
@@ -496,6 +548,56 @@ def test_real_cpu_profiles_tell_foreach_from_per_parameter_updates(tmp_path):
         assert s.tensor_core_capable is None
     # 4 parameters: per parameter a few operators in a loop, against a few multi-tensor operators in all.
     assert summaries[False].optimizer_update_ops > summaries[True].optimizer_update_ops
+
+
+class _Compiled(torch.nn.Module):
+    """A module of its own (its own ``forward`` code object: dynamo's cache of no other test's module)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_a_real_compiled_model_s_trace_shows_its_compiled_code_and_guard_checks(tmp_path, one_thread, capsys):
+    from lightning_perf.cli import main
+
+    torch.manual_seed(0)
+    model = _Compiled()
+    compiled = torch.compile(model, backend="aot_eager")  # inductor's C++ build would take far longer
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+    path = tmp_path / "rank0.pt.trace.json"
+    # The first step compiles, unrecorded; the next warms the profiler up; then two recorded ProfilerStep#N.
+    schedule = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1)
+    try:
+        with profile(
+            activities=[ProfilerActivity.CPU],
+            schedule=schedule,
+            on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
+        ) as prof:
+            for _ in range(4):
+                compiled(x).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                prof.step()
+    finally:
+        torch._dynamo.reset()
+    trace = load(path)
+    names = {e["name"] for e in trace["traceEvents"]}
+    assert {"TorchDynamo Cache Lookup", "Torch-Compiled Region: 0/0", "CompiledFunctionBackward"} <= names
+    s = summarize_trace(trace, window="compiled")
+    assert s.steps == 2
+    assert 0 < s.guard_time < s.compiled_time < s.host_op_time <= s.step_time
+    assert summarize_trace(traces.tensorboard_compatible(trace), window=s.window) == s
+    assert main(["analyze", str(path)]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert ", compiled regions " in line and "% of the step, guard checks " in line
+    assert main(["analyze", str(path), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)[str(path)]["summary"]
+    assert shown["compiled_time"] > 0 and shown["guard_time"] > 0
 
 
 # --- Real GPU traces --------------------------------------------------------------------------------------
