@@ -131,6 +131,9 @@ def test_a_clean_compiled_model_gets_no_compile_warning_and_no_unstable_steps(tm
         assert not {"compile_graph_breaks", "compile_recompiles", "step_time_unstable"} & set(found), found
     report = json.loads(pathlib.Path(perf.report_path).read_text())
     assert [e["compile"]["graphs"] for e in report["stages"]["train"]["epochs"]] == [first.graphs, 0]
+    resumed = PerfCallback(**NO_WINDOWS, stages=["train", "validate"])  # from a checkpoint: the report's numbers
+    resumed.load_state_dict(json.loads(json.dumps(perf.state_dict())))
+    assert resumed._epochs.compile_stats == perf._epochs.compile_stats
 
 
 def test_a_run_without_compile_reports_nothing_about_it_and_leaves_torch_as_it_was(tmp_path):
