@@ -62,6 +62,7 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         shared_state=loader.get("shared_state"),
         peak_flops=run.get("peak_flops"),
         epochs=run.get("max_epochs"),  # a validate, test or predict call plans 1
+        compiled_modules=run.get("compiled_modules"),
     )
 
 
@@ -77,7 +78,6 @@ def epoch_context(
     profiled: Sequence[bool] = (),
     ranks: Sequence[RankSummary] = (),
     compile: CompileStats | None = None,
-    validation_compile: float = 0.0,
 ) -> StageEpoch:
     """A measured stage epoch, as the rules see it.
 
@@ -94,7 +94,6 @@ def epoch_context(
         ranks: Every rank's summary of the epoch, by global rank (a distributed run, on rank zero); their
             own work per step is what the cross-rank rules compare.
         compile: What ``torch.compile`` did during the epoch, when the run compiled anything.
-        validation_compile: For a training epoch, the seconds its validation runs spent compiling in their steps.
 
     Example::
 
@@ -114,7 +113,6 @@ def epoch_context(
         ),
         rank_step_times=rank_work_times(ranks) or None,
         compile=compile,
-        validation_compile=validation_compile,
     )
 
 

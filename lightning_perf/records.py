@@ -91,8 +91,9 @@ class EpochSummary:
         stage: ``"train"``, ``"validate"``, ``"test"`` or ``"predict"``.
         epoch: The stage's epoch (for validation: the number of validation runs before this one).
         batches: Batches measured.
-        profiled_batches: Of those, batches that ran inside a profiler window: left out of the times,
-            percentiles and throughput below (the profiler slows them down).
+        profiled_batches: Of those, batches left out of the times, percentiles and throughput below: those
+            that ran inside a profiler window (the profiler slows them down), the one whose FLOPs were counted,
+            and those during which ``torch.compile`` compiled (seconds of a one-off cost).
         samples: Samples in the batches not profiled.
         step_time: Sum of the batches' step times (data wait + compute).
         data_wait: Sum of the batches' data-wait times.

@@ -50,6 +50,7 @@ RUN = {
     "torch_threads": 6,
     "max_epochs": 7,
     "peak_flops": 312e12,
+    "compiled_modules": "`LightningModule`",
     "dataloaders": {
         "train": {
             "num_workers": 3,
@@ -95,6 +96,7 @@ def test_run_facts_reads_the_run_and_the_stages_dataloader():
         shared_state="`self.buffer` of the LightningModule",
         epochs=7,
         peak_flops=312e12,
+        compiled_modules="`LightningModule`",
     )
     validate = run_facts(RUN, "validate")
     assert (validate.num_workers, validate.pin_memory, validate.batch_size) == (0, False, 128)

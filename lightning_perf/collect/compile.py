@@ -118,6 +118,8 @@ class CompileWatch:
         self._tallies: dict[str, _Tally] = {}
         self._compiling: _Compiling | None = None
         self._handler = _Records(self)
+        # A library line a graph break was found at -> the user's line that called it, and the library function.
+        self._user_lines: dict[str, tuple[str, str]] = {}
         self._restore: list[tuple[logging.Logger, int, bool]] = []
         self._handler_on: list[logging.Logger] = []
         self._installed = False
@@ -260,8 +262,16 @@ class CompileWatch:
         compiling = self._compiling
         if match is None or compiling is None:
             return
-        reason = _break_reason(message[match.end() :])
-        compiling.sites.append((reason, _shown_path(match.group("location"))))
+        text = message[match.end() :]
+        reason, location = _break_reason(text), match.group("location")
+        if _in_library(location):
+            # The break is inside a library (Lightning's `self.log`, a torch module): the user's line is the
+            # innermost frame of theirs in the traceback, which Dynamo prints once per place.
+            user = self._user_lines.get(location) or _user_line(text, location)
+            if user is not None:
+                self._user_lines.setdefault(location, user)
+                reason, location = f"{reason} (inside {user[1]})", user[0]
+        compiling.sites.append((reason, _shown_path(location)))
 
     def _limit_logged(self, message: str) -> None:
         """Dynamo's warning that a function hit the recompile limit: it runs eager from now on."""
@@ -318,6 +328,21 @@ class _Records(logging.Handler):
                 self._watch._limit_logged(record.getMessage())
         except Exception:
             pass
+
+
+def compile_requested(module: Any, *, most: int = 3) -> str | None:
+    """The modules ``nn.Module.compile()`` was called on (it sets their ``_compiled_call_impl``), by name
+    (``"LightningModule"`` for ``module`` itself), the first ``most`` of them; ``None`` for none. Such a module
+    compiles only when it is *called*: Lightning calls a LightningModule's steps, not the module."""
+    names = [
+        name or "LightningModule"
+        for name, child in module.named_modules()
+        if getattr(child, "_compiled_call_impl", None) is not None
+    ]
+    if not names:
+        return None
+    shown = ", ".join(f"`{name}`" for name in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _callback_handler() -> Any:
@@ -409,6 +434,35 @@ def _break_reason(text: str) -> str:
 
 def _first_line(text: str) -> str:
     return text.strip().split("\n", 1)[0].strip()
+
+
+_FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>[^\n]+)')
+# Where installed packages live: a path under one of these is a library's, not the user's.
+_LIBRARY_DIRS = ("/site-packages/", "/dist-packages/", "\\site-packages\\")
+
+
+def _in_library(location: str) -> bool:
+    return any(marker in location for marker in _LIBRARY_DIRS) or location.startswith("<")
+
+
+def _user_line(text: str, location: str) -> tuple[str, str] | None:
+    """From a graph break's "User code traceback" (outermost frame first), the innermost frame outside the
+    libraries (``"path:line"``), and the library function the break is in (``"lightning `log`"``)."""
+    frames = [(m.group("file"), m.group("line"), m.group("function").strip()) for m in _FRAME_LINE.finditer(text)]
+    user = [f"{file}:{line}" for file, line, _ in frames if not _in_library(file)]
+    if not user:
+        return None
+    inner = next((f for f in reversed(frames) if f"{f[0]}:{f[1]}" == location), frames[-1] if frames else None)
+    package = _package(inner[0]) if inner else "a library"
+    return user[-1], f"{package} `{inner[2]}`" if inner else package
+
+
+def _package(path: str) -> str:
+    """The installed package a file belongs to (``lightning``, ``torch``), from its path."""
+    for marker in _LIBRARY_DIRS:
+        if marker in path:
+            return re.split(r"[/\\]", path.split(marker, 1)[1])[0]
+    return "a library"
 
 
 def _shown_path(location: str) -> str:

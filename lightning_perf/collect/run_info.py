@@ -17,6 +17,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_perf.collect.compile import compile_requested
+
 
 def run_info(trainer: pl.Trainer) -> dict[str, Any]:
     device = trainer.strategy.root_device
@@ -37,6 +39,7 @@ def run_info(trainer: pl.Trainer) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),  # "high"/"medium": TF32 matmuls
         "max_epochs": planned_epochs(trainer),
+        "compiled_modules": compile_requested(trainer.lightning_module),  # `.compile()` called on them
         "dataloaders": {},
     }
 

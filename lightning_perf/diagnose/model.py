@@ -36,6 +36,7 @@ class RunFacts:
     shared_state: str | None = None  # what the dataset shares with the LightningModule, described
     epochs: int | None = None  # epochs of this stage the run does (1 for a validate/test/predict call)
     peak_flops: float | None = None  # the device's dense peak FLOP/s for the run's dtype (table or option)
+    compiled_modules: str | None = None  # the modules `nn.Module.compile()` was called on, named, at setup
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,8 +56,6 @@ class StageEpoch:
             rank's, so the slow rank is the one that waits least).
         compile: What ``torch.compile`` did during the epoch; ``None`` when nothing compiled in the run so far
             (or torch could not tell).
-        validation_compile: For a training epoch, the seconds its validation runs spent compiling, inside
-            their steps (``torch.compile``'s eval graphs, compiled at the first validation).
     """
 
     epoch: EpochSummary
@@ -67,7 +66,6 @@ class StageEpoch:
     facts: RunFacts = field(default_factory=RunFacts)
     rank_step_times: Mapping[int, float] | None = None
     compile: CompileStats | None = None
-    validation_compile: float = 0.0
 
     @property
     def stage(self) -> str:

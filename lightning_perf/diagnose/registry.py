@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from lightning_perf.diagnose.model import SEVERITIES, Finding, StageEpoch
 from lightning_perf.diagnose.rule_helpers import Rule, SummaryRule
-from lightning_perf.diagnose.rules_compile import compile_graph_breaks, compile_recompiles, compile_time
+from lightning_perf.diagnose.rules_compile import compile_graph_breaks, compile_recompiles, compile_time, compile_unused
 from lightning_perf.diagnose.rules_compute import low_mfu
 from lightning_perf.diagnose.rules_data import dataloader_bound, h2d_copy
 from lightning_perf.diagnose.rules_device import cpu_threads, device_idle, host_sync, launch_bound, precision
@@ -44,6 +44,7 @@ RULES: dict[str, Rule] = {
         compile_graph_breaks,
         compile_recompiles,
         compile_time,
+        compile_unused,
         communication_bound,
         rank_straggler,
         cpu_threads,

@@ -5,7 +5,8 @@ Compiler rules
 What ``torch.compile`` did in the stage's epoch (``StageEpoch.compile``, a
 :class:`~lightning_perf.records.CompileStats`): ``compile_graph_breaks`` (the compiled code is split),
 ``compile_recompiles`` (a guard keeps failing, up to the recompile limit, after which the function runs
-eager) and ``compile_time`` (compiling costs a share of the epoch). Each is silent where nothing compiled.
+eager) and ``compile_time`` (compiling costs a share of the epoch), each silent where nothing compiled; and
+``compile_unused`` (``.compile()`` was called on a module, yet nothing compiled).
 
 Dynamo's graph-break reasons and failed guards are free text that changes between torch releases: they are
 sorted into classes by keywords (:func:`break_class`, :func:`guard_class`), defensively, and a text that
@@ -18,7 +19,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
-from lightning_perf.diagnose.rule_helpers import finding, reaches, stage_name, step_method
+from lightning_perf.diagnose.rule_helpers import batch_end_hook, finding, reaches, stage_name, step_method
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import GraphBreak, Recompile
 from lightning_perf.units import count, limit, percent, seconds
@@ -32,10 +33,12 @@ MAX_TEXT = 100
 # Keywords (lowercase) of each class of graph-break reason, tried in this order: the first class with a
 # keyword in the reason wins (`Unsupported Tensor.item() call` is a scalar read before it is unsupported).
 # The texts are Dynamo's, torch 2.13 (torch/_dynamo/graph_break_registry.json and explain()'s reasons).
+# Logging comes first: Lightning's `self.log` is itself a `torch.compiler.disable`d function, which the collector
+# words as "... (inside lightning `log`)".
 _BREAK_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("logging", ("logging", "logger", "print", "self.log", "log_dict", "lightning `log`")),
     ("disabled", ("compiler.disable",)),
     ("explicit", ("graph_break()",)),
-    ("logging", ("logging", "logger", "print", "self.log", "log_dict")),
     (
         "scalar",
         (".item()", "tolist()", "capture_scalar_outputs", "scalar output", ".numpy()", "data dependent operator"),
@@ -77,8 +80,10 @@ def break_class(reason: str | None) -> str:
 def guard_class(guard: str | None) -> str:
     """The class of a failed guard: ``"mode"`` (train/eval or grad mode), ``"shape"``, ``"tensor"`` (dtype,
     device, ``requires_grad``), ``"object"`` (another Python object or type), ``"value"`` (a Python value), or
-    ``"unknown"``."""
-    return _classify(_FRAME.sub("", guard or ""), _GUARD_CLASSES)
+    ``"unknown"``. Only the guard's expression counts, not the source line the collector adds after it in
+    parentheses (``training=self.training`` in a dropout call's source is no mode switch)."""
+    expression = _FRAME.sub("", guard or "").split(" (", 1)[0]
+    return _classify(expression, _GUARD_CLASSES)
 
 
 def compile_steps(ctx: StageEpoch) -> frozenset[int]:
@@ -125,9 +130,12 @@ def _break_advice(kind: str, ctx: StageEpoch) -> str:
         )
     if kind == "logging":
         return (
-            f"logging or printing inside the compiled code; move `self.log`, logger and `print`"
-            " calls out of it. With `torch.compile(model)` passed to the Trainer, Lightning compiles `forward`:"
-            f" log in `{step_method(ctx.stage)}`, on what `forward` returns."
+            "logging or printing inside the compiled code (Lightning's `self.log` is excluded from compiling, so"
+            " each call splits the graph); move `self.log`, logger and `print` calls out of it. With"
+            f" `torch.compile(model)` passed to the Trainer, Lightning compiles `{step_method(ctx.stage)}` too:"
+            " return the values from the step and log them in"
+            f" `{batch_end_hook(ctx.stage)}`, or compile only the network (`self.net = torch.compile(self.net)`)"
+            " and pass the module uncompiled."
         )
     if kind == "control_flow":
         return (
@@ -200,13 +208,35 @@ def _sites(sites: Sequence[GraphBreak], total: int) -> str:
     return "top reasons: " + "; ".join(shown) + more
 
 
+def torch_wrapper(function: str | None) -> bool:
+    """Whether a recompiled "function" is torch's own wrapper of a compiled ``nn.Module``
+    (``inner (.../torch/_dynamo/external_utils.py:67)``): every module compiled on its own
+    (``torch.compile(nn.Linear(...))``) runs through that one code object, so each module's first compile counts
+    as a recompile of it, and all of them count against one ``recompile_limit``."""
+    return bool(function) and "torch/_dynamo/" in (function or "").replace("\\", "/")
+
+
+def library_function(function: str | None) -> bool:
+    """Whether a recompiled function is an installed library's (its path is under ``site-packages``), e.g.
+    Lightning's ``log`` called from a compiled step: its guards follow the library's state, not the user's."""
+    return any(marker in (function or "").replace("\\", "/") for marker in ("site-packages/", "dist-packages/"))
+
+
+def _recompile_class(recompile: Recompile) -> str:
+    return "library" if library_function(recompile.function) else guard_class(recompile.guard)
+
+
 def _worst_function(stats_guards: Sequence[Recompile], recompiles: int) -> tuple[str | None, int]:
-    """The function recompiled most in the epoch and its recompiles; without guards, the epoch's total."""
+    """The function recompiled most in the epoch and its recompiles; without guards, the epoch's total. Torch's
+    module wrapper (:func:`torch_wrapper`) and a library's functions (:func:`library_function`) count only at the
+    recompile limit: the wrapper's "recompiles" are the first compiles of separately compiled modules, and a
+    library's follow its own state."""
     per_function: dict[str | None, int] = {}
     for guard in stats_guards:
-        per_function[guard.function] = per_function.get(guard.function, 0) + guard.count
+        if not torch_wrapper(guard.function) and not library_function(guard.function):
+            per_function[guard.function] = per_function.get(guard.function, 0) + guard.count
     if not per_function:
-        return None, recompiles
+        return None, 0 if stats_guards else recompiles
     return max(per_function.items(), key=lambda item: item[1])
 
 
@@ -253,6 +283,12 @@ def _guard_advice(kind: str, guard: str, ctx: StageEpoch) -> str:
             f"switching between train and eval (or grad) mode recompiles once per compiled"
             f" function (`{guard}`): expected."
         )
+    if kind == "library":
+        return (
+            "library code the compiled code calls (Lightning's `self.log`, for one) recompiles as the library's"
+            f" own state changes (`{guard}`): keep that call out of the compiled code (see"
+            " `compile_graph_breaks`); its recompiles do not count towards this warning."
+        )
     return "`TORCH_LOGS=recompiles` prints each recompile with the guard that failed."
 
 
@@ -295,7 +331,14 @@ def compile_recompiles(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         else "",
     ]
     advice = []
-    if stats.limit_reached:
+    if stats.limit_reached and torch_wrapper(stats.limit_function):
+        advice.append(
+            "Modules compiled one by one (`torch.compile(module)` on each) share torch's wrapper code, so each"
+            " one's first compile counts against one `torch._dynamo.config.recompile_limit` (8 by default): the"
+            " modules past it run eager. Compile their parent module once instead, or raise the limit to the"
+            " number of modules compiled."
+        )
+    elif stats.limit_reached:
         advice.append(
             f"{stats.limit_function or 'A compiled function'} recompiled until"
             " `torch._dynamo.config.recompile_limit` (8 by default) and now runs eager, without the compiled"
@@ -303,8 +346,8 @@ def compile_recompiles(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         )
     first_guard: dict[str, str] = {}
     for g in guards:
-        first_guard.setdefault(guard_class(g.guard), _cut(_FRAME.sub("", g.guard or "")))
-    grouped = _by_class([(guard_class(g.guard), g.function) for g in guards]) or {"unknown": [function]}
+        first_guard.setdefault(_recompile_class(g), _cut(_FRAME.sub("", g.guard or "")))
+    grouped = _by_class([(_recompile_class(g), g.function) for g in guards]) or {"unknown": [function]}
     advice += [
         _lead(_places(functions, "In"), _guard_advice(kind, first_guard.get(kind, ""), ctx))
         for kind, functions in grouped.items()
@@ -352,12 +395,13 @@ def compile_time(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     ]
     if first:
         advice = [
-            "A one-time cost, won back in later epochs if the compiled steps are faster (compare their step"
-            " time with an uncompiled run). To shorten it: compile the repeated block instead of the whole model"
-            " (regional compilation: `layer.compile()` for each layer of a stack compiles one and reuses it),"
-            ' leave out `mode="max-autotune"` (it benchmarks kernels while compiling), and keep inductor\'s'
-            " caches between runs (on by default on one machine; `torch.compiler.save_cache_artifacts()` and"
-            " `load_cache_artifacts()` carry them to another)."
+            "A one-time cost, won back only if the compiled steps are faster by more than it over the run:"
+            " compare the later epochs' step time with an uncompiled run's (`lightning-perf compare`); a short"
+            ' run may never win it back. To shorten it: leave out `mode="max-autotune"` (it benchmarks'
+            " kernels while compiling); keep inductor's caches between runs (on by default on one machine;"
+            " `torch.compiler.save_cache_artifacts()` and `load_cache_artifacts()` carry them to another); for a"
+            " model of many identical layers, try regional compilation (the repeated layer compiled, not the"
+            " whole model) and measure it: on small models it can compile longer."
         ]
     else:
         cause = (
@@ -379,4 +423,34 @@ def compile_time(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         + (f"this {stage} epoch" if first else f"{stage} epoch {epoch.epoch}: it keeps compiling"),
         evidence,
         advice,
+    )
+
+
+def compile_unused(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """``nn.Module.compile()`` was called, but nothing compiled: the module runs eager.
+
+    Notes:
+        1. ``RunFacts.compiled_modules`` names the modules whose ``.compile()`` was called before the run; it
+           compiles the module's ``__call__``, so it compiles only when something *calls* the module. Lightning
+           calls a LightningModule's ``*_step`` methods, not the module itself, and Dynamo does not trace a
+           torch built-in module's own ``__call__`` (``nn.Sequential(...).compile()`` compiles nothing).
+        2. Fires, as a warning, at the end of a training epoch in which nothing compiled in the run so far
+           (``StageEpoch.compile`` is ``None``).
+    """
+    modules = ctx.facts.compiled_modules
+    if ctx.stage != "train" or not modules or ctx.compile is not None:
+        return None
+    return finding(
+        ctx,
+        "compile_unused",
+        "warning",
+        "torch.compile was requested but nothing compiled: the model runs eager",
+        [f"`.compile()` was called on {modules}, and torch.compile compiled nothing this epoch"],
+        [
+            "`nn.Module.compile()` compiles the module's `__call__`, so it compiles only when the module is called:"
+            " Lightning calls `training_step`, not the LightningModule, and torch's own modules (`nn.Sequential`,"
+            " `nn.TransformerEncoderLayer`) do not compile this way. Pass `torch.compile(model)` to"
+            " `trainer.fit`, or compile the network the step calls: `self.net = torch.compile(self.net)` (in"
+            " `__init__` or `configure_model`)."
+        ],
     )

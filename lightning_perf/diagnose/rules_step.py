@@ -109,8 +109,8 @@ def optimizer_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 
 
 def epoch_time(epoch: EpochSummary) -> float:
-    """An epoch's step time over all its batches: the profiled ones (left out of ``step_time``) counted at the
-    mean of the others."""
+    """An epoch's step time over all its batches: those left out of ``step_time`` (profiled, FLOP-counted, or
+    compiling) counted at the mean of the others."""
     measured = epoch.measured_batches
     return epoch.step_time * epoch.batches / measured if measured > 0 else epoch.step_time
 
@@ -120,15 +120,14 @@ def validation_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 
     Notes:
         1. Only for a training epoch: the step time of the validation runs during it / (its own step time +
-           theirs), both without their time compiling (``torch.compile``: a one-off cost).
+           theirs), each over all its batches at the mean of those measured (a profiled batch, or one that
+           compiled, is not: :func:`epoch_time`).
         2. Fires, as a warning, at ``validation`` when validation also takes ``validation_min_time`` or more.
     """
     if ctx.stage != "train" or not ctx.validation:
         return None
-    # Compiling (torch.compile) is a one-off cost of the first epochs, not what validating costs each epoch.
-    val = max(sum(epoch_time(v) for v in ctx.validation) - ctx.validation_compile, 0.0)
-    compiling = ctx.compile.seconds - ctx.compile.seconds_before if ctx.compile is not None else 0.0
-    train = max(epoch_time(ctx.epoch) - compiling, 0.0)
+    val = sum(epoch_time(v) for v in ctx.validation)
+    train = epoch_time(ctx.epoch)
     total = train + val
     if total <= 0 or not reaches(val / total, t.validation) or not reaches(val, t.validation_min_time):
         return None
@@ -140,7 +139,6 @@ def validation_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f" ({seconds(val)} in {runs} run{'s' if runs > 1 else ''}"
         f" of {batches} batches, training {seconds(train)}) (warning >= {limit(t.validation)} and"
         f" >= {seconds(t.validation_min_time)} per epoch)"
-        + (" (time compiling left out)" if compiling or ctx.validation_compile else "")
     ]
     advice = [
         "Validate less or faster: `Trainer(limit_val_batches=0.25)` uses a quarter of the validation set,"

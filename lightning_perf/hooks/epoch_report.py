@@ -208,13 +208,22 @@ class EpochReporter:
         clock = st.clock
         rss = host_rss()
         cuda = self.cuda_peaks.read(stage, utilization=True) if self.cuda_peaks is not None else None
+        compiled = self.compile.take(stage)
+        if compiled is not None:
+            self.compile_stats[(stage, epoch)] = compiled
+        # Like a profiled batch, a batch that compiled (torch.compile) is left out of the epoch's times: its step
+        # holds seconds of compiling, a one-off cost the compile numbers report.
+        left_out = clock.profiled
+        if compiled is not None and compiled.steps:
+            steps = set(compiled.steps)
+            left_out = [profiled or i in steps for i, profiled in enumerate(clock.profiled)]
         summary = summarize_epoch(
             stage=stage,
             epoch=epoch,
             data_wait=clock.data_wait,
             compute=clock.compute,
             batch_sizes=clock.batch_sizes,
-            profiled=clock.profiled,
+            profiled=left_out,
             loss=clock.mean_loss(),
             loading_cpu_share=clock.loading_cpu_share(),
             **st.cpu.read(),
@@ -230,15 +239,12 @@ class EpochReporter:
                 self.flops.counts,
                 batch_sizes=clock.batch_sizes,
                 compute=clock.compute,
-                profiled=clock.profiled,
+                profiled=left_out,
                 peak=self.run_info.get("peak_flops"),
             )
             summary = dataclasses.replace(summary, **dataclasses.asdict(flops))
         if interrupted:
             summary = dataclasses.replace(summary, interrupted=True)
-        compiled = self.compile.take(stage)
-        if compiled is not None:
-            self.compile_stats[(stage, epoch)] = compiled
         self.epochs.append(summary)
         return summary
 
@@ -380,11 +386,6 @@ class EpochReporter:
             profiled=st.clock.profiled,
             ranks=ranks,
             compile=self.compile_stats.get((stage, summary.epoch)),
-            validation_compile=sum(
-                c.seconds - c.seconds_before
-                for v in validation
-                if (c := self.compile_stats.get(("validate", v.epoch))) is not None
-            ),
         )
         findings = diagnose(context, self.config.thresholds, on_error=self._policy.rule_failed)
         self.findings_by_epoch[(stage, summary.epoch)] = findings

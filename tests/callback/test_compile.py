@@ -52,6 +52,19 @@ ITEM_LINE = (
 )
 
 
+class LogsInValidation(Forward):
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        loss = self._loss(batch, "validate")
+        self.log("val_loss", loss)  # Lightning's log is torch.compiler.disable'd: a graph break here
+        return loss
+
+
+LOG_LINE = (
+    next(i for i, line in enumerate(inspect.getsourcelines(LogsInValidation)[0]) if "self.log(" in line)
+    + inspect.getsourcelines(LogsInValidation)[1]
+)
+
+
 class DepthPerBatch(Forward):
     """Applies its hidden layer ``1 + batch_idx`` times: a Python int that changes every batch, which Dynamo
     specialises (``range`` of it is unrolled), so every batch recompiles."""
@@ -112,11 +125,12 @@ def test_a_python_int_that_changes_every_batch_recompiles_to_the_limit_and_is_cr
 
 
 class Static(TinyModel):
-    """A compiled submodule on batches of one shape (512 samples, 64 a batch): nothing to recompile for. Wide
-    enough for steps of several ms, which a busy machine's jitter does not make unstable."""
+    """A compiled submodule on batches of one shape (1,024 samples, 64 a batch): nothing to recompile for. Wide
+    enough for steps of several ms, and enough of them, that a busy machine's jitter does not make them
+    unstable."""
 
     def __init__(self) -> None:
-        super().__init__(n=512, batch_size=64, val_n=128, width=512, depth=3)
+        super().__init__(n=1024, batch_size=64, val_n=128, width=512, depth=3)
         self.net = torch.compile(self.net, backend="aot_eager")
 
 
@@ -126,6 +140,9 @@ def test_a_clean_compiled_model_gets_no_compile_warning_and_no_unstable_steps(tm
     first, second = (perf._epochs.compile_stats[("train", e)] for e in (0, 1))
     assert first.graphs >= 1 and 0 in first.steps and first.seconds > 0
     assert (second.graphs, second.breaks, second.recompiles, second.steps) == (0, 0, 0, ())
+    # The batches that compiled are left out of the epoch's times, as the FLOP-counted batch 1 is.
+    train0 = next(e for e in perf.epochs if e.stage == "train" and e.epoch == 0)
+    assert train0.profiled_batches == len({*first.steps, 1})
     for stage in ("train", "validate"):
         found = _ids(perf, stage)
         assert not {"compile_graph_breaks", "compile_recompiles", "step_time_unstable"} & set(found), found
@@ -149,3 +166,26 @@ def test_a_run_without_compile_reports_nothing_about_it_and_leaves_torch_as_it_w
     assert not any("compile" in e for stage in report["stages"].values() for e in stage["epochs"])
     assert (breaks.level, breaks.propagate) == (level, propagate)
     assert (list(callback_handler.start_callbacks), list(callback_handler.end_callbacks)) == callbacks
+
+
+def test_a_break_inside_lightnings_log_is_placed_at_the_users_call_and_advised_as_logging(tmp_path):
+    perf = PerfCallback(**NO_WINDOWS, stages=["validate"])
+    model = torch.compile(LogsInValidation(n=16, val_n=16), backend="aot_eager")
+    trainer(tmp_path, [perf], limit_train_batches=2).fit(model)  # with fit(compiled), Lightning compiles the steps
+    stats = perf._epochs.compile_stats[("validate", 0)]
+    (site,) = [s for s in stats.break_sites if "lightning `log`" in s.reason]
+    assert site.location == f"tests/callback/test_compile.py:{LOG_LINE}"
+    finding = _ids(perf, "validate")["compile_graph_breaks"]
+    assert f"test_compile.py:{LOG_LINE}" in finding.advice and "on_validation_batch_end" in finding.advice
+
+
+def test_model_compile_on_a_module_lightning_never_calls_is_found_to_compile_nothing(tmp_path):
+    # TinyModel's training_step calls self.net, never self(...): nn.Module.compile() on it compiles nothing.
+    model = TinyModel(n=16)
+    model.compile(backend="aot_eager")
+    perf = PerfCallback(**NO_WINDOWS, stages=["train"])
+    trainer(tmp_path, [perf], limit_val_batches=0).fit(model)
+    assert perf._epochs.compile_stats == {}
+    assert perf.report["run"]["compiled_modules"] == "`LightningModule`"
+    finding = _ids(perf)["compile_unused"]
+    assert finding.severity == "warning" and "torch.compile(self.net)" in finding.advice

@@ -325,7 +325,12 @@ TRAINING_ONLY = (
     "accumulate_grad_batches", "val_check_interval", "optimizer", "backward", "torch.utils.checkpoint",
     "loss scaler", "gradient_as_bucket_view",
 )  # fmt: skip
-TRAINING_RULES = {"optimizer_heavy", "validation_heavy", "rank_straggler"}  # judged in training epochs only
+TRAINING_RULES = {
+    "optimizer_heavy",
+    "validation_heavy",
+    "rank_straggler",
+    "compile_unused",
+}  # judged in training epochs only
 STAGES = ("train", "validate", "test", "predict")
 
 # Dynamo's graph-break reasons and failed guards, one per class of advice (torch 2.13's texts).
@@ -434,6 +439,10 @@ ADVICE_CASES = {
         ]
         for device, run_facts in (("cpu", CPU), ("cuda", GPU))
     },
+    "compile_unused": {
+        device: [ctx(facts=facts(run_facts, compiled_modules="`LightningModule`"))]
+        for device, run_facts in (("cpu", CPU), ("cuda", GPU))
+    },
 }
 ADVICE = [
     pytest.param(rule_id, device, i, stage, id=f"{rule_id}-{device}-{i}-{stage}")
@@ -466,8 +475,8 @@ def test_catalogue_ids_and_order_are_fixed():
     assert list(RULES) == [
         "dataloader_bound", "host_sync", "device_idle", "launch_bound", "h2d_copy", "precision",
         "memory_pressure", "memory_growth", "optimizer_heavy", "validation_heavy", "framework_overhead",
-        "step_time_unstable", "compile_graph_breaks", "compile_recompiles", "compile_time", "communication_bound",
-        "rank_straggler", "cpu_threads",
+        "step_time_unstable", "compile_graph_breaks", "compile_recompiles", "compile_time", "compile_unused",
+        "communication_bound", "rank_straggler", "cpu_threads",
     ]  # fmt: skip
 
 

@@ -30,7 +30,11 @@ TRAINING = "0/0: L['self'].training == True"
 def cctx(compile=None, epoch_=None, **kw) -> StageEpoch:
     """A healthy CPU epoch of 100 steps of 10 ms, with what torch.compile did in it."""
     return StageEpoch(
-        epoch=epoch_ or epoch(), facts=CPU, step_times=kw.pop("step_times", (0.01,) * 100), compile=compile, **kw
+        epoch=epoch_ or epoch(),
+        facts=kw.pop("facts", CPU),
+        step_times=kw.pop("step_times", (0.01,) * 100),
+        compile=compile,
+        **kw,
     )
 
 
@@ -150,7 +154,10 @@ SIGNATURES = {
     [
         (ITEM, ("keep the value a tensor", "`torch.where`", "`torch._dynamo.config.capture_scalar_outputs = True`")),
         ("Tensor.tolist() with non-integer tensor", ("keep the value a tensor",)),
-        ("logging.Logger method not supported for non-export cases", ("move `self.log`", "log in `training_step`")),
+        (
+            "logging.Logger method not supported for non-export cases",
+            ("move `self.log`", "compiles `training_step` too", "log them in `on_train_batch_end`"),
+        ),
         ("Data-dependent branching", ("`torch.cond(",)),
         ("Dynamic shape operator", ("capture_dynamic_output_shape_ops",)),
         ("Attempted to call function marked as skipped", ("`torch.compiler.disable`", "torch equivalent")),
@@ -172,7 +179,15 @@ def test_graph_break_advice_follows_the_reason_and_names_its_place(reason, advic
 def test_logging_advice_names_the_stages_own_step():
     stats = breaks(GraphBreak("logging.Logger method not supported for non-export cases", "/tmp/m.py:3", 1))
     f = run("compile_graph_breaks", cctx(stats, epoch(stage="validate")))
-    assert "log in `validation_step`" in f.advice and "training_step" not in f.advice
+    assert "compiles `validation_step` too" in f.advice and "`on_validation_batch_end`" in f.advice
+    assert "training_step" not in f.advice and "on_train_batch_end" not in f.advice
+
+
+def test_lightnings_log_is_logging_though_it_is_a_disabled_function():
+    # As the collector words a break inside LightningModule.log (torch.compiler.disable'd), at the user's line.
+    reason = "Skip inlining `torch.compiler.disable()`d function (inside lightning `log`)"
+    assert break_class(reason) == "logging"
+    assert break_class("Skip inlining `torch.compiler.disable()`d function") == "disabled"
 
 
 def test_reasons_of_one_class_share_their_advice_and_name_every_place():
@@ -384,22 +399,6 @@ def test_thresholds_reject_a_zero_count():
     assert dataclasses.replace(Thresholds(), compile_time=0.5).compile_time == 0.5
 
 
-# --- validation_heavy: compiling is a one-off cost, not validation's --------------------------------------------
-
-
-def test_validation_heavy_leaves_the_validations_and_the_epochs_compiling_out():
-    # 1 s of training (0.6 s of it compiling) and 0.5 s of validation (0.4 s compiling its eval graph): 50% with
-    # the compiles, 0.1 / (0.4 + 0.1) = 20% without them.
-    val = (epoch(stage="validate", step_time=0.5, batches=10),)
-    compiled = compile_stats(graphs=2, seconds=0.7, seconds_before=0.1)  # 0.1 s of it before the first batch
-    plain = cctx(epoch_=epoch(step_time=1.0), validation=val)
-    assert run("validation_heavy", plain) is not None
-    assert run("validation_heavy", dataclasses.replace(plain, compile=compiled, validation_compile=0.4)) is None
-    heavy = dataclasses.replace(plain, compile=compiled, validation_compile=0.1)  # 0.4 / (0.4 + 0.4) = 50%
-    f = run("validation_heavy", heavy)
-    assert f.title == "Validation takes 50% of each training epoch" and "(time compiling left out)" in f.evidence
-
-
 # --- the torch.compile lever of other rules, for a run that already compiles ------------------------------------
 
 
@@ -416,3 +415,47 @@ def test_launch_bound_on_a_compiled_run_points_at_what_compile_left_eager():
         f = run("launch_bound", compiled)
         assert "model = torch.compile(model)" not in f.advice
         assert "already uses `torch.compile`" in f.advice and "`compile_graph_breaks`" in f.advice
+
+
+def test_a_guard_is_classed_by_its_expression_not_by_the_source_line_after_it():
+    # A dropout p that changes every batch, as the collector words it (real: Lightning's project template).
+    guard = "self.drop_p == 0.465 (x = F.dropout(x, p=self.drop_p, training=self.training); template.py:36 in forward)"
+    assert guard_class(guard) == "value"
+    assert guard_class("0/0: L['self'].training == True") == "mode"
+
+
+def test_modules_compiled_one_by_one_are_no_recompiles_until_their_shared_limit():
+    # Real (the autoencoder example with its encoder and decoder compiled on their own): torch's module wrapper
+    # "recompiles" once per module and mode; nothing recompiles after the first epoch.
+    wrapper = "inner (.venv/lib/python3.11/site-packages/torch/_dynamo/external_utils.py:67)"
+    guards = (
+        Recompile(wrapper, "args[0] requires_grad mismatch. expected requires_grad=1", 2),
+        Recompile(wrapper, "tensor 'args[0]' size mismatch at index 1. expected 784, actual 3", 2),
+    )
+    assert run("compile_recompiles", cctx(compile_stats(graphs=5, recompiles=4, recompile_guards=guards))) is None
+    limit = compile_stats(graphs=9, recompiles=8, recompile_guards=guards, limit_reached=True, limit_function=wrapper)
+    f = run("compile_recompiles", cctx(limit))
+    assert f.severity == "critical" and "Compile their parent module once instead" in f.advice
+
+
+def test_compile_unused_fires_when_compile_was_called_and_nothing_compiled():
+    facts = dataclasses.replace(CPU, compiled_modules="`LightningModule`")
+    f = run("compile_unused", cctx(facts=facts))
+    assert f.severity == "warning" and "`LightningModule`" in f.evidence and "torch.compile(self.net)" in f.advice
+    assert run("compile_unused", cctx(compile_stats(graphs=1), facts=facts)) is None  # something compiled
+    assert run("compile_unused", cctx()) is None  # .compile() never called
+    assert run("compile_unused", cctx(facts=facts, epoch_=epoch(stage="validate"))) is None
+
+
+def test_recompiles_of_library_code_do_not_warn_and_point_at_the_call():
+    # Real (Lightning's project template, self.log in a compiled validation_step): Lightning's log recompiles
+    # three times as the trainer's state changes.
+    log = "log (.venv/lib/python3.11/site-packages/lightning/pytorch/core/module.py:386)"
+    guards = (
+        Recompile(log, "len(self._trainer.fit_loop.epoch_loop.val_loop._results) != 0", 3),
+        Recompile("validation_step (template.py:77)", "tensor 'batch[0]' size mismatch at index 0", 1),
+    )
+    stats = compile_stats(graphs=6, recompiles=4, recompile_guards=guards)
+    assert run("compile_recompiles", cctx(stats)) is None
+    f = run("compile_recompiles", cctx(stats), compile_recompiles=1)
+    assert "keep that call out of the compiled code" in f.advice and "pass it as a tensor" not in f.advice
