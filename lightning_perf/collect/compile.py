@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import threading
 import time
@@ -37,6 +36,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from lightning_perf.collect.dynamo_text import (
+    BREAK_AT,
+    LIMIT,
+    LIMIT_FUNCTION,
+    LIMIT_REASON,
+    break_reason,
+    first_line,
+    guard_text,
+    in_library,
+    shown_path,
+    user_line,
+)
 from lightning_perf.records import CompileStats, GraphBreak, Recompile
 
 # Dynamo's loggers (torch 2.13): where it says where a graph break is, and where it warns about the limit.
@@ -46,16 +57,7 @@ RECOMPILE_LIMIT_LOGGER = "torch._dynamo.convert_frame"
 # without end (a new shape every batch, ``recompile_limit`` raised) holds between two epoch ends.
 MAX_KEPT = 256
 
-_BREAK_AT = re.compile(r"Graph break(?: \([^)]*\))? in user code at (?P<location>.+?:\d+)\s*\nGraph Break Reason: ")
 _COMPILE_ID = re.compile(r"(\d+)/(\d+)")
-_LIMIT = re.compile(r"hit config\.\w+")
-_LIMIT_FUNCTION = re.compile(r"function: '(?P<name>[^']*)' \((?P<where>[^)]*)\)")
-_LIMIT_REASON = re.compile(r"last reason: (?P<reason>[^\n]*)")
-# Dynamo prefixes a break's reason with what it was tracing: not the reason.
-_TRACING_PREAMBLE = "Encountered graph break when attempting to trace"
-# The innermost frame Dynamo appends to a guard's source, often torch's own, e.g.
-# `(_dynamo/variables/tensor.py:2606 in evaluate_expr)`: the user's line is already named before it.
-_INNER_FRAME = re.compile(r"\s*\([^()]*\.py:\d+ in [^()]*\)")
 
 
 class CompileSite(NamedTuple):
@@ -247,7 +249,7 @@ class CompileWatch:
                 if compiling.sites:
                     sites: Counter[tuple[str, str | None]] = Counter(set(compiling.sites))
                 elif found:
-                    sites = Counter({(_first_line(reason), None): 1 for reason in found})
+                    sites = Counter({(first_line(reason), None): 1 for reason in found})
                 else:
                     sites = Counter()
                 for key, n in sites.items():
@@ -258,28 +260,28 @@ class CompileWatch:
 
     def _break_logged(self, message: str) -> None:
         """A graph break's log record: its place and reason, for the compile under way."""
-        match = _BREAK_AT.match(message)
+        match = BREAK_AT.match(message)
         compiling = self._compiling
         if match is None or compiling is None:
             return
         text = message[match.end() :]
-        reason, location = _break_reason(text), match.group("location")
-        if _in_library(location):
+        reason, location = break_reason(text), match.group("location")
+        if in_library(location):
             # The break is inside a library (Lightning's `self.log`, a torch module): the user's line is the
             # innermost frame of theirs in the traceback, which Dynamo prints once per place.
-            user = self._user_lines.get(location) or _user_line(text, location)
+            user = self._user_lines.get(location) or user_line(text, location)
             if user is not None:
                 self._user_lines.setdefault(location, user)
                 reason, location = f"{reason} (inside {user[1]})", user[0]
-        compiling.sites.append((reason, _shown_path(location)))
+        compiling.sites.append((reason, shown_path(location)))
 
     def _limit_logged(self, message: str) -> None:
         """Dynamo's warning that a function hit the recompile limit: it runs eager from now on."""
-        limit = _LIMIT.search(message)
+        limit = LIMIT.search(message)
         if limit is None:
             return
-        function = _LIMIT_FUNCTION.search(message)
-        reason = _LIMIT_REASON.search(message)
+        function = LIMIT_FUNCTION.search(message)
+        reason = LIMIT_REASON.search(message)
         site = self._where()
         with self._lock:
             self.seen = True
@@ -288,9 +290,9 @@ class CompileWatch:
             tally = self._tally(site.stage)
             tally.limit_reached = True
             if function is not None:
-                tally.limit_function = f"{function.group('name')} ({_shown_path(function.group('where'))})"
+                tally.limit_function = f"{function.group('name')} ({shown_path(function.group('where'))})"
             if reason is not None:
-                tally.limit_reason = _guard_text(reason.group("reason"))
+                tally.limit_reason = guard_text(reason.group("reason"))
 
     def __getstate__(self) -> dict[str, Any]:
         """What a pickled watch keeps (``Trainer(strategy="ddp_spawn")`` pickles the callbacks into each process):
@@ -403,75 +405,11 @@ def _recompile_guards(recompiles: list[tuple[str, int]]) -> list[Recompile]:
             continue
         reason = getattr(entry, "recompile_reason", None)
         name, filename, line = (getattr(entry, attr, None) for attr in ("co_name", "co_filename", "co_firstlineno"))
-        function = f"{name} ({_shown_path(f'{filename}:{line}')})" if name and filename else None
-        guard = _guard_text(reason) if isinstance(reason, str) else None
+        function = f"{name} ({shown_path(f'{filename}:{line}')})" if name and filename else None
+        guard = guard_text(reason) if isinstance(reason, str) else None
         # `n == 1`, `n == 2`...: one guard whose value changes (the source it guards is no part of the key: Dynamo
         # words it differently from one recompile to the next)
         key = (function, re.sub(r"\d+", "N", (guard or "").split(" (", 1)[0]))
         found[key] += 1
         example[key] = guard  # the latest
     return [Recompile(function=key[0], guard=example[key], count=n) for key, n in found.most_common()]
-
-
-def _guard_text(reason: str) -> str:
-    """A failed guard as Dynamo words it (``0/0: n == 1   # for _ in range(n): ...  # model.py:21 in g (...)``),
-    on one line: the guard, then the source it guards in parentheses (without torch's own frames)."""
-    line = reason.strip().split("\n", 1)[0]
-    line = re.sub(r"^\d+/\d+: ", "", line)
-    guard, *source = (part.strip() for part in line.split("#"))
-    guard = re.sub(r"\s+", " ", guard)
-    source = [re.sub(r"\s+", " ", re.sub(_INNER_FRAME, "", s)).strip() for s in source]
-    source = [s for s in source if s]
-    return f"{guard} ({'; '.join(source)})" if source else guard
-
-
-def _break_reason(text: str) -> str:
-    """A graph break's reason, its first line that is not Dynamo's preamble of what it was tracing."""
-    lines = [line.strip() for line in text.split("\n")]
-    meaningful = [line for line in lines if line and not line.startswith(_TRACING_PREAMBLE)]
-    return meaningful[0] if meaningful else _first_line(text)
-
-
-def _first_line(text: str) -> str:
-    return text.strip().split("\n", 1)[0].strip()
-
-
-_FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>[^\n]+)')
-# Where installed packages live: a path under one of these is a library's, not the user's.
-_LIBRARY_DIRS = ("/site-packages/", "/dist-packages/", "\\site-packages\\")
-
-
-def _in_library(location: str) -> bool:
-    return any(marker in location for marker in _LIBRARY_DIRS) or location.startswith("<")
-
-
-def _user_line(text: str, location: str) -> tuple[str, str] | None:
-    """From a graph break's "User code traceback" (outermost frame first), the innermost frame outside the
-    libraries (``"path:line"``), and the library function the break is in (``"lightning `log`"``)."""
-    frames = [(m.group("file"), m.group("line"), m.group("function").strip()) for m in _FRAME_LINE.finditer(text)]
-    user = [f"{file}:{line}" for file, line, _ in frames if not _in_library(file)]
-    if not user:
-        return None
-    inner = next((f for f in reversed(frames) if f"{f[0]}:{f[1]}" == location), frames[-1] if frames else None)
-    package = _package(inner[0]) if inner else "a library"
-    return user[-1], f"{package} `{inner[2]}`" if inner else package
-
-
-def _package(path: str) -> str:
-    """The installed package a file belongs to (``lightning``, ``torch``), from its path."""
-    for marker in _LIBRARY_DIRS:
-        if marker in path:
-            return re.split(r"[/\\]", path.split(marker, 1)[1])[0]
-    return "a library"
-
-
-def _shown_path(location: str) -> str:
-    """``path:line`` relative to the working directory when the file is under it (as a user names it)."""
-    path, sep, line = location.rpartition(":")
-    if not sep or not path:
-        return location
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:  # another drive (Windows)
-        return location
-    return f"{relative}:{line}" if not relative.startswith("..") else location

@@ -9,13 +9,8 @@ import pickle
 import pytest
 import torch
 
-from lightning_perf.collect.compile import (
-    GRAPH_BREAK_LOGGER,
-    CompileSite,
-    CompileWatch,
-    _break_reason,
-    _guard_text,
-)
+from lightning_perf.collect.compile import GRAPH_BREAK_LOGGER, CompileSite, CompileWatch
+from lightning_perf.collect.dynamo_text import break_reason, guard_text
 
 
 @pytest.fixture(autouse=True)
@@ -158,7 +153,7 @@ def test_uninstall_restores_the_logger_and_leaves_a_users_setting_alone():
     ],
 )  # fmt: skip
 def test_a_failed_guard_is_one_line_without_torchs_frames(reason, guard):
-    assert _guard_text(reason) == guard
+    assert guard_text(reason) == guard
 
 
 def test_a_break_reason_skips_dynamos_preamble():
@@ -166,7 +161,7 @@ def test_a_break_reason_skips_dynamos_preamble():
         "Encountered graph break when attempting to trace CALL: a function call, e.g. f(x, y):\n\n"
         "Unsupported Tensor.item() call with capture_scalar_outputs=False\n  Explanation: ..."
     )
-    assert _break_reason(text) == "Unsupported Tensor.item() call with capture_scalar_outputs=False"
+    assert break_reason(text) == "Unsupported Tensor.item() call with capture_scalar_outputs=False"
 
 
 def test_a_pickled_watch_keeps_its_numbers_and_installs_again(watched):
