@@ -144,6 +144,11 @@ def count(value: float) -> str:
     return f"{value:,.0f}"
 
 
+def plural(n: int, noun: str) -> str:
+    """A count of a noun, the noun in the plural unless the count is one: ``"3 recompiles"``, ``"1 CPU"``."""
+    return f"{count(n)} {noun}{'' if n == 1 else 's'}"
+
+
 def cpus(value: float) -> str:
     """CPUs' worth of CPU time over wall time, one decimal: ``1.25`` -> ``"1.2 CPUs"``."""
     return f"{value:.1f} CPUs"

@@ -47,9 +47,9 @@ _TYPE_NAMES: tuple[tuple[type, str], ...] = (
 )
 
 
-def cut(text: str) -> str:
-    """``text`` cut to :data:`SHOWN_CHARS` characters, ending in ``...`` where it was cut."""
-    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+def cut(text: str, most: int = SHOWN_CHARS) -> str:
+    """``text`` cut to ``most`` characters, ending in ``...`` where it was cut."""
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def shown(value: Any) -> str:

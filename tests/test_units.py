@@ -79,3 +79,12 @@ def test_units_imports_nothing_of_the_package():
     code = "import lightning_perf.units, sys\nprint(sorted(m for m in sys.modules if m.startswith('lightning_perf.')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["['lightning_perf.units']"]
+
+
+def test_plural_counts_a_noun():
+    assert [units.plural(n, "recompile") for n in (0, 1, 2, 1500)] == [
+        "0 recompiles",
+        "1 recompile",
+        "2 recompiles",
+        "1,500 recompiles",
+    ]

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from lightning_perf.diagnose.model import RunFacts, StageEpoch
 from lightning_perf.diagnose.rule_helpers import cpus_per_process, on_cuda
-from lightning_perf.units import cpus, ms, percent, seconds_or_ms
+from lightning_perf.units import cpus, ms, percent, plural, seconds_or_ms
 
 # Advice only: the most workers we suggest. Lightning suggests up to the CPUs per device minus one
 # (`suggested_max_num_workers`); beyond about 8 workers returns diminish for most pipelines while each worker
@@ -179,10 +179,6 @@ def _own_threads(facts: RunFacts) -> int:
     return (facts.torch_threads or 1) if facts.device == "cpu" else 1
 
 
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
 def loading_evidence(load: Loading, facts: RunFacts) -> list[str]:
     """The measurements the advice rests on, as evidence."""
     parts = []
@@ -251,8 +247,8 @@ def _oversubscribed_advice(ctx: StageEpoch, load: Loading) -> list[str]:
     if not (workers and load.contended and per_process is not None and workers + own > per_process):
         return []
     return [
-        f"Set `DataLoader(num_workers={max(per_process - own, 0)})`: {_plural(workers, 'worker')} and the"
-        f" training process's {_plural(own, 'thread')} share {_plural(per_process, 'CPU')}, and the training"
+        f"Set `DataLoader(num_workers={max(per_process - own, 0)})`: {plural(workers, 'worker')} and the"
+        f" training process's {plural(own, 'thread')} share {plural(per_process, 'CPU')}, and the training"
         f" thread waited for a CPU {percent(load.cpu_wait or 0.0)} of the epoch: the workers take their CPU"
         " time from the step."
         + (
@@ -339,8 +335,8 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> list[str]:
             f"other processes keep the CPUs busy (the training thread waited for one {percent(load.cpu_wait or 0.0)}"
             " of the epoch)"
             if load.contended
-            else f"the training process computes on {_plural(threads or 1, 'thread')} of its"
-            f" {_plural(cpus_per_process(ctx.facts) or 1, 'CPU')}"
+            else f"the training process computes on {plural(threads or 1, 'thread')} of its"
+            f" {plural(cpus_per_process(ctx.facts) or 1, 'CPU')}"
         )
         return [
             f"No CPU is free for DataLoader workers: {held}, and loading is CPU-bound, so a worker would take its"
@@ -391,7 +387,7 @@ def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     facts = ctx.facts
     workers = facts.num_workers or 0
     per_process = cpus_per_process(facts)
-    named, are = _plural(workers, "worker"), "is" if workers == 1 else "are"
+    named, are = plural(workers, "worker"), "is" if workers == 1 else "are"
     capacity = min(workers, per_process or workers)  # one CPU per worker, at most this process's share
     cpu_bound = load.worker_cpus / capacity >= CPU_BOUND if load.worker_cpus is not None else None
     if per_process is not None and workers > per_process and cpu_bound is not False:
@@ -422,7 +418,7 @@ def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
         if target > workers:
             return [
                 f"Set `DataLoader(num_workers={target}, persistent_workers=True)`: the {named} {are} busy"
-                f" computing and {_plural(spare, 'CPU')} {'is' if spare == 1 else 'are'} free; predicted data wait"
+                f" computing and {plural(spare, 'CPU')} {'is' if spare == 1 else 'are'} free; predicted data wait"
                 f" {ms(load.predicted_wait(target, cpu_bound=True))} per batch instead of {ms(load.steady_wait())}.",
             ]
     if cpu_bound:

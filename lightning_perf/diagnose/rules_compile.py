@@ -22,7 +22,8 @@ from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
 from lightning_perf.diagnose.rule_helpers import batch_end_hook, finding, reaches, stage_name, step_method
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import GraphBreak, Recompile
-from lightning_perf.units import count, limit, percent, seconds
+from lightning_perf.units import count, limit, percent, plural, seconds
+from lightning_perf.validation import cut
 
 # The most graph-break reasons and failed guards shown in evidence (the most frequent first).
 TOP = 3
@@ -89,14 +90,6 @@ def guard_class(guard: str | None) -> str:
 def compile_steps(ctx: StageEpoch) -> frozenset[int]:
     """The epoch's batches during which something compiled (their step times hold the compile)."""
     return frozenset(ctx.compile.steps) if ctx.compile is not None else frozenset()
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{count(n)} {word}{'' if n == 1 else 's'}"
 
 
 def _places(places: Iterable[str | None], preposition: str = "At") -> str:
@@ -183,7 +176,7 @@ def compile_graph_breaks(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         return None
     sites = sorted(stats.break_sites, key=lambda site: -site.count)[:TOP]
     evidence = [
-        f"{_plural(stats.breaks, 'graph break')} found while compiling {_plural(stats.graphs, 'graph')} this epoch"
+        f"{plural(stats.breaks, 'graph break')} found while compiling {plural(stats.graphs, 'graph')} this epoch"
         f" (warning >= {count(t.compile_breaks)})",
         _sites(sites, len(stats.break_sites)),
     ]
@@ -193,7 +186,7 @@ def compile_graph_breaks(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         ctx,
         "compile_graph_breaks",
         "warning",
-        f"{stage_name(ctx.stage)} hits {_plural(stats.breaks, 'graph break')} in torch.compile",
+        f"{stage_name(ctx.stage)} hits {plural(stats.breaks, 'graph break')} in torch.compile",
         evidence,
         advice,
     )
@@ -203,7 +196,10 @@ def _sites(sites: Sequence[GraphBreak], total: int) -> str:
     """The top reasons as evidence: ``"top reasons: "..." at a.py:3 (8x), ..."``."""
     if not sites:
         return ""
-    shown = [f'"{_cut(site.reason)}" at {site.location or "an unknown place"} ({count(site.count)}x)' for site in sites]
+    shown = [
+        f'"{cut(site.reason, MAX_TEXT)}" at {site.location or "an unknown place"} ({count(site.count)}x)'
+        for site in sites
+    ]
     more = f" and {total - len(sites)} more" if total > len(sites) else ""
     return "top reasons: " + "; ".join(shown) + more
 
@@ -314,7 +310,7 @@ def compile_recompiles(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     severity: Severity = "critical" if stats.limit_reached else "warning"
     guards = sorted(stats.recompile_guards, key=lambda guard: -guard.count)[:TOP]
     evidence = [
-        f"{_plural(stats.recompiles, 'recompile')} this epoch"
+        f"{plural(stats.recompiles, 'recompile')} this epoch"
         + (f", {count(worst)} of {function}" if function else "")
         + f" (warning >= {count(t.compile_recompiles)} of one function, critical at the recompile limit)",
         f"{stats.limit_function or 'a compiled function'} reached `torch._dynamo.config.recompile_limit`: it runs"
@@ -323,7 +319,7 @@ def compile_recompiles(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         else "",
         "failed guards: "
         + "; ".join(
-            f"`{_cut(_FRAME.sub('', g.guard or 'unknown'))}` in {g.function or 'an unknown function'}"
+            f"`{cut(_FRAME.sub('', g.guard or 'unknown'), MAX_TEXT)}` in {g.function or 'an unknown function'}"
             f" ({count(g.count)}x)"
             for g in guards
         )
@@ -346,7 +342,7 @@ def compile_recompiles(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         )
     first_guard: dict[str, str] = {}
     for g in guards:
-        first_guard.setdefault(_recompile_class(g), _cut(_FRAME.sub("", g.guard or "")))
+        first_guard.setdefault(_recompile_class(g), cut(_FRAME.sub("", g.guard or ""), MAX_TEXT))
     grouped = _by_class([(_recompile_class(g), g.function) for g in guards]) or {"unknown": [function]}
     advice += [
         _lead(_places(functions, "In"), _guard_advice(kind, first_guard.get(kind, ""), ctx))
@@ -390,7 +386,7 @@ def compile_time(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     evidence = [
         f"compiling {seconds(stats.seconds)} of the epoch's {seconds(total)} ({percent(fraction)})"
         f" (info >= {limit(t.compile_time)} in the stage's first epoch, warning >= {limit(t.compile_time)} after it)",
-        f"{_plural(stats.graphs, 'graph')} compiled, {_plural(stats.recompiles, 'recompile')}",
+        f"{plural(stats.graphs, 'graph')} compiled, {plural(stats.recompiles, 'recompile')}",
         f"{seconds(stats.seconds_before)} of it before the epoch's first batch" if stats.seconds_before > 0 else "",
     ]
     if first:
@@ -405,7 +401,7 @@ def compile_time(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         ]
     else:
         cause = (
-            f"{_plural(stats.recompiles, 'recompile')} this epoch (see `compile_recompiles`)"
+            f"{plural(stats.recompiles, 'recompile')} this epoch (see `compile_recompiles`)"
             if stats.recompiles
             else "new code paths (a branch taken for the first time) or new functions"
         )
