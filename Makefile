@@ -1,15 +1,17 @@
 # The two commands that do all set-up on a fresh machine:
 #   make demo   # a real training run with PerfCallback, then the `tensorboard --logdir ...` line
-#   make test   # the lint, format and type checks, then the test suite (what .ci/run calls)
+#   make test   # the lint, format and type checks, then the test suite (what .ci/run calls); installs
+#               # headless Chromium for the browser tests where it is missing (`make browser`)
 # and, while working:
 #   make lint   # ruff check, ruff format --check and mypy (settings in pyproject.toml), all three reported
 #   make format # applies ruff's fixes and its formatting to the tree
+#   make screenshot # a fresh demo run, then the README's picture of its report page (docs/report-page.png)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet -c constraints.txt
 
-.PHONY: demo test lint format install clean
+.PHONY: demo test lint format install browser screenshot clean
 
 $(VENV)/.base: constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,9 +45,32 @@ format: $(VENV)/.test
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
+# Headless Chromium for the tests that open the HTML pages (tests/browser.py): Debian's `chromium`, installed
+# with apt-get when missing (through sudo when not root), the package lists refreshed only if the first try
+# fails. Without apt-get it says so and goes on: those tests then skip, or fail where CI is set.
+SUDO = $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
+browser:
+	@command -v chromium >/dev/null || { \
+	  command -v apt-get >/dev/null || { echo "No chromium and no apt-get: install Chromium to run the browser tests."; exit 0; }; \
+	  echo "Installing chromium (Debian's package) for the browser tests"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium \
+	  || { $(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }; \
+	}
+
 # pytest's own exit code fails the target, 5 ("no tests collected") included.
-test: lint
+test: lint browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The README's picture of a run's report page, made by the project: the demo in a fresh directory, then its
+# report.html in headless Chromium (examples/report_screenshot.py).
+SCREENSHOT_RUN := demo_logs/screenshot
+screenshot: $(VENV)/.demo browser
+	rm -rf $(SCREENSHOT_RUN)
+	$(PY) examples/demo.py --root $(SCREENSHOT_RUN)
+	page=$$(find $(SCREENSHOT_RUN) -name report.html | head -1); \
+	test -n "$$page" || { echo "The demo wrote no report.html under $(SCREENSHOT_RUN)" >&2; exit 1; }; \
+	$(PY) examples/report_screenshot.py "$$page" docs/report-page.png --width 1280 --height 3000
+
 clean:
-	rm -rf $(VENV) lightning_logs demo_logs ddp_logs before_after_logs .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) lightning_logs demo_logs ddp_logs before_after_logs test-artifacts .pytest_cache .ruff_cache \
+	  .mypy_cache

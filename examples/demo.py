@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> PerfCallback:
     for stage, findings in final.items():
         names = ", ".join(f"{f.id} ({f.severity})" for f in findings) or "no bottleneck found"
         print(f"  {stage}: {names}")
+    print(f"The run's report, one page that opens offline in any browser: {os.path.abspath(perf.page_path)}")
     print(f"Open them: tensorboard --logdir {os.path.abspath(perf.tensorboard_logdir)}")
     return perf
 

@@ -31,6 +31,7 @@ from lightning_perf.config import (
     Schedule,
     SortKey,
     Stage,
+    schedule_warning,
 )
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.hooks import run_state
@@ -39,9 +40,10 @@ from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.flop_count import run_peak_flops
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
 from lightning_perf.hooks.rank_staging import RankStaging
-from lightning_perf.hooks.run_setup import output_places, refuse_other_profilers
+from lightning_perf.hooks.run_setup import charted_stages, output_places, refuse_other_profilers, where_to_look
 from lightning_perf.hooks.stage_hooks import StageHooks
 from lightning_perf.hooks.window_control import WindowControl
+from lightning_perf.layout import page_path
 from lightning_perf.records import EpochSummary, WindowRecord
 from lightning_perf.schedule import make_plan
 
@@ -98,11 +100,12 @@ class PerfCallback(StageHooks):
             (``Trainer(profiler="pytorch")`` or an active ``torch.profiler.profile``).
 
     Logged (see README, "Logged metrics", for units and cadence):
-        ``perf/<stage>/batch/*`` and ``perf/<stage>/epoch/*`` scalars to every logger; the images
-        ``perf/<stage>/step_split``; the text ``perf/operators/<stage>`` (one operator table per window) and
-        ``perf/findings/<stage>`` (each epoch's findings). On TensorBoard, training series are at the trainer's
-        ``global_step``, the other stages' at their own batch count; a logger with one step axis (CSV, W&B,
-        ...) gets them at the step Lightning logs its own rows at, with ``epoch``.
+        ``perf/<stage>/batch/*`` and ``perf/<stage>/epoch/*`` scalars to every logger, and TensorBoard's Custom
+        Scalars charts of them (a batch's step time with its data wait and compute); the text
+        ``perf/operators/<stage>`` (one operator table per window) and ``perf/findings/<stage>`` (each epoch's
+        findings). On TensorBoard, training series are at the trainer's ``global_step``, the other stages' at
+        their own batch count; a logger with one step axis (CSV, W&B, ...) gets them at the step Lightning logs
+        its own rows at, with ``epoch``. ``perf_report.json``, and the HTML report beside it (:attr:`page_path`).
 
     Example::
 
@@ -159,11 +162,8 @@ class PerfCallback(StageHooks):
             strict=strict,
             peak_flops=peak_flops,
         )
-        if self.config.schedule.warmup == 0:
-            rank_zero_warn(
-                "PerfCallback: schedule.warmup=0: the first recorded batch of each window will carry the"
-                " profiler's own start-up cost. torch.profiler recommends warmup >= 1."
-            )
+        if (warning := schedule_warning(self.config.schedule)) is not None:
+            rank_zero_warn(warning)
         self._policy = ErrorPolicy(self.config.strict)
         self._epochs = EpochReporter(self.config, BatchSizer(batch_size_fn), self._policy)
         self._staging = RankStaging(self._policy)
@@ -184,6 +184,7 @@ class PerfCallback(StageHooks):
         self._loop_timer = LoopStartTimer()  # what Lightning's loops spend starting DataLoaders before our hooks
         self._windows_at_setup = 0
         self._report_file: str | None = None
+        self._charted: set[str] = set()  # the stages the Trainer calls so far ran: TensorBoard's charts draw theirs
         self._state_key: str | None = None
         self.dirpath: str | None = None
         self.tensorboard_logdir: str | None = None
@@ -219,6 +220,11 @@ class PerfCallback(StageHooks):
         return self._epochs.report_path
 
     @property
+    def page_path(self) -> str | None:
+        """The run's HTML report, beside :attr:`report_path` (``report.html``); ``None`` where that is."""
+        return None if self._epochs.report_path is None else page_path(self._epochs.report_path)
+
+    @property
     @override
     def state_key(self) -> str:
         # Two PerfCallbacks with different stages or output directories keep separate state in a checkpoint.
@@ -241,13 +247,14 @@ class PerfCallback(StageHooks):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         refuse_other_profilers(trainer)
-        places = output_places(trainer, self.config.dirpath, self._report_file)  # all None under fast_dev_run
+        charted = charted_stages(self._charted, stage, self.config.stages)
+        places = output_places(trainer, self.config.dirpath, self._report_file, charted)  # all None: fast_dev_run
         self.dirpath, self.tensorboard_logdir = places.dirpath, places.tensorboard_logdir
         self._report_file = places.report_file
         self._epochs.report_path, self._epochs.outputs = places.report_path, places.outputs
         device = trainer.strategy.root_device
         cuda = self._epochs.cuda_peaks = CudaPeaks(device) if device.type == "cuda" else None
-        run = self._epochs.run_info = {**run_info(trainer), "dataloaders": self._epochs.run_info.get("dataloaders", {})}
+        run = self._epochs.run_info = {**run_info(trainer), **self._epochs.measured_run_info()}
         run["peak_flops"] = run_peak_flops(run, self.config.peak_flops)
         rank, ranks, world_size = trainer.global_rank, self.config.ranks, trainer.world_size
         self._profiler_windows.prepare(self.dirpath, places.outputs, rank=rank, world_size=world_size, cuda_peaks=cuda)
@@ -265,12 +272,9 @@ class PerfCallback(StageHooks):
         self._policy.safely(None, self._epochs.compile.uninstall)
         self._end(trainer, wait=WAIT_SECONDS)
         self._epochs.close_outputs()
-        new = self.windows[self._windows_at_setup :]
-        if new:
-            rank_zero_info(
-                f"lightning-perf: {len(new)} profiler window(s) saved under {self.dirpath}\n"
-                f"  View them: tensorboard --logdir {self.tensorboard_logdir}"
-            )
+        windows = len(self.windows) - self._windows_at_setup
+        if message := where_to_look(windows, self.dirpath, self.tensorboard_logdir, self.page_path):
+            rank_zero_info(message)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

@@ -99,6 +99,16 @@ class Schedule:
         return self.wait + self.warmup + self.active
 
 
+def schedule_warning(schedule: Schedule) -> str | None:
+    """The warning a legal but risky schedule gets (``torch.profiler.schedule`` warns likewise); ``None``."""
+    if schedule.warmup == 0:
+        return (
+            "PerfCallback: schedule.warmup=0: the first recorded batch of each window will carry the"
+            " profiler's own start-up cost. torch.profiler recommends warmup >= 1."
+        )
+    return None
+
+
 def schedule_problems(values: Mapping[str, Any]) -> list[str]:
     """The problems with a schedule's field values, one line each; empty if they are valid."""
     return field_problems(Schedule, values, prefix="schedule.")

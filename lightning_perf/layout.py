@@ -8,6 +8,8 @@ callback, the tests and (later) the offline CLI agree.
 ::
 
     <dirpath>/                                  # default: <logger.log_dir>/perf
+        perf_report.json                        # the run's report (lightning_perf.report.json_report)
+        report.html                             # the same as one self-contained page (report.html)
         train-epoch000-batches0006-0008/        # one directory per window: a run in the Profiler tab
             rank0.pt.trace.json.gz              # one Kineto trace per rank
             rank0.operators.md                  # the window's operator table
@@ -32,6 +34,15 @@ def staged_path(trace_path: str) -> str:
     in neither ``.json`` nor ``.json.gz``), gzipped like the final one."""
     base, gz = os.path.splitext(trace_path)
     return base + STAGED_MARK + gz
+
+
+def page_path(report_path: str) -> str:
+    """The run's HTML report beside its ``perf_report.json``: ``report.html``, or ``report-1.html`` beside
+    ``perf_report-1.json`` (a second run in the same directory)."""
+    directory, name = os.path.split(report_path)
+    stem = os.path.splitext(name)[0]
+    suffix = stem.removeprefix("perf_report") if stem.startswith("perf_report") else f"-{stem}"
+    return os.path.join(directory, f"report{suffix}.html")
 
 
 def window_dirname(stage: str, epoch: int, first_batch: int, last_batch: int) -> str:

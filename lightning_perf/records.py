@@ -349,6 +349,29 @@ class CompileStats:
     steps: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class StepSplit:
+    """An epoch's step time per batch, split into data wait and compute, as the report keeps it for its chart.
+
+    Built by :func:`lightning_perf.summarize.steps.step_split` from the epoch's per-batch measurements.
+
+    Attributes:
+        data_wait: Seconds waiting for data, per bar.
+        compute: Seconds of the rest of the step, per bar.
+        per_bar: Consecutive batches merged into one bar (the mean of each part): 1, unless the epoch had more
+            batches than a chart shows bars.
+        profiled: The ``(first, last)`` batch indices (inclusive) of each stretch that ran inside a profiler
+            window.
+        compiled: The batches during which ``torch.compile`` compiled.
+    """
+
+    data_wait: tuple[float, ...]
+    compute: tuple[float, ...]
+    per_bar: int = 1
+    profiled: tuple[tuple[int, int], ...] = ()
+    compiled: tuple[int, ...] = ()
+
+
 _Record = TypeVar("_Record", bound="DataclassInstance")
 
 

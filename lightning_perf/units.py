@@ -59,6 +59,11 @@ def change(ratio: float, *, signed: bool = True) -> str:
     return f"{ratio:+.1%}" if signed else f"{ratio:.1%}"
 
 
+def points(delta: float) -> str:
+    """A change of a share in percentage points, one decimal: ``0.0104`` (12% -> 13.04%) -> ``"+1.0 pp"``."""
+    return f"{delta * 100:+.1f} pp"
+
+
 def times(ratio: float) -> str:
     """A measured ratio, rounded down to two decimals: ``2.468`` -> ``"2.46x"``."""
     return f"{_round_down(ratio, 2):.2f}x"

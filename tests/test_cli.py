@@ -281,10 +281,10 @@ def test_compare_shows_flops_and_mfu_before_and_after(tmp_path, capsys):
     assert main(["compare", str(before), str(after)]) == 0
     rows = {line.split("  ")[1]: line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")}
     assert rows["FLOP/s"][1:] == ["150", "TFLOP/s", "310", "TFLOP/s", "+106.7%", "(better)"]
-    assert rows["MFU"][1:] == ["15%", "31%", "+106.7%", "(better)"]  # rounded down
+    assert rows["MFU"][1:] == ["15%", "31%", "+16.2", "pp", "(better)"]  # rounded down; a share's change in points
     assert main(["compare", str(before), str(after), "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out)["metrics"]
-    assert metrics["MFU"] == {"before": "15%", "after": "31%", "change": "+106.7% (better)"}
+    assert metrics["MFU"] == {"before": "15%", "after": "31%", "change": "+16.2 pp (better)"}
     assert metrics["FLOP/s"] == {"before": "150 TFLOP/s", "after": "310 TFLOP/s", "change": "+106.7% (better)"}
 
 
@@ -336,3 +336,195 @@ def test_analyze_of_a_trace_without_compiled_code_says_nothing_of_it(tmp_path, c
     assert main(["analyze", path, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)[path]["summary"]
     assert (summary["compiled_time"], summary["guard_time"]) == (None, None)
+
+
+def test_compare_calls_noise_the_same_and_a_share_s_change_points(tmp_path, capsys):
+    # The trial's text: an operator of 11 us -> 11 us called slower, data wait 12% -> 13% called +6.4% (worse).
+    from lightning_perf.report.json_report import report_dict, write_json_atomically
+    from lightning_perf.summarize.steps import summarize_epoch
+
+    for name, step, wait in (("before", 0.1, 0.012), ("after", 0.102, 0.0133)):
+        epoch = summarize_epoch(stage="train", epoch=0, data_wait=[wait], compute=[step - wait], batch_sizes=[4])
+        report = report_dict(generated_by="lightning-perf test", run={"device": "cpu"}, epochs=[epoch], windows=[])
+        (tmp_path / name).mkdir()
+        write_json_atomically(report, str(tmp_path / name / "perf_report.json"))
+    assert main(["compare", str(tmp_path / "before"), str(tmp_path / "after")]) == 0
+    rows = {line[2:].split("  ")[0]: line.split() for line in capsys.readouterr().out.splitlines()}
+    assert rows["step time p50"][-2:] == ["+2.0%", "(same)"]  # within run-to-run noise
+    assert rows["data wait"][-5:] == ["12%", "13%", "+1.0", "pp", "(worse)"]  # points, not +8.7%
+    # Operators, from two traces: 11 us -> 11.4 us is the same, 500 us -> 300 us faster, 3 us new is the same.
+    before = _write_trace(tmp_path / "a.json", ("aten::add", 100, 11), ("aten::mm", 200, 500))
+    after = _write_trace(tmp_path / "b.json", ("aten::add", 100, 11.4), ("aten::mm", 200, 300), ("aten::t", 600, 3))
+    assert main(["compare", before, after]) == 0
+    out = capsys.readouterr().out
+    assert "(per window, CPU time; same: under 5% or 5 us):" in out
+    words = {line.split()[0]: line.split()[-1] for line in out.split("changed most", 1)[1].splitlines()[1:]}
+    assert words == {"aten::mm": "faster", "aten::add": "same", "aten::t": "new"}
+    assert main(["compare", before, after, "--json"]) == 0
+    operators = json.loads(capsys.readouterr().out)["operators"]
+    assert [(o["name"], o["change"]) for o in operators] == [
+        ("aten::mm", "faster"),
+        ("aten::t", "new"),
+        ("aten::add", "same"),
+    ]
+
+
+def test_analyze_of_a_relative_path_names_absolute_paths(gpu_trace, tmp_path, monkeypatch, capsys):
+    # `analyze c2/perf --html`: the page's trace path and commands must work wherever the page is opened.
+    window = tmp_path / "c2" / "perf" / "train-epoch0"
+    window.mkdir(parents=True)
+    shutil.copy(gpu_trace("v100_single_rank.json.gz"), window / "rank0.pt.trace.json.gz")
+    monkeypatch.chdir(tmp_path)
+    assert main(["analyze", "c2/perf", "--json", "--html", "traces.html"]) == 0
+    trace = str(window / "rank0.pt.trace.json.gz")
+    assert trace in json.loads(capsys.readouterr().out)  # as the directories always were
+    text, _ = _page(tmp_path / "traces.html")
+    assert f"Trace: <code>{trace}</code>" in text and f"tensorboard --logdir {tmp_path / 'c2' / 'perf'}</code>" in text
+    assert "<code>c2/perf" not in text and "--logdir c2/" not in text
+
+
+# --- --html OUT ----------------------------------------------------------------------------------------------
+
+
+def _page(path):
+    """A page a command wrote, checked to be one self-contained document, and the figures it draws, each
+    validated by Plotly's own schema."""
+    import plotly.graph_objects as go
+
+    from html_pages import assert_self_contained, figures_in
+
+    text = path.read_text(encoding="utf-8")
+    assert_self_contained(text)
+    figures = figures_in(text)
+    for figure in figures.values():
+        go.Figure(figure)  # raises on a property Plotly does not know
+    return text, figures
+
+
+def test_report_html_writes_the_run_page_and_still_prints_the_report(runs, tmp_path, capsys):
+    out = tmp_path / "slow.html"
+    assert main(["report", str(runs["slow"]), "--html", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("lightning-perf | train epoch 1 |") for line in lines)  # the usual text
+    assert lines[-1].startswith(f"HTML page: {out} (") and "MiB" in lines[-1]  # then where the page went
+    text, _ = _page(out)
+    assert "dataloader_bound" in text
+    # OUT a directory: the page is OUT/report.html; with --json, stdout stays JSON and the line goes to stderr.
+    assert main(["report", str(runs["slow"]), "--json", "--html", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["version"] == 1
+    assert captured.err.startswith(f"HTML page: {tmp_path / 'report.html'} (")
+    _page(tmp_path / "report.html")
+
+
+def test_report_html_needs_one_run(runs, tmp_path, capsys):
+    assert main(["report", str(runs["slow"].parent), "--html", str(tmp_path / "x.html")]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 reports (fast/" in err and "--html writes one run's page: pass its directory" in err
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_analyze_html_writes_the_traces_page(runs, tmp_path, capsys):
+    out = tmp_path / "traces.html"
+    assert main(["analyze", str(runs["slow"]), "--html", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("rank 0: rank0.pt.trace.json.gz: 2 steps of" in line for line in lines) == 2  # a window an epoch
+    assert lines[-1].startswith(f"HTML page: {out} (")
+    text, _ = _page(out)
+    for trace in runs["slow"].rglob("*.pt.trace.json.gz"):
+        assert trace.parent.name in text  # every trace's window is on the page
+
+
+def test_compare_html_of_two_runs(runs, tmp_path, capsys):
+    out = tmp_path / "compare.html"
+    assert main(["compare", str(runs["slow"]), str(runs["fast"]), "--html", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith(f"HTML page: {out} (")
+    text, figures = _page(out)
+    assert set(figures) == {"operators-chart", "epochs-chart-0", "epochs-chart-1"}
+    assert [t["name"] for t in figures["epochs-chart-0"]["data"]] == ["before", "after"]
+    assert [len(t["x"]) for t in figures["epochs-chart-0"]["data"]] == [2, 2]  # both runs' two epochs
+    # The headline's changes coloured the right way: a lower step time and a higher throughput are better.
+    for metric in ("step time p50", "throughput", "data wait"):
+        row = text.split(f"<td>{metric}</td>", 1)[1].split("</tr>", 1)[0]
+        assert '<span class="good">' in row and "(better)" in row, row
+    # The slow run waited for data most of the time (critical); the fast one waits little, if at all.
+    fixed = "<td>fixed</td><td>dataloader_bound</td><td>critical</td><td>-</td>"
+    kept = "<td>kept</td><td>dataloader_bound</td><td>critical</td><td>warning</td>"
+    assert 'id="findings-table"' in text and (fixed in text or kept in text)
+    assert 'id="operators-table"' in text and "enumerate(DataLoader)#" in text
+
+
+def test_compare_html_is_written_when_slower_too(runs, tmp_path, capsys):
+    # In CI the page is what shows why the job failed.
+    out = tmp_path / "slower.html"
+    assert main(["compare", str(runs["fast"]), str(runs["slow"]), "--fail-if-slower", "10", "--html", str(out)]) == 1
+    assert "slower (limit --fail-if-slower 10%)" in capsys.readouterr().err
+    text, _ = _page(out)
+    assert '<span class="bad">' in text
+
+
+def test_compare_html_escapes_an_operator_named_like_a_script(runs, tmp_path, capsys):
+    # A record_function can be named anything: on the page its name is text, in the tables and in the charts.
+    import gzip
+
+    name = "<script>document.title='pwned'</script>"
+    before = sorted(runs["fast"].rglob("*.pt.trace.json.gz"))[-1]
+    with gzip.open(before, "rt", encoding="utf-8") as f:
+        trace = json.load(f)
+    renamed = 0
+    for event in trace["traceEvents"]:
+        if event.get("name") == "aten::mm":
+            event["name"], renamed = name, renamed + 1
+    assert renamed
+    after = tmp_path / "after.pt.trace.json"
+    after.write_text(json.dumps(trace))
+    out = tmp_path / "compare.html"
+    assert main(["compare", str(before), str(after), "--html", str(out)]) == 0
+    text, figures = _page(out)
+    assert "<script>document.title" not in text and "pwned'</script>" not in text
+    assert ">&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;</td>" in text  # the table's cell
+    bars = figures["operators-chart"]["data"][0]
+    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in bars["y"]  # Plotly shows it as text
+    assert capsys.readouterr().out.count("<script>document.title='pwned'</script>") == 1  # the text lists it as is
+
+
+@pytest.mark.parametrize("command", ["report", "analyze", "compare"])
+def test_html_into_a_directory_that_does_not_exist_is_one_line_and_exit_code_2(command, runs, tmp_path, capsys):
+    inputs = {"report": [str(runs["slow"])], "analyze": [str(runs["slow"])]}
+    inputs["compare"] = [str(runs["slow"]), str(runs["fast"])]
+    out = tmp_path / "missing" / "page.html"
+    assert main([command, *inputs[command], "--html", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"lightning-perf: error: --html {out}: no such directory: {out.parent}\n"
+    assert captured.out == ""  # checked before any work
+
+
+def test_compare_finds_a_moved_run_s_traces_or_uses_the_operators_its_report_kept(runs, tmp_path, capsys):
+    # A run directory copied off a cluster: its report names traces where the run wrote them, gone here.
+    [report] = runs["slow"].rglob("perf_report.json")
+    moved = tmp_path / "moved"
+    shutil.copytree(report.parent, moved)
+    data = json.loads((moved / "perf_report.json").read_text())
+    for window in data["windows"]:
+        window["trace_path"] = f"/cluster/scratch/{window['name']}/rank0.pt.trace.json.gz"
+    (moved / "perf_report.json").write_text(json.dumps(data))
+    last = data["windows"][-1]
+    assert main(["compare", str(moved), str(runs["fast"]), "--json", "--html", str(tmp_path)]) == 0
+    operators = json.loads(capsys.readouterr().out)["operators"]
+    assert len(operators) == 20 and operators[0]["name"].startswith("enumerate(DataLoader)#")
+    assert f"(before: {last['name']}; after: " in (tmp_path / "compare.html").read_text()  # its whole trace
+    # Without its window directories: the top operators the report kept, and the page says so.
+    for window in data["windows"]:
+        shutil.rmtree(moved / window["name"])
+    assert main(["compare", str(moved), str(runs["fast"]), "--html", str(tmp_path)]) == 0
+    assert "enumerate(DataLoader)#" in capsys.readouterr().out
+    # The report keeps the operators in seconds; compared in µs, as read off the trace itself.
+    assert main(["compare", str(moved), str(runs["fast"]), "--json"]) == 0
+    from_report = {o["name"]: o["before_us"] for o in json.loads(capsys.readouterr().out)["operators"]}
+    from_trace = {o["name"]: o["before_us"] for o in operators}
+    assert set(from_report) & set(from_trace) and from_report[operators[0]["name"]] > 1_000  # a sleeping loader
+    for name in set(from_report) & set(from_trace):
+        assert from_report[name] == pytest.approx(from_trace[name], rel=1e-6), name
+    kept = f"(before: {last['name']} (its top {len(last['operators'])} operators, as the report keeps them); after: "
+    assert kept in (tmp_path / "compare.html").read_text()

@@ -19,8 +19,25 @@ from lightning_perf.diagnose.model import Finding
 from lightning_perf.readers import InputError, load_report, load_trace
 from lightning_perf.readers import files as readers_files
 from lightning_perf.readers import trace as readers_trace
-from lightning_perf.records import CompileStats, EpochSummary, GraphBreak, RankSummary, TraceSummary, WindowRecord
-from lightning_perf.report.json_report import SCHEMA_VERSION, report_dict, report_epochs, write_json_atomically
+from lightning_perf.records import (
+    CompileStats,
+    EpochSummary,
+    GraphBreak,
+    OperatorStat,
+    RankSummary,
+    StepSplit,
+    TraceSummary,
+    WindowRecord,
+)
+from lightning_perf.report.json_report import (
+    OPERATOR_ROWS,
+    SCHEMA_VERSION,
+    report_dict,
+    report_epochs,
+    window_dict,
+    window_record,
+    write_json_atomically,
+)
 from lightning_perf.summarize.events import KinetoTrace, as_trace
 from lightning_perf.summarize.operators import operator_stats
 from lightning_perf.summarize.step_summary import summarize_trace
@@ -124,6 +141,10 @@ def _report():
             device="cpu",
             close_seconds=0.3,
             summary=summary,
+            operators=(
+                OperatorStat(name="aten::mm", calls=4, self_cpu_time=0.01, cpu_time=0.02, input_shapes="[[2, 2]]"),
+                OperatorStat(name="aten::add", calls=2, self_cpu_time=0.002, cpu_time=0.002),
+            ),
         ),
         WindowRecord(
             stage="validate",
@@ -188,7 +209,11 @@ def _report():
         findings={("train", 0): [finding]},
         ranks={("train", 0): [rank]},
         compile={("train", 0): COMPILE},
+        steps={("train", 0): STEPS},
     )
+
+
+STEPS = StepSplit(data_wait=(0.01, 0.0), compute=(0.05, 0.04), profiled=((1, 1),), compiled=(0,))
 
 
 COMPILE = CompileStats(
@@ -327,6 +352,48 @@ def test_a_report_written_by_the_writer_loads_unchanged(tmp_path):
     epochs = [epoch for stage in report["stages"].values() for epoch in stage["epochs"]]
     assert [EpochSummary(**{f.name: e[f.name] for f in dataclasses.fields(EpochSummary)}) for e in epochs] == EPOCHS
     assert Finding(**epochs[0]["findings"][0]).id == "dataloader_bound"
+
+
+def test_a_report_gives_back_its_step_splits_and_window_operators_as_records(tmp_path):
+    path = str(tmp_path / "perf_report.json")
+    write_json_atomically(_report(), path)
+    report = load_report(path)
+    assert report_epochs(report)[0].steps == STEPS
+    window = window_record(report["windows"][0])
+    assert [op.name for op in window.operators] == ["aten::mm", "aten::add"]  # largest self CPU time first
+    assert window.summary is not None and window.summary.steps == 2
+    assert window_record(report["windows"][1]).operators == ()
+
+
+def test_a_report_written_before_step_splits_and_operators_were_kept_loads_without_them(tmp_path):
+    report = _report()
+    del report["stages"]["train"]["epochs"][0]["steps"], report["windows"][0]["operators"]
+    path = tmp_path / "perf_report.json"
+    path.write_text(json.dumps(report))
+    loaded = load_report(path)
+    assert [e.steps for e in report_epochs(loaded)] == [None] * len(EPOCHS)
+    assert window_record(loaded["windows"][0]).operators == ()
+
+
+def test_a_window_keeps_its_top_operators_by_self_device_time_on_a_gpu(tmp_path):
+    ops = tuple(
+        OperatorStat(name=f"op{i}", calls=1, self_cpu_time=1.0, cpu_time=1.0, self_device_time=float(i), device_time=i)
+        for i in range(OPERATOR_ROWS + 5)
+    )
+    window = WindowRecord(
+        stage="train",
+        epoch=0,
+        first_batch=0,
+        last_batch=0,
+        name="w",
+        trace_path="t",
+        step=0,
+        device="cuda",
+        operators=ops,
+    )
+    kept = window_dict(window)["operators"]
+    assert len(kept) == OPERATOR_ROWS and kept[0]["name"] == f"op{OPERATOR_ROWS + 4}"
+    assert "operators" not in window_dict(window, with_analysis=False)
 
 
 def test_a_report_may_lack_fields_with_defaults_and_carry_unknown_keys(tmp_path):
@@ -587,6 +654,25 @@ REPORT_FAILURES = [
         "compile_break_count",
         _set((*EPOCH, "compile", "break_sites", 0, "count"), None),
         r"epochs\[0\]\.compile\.break_sites\[0\]\.count must be an integer, got None \(null\)",
+    ),
+    ("steps_list", _set((*EPOCH, "steps"), []), r"epochs\[0\]\.steps must be an object, got \[\]"),
+    ("steps_value", _set((*EPOCH, "steps", "compute", 1), "4"), r"epochs\[0\]\.steps\.compute\[1\] must be a number"),
+    (
+        "steps_lengths",
+        _set((*EPOCH, "steps", "compute"), [0.1]),
+        r"steps\.data_wait and .*steps\.compute differ in length",
+    ),
+    ("steps_per_bar", _set((*EPOCH, "steps", "per_bar"), 0), r"epochs\[0\]\.steps\.per_bar must be at least 1, got 0"),
+    (
+        "steps_profiled",
+        _set((*EPOCH, "steps", "profiled", 0), [1]),
+        r"steps\.profiled\[0\] must be a \[first, last\] pair of batch indices, got \[1\]",
+    ),
+    ("steps_compiled", _set((*EPOCH, "steps", "compiled", 0), 0.5), r"steps\.compiled\[0\] must be an integer"),
+    (
+        "window_operator",
+        _set(("windows", 0, "operators", 1, "calls"), "2"),
+        r"field windows\[0\]\.operators\[1\]\.calls must be an integer, got '2'",
     ),
     ("no_windows", _set(("windows",), "DEL"), r"field windows is missing"),
     ("windows_object", _set(("windows",), {}), r"field windows must be an array"),

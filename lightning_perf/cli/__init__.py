@@ -11,6 +11,9 @@ thing, measure again, compare.
 - ``compare BEFORE AFTER``: two runs (or two traces) side by side (MFU before and after, where known);
   ``--fail-if-slower PCT`` for CI.
 
+Each also writes its output as one self-contained HTML page with ``--html OUT`` (a file, or ``OUT/report.html``,
+``OUT/traces.html``, ``OUT/compare.html`` where ``OUT`` is a directory): no network needed to open it.
+
 One code path with the callback: the same readers, summaries, rules and formatters; no second
 implementation of a rule. Bad input (a missing file, a truncated gzip, a malformed report) is one line on
 stderr and exit code 2. Nothing here imports torch or Lightning, so the commands start fast.
@@ -45,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "-v", "--verbose", type=int, default=2, choices=(1, 2), help="2: also info findings and evidence"
     )
+    _html_option(report, "report.html", "the run's page (the one the callback writes beside perf_report.json; one run)")
     report.set_defaults(run=command_report)
 
     analyze = commands.add_parser("analyze", help="the trace-level rules on Kineto traces")
@@ -56,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument("--json", action="store_true")
     analyze.add_argument("-v", "--verbose", type=int, default=1, choices=(1, 2))
+    _html_option(analyze, "traces.html", "a page of the traces (step breakdowns, findings, operator tables)")
     analyze.set_defaults(run=command_analyze)
 
     compare = commands.add_parser("compare", help="two runs or two traces side by side")
@@ -71,8 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--operators", type=int, default=10, help="how many operators to list")
     compare.add_argument("--precision", default=None, help=argparse.SUPPRESS)
     compare.add_argument("--json", action="store_true")
+    _html_option(compare, "compare.html", "a page of the two side by side (deltas, findings, operator changes)")
     compare.set_defaults(run=command_compare)
     return parser
+
+
+def _html_option(command: argparse.ArgumentParser, page_name: str, what: str) -> None:
+    command.add_argument(
+        "--html",
+        metavar="OUT",
+        default=None,
+        help=f"also write {what} to OUT: one self-contained HTML file that opens offline; OUT/{page_name} where"
+        " OUT is a directory (which must exist). Written atomically; its path is printed last (on stderr with"
+        " --json)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

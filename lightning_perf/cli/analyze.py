@@ -3,7 +3,10 @@
 ==========================
 
 The trace-level rules on any Kineto traces, grouped by rank per directory, with the cross-rank findings of a
-directory of ranks.
+directory of ranks; ``--html OUT`` also writes them as a page (:mod:`lightning_perf.report.html.traces_page`),
+with each trace's operator table. One trace is in memory at a time: what a page needs of it (its summary,
+findings and operator rows) is kept, the trace itself is not. Paths are absolute, in ``--json`` and on the
+page (as the directories always were), so that the page's commands to open a trace work wherever it is opened.
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_perf.cli.inputs import EXIT_OK, find_traces, trace_rank
+from lightning_perf.cli.inputs import EXIT_OK, TRACES_PAGE, find_traces, html_output, trace_rank, write_page
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnosis_context import cross_rank_findings, distributed_info, trace_context, trace_stage
 from lightning_perf.readers import load_trace
 from lightning_perf.records import RankSummary, TraceSummary, share
 from lightning_perf.report.findings import CLEAN, finding_lines, ranks_table, shown_findings
+from lightning_perf.report.html.traces_page import AnalyzedDirectory, AnalyzedTrace, traces_page
 from lightning_perf.summarize.events import KinetoTrace
+from lightning_perf.summarize.operators import operator_stats
 from lightning_perf.summarize.ranks import rank_summary_of_trace
 from lightning_perf.summarize.step_summary import summarize_trace
 from lightning_perf.units import count, duration_us, percent
@@ -50,31 +55,37 @@ def _print_findings(findings: Sequence[Finding], verbose: int) -> None:
 
 
 def command_analyze(args: argparse.Namespace) -> int:
+    page_path = html_output(args.html, TRACES_PAGE) if args.html else None
     by_dir: dict[str, list[str]] = {}
     for path in find_traces(args.paths):
         by_dir.setdefault(os.path.dirname(os.path.abspath(path)), []).append(path)
     results: dict[str, Any] = {}
+    pages: list[AnalyzedDirectory] = []
     for directory, paths in by_dir.items():
         entries = []
         for path in paths:
             trace, summary, findings = analyzed(path, precision=args.precision, world_size=len(paths))
-            entries.append((trace_rank(path, trace), path, summary, findings))
+            rank, operators = trace_rank(path, trace), operator_stats(trace) if page_path else ()
             del trace  # one trace in memory at a time
-        entries.sort(key=lambda e: e[0])
+            # Absolute: the page's commands (tensorboard --logdir, perfetto) must work wherever it is opened.
+            entries.append(AnalyzedTrace(os.path.abspath(path), rank, summary, tuple(findings), operators))
+        entries.sort(key=lambda e: e.rank)
         if not args.json:
             print(directory)
         ranks: list[RankSummary] = []
-        for rank, path, summary, findings in entries:
-            ranks.append(rank_summary_of_trace(rank, summary))
-            results[path] = {
-                "rank": rank,
-                "summary": dataclasses.asdict(summary),
-                "findings": [dataclasses.asdict(f) for f in findings],
+        for entry in entries:
+            ranks.append(rank_summary_of_trace(entry.rank, entry.summary))
+            results[entry.path] = {
+                "rank": entry.rank,
+                "summary": dataclasses.asdict(entry.summary),
+                "findings": [dataclasses.asdict(f) for f in entry.findings],
             }
             if not args.json:
-                print(f"  rank {rank}: {os.path.basename(path)}: {_summary_line(summary)}")
-                _print_findings(findings, args.verbose)
-        if len(entries) > 1 and len({r.rank for r in ranks}) == len(ranks):
+                print(f"  rank {entry.rank}: {os.path.basename(entry.path)}: {_summary_line(entry.summary)}")
+                _print_findings(entry.findings, args.verbose)
+        cross: list[Finding] = []
+        distinct = len(entries) > 1 and len({r.rank for r in ranks}) == len(ranks)
+        if distinct:
             cross = cross_rank_findings(ranks)
             results[directory] = {
                 "ranks": [dataclasses.asdict(r) for r in ranks],
@@ -87,8 +98,11 @@ def command_analyze(args: argparse.Namespace) -> int:
                 _print_findings(cross, args.verbose)
         elif len(entries) > 1 and not args.json:
             print("  (no cross-rank comparison: these traces do not hold distinct ranks of one run)")
+        pages.append(AnalyzedDirectory(directory, tuple(entries), tuple(ranks) if distinct else (), tuple(cross)))
     if args.json:
         print(json.dumps(results, indent=1))
+    if page_path is not None:
+        write_page(traces_page(pages), page_path, quiet_stdout=args.json)
     return EXIT_OK
 
 

@@ -3,25 +3,31 @@ Command inputs
 ==============
 
 What the ``lightning-perf`` commands read (the reports under a run directory, the traces under paths, a
-trace's rank) and how they exit.
+trace's rank), where their ``--html OUT`` pages go, and how they exit.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lightning_perf.diagnosis_context import distributed_info
+from lightning_perf.layout import write_atomically
 from lightning_perf.readers import InputError
 from lightning_perf.summarize.events import KinetoTrace
+from lightning_perf.units import signed_size
 
 EXIT_OK, EXIT_SLOWER, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command ended by SIGPIPE
 REPORT_PATTERN = re.compile(r"^perf_report(-\d+)?\.json$")
 TRACE_PATTERN = re.compile(r"\.json(\.gz)?$")
 RANK_PATTERN = re.compile(r"rank[_-]?(\d+)")
+# The page each command's ``--html OUT`` writes into OUT where OUT is a directory (a run's page: the name the
+# callback gives it beside perf_report.json, lightning_perf.layout.page_path).
+REPORT_PAGE, TRACES_PAGE, COMPARE_PAGE = "report.html", "traces.html", "compare.html"
 
 
 class UsageError(InputError):
@@ -40,6 +46,40 @@ def find_reports(run_dir: str) -> list[str]:
     if not found:
         raise UsageError(f"{run_dir}: holds no perf_report.json (is it a run directory written by PerfCallback?)")
     return found
+
+
+def one_report(path: str, purpose: str) -> str:
+    """The one ``perf_report*.json`` under ``path`` (:func:`find_reports`); a directory of several runs is a
+    usage error that names some of them and says what ``purpose`` needs."""
+    reports = find_reports(path)
+    if len(reports) > 1:
+        shown = ", ".join(os.path.relpath(r, path) for r in reports[:3]) + (", ..." if len(reports) > 3 else "")
+        raise UsageError(f"{path}: holds {len(reports)} reports ({shown}); {purpose}: pass its directory")
+    return reports[0]
+
+
+def html_output(out: str, page_name: str) -> str:
+    """Where ``--html OUT`` writes its page: ``OUT`` itself, or ``OUT/<page_name>`` where ``OUT`` is an existing
+    directory. Checked before a command does its work: the directory the page goes into must exist."""
+    path = os.path.join(out, page_name) if os.path.isdir(out) else out
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"--html {out}: no such directory: {parent}")
+    return path
+
+
+def write_page(page: str, path: str, *, quiet_stdout: bool = False) -> None:
+    """Writes an HTML page atomically (a browser open on ``path`` reloads the old page or the new one, never
+    half of one), and says where on stdout (on stderr where stdout holds ``--json``)."""
+    data = page.encode("utf-8")
+    try:
+        write_atomically(data, path)
+    except OSError as err:
+        raise UsageError(f"--html {path}: cannot write: {err.strerror or err}") from err
+    print(
+        f"HTML page: {path} ({signed_size(len(data))}, self-contained: open it in a browser)",
+        file=sys.stderr if quiet_stdout else sys.stdout,
+    )
 
 
 def find_traces(paths: Iterable[str]) -> list[str]:

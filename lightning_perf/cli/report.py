@@ -4,7 +4,8 @@
 
 A run's per-epoch summaries and findings, from its ``perf_report.json`` (with its FLOPs per batch, achieved
 FLOP/s, MFU and top modules by FLOPs where they were counted, and what ``torch.compile`` did in each epoch
-where it compiled something).
+where it compiled something); ``--html OUT`` also writes the run's page
+(:mod:`lightning_perf.report.html.run_page`, the page the callback writes beside the report).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from lightning_perf.cli.inputs import EXIT_OK, find_reports
+from lightning_perf.cli.inputs import EXIT_OK, REPORT_PAGE, find_reports, html_output, one_report, write_page
 from lightning_perf.readers import load_report
 from lightning_perf.records import EpochSummary
 from lightning_perf.report.findings import console_report
@@ -25,11 +26,23 @@ TOP_MODULES_SHOWN = 5  # of the report's run.flops.by_module, on `report`'s line
 
 
 def command_report(args: argparse.Namespace) -> int:
-    reports = [(path, load_report(path)) for path in find_reports(args.run_dir)]
+    page_path = html_output(args.html, REPORT_PAGE) if args.html else None
+    paths = [one_report(args.run_dir, "--html writes one run's page")] if page_path else find_reports(args.run_dir)
+    reports = [(path, load_report(path)) for path in paths]
     if args.json:
         data: Any = reports[0][1] if len(reports) == 1 else dict(reports)
         print(json.dumps(data, indent=1))
-        return EXIT_OK
+    else:
+        _print_reports(reports, verbose=args.verbose)
+    if page_path is not None:
+        from lightning_perf.report.html.run_page import run_page
+
+        [(path, report)] = reports
+        write_page(run_page(report, source=path), page_path, quiet_stdout=args.json)
+    return EXIT_OK
+
+
+def _print_reports(reports: list[tuple[str, dict[str, Any]]], *, verbose: int) -> None:
     for path, report in reports:
         run = report.get("run", {})
         print(f"{path}")
@@ -41,13 +54,12 @@ def command_report(args: argparse.Namespace) -> int:
             print(f"  {line}")
         for epoch in report_epochs(report):
             text = console_report(
-                epoch.summary, epoch.findings, verbose=args.verbose, ranks=epoch.ranks, compile=epoch.compile
+                epoch.summary, epoch.findings, verbose=verbose, ranks=epoch.ranks, compile=epoch.compile
             )
             print(_with_flops_per_batch(text, epoch.summary))
         windows = report.get("windows", [])
         if windows:
             print(f"  {len(windows)} profiler window(s): " + ", ".join(w["name"] for w in windows))
-    return EXIT_OK
 
 
 def _run_flops_lines(run: Mapping[str, Any]) -> list[str]:

@@ -12,6 +12,7 @@ its hooks.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,27 +38,21 @@ from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.flop_count import FlopCounting
 from lightning_perf.hooks.window_control import StagePosition
-from lightning_perf.records import CompileStats, EpochSummary, RankSummary, TraceSummary, WindowRecord
-from lightning_perf.report.charts import step_split_caption, step_split_image
+from lightning_perf.layout import page_path
+from lightning_perf.records import CompileStats, EpochSummary, RankSummary, StepSplit, TraceSummary, WindowRecord
 from lightning_perf.report.findings import ShownFindings, console_report, findings_markdown, ranks_markdown
-from lightning_perf.report.json_report import ReportFile, report_dict
+from lightning_perf.report.html import run_page
+from lightning_perf.report.json_report import ReportFile, keeps_step_split, report_dict
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
 from lightning_perf.report.outputs import Outputs
 from lightning_perf.summarize.flops import epoch_flops
-from lightning_perf.summarize.steps import summarize_epoch
+from lightning_perf.summarize.steps import step_split, summarize_epoch
 
 # The earlier epochs of a stage the rules see (memory_growth reads a trailing run of epochs; its count
 # saturates here), and so what a checkpoint keeps of them.
 HISTORY_EPOCHS = 32
 FINDINGS_TAG = "perf/findings/{stage}"
 RANKS_TAG = "perf/ranks/{stage}"
-
-
-def draws_step_split(epoch: int, has_window: bool) -> bool:
-    """Whether an epoch gets a step-split image: at a stage's epochs 0, 1, 2, 4, 8, ... and at every epoch
-    with a profiler window. TensorBoard keeps a sample of 4 images per tag by default, so one per epoch of a
-    long run would be work nobody sees."""
-    return has_window or epoch & (epoch - 1) == 0
 
 
 def stage_step(stage: str, trainer: pl.Trainer, total_batches: int) -> int:
@@ -123,6 +118,9 @@ class EpochReporter:
         self.ranks: dict[tuple[str, int], tuple[RankSummary, ...]] = {}
         #: What torch.compile did, by stage epoch (none for a run that compiles nothing).
         self.compile_stats: dict[tuple[str, int], CompileStats] = {}
+        #: The per-batch step splits the report keeps (:func:`~lightning_perf.report.json_report.keeps_step_split`).
+        self.step_splits: dict[tuple[str, int], StepSplit] = {}
+        self._latest_split: dict[str, tuple[tuple[str, int], bool]] = {}  # each stage's latest: key, kept for good
         self._batch_size = batch_size
         self._policy = policy
         self._shown = ShownFindings()
@@ -130,6 +128,14 @@ class EpochReporter:
         self._report: ReportFile | None = None  # on rank zero, from the first write on
         self.flops = FlopCounting()  # the training batches' FLOP counts
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
+
+    def measured_run_info(self) -> dict[str, Any]:
+        """What the run's facts hold that an earlier Trainer call measured, to keep at the next call's setup
+        (``fit`` then ``test``): the DataLoaders' settings and the FLOP counts."""
+        return {
+            "dataloaders": self.run_info.get("dataloaders", {}),
+            **{k: v for k, v in self.run_info.items() if k == "flops"},
+        }
 
     def report(self) -> dict[str, Any]:
         """Everything measured so far, as written to ``perf_report.json``."""
@@ -141,6 +147,7 @@ class EpochReporter:
             findings=self.findings_by_epoch,
             ranks=self.ranks,
             compile=self.compile_stats,
+            steps=self.step_splits,
         )
 
     def add_window(self, record: WindowRecord) -> None:
@@ -287,8 +294,8 @@ class EpochReporter:
     def report_epoch(
         self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...], *, had_window: bool
     ) -> None:
-        """Diagnoses the epoch (rank zero) and reports it: scalars, the step-split image (``had_window``: the
-        epoch had a profiler window), the findings' and ranks' texts, the console, the report file."""
+        """Diagnoses the epoch (rank zero) and reports it: scalars, the findings' and ranks' texts, the console,
+        the report files (with the epoch's step split; ``had_window``: the epoch had a profiler window)."""
         stage = summary.stage
         st = self.stages[stage]
         compiled = self.compile_stats.get((stage, summary.epoch))
@@ -307,17 +314,14 @@ class EpochReporter:
                 logger_step=logger_step(stage, trainer, epoch_end=True),
                 epoch=trainer.current_epoch,
             )
-            if summary.batches and draws_step_split(summary.epoch, had_window):
-                tag = f"perf/{stage}/step_split"
-                clock = st.clock
-                self.outputs.add_image(tag, step_split_image(clock.data_wait, clock.compute), step)
-                self.outputs.add_text(tag + "_caption", step_split_caption(clock.data_wait, clock.compute), step)
             self.outputs.add_text(
                 FINDINGS_TAG.format(stage=stage), findings_markdown(summary, findings, compile=compiled), step
             )
             if ranks:
                 self.outputs.add_text(RANKS_TAG.format(stage=stage), ranks_markdown(summary, ranks), step)
         if trainer.is_global_zero:
+            if summary.batches:
+                self._keep_step_split(summary, had_window)
             fresh, unchanged = self._shown.split(stage, findings)
             first = not st.history  # the stage's first epoch in this process shows its per-rank table
             message = console_report(
@@ -331,6 +335,20 @@ class EpochReporter:
             if message:
                 rank_zero_info(message)
         self.write_report(trainer, now=not st.history)  # a stage's first epoch, at once; then on the budget
+
+    def _keep_step_split(self, summary: EpochSummary, had_window: bool) -> None:
+        """Keeps the epoch's per-batch step split for the report, and drops the stage's previous one unless the
+        report keeps that for good."""
+        stage, clock = summary.stage, self.stages[summary.stage].clock
+        compiled = self.compile_stats.get((stage, summary.epoch))
+        key = (stage, summary.epoch)
+        previous = self._latest_split.get(stage)
+        if previous is not None and not previous[1] and previous[0] != key:
+            self.step_splits.pop(previous[0], None)
+        self.step_splits[key] = step_split(
+            clock.data_wait, clock.compute, profiled=clock.profiled, compiled=compiled.steps if compiled else ()
+        )
+        self._latest_split[stage] = (key, keeps_step_split(summary.epoch, had_window))
 
     def end_interrupted(self, trainer: pl.Trainer, positions: Mapping[str, StagePosition]) -> None:
         """Summarizes, diagnoses and reports the stage epochs an interruption stopped (this rank's own numbers:
@@ -349,13 +367,14 @@ class EpochReporter:
                 st.history.append(summary)
 
     def write_report(self, trainer: pl.Trainer, *, now: bool) -> None:
-        """Rewrites ``perf_report.json`` at :attr:`report_path` (rank zero): ``now``, or when its time budget
-        allows (:class:`~lightning_perf.report.json_report.ReportFile`)."""
+        """Rewrites ``perf_report.json`` at :attr:`report_path` and the HTML page beside it (rank zero): ``now``,
+        or when their time budget allows (:class:`~lightning_perf.report.json_report.ReportFile`)."""
         path = self.report_path
         if path is None or not trainer.is_global_zero:
             return
         if self._report is None or self._report.path != path:
-            self._report = ReportFile(path)
+            source = os.path.dirname(os.path.abspath(path))
+            self._report = ReportFile(path, page=(page_path(path), lambda data: run_page(data, source=source)))
         if now:
             self._report.write(self.report())
         else:

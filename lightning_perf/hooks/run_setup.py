@@ -9,6 +9,7 @@ torch profiler at a time), and where its output goes (:func:`output_places`).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import lightning.pytorch as pl
@@ -18,6 +19,7 @@ from lightning_perf import layout
 from lightning_perf.collect.packages import lightning_classes
 from lightning_perf.collect.profiler import torch_profiler_active
 from lightning_perf.report.json_report import REPORT_FILENAME
+from lightning_perf.report.metrics import charts_layout
 from lightning_perf.report.outputs import Outputs
 
 
@@ -63,7 +65,9 @@ class OutputPlaces:
     outputs: Outputs | None
 
 
-def output_places(trainer: pl.Trainer, dirpath: str | None, report_file: str | None) -> OutputPlaces:
+def output_places(
+    trainer: pl.Trainer, dirpath: str | None, report_file: str | None, stages: Sequence[str] = ()
+) -> OutputPlaces:
     """Decides where everything goes: the output directory, the report's name, the loggers (of either
     Lightning package), the ``tensorboard --logdir`` to show; nowhere under ``fast_dev_run``.
 
@@ -73,6 +77,7 @@ def output_places(trainer: pl.Trainer, dirpath: str | None, report_file: str | N
             without a logger).
         report_file: The report's name at an earlier setup of the same callback: kept while that file exists
             (``fit`` then ``test`` write one report).
+        stages: The stages measured: TensorBoard's Custom Scalars layout draws theirs.
 
     Raises:
         MisconfigurationException: The output directory cannot be made.
@@ -104,6 +109,8 @@ def output_places(trainer: pl.Trainer, dirpath: str | None, report_file: str | N
         fallback_dir=dirpath,
     )
     outputs.prepare()  # not inside the first window's close: opening a writer takes tens of ms
+    if stages:
+        outputs.add_layout(charts_layout(stages))
     return OutputPlaces(
         dirpath=dirpath,
         report_file=report_file,
@@ -111,3 +118,26 @@ def output_places(trainer: pl.Trainer, dirpath: str | None, report_file: str | N
         tensorboard_logdir=tensorboard_logdir,
         outputs=outputs,
     )
+
+
+# The stages a Trainer call runs, by the ``stage`` Lightning passes to ``setup``.
+CALL_STAGES = {"fit": ("train", "validate"), "validate": ("validate",), "test": ("test",), "predict": ("predict",)}
+
+
+def charted_stages(charted: set[str], call: str, enabled: Sequence[str]) -> list[str]:
+    """The stages TensorBoard's charts draw: those of ``enabled`` that this Trainer ``call`` (Lightning's
+    ``setup`` stage) and the earlier ones ran, added to ``charted``; in the order ``enabled`` lists them."""
+    charted.update(s for s in CALL_STAGES.get(call, ()) if s in enabled)
+    return [s for s in enabled if s in charted]
+
+
+def where_to_look(windows: int, dirpath: str | None, tensorboard_logdir: str | None, page: str | None) -> str:
+    """The lines a Trainer call's end prints: the ``windows`` it saved and how to view them, and the run's HTML
+    report where it was written; empty when neither."""
+    lines = []
+    if windows:
+        lines.append(f"lightning-perf: {windows} profiler window(s) saved under {dirpath}")
+        lines.append(f"  View them: tensorboard --logdir {tensorboard_logdir}")
+    if page is not None and os.path.exists(page):
+        lines.append(f"lightning-perf: report (opens offline in a browser): {page}")
+    return "\n".join(lines)

@@ -21,7 +21,7 @@ from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.readers import InputError, load_report
 from lightning_perf.records import EpochSummary, RankSummary, WindowRecord, from_values, plain
-from lightning_perf.report.json_report import report_epochs, window_dict
+from lightning_perf.report.json_report import report_epochs, window_dict, window_record
 
 STATE_VERSION = 2
 
@@ -45,7 +45,7 @@ def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter) 
             }
             for stage, pos in positions.items()
         },
-        "windows": [window_dict(w, with_summary=False) for w in reporter.windows],
+        "windows": [window_dict(w, with_analysis=False) for w in reporter.windows],
         "report_path": reporter.report_path,
     }
 
@@ -76,6 +76,7 @@ def load_state_dict(
             st.history.extend(from_values(EpochSummary, e) for e in saved.get("history", []))
     reporter.windows = [from_values(WindowRecord, w) for w in state.get("windows", [])]
     reporter.epochs, reporter.findings_by_epoch, reporter.ranks, reporter.compile_stats = [], {}, {}, {}
+    reporter.step_splits = {}
     if "epochs" in state:  # version 1
         reporter.epochs = [from_values(EpochSummary, e) for e in state["epochs"]]
         for f in state.get("findings", []):
@@ -93,12 +94,13 @@ def load_state_dict(
 
 
 def _load_earlier_report(path: str | None, reporter: EpochReporter, warn: Callable[[str, str], None]) -> bool:
-    """Takes the epochs, findings, per-rank tables and compile numbers back from an earlier run's report;
-    whether it could."""
+    """Takes the epochs, findings, per-rank tables, compile numbers and step splits back from an earlier run's
+    report, and its windows' summaries and top operators; whether it could."""
     if not path or not os.path.isfile(path):
         return False
     try:
-        epochs = report_epochs(load_report(path))
+        report = load_report(path)
+        epochs = report_epochs(report)
     except InputError as err:
         warn("earlier_report", f"PerfCallback: the report to resume from is unreadable ({err}).")
         return False
@@ -111,4 +113,10 @@ def _load_earlier_report(path: str | None, reporter: EpochReporter, warn: Callab
             reporter.ranks[(summary.stage, summary.epoch)] = epoch.ranks
         if epoch.compile is not None:
             reporter.compile_stats[(summary.stage, summary.epoch)] = epoch.compile
+        if epoch.steps is not None:
+            reporter.step_splits[(summary.stage, summary.epoch)] = epoch.steps
+    analysed = {
+        w["name"]: w for w in report["windows"]
+    }  # the checkpoint keeps a window's record, the report its analysis
+    reporter.windows = [window_record(analysed[w.name]) if w.name in analysed else w for w in reporter.windows]
     return True

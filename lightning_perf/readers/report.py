@@ -20,6 +20,7 @@ from lightning_perf.records import (
     CompileStats,
     EpochSummary,
     GraphBreak,
+    OperatorStat,
     RankSummary,
     Recompile,
     TraceSummary,
@@ -83,6 +84,7 @@ COMPILE_LISTS = ("break_sites", "recompile_guards", "steps")  # CompileStats' tu
 COMPILE_FIELDS = _fields_of(CompileStats, skip=COMPILE_LISTS)
 GRAPH_BREAK_FIELDS = _fields_of(GraphBreak)
 RECOMPILE_FIELDS = _fields_of(Recompile)
+OPERATOR_FIELDS = _fields_of(OperatorStat)
 
 
 def _check_record(record: Any, fields: Iterable[_Field], where: str, *, fill: bool = True) -> dict[str, Any]:
@@ -132,8 +134,12 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
            present, is a :class:`~lightning_perf.records.CompileStats` object: its ``break_sites`` and
            ``recompile_guards`` arrays of :class:`~lightning_perf.records.GraphBreak` and
            :class:`~lightning_perf.records.Recompile` objects, its ``steps`` an array of integers.
-        4. ``windows`` is an array of :class:`~lightning_perf.records.WindowRecord` objects (less their
-           operators), each ``summary`` null or a :class:`~lightning_perf.records.TraceSummary` object.
+           Its ``steps``, where present, holds the arrays of numbers ``data_wait`` and ``compute`` of one length,
+           ``per_bar`` (an integer, at least 1), ``profiled`` (``[first, last]`` pairs of integers) and
+           ``compiled`` (integers).
+        4. ``windows`` is an array of :class:`~lightning_perf.records.WindowRecord` objects, each ``summary``
+           null or a :class:`~lightning_perf.records.TraceSummary` object, its ``operators`` (where present) an
+           array of :class:`~lightning_perf.records.OperatorStat` objects.
         5. Numbers are finite. Keys the schema does not name are allowed (a newer writer's additions).
         6. A record's field that has a default in its dataclass may be absent: it is filled in with that
            default (so ``EpochSummary(**fields)`` works on what is returned); one without is required.
@@ -184,6 +190,8 @@ def _checked_report(data: Any) -> dict[str, Any]:
         summary = window.setdefault("summary", None)
         if summary is not None:
             _check_record(summary, TRACE_SUMMARY_FIELDS, at(where, "summary"))
+        for j, operator in enumerate(_list(window, "operators", where, default=[])):
+            _check_record(operator, OPERATOR_FIELDS, at(at(where, "operators"), j))
     return data
 
 
@@ -223,6 +231,27 @@ def _check_epoch(epoch: Any, stage: str, where: str) -> None:
         _check_record(rank, RANK_FIELDS, at(at(where, "ranks"), i))
     if "compile" in epoch:  # absent: the run compiled nothing, or its writer predates compile stats
         _check_compile(epoch["compile"], at(where, "compile"))
+    if "steps" in epoch:  # absent: an epoch whose step split the report does not keep, or an older writer
+        _check_steps(epoch["steps"], at(where, "steps"))
+
+
+def _check_steps(steps: Any, where: str) -> None:
+    if not isinstance(steps, dict):
+        raise must(where, "an object", steps)
+    for key in ("data_wait", "compute"):
+        for i, value in enumerate(_list(steps, key, where)):
+            check(at(at(where, key), i), value, ("float",))
+    if len(steps["data_wait"]) != len(steps["compute"]):
+        raise Invalid(f"{at(where, 'data_wait')} and {at(where, 'compute')} differ in length")
+    check(at(where, "per_bar"), steps.setdefault("per_bar", 1), ("int",))
+    if steps["per_bar"] < 1:
+        raise must(at(where, "per_bar"), "at least 1", steps["per_bar"])
+    for i, stretch in enumerate(_list(steps, "profiled", where, default=[])):
+        place = at(at(where, "profiled"), i)
+        if not (isinstance(stretch, list) and len(stretch) == 2 and all(_is_int(b) for b in stretch)):
+            raise must(place, "a [first, last] pair of batch indices", stretch)
+    for i, batch in enumerate(_list(steps, "compiled", where, default=[])):
+        check(at(at(where, "compiled"), i), batch, ("int",))
 
 
 def _check_compile(stats: Any, where: str) -> None:

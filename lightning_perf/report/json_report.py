@@ -20,8 +20,11 @@ end of each ``fit``/``validate``/``test``/``predict`` and on an interruption. It
                                        "compile": {<CompileStats fields>,
                                                    "break_sites": [{reason, location, count}, ...],
                                                    "recompile_guards": [{function, guard, count}, ...],
-                                                   "steps": [<batch>, ...]}}, ...]}},
-      "windows": [{<WindowRecord fields but operators>, "summary": {<TraceSummary fields>}}, ...]
+                                                   "steps": [<batch>, ...]},
+                                       "steps": {data_wait: [...], compute: [...], per_bar, profiled: [[first,
+                                                 last], ...], compiled: [<batch>, ...]}}, ...]}},
+      "windows": [{<WindowRecord fields but operators>, "summary": {<TraceSummary fields>},
+                   "operators": [<OperatorStat fields>, ...]}, ...]
     }
 
 Times are in seconds, memory in bytes, work in FLOPs (rates in FLOP/s, ``peak_flops`` per device); ``null``
@@ -33,6 +36,14 @@ An epoch's ``compile`` (:class:`~lightning_perf.records.CompileStats`: ``graphs`
 place, the recompiles by function and failed guard, the batches that compiled) is what ``torch.compile`` did
 during it; the key is absent from every epoch of a run that compiled nothing (and from reports written before
 it was measured).
+
+An epoch's ``steps`` (:class:`~lightning_perf.records.StepSplit`) is its step time per batch split into data
+wait and compute, for the HTML report's chart; it is kept for a stage's epochs 0, 1, 2, 4, 8, ..., every epoch
+with a profiler window and the stage's latest epoch (:func:`keeps_step_split`), so that the report grows with
+the logarithm of the run's length, not with it. A window's ``operators`` are its top :data:`OPERATOR_ROWS`
+operators (by self device time on a GPU, else self CPU time; times in seconds, as everywhere in the report,
+where the record keeps microseconds); its whole table is in the ``*.operators.md`` file beside its trace. Both
+keys are absent from reports written before they were kept.
 """
 
 from __future__ import annotations
@@ -49,12 +60,16 @@ from lightning_perf.records import (
     CompileStats,
     EpochSummary,
     GraphBreak,
+    OperatorStat,
     RankSummary,
     Recompile,
+    StepSplit,
+    TraceSummary,
     WindowRecord,
     from_values,
     plain,
 )
+from lightning_perf.summarize.operators import default_sort_key, top_operators
 
 SCHEMA_VERSION = REPORT_SCHEMA_VERSION
 REPORT_FILENAME = "perf_report.json"
@@ -63,8 +78,19 @@ REPORT_FILENAME = "perf_report.json"
 # about 1.4 MB: tens of ms to build and write). Between epoch ends it is rewritten only once the time since
 # the last rewrite is at least 1/REWRITE_TIME_SHARE times what that rewrite cost: at most 1% of the run's
 # wall time, however long the run, and at every epoch end while the report is small (a 10 ms rewrite: once
-# a second at most).
+# a second at most). The HTML page has a budget of its own, alike (it takes longer: 70-300 ms), so the two
+# together take at most 2%.
 REWRITE_TIME_SHARE = 0.01
+# A window's operators the report keeps (the HTML report's sortable table): the rows that hold nearly all of a
+# step's time in the traces we have seen (the 50th operator of a ResNet or GPT window holds well under 1%).
+OPERATOR_ROWS = 50
+
+
+def keeps_step_split(epoch: int, has_window: bool) -> bool:
+    """Whether a stage epoch's per-batch step split stays in the report once the stage's next epoch has ended:
+    at its epochs 0, 1, 2, 4, 8, ... and at every epoch with a profiler window (the latest epoch's is kept until
+    then)."""
+    return has_window or epoch & (epoch - 1) == 0
 
 
 def report_dict(
@@ -76,11 +102,12 @@ def report_dict(
     findings: Mapping[tuple[str, int], Sequence[Finding]] | None = None,
     ranks: Mapping[tuple[str, int], Sequence[RankSummary]] | None = None,
     compile: Mapping[tuple[str, int], CompileStats] | None = None,
+    steps: Mapping[tuple[str, int], StepSplit] | None = None,
 ) -> dict[str, Any]:
-    """The report as plain JSON-ready data; ``findings``, ``ranks`` (the per-rank table of a distributed run)
-    and ``compile`` (what ``torch.compile`` did) by ``(stage, epoch)``. An epoch without compile stats gets
-    no ``compile`` key."""
-    findings, ranks, compile = findings or {}, ranks or {}, compile or {}
+    """The report as plain JSON-ready data; ``findings``, ``ranks`` (the per-rank table of a distributed run),
+    ``compile`` (what ``torch.compile`` did) and ``steps`` (the per-batch step split) by ``(stage, epoch)``. An
+    epoch without compile stats or step split gets no ``compile`` or ``steps`` key."""
+    findings, ranks, compile, steps = findings or {}, ranks or {}, compile or {}, steps or {}
     stages: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for summary in epochs:
         key = (summary.stage, summary.epoch)
@@ -90,6 +117,9 @@ def report_dict(
         stats = compile.get(key)
         if stats is not None:
             entry["compile"] = compile_dict(stats)
+        split = steps.get(key)
+        if split is not None:
+            entry["steps"] = steps_dict(split)
         stages.setdefault(summary.stage, {"epochs": []})["epochs"].append(entry)
     return {
         "version": SCHEMA_VERSION,
@@ -107,6 +137,29 @@ def compile_dict(stats: CompileStats) -> dict[str, Any]:
     entry["recompile_guards"] = [plain(r) for r in stats.recompile_guards]
     entry["steps"] = list(stats.steps)
     return entry
+
+
+def steps_dict(split: StepSplit) -> dict[str, Any]:
+    """An epoch's step split as plain data, as the report's ``steps`` holds it."""
+    return {
+        "data_wait": list(split.data_wait),
+        "compute": list(split.compute),
+        "per_bar": split.per_bar,
+        "profiled": [list(stretch) for stretch in split.profiled],
+        "compiled": list(split.compiled),
+    }
+
+
+def steps_record(values: Mapping[str, Any]) -> StepSplit:
+    """:class:`~lightning_perf.records.StepSplit` from a report's ``steps`` (as ``readers.load_report`` checked
+    it): the inverse of :func:`steps_dict`."""
+    return StepSplit(
+        data_wait=tuple(values["data_wait"]),
+        compute=tuple(values["compute"]),
+        per_bar=values.get("per_bar", 1),
+        profiled=tuple((first, last) for first, last in values.get("profiled", ())),
+        compiled=tuple(values.get("compiled", ())),
+    )
 
 
 def compile_record(values: Mapping[str, Any]) -> CompileStats:
@@ -132,12 +185,14 @@ class ReportEpoch:
         findings: Its findings.
         ranks: Its per-rank table (a distributed run).
         compile: What ``torch.compile`` did during it; ``None`` where the run compiled nothing.
+        steps: Its per-batch step split; ``None`` where the report does not keep it.
     """
 
     summary: EpochSummary
     findings: tuple[Finding, ...] = ()
     ranks: tuple[RankSummary, ...] = ()
     compile: CompileStats | None = None
+    steps: StepSplit | None = None
 
 
 def report_epochs(report: Mapping[str, Any]) -> list[ReportEpoch]:
@@ -149,6 +204,7 @@ def report_epochs(report: Mapping[str, Any]) -> list[ReportEpoch]:
             findings=tuple(from_values(Finding, f) for f in entry.get("findings", [])),
             ranks=tuple(from_values(RankSummary, r) for r in entry.get("ranks", [])),
             compile=compile_record(entry["compile"]) if entry.get("compile") is not None else None,
+            steps=steps_record(entry["steps"]) if entry.get("steps") is not None else None,
         )
         for stage in report.get("stages", {}).values()
         for entry in stage.get("epochs", [])
@@ -180,53 +236,99 @@ def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def window_dict(window: WindowRecord, *, with_summary: bool = True) -> dict[str, Any]:
-    """A window as plain data: without its operators (they are in the ``*.operators.md`` file beside the
-    trace), and with its trace summary unless ``with_summary`` is false."""
+def window_dict(window: WindowRecord, *, with_analysis: bool = True) -> dict[str, Any]:
+    """A window as plain data: its record, and unless ``with_analysis`` is false its trace summary and its top
+    :data:`OPERATOR_ROWS` operators (all of them are in the ``*.operators.md`` file beside the trace)."""
     entry = {
         f.name: getattr(window, f.name) for f in dataclasses.fields(window) if f.name not in ("operators", "summary")
     }
-    if with_summary:
+    if with_analysis:
         entry["summary"] = None if window.summary is None else plain(window.summary)
+        top = top_operators(window.operators, sort_by=default_sort_key(window.device), row_limit=OPERATOR_ROWS)
+        entry["operators"] = [_scaled(plain(op), 1e-6) for op in top]  # the record's microseconds, as seconds
     return entry
 
 
+_OPERATOR_TIMES = ("self_cpu_time", "cpu_time", "self_device_time", "device_time")
+
+
+def _scaled(values: dict[str, Any], factor: float) -> dict[str, Any]:
+    """An operator's values with its times multiplied by ``factor`` (``None`` kept)."""
+    return {k: v * factor if k in _OPERATOR_TIMES and v is not None else v for k, v in values.items()}
+
+
+def window_record(values: Mapping[str, Any]) -> WindowRecord:
+    """:class:`~lightning_perf.records.WindowRecord` from a report's window (as ``readers.load_report`` checked
+    it), with its summary and the operators the report kept: the inverse of :func:`window_dict`."""
+    summary = values.get("summary")
+    return from_values(
+        WindowRecord,
+        {
+            **values,
+            "summary": None if summary is None else from_values(TraceSummary, summary),
+            "operators": tuple(from_values(OperatorStat, _scaled(op, 1e6)) for op in values.get("operators", ())),
+        },
+    )
+
+
 class ReportFile:
-    """``perf_report.json``, rewritten on a time budget (:data:`REWRITE_TIME_SHARE`).
+    """``perf_report.json``, and the HTML page that shows it, each rewritten on a time budget of its own
+    (:data:`REWRITE_TIME_SHARE`): a page that takes longer to write than the report is written less often,
+    and the report stays as fresh as without it.
 
     Args:
         path: Where the report goes.
         clock: Seconds, monotonic.
+        page: Where the page goes and what draws it from the report's data
+            (:func:`lightning_perf.report.html.run_page`); ``None``: no page.
 
     Example::
 
-        report = ReportFile("perf/perf_report.json")
-        report.update(lambda: build_report())  # at an epoch end: written only if the budget allows
-        report.write(build_report())  # at the end of the run: always
+        report = ReportFile("perf/perf_report.json", page=("perf/report.html", run_page))
+        report.update(lambda: build_report())  # at an epoch end: each file written only if its budget allows
+        report.write(build_report())  # at the end of the run: both, always
     """
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        path: str,
+        clock: Callable[[], float] = time.perf_counter,
+        *,
+        page: tuple[str, Callable[[Mapping[str, Any]], str]] | None = None,
+    ) -> None:
         self.path = path
+        self.page_path = None if page is None else page[0]
+        self._draw = None if page is None else page[1]
         self._clock = clock
-        self._next_due = -float("inf")  # the first update writes
+        self._next_due = {"report": -float("inf"), "page": -float("inf")}  # the first update writes both
 
     def update(self, build: Callable[[], Mapping[str, Any]]) -> bool:
-        """Rewrites the report with ``build()`` if the budget allows it now (``build`` is not called
-        otherwise); returns whether it did."""
-        start = self._clock()
-        if start < self._next_due:
+        """Rewrites the report and the page with ``build()``, each if its budget allows it now (``build`` is not
+        called when neither does); returns whether either was written."""
+        now = self._clock()
+        due = [part for part, next_due in self._next_due.items() if now >= next_due]
+        if (self._draw is None and due == ["page"]) or not due:
             return False
-        self._write(build(), start)
+        self._write(build(), due, now)
         return True
 
     def write(self, data: Mapping[str, Any]) -> None:
-        """Rewrites the report now; the next :meth:`update` waits in proportion to what this cost."""
-        self._write(data, self._clock())
+        """Rewrites both now; the next :meth:`update` of each waits in proportion to what it cost."""
+        self._write(data, ["report", "page"], self._clock())
 
-    def _write(self, data: Mapping[str, Any], start: float) -> None:
-        write_json_atomically(data, self.path)
+    def _write(self, data: Mapping[str, Any], parts: Sequence[str], start: float) -> None:
+        if "report" in parts:
+            write_json_atomically(data, self.path)
+            start = self._finished("report", start)
+        # After the report: a page that fails to draw leaves the report written.
+        if "page" in parts and self._draw is not None and self.page_path is not None:
+            write_atomically(self._draw(data), self.page_path)
+            self._finished("page", start)
+
+    def _finished(self, part: str, start: float) -> float:
         end = self._clock()
-        self._next_due = end + (end - start) / REWRITE_TIME_SHARE
+        self._next_due[part] = end + (end - start) / REWRITE_TIME_SHARE
+        return end
 
 
 def write_json_atomically(data: Mapping[str, Any], path: str) -> None:

@@ -12,20 +12,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lightning_perf.records import OperatorStat, WindowRecord
-from lightning_perf.units import duration_us, signed_size
+from lightning_perf.units import count, duration_us, flops, signed_size
 
-# (header, attribute, formatter); a column is shown only when some row has a value for it.
-_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
-    ("Calls", "calls", str),
+OperatorColumn = tuple[str, str, Callable[[Any], str]]
+OPERATOR_COLUMNS: tuple[OperatorColumn, ...] = (
+    ("Calls", "calls", count),
     ("Self CPU", "self_cpu_time", duration_us),
     ("CPU total", "cpu_time", duration_us),
     ("Self device", "self_device_time", duration_us),
     ("Device total", "device_time", duration_us),
     ("Self CPU mem", "self_cpu_memory", signed_size),
     ("Self device mem", "self_device_memory", signed_size),
-    ("FLOPs", "flops", lambda f: f"{f:.3g}"),
-    ("Input shapes", "input_shapes", lambda s: f"`{s}`"),
+    ("FLOPs", "flops", flops),
 )
+"""An operator table's number columns, here and in the HTML report: (header, :class:`OperatorStat` field,
+formatter; times are in microseconds); a table shows a column only when some row has a value for it."""
+_COLUMNS = (*OPERATOR_COLUMNS, ("Input shapes", "input_shapes", lambda s: f"`{s}`"))
 
 
 def _cell(text: str) -> str:

@@ -10,6 +10,9 @@ steps (see README, "Logged metrics").
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from lightning_perf.records import EpochSummary
 
 MS = 1e3
@@ -59,3 +62,21 @@ def epoch_metrics(summary: EpochSummary) -> dict[str, float]:
     }
     metrics.update({prefix + name: value for name, value in optional.items() if value is not None})
     return metrics
+
+
+def charts_layout(stages: Iterable[str]) -> dict[str, Any]:
+    """The charts TensorBoard's Custom Scalars dashboard draws from our scalars (``SummaryWriter.
+    add_custom_scalars``), one category: per stage, each batch's step time with its data wait and compute on
+    one chart (logged at the trainer's ``log_every_n_steps``), and each epoch's step time p50, p90 and max. Its
+    axes, scale, legend and tooltips are TensorBoard's; each chart's tags are regular expressions over ours."""
+    charts: dict[str, list[Any]] = {}
+    for stage in stages:
+        charts[f"{stage}: step time per batch, data wait and compute (ms)"] = [
+            "Multiline",
+            [rf"^perf/{stage}/batch/(step_time|data_wait|compute)_ms$"],
+        ]
+        charts[f"{stage}: step time per epoch, p50, p90 and max (ms)"] = [
+            "Multiline",
+            [rf"^perf/{stage}/epoch/step_time_(p50|p90|max)_ms$"],
+        ]
+    return {"lightning-perf": charts}

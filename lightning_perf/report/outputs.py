@@ -15,8 +15,12 @@ Where our scalars, text and images go.
     its ``epoch`` as Lightning's rows have, one row per call; a series that would pile onto one step of that
     axis (a validation run's batches) is left to TensorBoard and our own event file.
 
-- Text (operator tables) and images (step-time charts) go to the run's TensorBoard logger, so that one
-  ``tensorboard --logdir`` shows a run's scalars, tables and traces together.
+- Text (operator tables, findings) goes to the run's TensorBoard logger, so that one ``tensorboard --logdir``
+  shows a run's scalars, tables and traces together.
+- The Custom Scalars dashboard's layout (:func:`~lightning_perf.report.metrics.charts_layout`: our charts of
+  several series, such as a batch's step time with its data wait and compute) goes to an event file of its
+  own in the output directory, which TensorBoard reads as a run of its own: TensorBoard merges the layouts
+  of all runs, and a layout the user's code writes to its own run is left as it is.
 - Without a TensorBoard logger (a ``CSVLogger`` only, or ``logger=False``), all of it also goes to an event
   file of our own in the output directory, on the per-stage axes.
 
@@ -90,8 +94,16 @@ class Outputs:
         self._writer().add_text(tag, text, global_step=step)
 
     @rank_zero_only
-    def add_image(self, tag: str, image_hwc: Any, step: int) -> None:
-        self._writer().add_image(tag, image_hwc, global_step=step, dataformats="HWC")
+    def add_layout(self, layout: Mapping[str, Any]) -> None:
+        """Writes TensorBoard's Custom Scalars layout to our own event file (opened for it where there is a
+        TensorBoard logger, and closed again)."""
+        if self._tensorboard is None:
+            self._writer().add_custom_scalars(dict(layout))
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(log_dir=self._fallback_dir) as writer:
+            writer.add_custom_scalars(dict(layout))
 
     @rank_zero_only
     def flush(self) -> None:

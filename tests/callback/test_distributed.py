@@ -102,7 +102,10 @@ def test_one_report_with_a_per_rank_table_and_scalars_written_once(plain):
         assert [r["rank"] for r in epoch["ranks"]] == [0, 1]
         assert all(r["step_time_p50"] > 0 and r["communication_share"] is not None for r in epoch["ranks"])
     assert "  rank  step p50" in proc.stderr + proc.stdout  # the console's per-rank table
-    [log_dir] = {p.parent for p in root.rglob("events.out.tfevents*")}
+    event_dirs = {p.parent for p in root.rglob("events.out.tfevents*")}
+    [layout_dir] = [d for d in event_dirs if d.name == "perf"]  # the Custom Scalars layout's run, rank zero's
+    assert len(list(layout_dir.glob("events.out.tfevents*"))) == 1
+    [log_dir] = event_dirs - {layout_dir}
     acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     assert len(list(log_dir.glob("events.out.tfevents*"))) == 1

@@ -5,12 +5,16 @@ import csv
 import itertools
 import json
 import os
+import re
 
 import pytest
 import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import CSVLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
+from tensorboard.util import tensor_util
 
 from lightning_perf import PerfCallback
 from lightning_perf.report.json_report import SCHEMA_VERSION
@@ -25,10 +29,14 @@ def _scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def _images(log_dir) -> dict[str, list[int]]:
-    acc = EventAccumulator(str(log_dir), size_guidance={"images": 0})
+def _layout_charts(log_dir) -> dict[str, list[str]]:
+    """TensorBoard's Custom Scalars layout in the event files of ``log_dir``, read back as TensorBoard's own
+    plugin reads it: each chart's title and its tag regexes."""
+    acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
     acc.Reload()
-    return {tag: [e.step for e in acc.Images(tag)] for tag in acc.Tags()["images"]}
+    [event] = acc.Tensors(custom_scalar_metadata.CONFIG_SUMMARY_TAG)[-1:]
+    layout = layout_pb2.Layout.FromString(tensor_util.make_ndarray(event.tensor_proto).item())
+    return {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
 
 
 def test_loss_curve_decreases_on_a_learnable_task_even_when_the_user_logs_nothing(tmp_path):
@@ -99,7 +107,7 @@ def test_csv_logger_gets_the_scalars_and_tensorboard_files_still_get_written(tmp
     assert len(values) == 2 and all(v > 0 for v in values)
     # No TensorBoardLogger: our own event file in the output directory has everything too.
     assert "perf/train/epoch/data_wait_fraction" in _scalars(callback.dirpath)
-    assert _images(callback.dirpath)["perf/train/step_split"] == [8, 16]
+    assert _layout_charts(callback.dirpath)
 
 
 def test_without_any_logger_everything_still_goes_to_files(tmp_path):
@@ -110,13 +118,20 @@ def test_without_any_logger_everything_still_goes_to_files(tmp_path):
     assert os.path.exists(os.path.join(callback.dirpath, "perf_report.json"))
 
 
-def test_step_split_chart_is_an_image_per_epoch(tmp_path):
+def test_tensorboards_custom_scalars_charts_draw_the_step_split_from_our_scalars(tmp_path):
     callback = PerfCallback(**NO_WINDOWS)
-    t = trainer(tmp_path, [callback], max_epochs=2)
+    t = trainer(tmp_path, [callback], max_epochs=2, log_every_n_steps=1)
     t.fit(TinyModel(n=32))
-    images = _images(t.logger.log_dir)
-    assert images["perf/train/step_split"] == [8, 16]
-    assert images["perf/validate/step_split"] == [8, 16]
+    charts = _layout_charts(callback.dirpath)  # a run of its own beside the logger's: the user's layout stays
+    tags = set(_scalars(t.logger.log_dir))
+    split = charts["train: step time per batch, data wait and compute (ms)"]
+    drawn = {tag for regex in split for tag in tags if re.search(regex, tag)}
+    assert drawn == {f"perf/train/batch/{part}_ms" for part in ("step_time", "data_wait", "compute")}
+    for title, regexes in charts.items():  # every chart draws at least two of the run's series
+        assert len({tag for regex in regexes for tag in tags if re.search(regex, tag)}) >= 2, title
+    assert {title.split(":")[0] for title in charts} == {"train", "validate"}
+    logger_run = EventAccumulator(t.logger.log_dir).Reload().Tags()["tensors"]
+    assert custom_scalar_metadata.CONFIG_SUMMARY_TAG not in logger_run  # the user's own layout is left alone
 
 
 class ReportReader(Callback):

@@ -39,6 +39,16 @@ def test_an_mlps_flops_per_batch_are_its_hand_count_and_mfu_is_over_the_given_pe
     assert [name for name, _ in report["run"]["flops"]["by_module"]] == ["Sequential.0", "Sequential.2"]
 
 
+def test_a_test_after_fit_keeps_the_fits_flop_counts_in_the_report(tmp_path):
+    perf = PerfCallback(**NO_WINDOWS, stages=["train", "test"])
+    t = trainer(tmp_path, [perf], max_epochs=1, limit_val_batches=0)
+    t.fit(TinyModel(n=16))
+    t.test(TinyModel(n=16), verbose=False)
+    report = json.loads(pathlib.Path(perf.report_path).read_text())
+    assert set(report["stages"]) == {"train", "test"}
+    assert report["run"]["flops"]["by_module"] and report["run"]["flops"]["counted"]  # the fit's, still there
+
+
 class ConvNet(TinyModel):
     """Conv2d(3, 8, 3) on 3x10x10 images, flattened into Linear(8*8*8, 1)."""
 

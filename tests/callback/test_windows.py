@@ -1,6 +1,7 @@
 """Window semantics, each on a real Trainer run: which batches a trace holds and when windows open and close."""
 
 import gc
+import json
 import pathlib
 import time
 
@@ -186,6 +187,20 @@ def test_a_failure_in_our_own_output_warns_once_and_training_goes_on(tmp_path):
     # The windows after the failing ones are still recorded, and the failure is reported once.
     assert [w.name for w in callback.windows] == ["train-epoch000-batches0003-0003", "train-epoch001-batches0003-0003"]
     assert len([w for w in caught if "measuring the train stage failed" in str(w.message)]) == 1
+
+
+def test_a_page_that_cannot_be_written_warns_once_and_leaves_training_and_the_report_as_they_are(tmp_path):
+    dirpath = tmp_path / "perf"
+    (dirpath / "report.html").mkdir(parents=True)  # a directory where the page should go: its write fails
+    callback = PerfCallback(max_windows=0, stages=["train"], dirpath=str(dirpath), strict=False)
+    t = trainer(tmp_path, [callback], max_epochs=2)
+    with pytest.warns(UserWarning, match=r"failed \(IsADirectoryError") as caught:
+        t.fit(TinyModel(n=16))
+    assert t.current_epoch == 2
+    assert len([w for w in caught if "IsADirectoryError" in str(w.message)]) == 1
+    report = json.loads((dirpath / "perf_report.json").read_text())  # written before the page, every time
+    assert [e["epoch"] for e in report["stages"]["train"]["epochs"]] == [0, 1]
+    assert not [p for p in dirpath.iterdir() if p.name.endswith(".tmp")]  # no half-written page left
 
 
 def test_an_output_directory_that_cannot_be_written_fails_at_setup(tmp_path):

@@ -1,10 +1,11 @@
 """Runs of many epochs cost the same per epoch at the first and the last: the report is rewritten on a time
-budget, a finding that persists unchanged is printed once, the step-split image is drawn at log-spaced
+budget, a finding that persists unchanged is printed once, the per-batch step split is kept at log-spaced
 epochs, and the checkpoint state is bounded (tests/hooks/test_run_state.py)."""
 
 import json
 import logging
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_perf import PerfCallback
@@ -49,6 +50,32 @@ def test_the_report_is_rewritten_only_when_the_time_since_the_last_write_pays_fo
     assert json.loads((tmp_path / "perf_report.json").read_text()) == {"n": 2}
     report.write({"n": "end"})  # the end of the run always writes
     assert json.loads((tmp_path / "perf_report.json").read_text()) == {"n": "end"}
+
+
+def test_the_page_has_a_budget_of_its_own_so_a_slow_page_leaves_the_report_as_fresh(tmp_path):
+    clock = FakeClock()
+    drawn = []
+
+    def draw(data):
+        drawn.append(clock.now)
+        clock.now += 0.100  # the page takes 100 ms, the report 10 ms
+        return f"<html>{data['n']}</html>"
+
+    report = ReportFile(str(tmp_path / "perf_report.json"), clock=clock, page=(str(tmp_path / "report.html"), draw))
+
+    def build():
+        clock.now += 0.010
+        return {"n": clock.now}
+
+    writes = 0
+    for _ in range(100):  # epoch ends 1.5 s apart, 150 s in all
+        writes += report.update(build)
+        clock.now += 1.5
+    assert writes == 100  # the report at every epoch end (10 ms: due again 1 s later) ...
+    assert 12 <= len(drawn) <= 15  # ... the page every 7th (100 ms: due again 10 s later)
+    assert (tmp_path / "report.html").read_text().startswith("<html>")
+    report.write({"n": "end"})  # the end of the run writes both
+    assert (tmp_path / "report.html").read_text() == "<html>end</html>"
 
 
 # ------------------------------------------------------------------ findings shown once
@@ -103,15 +130,22 @@ def test_a_persisting_finding_is_printed_once_and_reported_every_epoch(tmp_path,
     assert {(f.epoch, f.id) for f in callback.findings_for("train")} >= {(e, "dataloader_bound") for e in range(4)}
 
 
-# ------------------------------------------------------------------ images at log-spaced epochs
+# ------------------------------------------------------------------ step splits at log-spaced epochs
 
 
-def test_the_step_split_image_is_drawn_at_epochs_0_1_2_4_and_those_with_a_window(tmp_path):
+def test_the_report_keeps_the_step_split_of_epochs_0_1_2_4_those_with_a_window_and_the_latest(tmp_path):
     callback = PerfCallback(batches=[1], max_windows=1, stages=["train"])  # one window: batch 1 of epoch 0
     t = trainer(tmp_path, [callback], max_epochs=6, limit_val_batches=0)
     t.fit(TinyModel(n=16, batch_size=4))
-    acc = EventAccumulator(t.logger.log_dir, size_guidance={"images": 0})
-    acc.Reload()
-    assert [e.step for e in acc.Images("perf/train/step_split")] == [4, 8, 12, 20]  # epochs 0, 1, 2, 4
-    scalars = acc.Scalars("perf/train/epoch/batches")
+    with open(callback.report_path) as f:
+        epochs = json.load(f)["stages"]["train"]["epochs"]
+    kept = {e["epoch"]: e["steps"] for e in epochs if "steps" in e}
+    assert sorted(kept) == [0, 1, 2, 4, 5]  # 5: the latest, until the next epoch ends
+    assert all(len(s["data_wait"]) == len(s["compute"]) == 4 and s["per_bar"] == 1 for s in kept.values())
+    [(first_profiled, last_profiled)] = kept[0]["profiled"]  # the window's batch, with its warm-up around it
+    assert first_profiled <= 1 <= last_profiled and kept[1]["profiled"] == []
+    first = next(e for e in epochs if e["epoch"] == 1)
+    steps = [w + c for w, c in zip(first["steps"]["data_wait"], first["steps"]["compute"], strict=True)]
+    assert max(steps) == pytest.approx(first["step_time_max"])  # the epoch's own batches
+    scalars = EventAccumulator(t.logger.log_dir).Reload().Scalars("perf/train/epoch/batches")
     assert len(scalars) == 6  # the per-epoch scalars, every epoch

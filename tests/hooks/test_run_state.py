@@ -41,6 +41,10 @@ def test_resuming_from_an_end_of_epoch_checkpoint_continues_windows_and_history(
         report = json.load(f)
     assert [e["epoch"] for e in report["stages"]["train"]["epochs"]] == [0, 1, 2, 3]
     assert len(report["windows"]) == 3
+    # The earlier windows keep their analysis, and the earlier epochs their step splits, for the HTML report.
+    assert all(w["summary"] is not None and w["operators"] for w in report["windows"])
+    assert [e["epoch"] for e in report["stages"]["train"]["epochs"] if "steps" in e] == [0, 1, 2, 3]
+    assert os.path.isfile(resumed.page_path)
 
 
 def test_resuming_mid_epoch_does_not_repeat_a_finished_window(tmp_path):

@@ -232,7 +232,11 @@ def test_compare_of_traces_shows_the_compiled_share_of_the_step(tmp_path, capsys
     half = _trace(tmp_path / "half.json", ("Torch-Compiled Region: 0/0", 120, 314))
     assert main(["compare", compiled, half, "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out)["metrics"]
-    assert metrics["compiled regions"] == {"before": "62%", "after": "31%", "change": "-50.1%"}  # no "better"
+    assert metrics["compiled regions"] == {
+        "before": "62%",
+        "after": "31%",
+        "change": "-31.5 pp",
+    }  # a share: in points; no "better"
     assert metrics["guard checks"] == {"before": "1.2%", "after": None, "change": None}
     assert main(["compare", eager, eager, "--json"]) == 0
     assert not {"compiled regions", "guard checks"} & set(json.loads(capsys.readouterr().out)["metrics"])

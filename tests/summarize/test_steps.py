@@ -14,7 +14,7 @@ from lightning_perf.records import RankSummary, WindowRecord
 from lightning_perf.report.findings import CLEAN, console_report, ranks_table
 from lightning_perf.report.json_report import SCHEMA_VERSION, report_dict, write_json_atomically
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
-from lightning_perf.summarize.steps import percentile, summarize_epoch
+from lightning_perf.summarize.steps import percentile, step_split, summarize_epoch
 
 
 @given(st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=50), st.sampled_from([0, 10, 50, 90, 100]))
@@ -84,7 +84,7 @@ def test_report_is_plain_json_and_written_atomically(tmp_path):
     report = report_dict(generated_by="test", run={"torch": "x"}, epochs=[epoch], windows=[window])
     assert report["version"] == SCHEMA_VERSION
     assert report["stages"]["train"]["epochs"][0]["samples"] == 4
-    assert "operators" not in report["windows"][0]
+    assert report["windows"][0]["operators"] == []  # a window without operators keeps none
     path = tmp_path / "perf_report.json"
     write_json_atomically(report, str(path))
     assert json.loads(path.read_text()) == report
@@ -181,3 +181,31 @@ def test_the_top_modules_are_shares_of_the_counted_batch_and_odd_entries_are_lef
         {"flops": {"counted": counted}},
     ):
         assert report_top_modules(odd) == []
+
+
+# ------------------------------------------------------------------ the report's per-batch step split
+
+
+def test_the_step_split_has_a_bar_per_batch_with_its_window_stretches_and_compiled_batches():
+    split = step_split(
+        [0.1, 0.2, float("nan"), 0.0, -1.0],
+        [1.0, 2.0, 3.0, float("inf"), 5.0],
+        profiled=[False, True, True, False, True],
+        compiled=[4, 0, 7, 0],
+    )
+    assert split.data_wait == (0.1, 0.2, 0.0, 0.0, 0.0)  # missing and negative times count as 0
+    assert split.compute == (1.0, 2.0, 3.0, 0.0, 5.0)
+    assert (split.per_bar, split.profiled, split.compiled) == (1, ((1, 2), (4, 4)), (0, 4))
+
+
+def test_a_long_epoch_merges_consecutive_batches_into_at_most_max_bars_bars():
+    split = step_split([1.0] * 10 + [3.0] * 11, [0.5] * 21, max_bars=10)
+    assert split.per_bar == 3 and len(split.data_wait) == len(split.compute) == 7
+    assert split.data_wait[3] == pytest.approx((1 + 3 + 3) / 3) and split.data_wait[-1] == 3.0  # last: 3 batches
+    assert step_split([], []).data_wait == () and step_split([1.0], [2.0]).per_bar == 1
+
+
+@given(st.integers(0, 5000), st.integers(1, 2000))
+def test_the_step_split_never_has_more_bars_than_asked(n, max_bars):
+    split = step_split([0.01] * n, [0.02] * n, max_bars=max_bars)
+    assert len(split.data_wait) <= max_bars and len(split.data_wait) * split.per_bar >= n

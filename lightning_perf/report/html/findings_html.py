@@ -1,0 +1,139 @@
+"""
+Findings on a page
+==================
+
+A run's findings, most severe first, each with its evidence and advice and a link to the section of the
+window that shows it. A rule that fires in many epochs is one entry (:func:`grouped`): its latest finding,
+with the epochs it fired in as ranges (``"epochs 0-5, 9"``, at most :data:`MAX_EPOCH_RANGES` of them), so the
+list is as long as the rules that fired, not as the run. Formatting only: the rules decide.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from lightning_perf.diagnose.model import SEVERITIES, Finding
+from lightning_perf.report.html.document import esc
+from lightning_perf.units import count, plural
+
+MAX_EPOCH_RANGES = 12
+"""Epoch ranges named per finding (a rule firing every other epoch of a long run would name hundreds); the
+rest are counted."""
+STAGE_ORDER = ("train", "validate", "test", "predict")
+_CODE = re.compile(r"`([^`\n]+)`")
+
+
+@dataclass(frozen=True)
+class FindingGroup:
+    """One rule's findings in one stage.
+
+    Attributes:
+        latest: Its finding in the latest epoch it fired in.
+        epochs: The epochs it fired in, ascending.
+    """
+
+    latest: Finding
+    epochs: tuple[int, ...]
+
+
+def _stage_rank(stage: str) -> int:
+    return STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER)
+
+
+def grouped(findings: Iterable[Finding]) -> list[FindingGroup]:
+    """``findings`` grouped by stage and rule, most severe first (by the latest finding's severity), then by
+    stage (train, validate, test, predict), then by how many epochs the rule fired in (most first), then id."""
+    latest: dict[tuple[str, str], Finding] = {}
+    epochs: dict[tuple[str, str], set[int]] = {}
+    for f in findings:
+        key = (f.stage, f.id)
+        before = latest.get(key)
+        if before is None or f.epoch >= before.epoch:
+            latest[key] = f
+        epochs.setdefault(key, set()).add(f.epoch)
+    groups = [FindingGroup(latest[key], tuple(sorted(epochs[key]))) for key in latest]
+    return sorted(
+        groups,
+        key=lambda g: (
+            -SEVERITIES.index(g.latest.severity),
+            _stage_rank(g.latest.stage),
+            -len(g.epochs),
+            g.latest.id,
+        ),
+    )
+
+
+def epoch_ranges(epochs: Sequence[int], limit: int = MAX_EPOCH_RANGES) -> str:
+    """Ascending epochs as ranges: ``[0, 1, 2, 5]`` -> ``"epochs 0-2, 5"``; ``[3]`` -> ``"epoch 3"``; beyond
+    ``limit`` ranges, the first ones and a count of the rest."""
+    ranges: list[tuple[int, int]] = []
+    for e in epochs:
+        if ranges and e == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], e)
+        else:
+            ranges.append((e, e))
+    names = [str(a) if a == b else f"{a}-{b}" for a, b in ranges]
+    if len(epochs) == 1:
+        return f"epoch {names[0]}"
+    text = ", ".join(names[:limit])
+    if len(names) > limit:
+        text += f" and {count(len(names) - limit)} more ranges ({plural(len(epochs), 'epoch')} in all)"
+    return f"epochs {text}"
+
+
+def rich_text(text: str) -> str:
+    """A finding's text, escaped, with its ```code``` spans as ``<code>``."""
+    return _CODE.sub(r"<code>\1</code>", esc(text))
+
+
+def finding_html(
+    finding: Finding,
+    *,
+    where: str = "",
+    anchors: Mapping[str, str] | None = None,
+) -> str:
+    """One finding as a block: severity, title, id, ``where`` (e.g. its stage and epochs) and its window (a
+    link where ``anchors`` maps the window's name to a section id on the page), then evidence and advice."""
+    head = [f'<span class="severity">{esc(finding.severity)}</span><strong>{rich_text(finding.title)}</strong>']
+    head.append(f"<code>{esc(finding.id)}</code>")
+    if where:
+        head.append(esc(where))
+    if finding.window:
+        anchor = (anchors or {}).get(finding.window)
+        name = f"<code>{esc(finding.window)}</code>"
+        head.append(f'shown by window <a href="#{esc(anchor)}">{name}</a>' if anchor else f"window {name}")
+    return (
+        f'<div class="finding {esc(finding.severity)}"><p>{" · ".join(head)}</p>'
+        f"<p><b>Evidence:</b> {rich_text(finding.evidence)}</p>"
+        f"<p><b>Advice:</b> {rich_text(finding.advice)}</p></div>"
+    )
+
+
+def findings_html(
+    groups: Sequence[FindingGroup],
+    *,
+    anchors: Mapping[str, str] | None = None,
+    latest_epochs: Mapping[str, int] | None = None,
+    clean: str = "No bottleneck found.",
+) -> str:
+    """The grouped findings, one block each (``clean`` where there are none). ``latest_epochs``: each stage's
+    latest epoch, to say of a finding that it no longer fires."""
+    if not groups:
+        return f'<p class="note">{esc(clean)}</p>'
+    blocks = []
+    for g in groups:
+        f = g.latest
+        where = f"{f.stage}, {epoch_ranges(g.epochs)}"
+        latest = (latest_epochs or {}).get(f.stage)
+        if latest is not None and f.epoch < latest:
+            where += f" (not in the latest, {latest})"
+        blocks.append(finding_html(f, where=where, anchors=anchors))
+    return "".join(blocks)
+
+
+def severity_counts(groups: Sequence[FindingGroup]) -> str:
+    """``"2 critical, 1 warning, 3 info"`` over the groups (no zero counts); ``""`` for none."""
+    counts = {s: sum(1 for g in groups if g.latest.severity == s) for s in reversed(SEVERITIES)}
+    return ", ".join(f"{n} {s}" for s, n in counts.items() if n)
