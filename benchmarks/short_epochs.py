@@ -4,7 +4,7 @@ Runs of many short epochs
 
 What :class:`~lightning_perf.PerfCallback` costs a run of many short epochs (Lightning's DQN example: 1000
 epochs of a few batches), as a function of the epoch index. Whatever the callback does once per epoch
-(summaries, the console line, ``perf_report.json``, TensorBoard images and text, its share of each
+(summaries, the console line, ``perf_report.json`` and its page, TensorBoard text, its share of each
 checkpoint) is paid every few batches here; if that work grows with the history, late epochs cost more
 than early ones.
 
