@@ -184,7 +184,6 @@ class PerfCallback(StageHooks):
         self._loop_timer = LoopStartTimer()  # what Lightning's loops spend starting DataLoaders before our hooks
         self._windows_at_setup = 0
         self._report_file: str | None = None
-        self._charted: set[str] = set()  # the stages the Trainer calls so far ran: TensorBoard's charts draw theirs
         self._state_key: str | None = None
         self.dirpath: str | None = None
         self.tensorboard_logdir: str | None = None
@@ -247,7 +246,7 @@ class PerfCallback(StageHooks):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         refuse_other_profilers(trainer)
-        charted = charted_stages(self._charted, stage, self.config.stages)
+        charted = charted_stages(stage, self.config.stages, ran={e.stage for e in self.epochs})
         places = output_places(trainer, self.config.dirpath, self._report_file, charted)  # all None: fast_dev_run
         self.dirpath, self.tensorboard_logdir = places.dirpath, places.tensorboard_logdir
         self._report_file = places.report_file
@@ -379,8 +378,7 @@ class PerfCallback(StageHooks):
         ranks = self._staging.gather(stage, summary, windows, global_zero=trainer.is_global_zero)  # on every rank
         self._policy.safely(stage, self._staging.publish)
         if summary is not None:
-            had_window = self._positions[stage].windows_this_epoch > 0
-            self._policy.safely(stage, self._epochs.report_epoch, summary, trainer, ranks, had_window=had_window)
+            self._policy.safely(stage, self._epochs.report_epoch, summary, trainer, ranks)
             st.history.append(summary)
         self._control.epoch_end(stage)
 

@@ -164,15 +164,24 @@ def cpus(value: float) -> str:
 _SI_PREFIXES = ("", "k", "M", "G", "T", "P", "E")
 
 
+def si_scale(value: float) -> tuple[str, float]:
+    """The SI prefix (``""``, ``"k"``, ..., ``"E"``) and its factor that show ``value`` between 1 and 1000 at
+    three significant digits (999.6 shows as 1.00 k, not 1000): also the unit of a chart's axis whose largest
+    value is ``value``."""
+    prefix, factor = 0, 1.0
+    while abs(value) >= 999.5 * factor and prefix < len(_SI_PREFIXES) - 1:
+        prefix, factor = prefix + 1, factor * 1000
+    return _SI_PREFIXES[prefix], factor
+
+
 def _three_digits(value: float, unit: str) -> str:
     """``value`` to three significant digits, with the SI prefix that keeps it between 1 and 1000."""
     if value == 0:
         return f"0 {unit}"
-    scaled, prefix = value, 0
-    while abs(scaled) >= 999.5 and prefix < len(_SI_PREFIXES) - 1:  # 999.6 shows as 1.00 k, not 1000
-        scaled, prefix = scaled / 1000, prefix + 1
+    prefix, factor = si_scale(value)
+    scaled = value / factor
     digits = 0 if abs(scaled) >= 99.95 else 1 if abs(scaled) >= 9.995 else 2
-    return f"{scaled:.{digits}f} {_SI_PREFIXES[prefix]}{unit}"
+    return f"{scaled:.{digits}f} {prefix}{unit}"
 
 
 def flops(value: float) -> str:

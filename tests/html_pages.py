@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 _NEW_PLOT = re.compile(r'Plotly\.newPlot\(\s*"([^"]+)",\s*')
+_SPACES = re.compile(r"\s*")  # matches anywhere (maybe empty): where the next JSON value starts
 # What makes a browser fetch something from the network as it loads a page: an element's source, a style's
 # url(...), a stylesheet link. (A link <a href> the reader may follow fetches nothing until followed.)
 _FETCH = re.compile(
@@ -21,13 +22,9 @@ def figures_in(page: str) -> dict[str, dict[str, Any]]:
     figures = {}
     for match in _NEW_PLOT.finditer(page):
         data, end = decoder.raw_decode(page, match.end())
-        layout, _ = decoder.raw_decode(page, page.index(",", end) + 1 + _spaces(page, page.index(",", end) + 1))
+        layout, _ = decoder.raw_decode(page, _SPACES.match(page, page.index(",", end) + 1).end())
         figures[match.group(1)] = {"data": data, "layout": layout}
     return figures
-
-
-def _spaces(text: str, at: int) -> int:
-    return len(text[at:]) - len(text[at:].lstrip())
 
 
 def assert_self_contained(page: str) -> None:

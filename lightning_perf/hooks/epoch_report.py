@@ -120,7 +120,6 @@ class EpochReporter:
         self.compile_stats: dict[tuple[str, int], CompileStats] = {}
         #: The per-batch step splits the report keeps (:func:`~lightning_perf.report.json_report.keeps_step_split`).
         self.step_splits: dict[tuple[str, int], StepSplit] = {}
-        self._latest_split: dict[str, tuple[tuple[str, int], bool]] = {}  # each stage's latest: key, kept for good
         self._batch_size = batch_size
         self._policy = policy
         self._shown = ShownFindings()
@@ -132,10 +131,10 @@ class EpochReporter:
     def measured_run_info(self) -> dict[str, Any]:
         """What the run's facts hold that an earlier Trainer call measured, to keep at the next call's setup
         (``fit`` then ``test``): the DataLoaders' settings and the FLOP counts."""
-        return {
-            "dataloaders": self.run_info.get("dataloaders", {}),
-            **{k: v for k, v in self.run_info.items() if k == "flops"},
-        }
+        kept = {"dataloaders": self.run_info.get("dataloaders", {})}
+        if "flops" in self.run_info:
+            kept["flops"] = self.run_info["flops"]
+        return kept
 
     def report(self) -> dict[str, Any]:
         """Everything measured so far, as written to ``perf_report.json``."""
@@ -291,11 +290,9 @@ class EpochReporter:
                 " the device's peak FLOP/s for the run's dtype.",
             )
 
-    def report_epoch(
-        self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...], *, had_window: bool
-    ) -> None:
+    def report_epoch(self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...]) -> None:
         """Diagnoses the epoch (rank zero) and reports it: scalars, the findings' and ranks' texts, the console,
-        the report files (with the epoch's step split; ``had_window``: the epoch had a profiler window)."""
+        the report files (with the epoch's step split)."""
         stage = summary.stage
         st = self.stages[stage]
         compiled = self.compile_stats.get((stage, summary.epoch))
@@ -321,7 +318,7 @@ class EpochReporter:
                 self.outputs.add_text(RANKS_TAG.format(stage=stage), ranks_markdown(summary, ranks), step)
         if trainer.is_global_zero:
             if summary.batches:
-                self._keep_step_split(summary, had_window)
+                self._keep_step_split(summary)
             fresh, unchanged = self._shown.split(stage, findings)
             first = not st.history  # the stage's first epoch in this process shows its per-rank table
             message = console_report(
@@ -336,19 +333,18 @@ class EpochReporter:
                 rank_zero_info(message)
         self.write_report(trainer, now=not st.history)  # a stage's first epoch, at once; then on the budget
 
-    def _keep_step_split(self, summary: EpochSummary, had_window: bool) -> None:
-        """Keeps the epoch's per-batch step split for the report, and drops the stage's previous one unless the
-        report keeps that for good."""
+    def _keep_step_split(self, summary: EpochSummary) -> None:
+        """Keeps the epoch's per-batch step split for the report, and drops the stage's earlier ones that the
+        report does not keep for good (:func:`~lightning_perf.report.json_report.keeps_step_split`: a batch the
+        profiler ran on marks an epoch with a window)."""
         stage, clock = summary.stage, self.stages[summary.stage].clock
         compiled = self.compile_stats.get((stage, summary.epoch))
-        key = (stage, summary.epoch)
-        previous = self._latest_split.get(stage)
-        if previous is not None and not previous[1] and previous[0] != key:
-            self.step_splits.pop(previous[0], None)
-        self.step_splits[key] = step_split(
+        for (s, epoch), split in list(self.step_splits.items()):
+            if s == stage and epoch != summary.epoch and not keeps_step_split(epoch, bool(split.profiled)):
+                del self.step_splits[(s, epoch)]
+        self.step_splits[(stage, summary.epoch)] = step_split(
             clock.data_wait, clock.compute, profiled=clock.profiled, compiled=compiled.steps if compiled else ()
         )
-        self._latest_split[stage] = (key, keeps_step_split(summary.epoch, had_window))
 
     def end_interrupted(self, trainer: pl.Trainer, positions: Mapping[str, StagePosition]) -> None:
         """Summarizes, diagnoses and reports the stage epochs an interruption stopped (this rank's own numbers:
@@ -363,7 +359,7 @@ class EpochReporter:
             if st.clock.batches:
                 pos = positions[stage]
                 summary = self.measure(stage, pos.epoch, interrupted=True)
-                self.report_epoch(summary, trainer, (), had_window=pos.windows_this_epoch > 0)
+                self.report_epoch(summary, trainer, ())
                 st.history.append(summary)
 
     def write_report(self, trainer: pl.Trainer, *, now: bool) -> None:

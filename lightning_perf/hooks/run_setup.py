@@ -9,7 +9,7 @@ torch profiler at a time), and where its output goes (:func:`output_places`).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import lightning.pytorch as pl
@@ -124,11 +124,10 @@ def output_places(
 CALL_STAGES = {"fit": ("train", "validate"), "validate": ("validate",), "test": ("test",), "predict": ("predict",)}
 
 
-def charted_stages(charted: set[str], call: str, enabled: Sequence[str]) -> list[str]:
+def charted_stages(call: str, enabled: Sequence[str], *, ran: Collection[str]) -> list[str]:
     """The stages TensorBoard's charts draw: those of ``enabled`` that this Trainer ``call`` (Lightning's
-    ``setup`` stage) and the earlier ones ran, added to ``charted``; in the order ``enabled`` lists them."""
-    charted.update(s for s in CALL_STAGES.get(call, ()) if s in enabled)
-    return [s for s in enabled if s in charted]
+    ``setup`` stage) runs or that an earlier call ``ran``, in the order ``enabled`` lists them."""
+    return [s for s in enabled if s in CALL_STAGES.get(call, ()) or s in ran]
 
 
 def where_to_look(windows: int, dirpath: str | None, tensorboard_logdir: str | None, page: str | None) -> str:

@@ -174,10 +174,6 @@ def _time(v: float) -> str:
     return duration_us(v * 1e6)
 
 
-def _share(v: float) -> str:
-    return percent(v)  # rounded down, as everywhere
-
-
 def _small_share(v: float) -> str:
     return percent(v, 1)  # as `analyze` shows the guard checks
 
@@ -306,8 +302,8 @@ def headline_metrics(before: ComparedSide, after: ComparedSide) -> list[Metric]:
         metric("step time p90", "s", "step_p90", True, _time),
         metric("throughput", "samples/s", "throughput", False, _rate),
         metric("FLOP/s", "FLOP/s", "flops_per_second", False, flops_rate),
-        metric("MFU", "share", "mfu", False, _share),
-        metric("data wait", "share", "data_wait", True, _share),
+        metric("MFU", "share", "mfu", False, percent),
+        metric("data wait", "share", "data_wait", True, percent),
         metric("host memory peak", "bytes", "host_peak", True, mib),
         metric("CUDA allocated peak", "bytes", "cuda_peak", True, mib),
     ]
@@ -318,7 +314,7 @@ def headline_metrics(before: ComparedSide, after: ComparedSide) -> list[Metric]:
             metric("recompiles", "count", "recompiles", True, count),
         ]
     if before.compiled_share is not None or after.compiled_share is not None:
-        metrics.append(metric("compiled regions", "share", "compiled_share", None, _share))
+        metrics.append(metric("compiled regions", "share", "compiled_share", None, percent))
     if before.guard_share is not None or after.guard_share is not None:
         metrics.append(metric("guard checks", "share", "guard_share", True, _small_share))
     return metrics

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import SEVERITIES, Finding
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary
-from lightning_perf.units import count, duration, flops_rate, mib, ms, percent
+from lightning_perf.units import count, duration, flops_rate, mib, ms, percent, plural
 
 CLEAN = "no bottleneck found"
 _SHOWN = {0: (), 1: ("warning", "critical"), 2: ("info", "warning", "critical")}
@@ -109,14 +109,10 @@ def compile_line(stats: CompileStats | None) -> str | None:
     if stats is None or not (stats.graphs or stats.breaks or stats.recompiles or stats.seconds or stats.limit_reached):
         return None
     line = (
-        f"compile: {_counted(stats.graphs, 'graph')}, {_counted(stats.breaks, 'graph break')},"
-        f" {_counted(stats.recompiles, 'recompile')}, {duration(stats.seconds)} compiling"
+        f"compile: {plural(stats.graphs, 'graph')}, {plural(stats.breaks, 'graph break')},"
+        f" {plural(stats.recompiles, 'recompile')}, {duration(stats.seconds)} compiling"
     )
     return line + (", recompile limit reached" if stats.limit_reached else "")
-
-
-def _counted(n: int, noun: str) -> str:
-    return f"{count(n)} {noun}{'' if n == 1 else 's'}"
 
 
 def console_report(

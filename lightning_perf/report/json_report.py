@@ -88,8 +88,9 @@ OPERATOR_ROWS = 50
 
 def keeps_step_split(epoch: int, has_window: bool) -> bool:
     """Whether a stage epoch's per-batch step split stays in the report once the stage's next epoch has ended:
-    at its epochs 0, 1, 2, 4, 8, ... and at every epoch with a profiler window (the latest epoch's is kept until
-    then)."""
+    at its epochs 0, 1, 2, 4, 8, ... and at every epoch with a profiler window (``has_window``: the split has a
+    profiled stretch, which a FLOP-counted batch also makes, at most 4 times a run); the latest epoch's is kept
+    until then."""
     return has_window or epoch & (epoch - 1) == 0
 
 
@@ -300,35 +301,31 @@ class ReportFile:
         self.page_path = None if page is None else page[0]
         self._draw = None if page is None else page[1]
         self._clock = clock
-        self._next_due = {"report": -float("inf"), "page": -float("inf")}  # the first update writes both
+        # When each file may be rewritten next: the first update writes both.
+        self._next_due = dict.fromkeys(["report"] if page is None else ["report", "page"], -float("inf"))
 
     def update(self, build: Callable[[], Mapping[str, Any]]) -> bool:
         """Rewrites the report and the page with ``build()``, each if its budget allows it now (``build`` is not
         called when neither does); returns whether either was written."""
         now = self._clock()
         due = [part for part, next_due in self._next_due.items() if now >= next_due]
-        if (self._draw is None and due == ["page"]) or not due:
-            return False
-        self._write(build(), due, now)
-        return True
+        if due:
+            self._write(build(), due, now)
+        return bool(due)
 
     def write(self, data: Mapping[str, Any]) -> None:
         """Rewrites both now; the next :meth:`update` of each waits in proportion to what it cost."""
-        self._write(data, ["report", "page"], self._clock())
+        self._write(data, list(self._next_due), self._clock())
 
     def _write(self, data: Mapping[str, Any], parts: Sequence[str], start: float) -> None:
-        if "report" in parts:
-            write_json_atomically(data, self.path)
-            start = self._finished("report", start)
-        # After the report: a page that fails to draw leaves the report written.
-        if "page" in parts and self._draw is not None and self.page_path is not None:
-            write_atomically(self._draw(data), self.page_path)
-            self._finished("page", start)
-
-    def _finished(self, part: str, start: float) -> float:
-        end = self._clock()
-        self._next_due[part] = end + (end - start) / REWRITE_TIME_SHARE
-        return end
+        for part in parts:  # the report first: a page that fails to draw leaves the report written
+            if part == "report":
+                write_json_atomically(data, self.path)
+            elif self._draw is not None and self.page_path is not None:
+                write_atomically(self._draw(data), self.page_path)
+            end = self._clock()
+            self._next_due[part] = end + (end - start) / REWRITE_TIME_SHARE
+            start = end
 
 
 def write_json_atomically(data: Mapping[str, Any], path: str) -> None:

@@ -16,7 +16,7 @@ from lightning_perf.records import OperatorStat, StepSplit, WindowRecord
 from lightning_perf.report.html import run_page
 from lightning_perf.report.html.breakdown import host_scale
 from lightning_perf.report.html.document import esc
-from lightning_perf.report.html.figures import epoch_figures, flops_figure, si_scale
+from lightning_perf.report.html.figures import epoch_figures, flops_figure
 from lightning_perf.report.html.step_figures import (
     AFTER,
     CLOSE,
@@ -30,6 +30,7 @@ from lightning_perf.report.html.step_figures import (
 )
 from lightning_perf.report.html.windows import breakdown_html, open_instructions, operator_table, summary_facts
 from lightning_perf.report.json_report import ReportEpoch
+from lightning_perf.units import si_scale
 from summaries import epoch, window
 
 STALL = f"stall (>= {STALL_FACTOR:g}x median)"

@@ -67,17 +67,22 @@ def step_breakdown(summary: TraceSummary) -> list[tuple[str, float]]:
     if summary.communication_exposed_time is not None:
         parts.append((COMMUNICATION, communication))
     rest = max(total - device - communication, 0.0)
-    loading = max(summary.dataloader_time, 0.0)
-    host = [
-        (DATA_LOADING, loading),
-        (CPU_EXECUTION, max(summary.host_op_time - loading, 0.0)),
-        (OTHER, max(summary.framework_time, 0.0)),
-    ]
+    host = _host_parts(summary)
     measured = sum(value for _, value in host)
     if measured <= 0:
         return [*parts, (DATA_LOADING, 0.0), (CPU_EXECUTION, 0.0), (OTHER, rest)]
     scale = rest / measured
     return [*parts, *((label, value * scale) for label, value in host)]
+
+
+def _host_parts(summary: TraceSummary) -> list[tuple[str, float]]:
+    """The host's parts as measured, before :func:`step_breakdown` scales them (its note 4)."""
+    loading = max(summary.dataloader_time, 0.0)
+    return [
+        (DATA_LOADING, loading),
+        (CPU_EXECUTION, max(summary.host_op_time - loading, 0.0)),
+        (OTHER, max(summary.framework_time, 0.0)),
+    ]
 
 
 UNSCALED = 0.01
@@ -90,8 +95,7 @@ def host_scale(summary: TraceSummary) -> float | None:
     loading`` and ``other`` read shorter than the trace's DataLoader time and time outside torch operators;
     ``None`` where they are shown as measured (within :data:`UNSCALED`) or there is nothing to scale."""
     parts = dict(step_breakdown(summary))
-    measured = max(summary.dataloader_time, 0.0) + max(summary.host_op_time - max(summary.dataloader_time, 0.0), 0.0)
-    measured += max(summary.framework_time, 0.0)
+    measured = sum(value for _, value in _host_parts(summary))
     if measured <= 0:
         return None
     scale = sum(parts[p] for p in HOST_PARTS) / measured

@@ -185,7 +185,7 @@ def _operators(before: ComparedSide, after: ComparedSide) -> str:
 
 def _operator_row(c: OperatorChange, before: ComparedSide, after: ComparedSide) -> list[Cell | str]:
     ratio = relative_change(c.before, c.after) if c.in_before and c.in_after else None
-    delta = f"{'-' if c.delta < 0 else '+'}{duration_us(abs(c.delta))} ({c.word})"
+    delta = _delta_text(c)
 
     def calls(side: ComparedSide) -> Cell:
         op = side.operators.get(c.name)
@@ -202,14 +202,18 @@ def _operator_row(c: OperatorChange, before: ComparedSide, after: ComparedSide) 
     ]
 
 
+def _delta_text(c: OperatorChange) -> str:
+    """An operator's change of self time, signed, and how it reads: ``"-1.20 ms (faster)"``."""
+    return f"{'-' if c.delta < 0 else '+'}{duration_us(abs(c.delta))} ({c.word})"
+
+
 def operators_figure(changes: Sequence[OperatorChange], clock: str) -> dict[str, Any]:
     """A horizontal bar per operator: its change of self time in ms (negative: faster), the largest on top;
     green where faster, red where slower, grey where within the noise."""
     ordered = list(reversed(changes))  # Plotly draws a horizontal bar chart's first category at the bottom
     names = [esc(_short(c.name)) for c in ordered]
     hover = [
-        f"{esc(c.name)}<br>before {duration_us(c.before)} → after {duration_us(c.after)}<br>"
-        f"change {'-' if c.delta < 0 else '+'}{duration_us(abs(c.delta))} ({c.word})"
+        f"{esc(c.name)}<br>before {duration_us(c.before)} → after {duration_us(c.after)}<br>change {_delta_text(c)}"
         for c in ordered
     ]
     return {

@@ -11,6 +11,7 @@ the most frequent).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from lightning_perf.report.findings import compile_line
@@ -55,21 +56,21 @@ def _epochs_table(compiled: Sequence[ReportEpoch]) -> str:
 
 
 def _sites(compiled: Sequence[ReportEpoch]) -> str:
-    breaks: dict[tuple[str, str | None], int] = {}
-    guards: dict[tuple[str | None, str | None], int] = {}
+    breaks: Counter[tuple[str, str | None]] = Counter()
+    guards: Counter[tuple[str | None, str | None]] = Counter()
     for e in compiled:
         assert e.compile is not None
         for b in e.compile.break_sites:
-            breaks[(b.reason, b.location)] = breaks.get((b.reason, b.location), 0) + b.count
+            breaks[(b.reason, b.location)] += b.count
         for r in e.compile.recompile_guards:
-            guards[(r.function, r.guard)] = guards.get((r.function, r.guard), 0) + r.count
+            guards[(r.function, r.guard)] += r.count
     html = ""
     if breaks:
-        top = sorted(breaks.items(), key=lambda item: -item[1])[:MAX_SITES]
+        top = breaks.most_common(MAX_SITES)
         rows = [[Cell(reason), Cell(where or "unknown"), number_cell(n, count(n))] for (reason, where), n in top]
         html += "<h3>Graph breaks</h3>" + table(["reason", "where", "compiles that met it"], rows, sortable=True)
     if guards:
-        top_guards = sorted(guards.items(), key=lambda item: -item[1])[:MAX_SITES]
+        top_guards = guards.most_common(MAX_SITES)
         rows = [[Cell(f or "unknown"), Cell(g or "unknown"), number_cell(n, count(n))] for (f, g), n in top_guards]
         html += "<h3>Recompiles</h3>" + table(["function", "failed guard", "recompiles"], rows, sortable=True)
     return html

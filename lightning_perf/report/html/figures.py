@@ -31,10 +31,7 @@ from lightning_perf.report.html.breakdown import (
     DEVICE_BUSY,
     OTHER,
 )
-from lightning_perf.units import MIB
-
-SI_PREFIXES = ("", "k", "M", "G", "T", "P", "E")
-"""The prefixes of :mod:`lightning_perf.units`' three-digit numbers (FLOPs, FLOP/s), for an axis's unit."""
+from lightning_perf.units import MIB, si_scale
 
 MAX_EPOCH_POINTS = 500
 """Points per series of a per-epoch chart: a longer run's epochs are thinned to this many, evenly spaced, the
@@ -189,21 +186,10 @@ def epoch_figures(stages: Mapping[str, Sequence[EpochSummary]], *, rank_zero: bo
     return [f for f in figures if f is not None]
 
 
-def si_scale(largest: float) -> tuple[str, float]:
-    """The SI prefix (``""``, ``"k"``, ..., ``"E"``) and its factor that show ``largest`` between 1 and 1000,
-    as :func:`lightning_perf.units.flops_rate` scales one value: the unit of an axis whose largest value is
-    ``largest``."""
-    prefix, factor = "", 1.0
-    for candidate in SI_PREFIXES[1:]:
-        if abs(largest) < factor * 1000 * 0.9995:  # 999.6 shows as 1.00 k, as in units
-            break
-        prefix, factor = candidate, factor * 1000
-    return prefix, factor
-
-
 def flops_figure(stages: Mapping[str, Sequence[EpochSummary]], *, rank_zero: bool = False) -> dict[str, Any] | None:
-    """Achieved FLOP/s per epoch and stage, in the SI unit that suits the largest (:func:`si_scale`), and MFU
-    (%) where the device's peak is known, on a second axis; ``None`` where no epoch's FLOPs were counted."""
+    """Achieved FLOP/s per epoch and stage, in the SI unit that suits the largest
+    (:func:`lightning_perf.units.si_scale`), and MFU (%) where the device's peak is known, on a second axis;
+    ``None`` where no epoch's FLOPs were counted."""
     rates = [e.flops_per_second for epochs in stages.values() for e in epochs if e.flops_per_second is not None]
     prefix, factor = si_scale(max(rates, default=0.0))
     unit = f"{prefix}FLOP/s"

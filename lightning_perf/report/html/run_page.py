@@ -123,15 +123,19 @@ def _loaders(run: Mapping[str, Any]) -> str:
 
 def headline_epoch(epochs: Sequence[EpochSummary]) -> EpochSummary:
     """The epoch a stage's headline shows: its latest complete one, else (every epoch interrupted) its latest."""
-    complete = [e for e in epochs if not e.interrupted]
-    return complete[-1] if complete else epochs[-1]
+    return _headline_epochs(epochs)[-1]
+
+
+def _headline_epochs(epochs: Sequence[EpochSummary]) -> Sequence[EpochSummary]:
+    """The epochs a stage's headline reads: the complete ones, or (every epoch interrupted) all of them."""
+    return [e for e in epochs if not e.interrupted] or epochs
 
 
 def _headline_row(stage: str, epochs: Sequence[EpochSummary]) -> list[Cell | str]:
     if not epochs:
         return [stage, number_cell(0), *(number_cell(None) for _ in range(8))]
-    e = headline_epoch(epochs)
-    complete = [x for x in epochs if not x.interrupted] or epochs  # an interrupted epoch only if nothing else
+    complete = _headline_epochs(epochs)  # an interrupted epoch only if nothing else
+    e = complete[-1]
     p50s = [x.step_time_p50 for x in complete if x.measured_batches > 0]
     median = statistics.median(p50s) if p50s else None
     shown = f"{e.epoch}{' (interrupted)' if e.interrupted else ''}"
@@ -156,11 +160,8 @@ def _headlines(stages: Mapping[str, Sequence[ReportEpoch]], *, world_size: int) 
     headers = ["stage", "epochs", "epoch shown", "batches", "step p50", "step p90", "p50 over epochs"]
     headers += ["data wait", "samples/s", "MFU"]
     rows = [_headline_row(stage, epochs) for stage, epochs in summaries.items()]
-    lines = "".join(
-        f"<li><b>{esc(stage)} epoch {headline_epoch(epochs).epoch}</b>: {esc(headline(headline_epoch(epochs)))}</li>"
-        for stage, epochs in summaries.items()
-        if epochs
-    )
+    shown = {stage: headline_epoch(epochs) for stage, epochs in summaries.items() if epochs}
+    lines = "".join(f"<li><b>{esc(stage)} epoch {e.epoch}</b>: {esc(headline(e))}</li>" for stage, e in shown.items())
     ranks = (
         f" Rank 0's numbers, of {world_size} ranks: every rank's are under <a href=\"#charts\">Charts</a>, per rank."
         if world_size > 1
@@ -250,11 +251,10 @@ def run_page(report: Mapping[str, Any], *, source: str | None = None) -> str:
         sections.append(Section("flops", "FLOPs and MFU", flops))
     if (compiled := compile_html(stages)) is not None:
         sections.append(Section("compile", "torch.compile", compiled))
-    subtitle = " · ".join(part for part in (source, generated, _device(run)) if part)
+    subtitle = " · ".join(part for part in (source, generated, _device(run, world_size)) if part)
     return page(TITLE, subtitle, sections)
 
 
-def _device(run: Mapping[str, Any]) -> str:
+def _device(run: Mapping[str, Any], world_size: int) -> str:
     device = run.get("device_name") or run.get("device")
-    world = run.get("world_size")
-    return f"{device}" + (f", {world} ranks" if isinstance(world, int) and world > 1 else "") if device else ""
+    return f"{device}" + (f", {world_size} ranks" if world_size > 1 else "") if device else ""

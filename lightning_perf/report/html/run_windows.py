@@ -74,7 +74,7 @@ def _overview(windows: Sequence[WindowRecord], shown: set[str]) -> str:
                 number_cell(None if s is None else s.step_time, None if s is None else duration(s.step_time)),
                 number_cell(busy, None if busy is None else percent(busy)),
                 number_cell(exposed, None if exposed is None else percent(exposed)),
-                number_cell(None if s is None else s.ops_per_step, None if s is None else f"{s.ops_per_step:,.0f}"),
+                number_cell(None if s is None else s.ops_per_step, None if s is None else count(s.ops_per_step)),
             ]
         )
     headers = ["window", "stage", "epoch", "mean step", "device busy", "comm. exposed", "host ops per step"]
