@@ -174,6 +174,9 @@ class TraceSummary:
         steps: ``ProfilerStep#N`` spans in the trace.
         step_time: Mean step span.
         dataloader_time: DataLoader ``__next__`` spans.
+        dataloader_ops_per_step: Top-level host operators inside those spans (the main thread's: a dataset's
+            own torch calls with ``num_workers=0``, one or more per sample where it transforms samples one by
+            one). ``None`` in reports written before it was measured.
         optimizer_time: ``Optimizer.step#...`` spans (under Lightning's automatic optimization they hold
             the closure's forward and backward too).
         optimizer_update_time: The optimizer's own update: the part of its span after the last forward or
@@ -232,6 +235,7 @@ class TraceSummary:
     median_op_time: float
     tiny_op_time: float | None = None
     tiny_ops_per_step: float | None = None
+    dataloader_ops_per_step: float | None = None
     device_busy: float | None = None
     kernels_per_step: float | None = None
     median_kernel_time: float | None = None

@@ -72,6 +72,8 @@ HANDOFF = 1.5e-3
 # judgment: on an idle machine it waits well under 1%; on this project's shared 2-CPU machine, at load 2-5,
 # 20-60%, and no worker setting made a real program faster there).
 CONTENDED = 0.10
+# A saving below this (seconds per epoch) is written as none: "at most 0.00 ms" reads as a measurement.
+NO_SAVING = 0.05e-3
 _EPS = 1e-9  # 0.016 / 0.004 is 4.000000000000001: not 5 workers
 
 
@@ -200,7 +202,21 @@ def loading_evidence(load: Loading, facts: RunFacts) -> list[str]:
     return parts
 
 
-def loader_advice(ctx: StageEpoch, load: Loading, *, elsewhere: bool = False) -> list[str]:
+@dataclass(frozen=True)
+class LoaderAdvice:
+    """What :func:`loader_advice` advises.
+
+    Attributes:
+        lines: The advice, sentence groups in order (empty strings are dropped by the finding).
+        predicted_gain: ``False`` where no change is predicted to shorten the wait (the advice then says what
+            to measure): the finding is then no more than information.
+    """
+
+    lines: list[str]
+    predicted_gain: bool = True
+
+
+def loader_advice(ctx: StageEpoch, load: Loading, *, elsewhere: bool = False) -> LoaderAdvice:
     """Advice for a DataLoader-bound epoch, from the run's facts.
 
     Args:
@@ -216,18 +232,21 @@ def loader_advice(ctx: StageEpoch, load: Loading, *, elsewhere: bool = False) ->
     """
     facts = ctx.facts
     if facts.shared_state:
-        return _shared_state_advice(ctx, load)
+        return LoaderAdvice(_shared_state_advice(ctx, load))
     advice = _oversubscribed_advice(ctx, load) or _startup_advice(ctx, load)
     if not advice and elsewhere:
-        return [ELSEWHERE]
-    if not advice:
-        advice = _with_workers(ctx, load) if facts.num_workers else _without_workers(ctx, load)
+        return LoaderAdvice([ELSEWHERE])
+    gain = True
+    if not advice and facts.num_workers:
+        advice = _with_workers(ctx, load)
+    elif not advice:
+        advice, gain = _without_workers(ctx, load)
     if on_cuda(ctx) and facts.pin_memory is False:
         advice.append(
             "Set `pin_memory=True`: copies from pinned memory run asynchronously (Lightning already moves"
             " batches with `non_blocking=True`)."
         )
-    return advice
+    return LoaderAdvice(advice, gain)
 
 
 # The DataLoader's own spans are small in every window and nothing else explains the wait.
@@ -326,7 +345,8 @@ def _iterable_caveat(ctx: StageEpoch) -> str:
     )
 
 
-def _without_workers(ctx: StageEpoch, load: Loading) -> list[str]:
+def _without_workers(ctx: StageEpoch, load: Loading) -> tuple[list[str], bool]:
+    """The advice for a loader without workers, and whether it predicts a gain."""
     steady = load.steady_wait()
     cpu_bound = load.cpu_share is None or load.cpu_share >= CPU_BOUND
     if cpu_bound and load.spare is not None and load.spare < 1:
@@ -345,7 +365,7 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> list[str]:
             "To try workers anyway, give them a CPU (`torch.set_num_threads(...)` one lower, with"
             " `DataLoader(num_workers=1, persistent_workers=True)`) and compare the two runs with"
             " `lightning-perf compare`.",
-        ]
+        ], True
     most = min(load.needed(), MAX_SUGGESTED_WORKERS)
     if cpu_bound and load.spare is not None:
         most = min(most, load.spare)
@@ -354,15 +374,19 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     after = load.predicted_wait(k, cpu_bound=cpu_bound)
     saved = max(steady - after, 0.0) * load.batches
     if _net_saving(load, k, epochs, cpu_bound) <= 0:
+        gain = (
+            f"Workers would save at most {seconds_or_ms(saved)} an epoch here"
+            if saved >= NO_SAVING
+            else "Workers would not shorten the wait here"
+        )
         return [
-            f"Workers would save at most {seconds_or_ms(saved)} an epoch here (receiving each batch from a worker costs"
-            f" the training process about {ms(HANDOFF)}); over {epochs} epoch{'s' if epochs != 1 else ''} that is"
-            f" no more than starting them costs (about {seconds_or_ms(WORKER_STARTUP_GUESS)} each): measure before"
-            " changing anything"
-            f" (`DataLoader(num_workers={k}, persistent_workers=True)` against this run, with `lightning-perf"
-            " compare`).",
+            f"{gain} (receiving each batch from a worker costs the training process about {ms(HANDOFF)}); over"
+            f" {plural(epochs, 'epoch')} that is no more than starting them costs (about"
+            f" {seconds_or_ms(WORKER_STARTUP_GUESS)} each): no change to the DataLoader's settings is predicted to"
+            f" help. To check, compare `DataLoader(num_workers={k}, persistent_workers=True)` with this run"
+            " (`lightning-perf compare`).",
             _iterable_caveat(ctx),
-        ]
+        ], False
     why = (
         "loading waits more than it computes (I/O)"
         if not cpu_bound
@@ -374,7 +398,7 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> list[str]:
         f" {ms(after)} per batch instead of {ms(steady)} (about {seconds_or_ms(saved)} less per epoch)."
         " `persistent_workers` starts the workers once per run, not at every epoch.",
         _iterable_caveat(ctx),
-    ]
+    ], True
 
 
 def _net_saving(load: Loading, workers: int, epochs: int, cpu_bound: bool) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from lightning_perf.diagnose.loader_advice import loader_advice, loading, loading_evidence
 from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch
 from lightning_perf.diagnose.rule_helpers import below, finding, in_window, on_cuda, reaches, stage_name, strongest
+from lightning_perf.diagnose.sample_loading import per_sample_advice, per_sample_evidence, per_sample_loading
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import share
 from lightning_perf.units import limit, ms, percent
@@ -50,6 +51,11 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         4. Advice is predicted from the run's facts (:mod:`~lightning_perf.diagnose.loader_advice`): free
            CPUs, CPU-bound or waiting loading, the workers' start-up, and a dataset that shares state with
            the module. When the windows show the wait is not the DataLoader's, it says where else to look.
+        5. Where a window shows the dataset making torch calls sample by sample in the training process
+           (:mod:`~lightning_perf.diagnose.sample_loading`), the advice leads with loading whole batches, and
+           its predicted saving.
+        6. Where no change is predicted to help (workers would not pay, and no per-sample work is seen), the
+           finding is ``info``: it says what was measured and what to check, not that something must change.
     """
     epoch = ctx.epoch
     fraction = epoch.data_wait_fraction
@@ -79,14 +85,22 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         best = None
     evidence.append(loader_facts(facts))
     evidence.extend(loading_evidence(load, facts))
+    per_sample = None if facts.shared_state else per_sample_loading(ctx, load.steady_wait())
+    advice = loader_advice(ctx, load, elsewhere=bool(ctx.windows) and best is None and per_sample is None)
+    lines = advice.lines
+    if per_sample is not None:
+        evidence.append(per_sample_evidence(per_sample))
+        lines = [per_sample_advice(per_sample, epoch.measured_batches), *(lines if advice.predicted_gain else [])]
+    elif not advice.predicted_gain:
+        severity = "info"
     return finding(
         ctx,
         "dataloader_bound",
         severity,
         f"{stage_name(ctx.stage)} waits for data {percent(fraction)} of the time",
         evidence,
-        loader_advice(ctx, load, elsewhere=bool(ctx.windows) and best is None),
-        best[0] if best else None,
+        lines,
+        per_sample.window if per_sample is not None else best[0] if best else None,
     )
 
 

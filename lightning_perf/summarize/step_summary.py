@@ -80,7 +80,9 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
            are the step's own: top-level operators shorter than :data:`TINY_OP_US` starting in the steps
            but not in a DataLoader span (per-sample transforms under ``num_workers=0`` run there). Their time
            is their durations plus, for each, the time since the previous top-level operator ended where
-           shorter than :data:`TINY_OP_US`: the Python that dispatched it.
+           shorter than :data:`TINY_OP_US`: the Python that dispatched it. The top-level operators that start
+           in the steps and in a DataLoader span are ``dataloader_ops_per_step``: the dataset's and collate's
+           own calls.
         7. Device: busy is the union of kernels, copies and memsets; exposed host-to-device copy time is the
            union of ``HtoD`` copies less the union of kernels; sync idle time is the union of top-level sync
            spans (a sync inside another on its thread, ``cudaStreamSynchronize`` in ``_local_scalar_dense``,
@@ -107,7 +109,8 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
     top_starts, top_ends = host.top_level()
     in_steps = starts_in(top_starts, steps.ranges)
     dataloader = union(scan.dataloader)
-    tiny_ops, tiny_op_time = _tiny_ops(top_starts, top_ends, in_steps & ~starts_in(top_starts, dataloader))
+    in_loader = starts_in(top_starts, dataloader)
+    tiny_ops, tiny_op_time = _tiny_ops(top_starts, top_ends, in_steps & ~in_loader)
     update_parts = _optimizer_update_parts(scan, steps)
     multi_tensor: bool | None
     update_ops, multi_tensor = host.update_ops(top_starts, update_parts)
@@ -122,6 +125,7 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
         steps=steps.count,
         step_time=step_time,
         dataloader_time=steps.time(dataloader),
+        dataloader_ops_per_step=steps.per_step(int(np.count_nonzero(in_steps & in_loader))),
         optimizer_time=steps.time(union([(start, end) for start, end, _, _ in scan.optimizer])),
         optimizer_update_time=steps.time(subtract(update_parts, collectives)),
         optimizer_update_ops=steps.per_step(update_ops),

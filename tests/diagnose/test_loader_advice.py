@@ -52,8 +52,11 @@ def judge(
 # --- when it fires ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("wait", "severity"), [(0.00112, "warning"), (0.0043, "critical"), (0.09, "critical")])
+@pytest.mark.parametrize(
+    ("wait", "severity"), [(0.00112, "info"), (0.0025, "warning"), (0.0043, "critical"), (0.09, "critical")]
+)
 def test_severity_follows_the_share_of_the_step(wait, severity):
+    # 1.12 ms a batch (10% of the step): a worker would cost more to receive from (1.5 ms) than it saves.
     assert judge(epoch(wait=wait, compute=0.01)).severity == severity
 
 
@@ -144,11 +147,12 @@ def test_workers_are_weighed_against_their_start_up_over_the_runs_epochs():
     # 20 batches waiting 3 ms: a worker would save 60 ms an epoch; starting it costs about 0.1 s.
     short = epoch(wait=0.003, compute=0.003, batches=20, loading_cpu_share=0.9)
     f = judge(short, facts=dataclasses.replace(CPU, epochs=1))
-    assert settings(f.advice) == {} and "measure before changing anything" in f.advice
+    assert settings(f.advice) == {} and "no change to the DataLoader's settings is predicted to help" in f.advice
     assert "over 1 epoch that is no more than starting them costs" in f.advice
     assert "`DataLoader(num_workers=1, persistent_workers=True)`" in f.advice
+    assert f.severity == "info"  # nothing to do: no warning
     f = judge(short, facts=dataclasses.replace(CPU, epochs=20))
-    assert settings(f.advice) == {"num_workers": 1, "persistent_workers": True}
+    assert settings(f.advice) == {"num_workers": 1, "persistent_workers": True} and f.severity == "critical"
     # 16 ms of I/O per 1 ms of compute, 40 batches, 4 epochs: 8 workers would hide it all, but from the 6th
     # on each saves less over the 4 epochs (5 workers: 2.2 ms of wait left, 6: 1.7 ms) than its 0.1 s start-up.
     slow = epoch(wait=0.016, compute=0.001, batches=40, loading_cpu_share=0.01)
@@ -301,3 +305,59 @@ def test_loading_model():
     assert spare_cpus(dataclasses.replace(CPU, world_size=2)) == 3  # 8 CPUs for 2 processes, 1 thread each
     assert spare_cpus(dataclasses.replace(CPU, world_size=4, num_nodes=2)) == 3  # 2 processes on each node
     assert spare_cpus(GPU) == 15 and spare_cpus(RunFacts()) is None
+
+
+# --- per-sample loading (lightning_perf.diagnose.sample_loading) ----------------------------------------------
+
+# The program: an in-memory dataset of 3x8x8 images normalised one sample at a time (six torch calls per
+# sample, batches of 64), one torch thread on 2 CPUs: 3.9 ms per batch in the DataLoader, 3.4 ms of step.
+PER_SAMPLE = dict(wait=0.0042, compute=0.0034, batches=32, loading_cpu_share=0.95)
+TWO_CPUS = dataclasses.replace(CPU, cpu_count=2, torch_threads=1, batch_size=64, epochs=3)
+
+
+def per_sample_window(ops: float = 386.0, dataloader_time: float = 0.0039) -> TraceSummary:
+    return window(W1, step_time=0.0073, dataloader_time=dataloader_time, dataloader_ops_per_step=ops)
+
+
+def test_per_sample_work_is_named_with_the_change_that_removes_it_and_its_saving():
+    f = judge(epoch(**PER_SAMPLE), per_sample_window(), facts=TWO_CPUS)
+    assert f.severity == "critical" and f.window == W1
+    assert "`__getitems__(self, indices)`" in f.advice and "`LightningModule.on_after_batch_transfer`" in f.advice
+    assert f.advice.startswith("Load whole batches instead of single samples")
+    # 3.9 ms per batch of 64: 60.9 us a sample; up to 3.9 * 63/64 = 3.84 ms less per batch, 32 batches an epoch.
+    assert "in window w1 the DataLoader takes 3.90 ms per batch of 64, 60.9 us per sample, in 6.0 torch calls" in (
+        f.evidence.replace(W1, "w1")
+    )
+    assert "up to 3.84 ms less per batch (up to 0.12 s per epoch)" in f.advice
+    assert "0.00 ms" not in f.advice
+
+
+def test_without_per_sample_work_or_a_gain_the_finding_is_information_with_no_zero():
+    # The same wait with two torch calls per batch (a dataset that indexes a tensor), in a run of one epoch: a
+    # worker would save 61 ms and cost 0.1 s to start. Nothing is predicted to help.
+    f = judge(epoch(**PER_SAMPLE), per_sample_window(ops=2.0), facts=dataclasses.replace(TWO_CPUS, epochs=1))
+    assert f.severity == "info" and "__getitems__" not in f.advice
+    assert "0.00 ms" not in f.advice and "no change to the DataLoader's settings is predicted to help" in f.advice
+    # Where the prediction is no saving at all, it says so in words, not as "0.00 ms".
+    tiny = judge(epoch(wait=0.0012, compute=0.0034, batches=32), facts=dataclasses.replace(TWO_CPUS, epochs=1))
+    assert tiny.severity == "info" and "Workers would not shorten the wait here" in tiny.advice
+    assert "0.00 ms" not in tiny.advice
+
+
+@pytest.mark.parametrize(
+    ("facts", "win"),
+    [
+        (dataclasses.replace(TWO_CPUS, batch_size=1), per_sample_window()),  # a batch of one: nothing to batch
+        (TWO_CPUS, per_sample_window(dataloader_time=0.0001)),  # a saving under MIN_SAVING
+        (TWO_CPUS, window(W1, dataloader_time=0.0039)),  # a report from before the count: unknown
+        (dataclasses.replace(TWO_CPUS, shared_state="self.buffer"), per_sample_window()),  # stale-state advice first
+    ],
+)
+def test_per_sample_advice_needs_a_batch_a_saving_and_a_count(facts, win):
+    f = judge(epoch(**PER_SAMPLE), win, facts=facts)
+    assert "__getitems__" not in f.advice
+
+
+def test_the_batch_size_comes_from_the_epoch_when_the_loader_has_none():
+    f = judge(epoch(**PER_SAMPLE), per_sample_window(ops=64.0), facts=dataclasses.replace(TWO_CPUS, batch_size=None))
+    assert "per batch of 32, " in f.evidence  # the epoch's 32 samples a batch

@@ -1,0 +1,122 @@
+"""
+Per-sample loading
+==================
+
+What ``dataloader_bound`` advises when the wait is a dataset doing its work one sample at a time: an
+in-memory dataset whose ``__getitem__`` converts and normalises each sample (what torchvision's ``ToTensor``
+and ``Normalize`` do), read by the DataLoader in the training process (``num_workers=0``). Workers do not
+pay there (each batch costs the training process about as much to receive from a worker as to make), but
+the per-sample calls themselves can go: the same transform on the whole batch costs about what it costs on
+one sample, for small samples.
+
+The measurement, from a profiler window (:class:`~lightning_perf.records.TraceSummary`):
+
+- ``D``: the DataLoader's ``__next__`` time per step; ``B``: the batch size; ``D / B``: the fetch time per
+  sample.
+- ``n``: the top-level torch operators inside those spans per step (``dataloader_ops_per_step``). Where
+  ``n >= B`` the dataset makes at least one torch call per sample: its cost grows with the batch, call by
+  call.
+
+The prediction: loading the batch at once (a ``__getitems__`` on the dataset, which the DataLoader calls with
+the batch's indices since torch 2.0, or the transform moved to ``on_after_batch_transfer``) makes about one
+sample's calls per batch, so the DataLoader takes about ``D / B`` per batch instead of ``D``: a saving of
+``D (1 - 1/B)`` per batch, at most the epoch's steady wait per batch. Measured on this project's 2-CPU
+machine (``tests/callback/test_advice_applied.py``): an in-memory dataset of 3x8x8 images, ``B = 64``, six
+calls per sample: 3.9 ms per batch in the DataLoader, 0.46 ms batched (predicted 0.06 ms: the batched
+operators on 64 samples are not free, so the figure is a bound, and the advice says "about").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightning_perf.diagnose.model import StageEpoch
+from lightning_perf.diagnose.rule_helpers import strongest
+from lightning_perf.records import TraceSummary
+from lightning_perf.units import ms, seconds_or_ms, us
+
+# Per-sample work is named only where batching would save at least this per batch (seconds): below it the
+# DataLoader's own per-batch machinery (sampler, fetch, collate: 0.1-0.3 ms on a 2-CPU machine) is of the same
+# size, and the saving is noise (our judgment).
+MIN_SAVING = 0.2e-3
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerSampleLoading:
+    """A window's evidence of per-sample loading, and what batching it is predicted to save.
+
+    Attributes:
+        window: The window that shows it (the one with the most DataLoader time per step).
+        batch_size: Samples per batch.
+        loader_time: The DataLoader's time per batch in that window (seconds).
+        calls_per_sample: Top-level torch calls per sample inside the DataLoader.
+        saving: Predicted time saved per batch by loading whole batches (seconds).
+    """
+
+    window: TraceSummary
+    batch_size: int
+    loader_time: float
+    calls_per_sample: float
+    saving: float
+
+    @property
+    def per_sample(self) -> float:
+        """The DataLoader's time per sample (seconds)."""
+        return self.loader_time / self.batch_size
+
+
+def per_sample_loading(ctx: StageEpoch, steady_wait: float) -> PerSampleLoading | None:
+    """The epoch's per-sample loading, when a window shows it and batching would save at least
+    :data:`MIN_SAVING` per batch; ``steady_wait`` (the epoch's mean wait per batch after the first) caps the
+    saving."""
+    batch_size = _batch_size(ctx)
+    if batch_size is None or batch_size < 2:
+        return None
+    best = strongest(
+        (w for w in ctx.windows if w.dataloader_ops_per_step is not None and w.dataloader_time > 0),
+        lambda w: w.dataloader_time,
+    )
+    if best is None:
+        return None
+    window, loader_time = best
+    calls = (window.dataloader_ops_per_step or 0.0) / batch_size
+    if calls < 1:
+        return None
+    saving = min(loader_time * (1 - 1 / batch_size), steady_wait)
+    if saving < MIN_SAVING:
+        return None
+    return PerSampleLoading(
+        window=window, batch_size=batch_size, loader_time=loader_time, calls_per_sample=calls, saving=saving
+    )
+
+
+def _batch_size(ctx: StageEpoch) -> int | None:
+    """The DataLoader's ``batch_size``, else the epoch's samples per batch."""
+    if ctx.facts.batch_size:
+        return ctx.facts.batch_size
+    epoch = ctx.epoch
+    if epoch.samples and epoch.measured_batches > 0:
+        return round(epoch.samples / epoch.measured_batches)
+    return None
+
+
+def per_sample_evidence(found: PerSampleLoading) -> str:
+    """The measurement, as evidence."""
+    return (
+        f"in window {found.window.window} the DataLoader takes {ms(found.loader_time)} per batch of"
+        f" {found.batch_size}, {us(found.per_sample)} per sample, in {found.calls_per_sample:.1f} torch calls per"
+        " sample: the dataset works one sample at a time"
+    )
+
+
+def per_sample_advice(found: PerSampleLoading, batches: int) -> str:
+    """The change that removes per-sample work, with its predicted saving over ``batches`` batches."""
+    return (
+        "Load whole batches instead of single samples: give the dataset a `__getitems__(self, indices)` that"
+        " indexes and transforms all of a batch's samples at once (the DataLoader calls it with the batch's"
+        " indices since torch 2.0; pass a `collate_fn` that takes what it returns, e.g. `collate_fn=lambda b: b`"
+        " for a ready batch), or keep `__getitem__` to indexing and move the transform onto the whole batch in"
+        f" `LightningModule.on_after_batch_transfer`. Predicted: the DataLoader's {ms(found.loader_time)} per batch"
+        f" falls toward one sample's {us(found.per_sample)}, up to {ms(found.saving)} less per batch (up to"
+        f" {seconds_or_ms(found.saving * batches)} per epoch)."
+    )
