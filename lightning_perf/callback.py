@@ -347,19 +347,25 @@ class PerfCallback(StageHooks):
             except Exception as err:
                 self._policy.fail(stage, err)
         control = self._control
+        closed = False
         if control.open is not None:
             try:
-                self._profiler_windows.save(control.end_step(stage))
+                to_save = control.end_step(stage)
+                if to_save is not None:
+                    closed = True
+                    self._profiler_windows.save(to_save)
             except Exception as err:
                 self._policy.fail(stage, err)
         try:
             to_save = control.next_batch(stage, trainer)
             if to_save is not None:
+                closed = True
                 self._profiler_windows.save(to_save)
         except Exception as err:
             self._policy.fail(stage, err)
-        # What we did after the batch (logging, closing a window) is no part of the next batch's data wait.
-        st.clock.restart()
+        # What we did after the batch (logging, closing a window) is no part of the next batch's data wait; the
+        # batch after a close is left out of the epoch's times (StepClock.after_close).
+        st.clock.restart(after_close=closed)
 
     @override
     def _epoch_end(self, stage: str, trainer: pl.Trainer) -> None:

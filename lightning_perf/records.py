@@ -92,8 +92,9 @@ class EpochSummary:
         epoch: The stage's epoch (for validation: the number of validation runs before this one).
         batches: Batches measured.
         profiled_batches: Of those, batches left out of the times, percentiles and throughput below: those
-            that ran inside a profiler window (the profiler slows them down), the one whose FLOPs were counted,
-            and those during which ``torch.compile`` compiled (seconds of a one-off cost).
+            that ran inside a profiler window (the profiler slows them down), the one right after each window's
+            close (which holds what the close left behind), the one whose FLOPs were counted, and those during
+            which ``torch.compile`` compiled (seconds of a one-off cost).
         samples: Samples in the batches not profiled.
         step_time: Sum of the batches' step times (data wait + compute).
         data_wait: Sum of the batches' data-wait times.

@@ -12,6 +12,10 @@ How the split is measured, for each batch ``k`` of a stage's epoch:
   moves it to the device in between, so this is the time the loop waited for input.
 - **compute**: from the start to the end of batch ``k``: forward, backward, optimizer step and the hooks.
 - A validation run inside a training epoch is neither: the clock restarts when it ends.
+- **the batch after a window's close** is marked (:attr:`StepClock.after_close`) and left out of the epoch's
+  times like a profiled batch: the close itself (the profiler stopping, torch exporting the trace) happens
+  after its batch's end and before the clock restarts, but what it leaves behind (the trace's processing
+  starting, the allocator and caches refilled) lands on the next batch, tens of ms on a small model.
 - **the first batch's data wait** also holds what Lightning did before the epoch-start hook to start the
   DataLoader: it creates the iterator (starting worker processes, and for an ``IterableDataset`` fetching
   the first batch) before ``on_train_epoch_start`` in a fit's first epoch and before every
@@ -82,6 +86,7 @@ class StepClock:
         self.compute: list[float] = []
         self.batch_sizes: list[int | None] = []
         self.profiled: list[bool] = []  # the batch ran inside a profiler window (warm-up or recording)
+        self.after_close: list[int] = []  # the batches that came right after a window's close
         self.losses: list[Any] = []  # detached 0-d tensors, still on their device, not yet summed
         self.last_loss: Any = None  # this batch's, or None
         self._loss_sum: Any = None  # the earlier losses of the epoch, summed on their device
@@ -97,12 +102,15 @@ class StepClock:
         self._last_end = self._clock() - waited
         self._last_end_cpu = None
         self.data_wait, self.compute, self.batch_sizes, self.profiled, self.losses = [], [], [], [], []
+        self.after_close = []
         self.sampled_wait = self.sampled_wait_cpu = 0.0
         self._loss_sum, self._loss_count = None, 0
 
-    def restart(self) -> None:
+    def restart(self, *, after_close: bool = False) -> None:
         """Restarts the data-wait clock (after the batch's own work, or a validation run inside a training
-        epoch)."""
+        epoch); ``after_close``: a window closed since the batch ended, and the next batch is marked."""
+        if after_close:
+            self.after_close.append(len(self.compute))
         self._last_end = self._clock()
         self._last_end_cpu = self._cpu_clock() if len(self.compute) % CPU_SAMPLE_EVERY == 1 else None
 

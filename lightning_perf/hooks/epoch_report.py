@@ -218,10 +218,11 @@ class EpochReporter:
         if compiled is not None:
             self.compile_stats[(stage, epoch)] = compiled
         # Like a profiled batch, a batch that compiled (torch.compile) is left out of the epoch's times: its step
-        # holds seconds of compiling, a one-off cost the compile numbers report.
+        # holds seconds of compiling, a one-off cost the compile numbers report; so is the batch after a window's
+        # close, which holds what the close left behind (StepClock.after_close).
         left_out = clock.profiled
-        if compiled is not None and compiled.steps:
-            steps = set(compiled.steps)
+        steps = set(clock.after_close) | set(compiled.steps if compiled is not None else ())
+        if steps:
             left_out = [profiled or i in steps for i, profiled in enumerate(clock.profiled)]
         summary = summarize_epoch(
             stage=stage,

@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import re
+import time
 
 import pytest
 import torch
@@ -215,3 +216,38 @@ def test_a_failing_batch_size_fn_is_reported_once_and_training_goes_on(tmp_path)
     with pytest.warns(UserWarning, match="batch_size_fn .* raised"):
         trainer(tmp_path, [callback]).fit(TinyModel(n=32))
     assert callback.epochs[-1].samples is None and callback.epochs[-1].throughput is None
+
+
+class SlowAfterWindow(Callback):
+    """Makes the batches after the windows of :data:`WINDOWS` (batches 10 and 15) 50 ms slower, as a window's
+    close can leave them."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx in (10, 15):
+            time.sleep(0.05)
+
+
+# Windows at batches 8-9 and 13-14: the default skip_first=5, then wait 2, warm-up 1, record 2, twice.
+WINDOWS = dict(wait=2, warmup=1, active=2, repeat=2)
+
+
+def test_the_batch_after_a_window_is_left_out_of_the_epochs_times(tmp_path):
+    perf = PerfCallback(schedule=WINDOWS, verbose=0)
+    trainer(tmp_path, [perf], limit_train_batches=16, limit_val_batches=0).fit(TinyModel(n=64, batch_size=4))
+    clock = perf._stages["train"].clock
+    # Batches 10 and 15 come after the windows' closes.
+    assert [w.name for w in perf.windows] == ["train-epoch000-batches0008-0009", "train-epoch000-batches0013-0014"]
+    assert clock.after_close == [10, 15]
+    epoch = perf.epochs[0]
+    assert epoch.profiled_batches == sum(clock.profiled) + 2
+    assert epoch.measured_batches == 16 - epoch.profiled_batches
+
+
+def test_a_slow_batch_after_a_window_is_no_step_time_spike(tmp_path):
+    perf = PerfCallback(schedule=WINDOWS, verbose=0)
+    trainer(tmp_path, [perf, SlowAfterWindow()], limit_train_batches=16, limit_val_batches=0).fit(
+        TinyModel(n=64, batch_size=4)
+    )
+    epoch = perf.epochs[0]
+    assert epoch.step_time_max < 0.04, epoch
+    assert "step_time_unstable" not in {f.id for f in perf.findings_for("train")}
