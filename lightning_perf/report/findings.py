@@ -11,6 +11,8 @@ what is a finding, and how bad, the rules decide.
 from __future__ import annotations
 
 import re
+import statistics
+from collections import deque
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import SEVERITIES, Finding
@@ -27,6 +29,15 @@ _SHOWN = {0: (), 1: ("warning", "critical"), 2: ("info", "warning", "critical")}
 # 30%: Lightning's DQN example flipped 66-88 times in 300 epochs), not news. The report and TensorBoard keep
 # every epoch's findings either way.
 MATERIAL_CHANGE = 0.2
+# ... and by more than the stage's own variation: NOISE_SIGMAS standard deviations of that number over the
+# finding's last NOISE_EPOCHS epochs (Shewhart's control limits: a value beyond 3 sigma of a process's own spread
+# is a change in the process, not its noise). A program whose 13-batch epochs swing between 13% and 47% of data
+# wait (sigma about 10 points) re-printed its dataloader_bound 34 times in 50 epochs with the fixed 20% alone.
+NOISE_SIGMAS = 3.0
+# How many of a finding's epochs its variation is measured over (a bounded window: constant work per epoch),
+# and how many it needs before its variation counts (fewer: the fixed share alone).
+NOISE_EPOCHS = 20
+NOISE_MIN_EPOCHS = 5
 # A finding absent for fewer epochs than this, then back unchanged, is not shown again (a rule that fires on
 # most epochs but not all, e.g. step_time_unstable near its 1.5x).
 FORGET_AFTER_EPOCHS = 3
@@ -37,20 +48,32 @@ def _title_numbers(title: str) -> list[float]:
     return [float(n.replace(",", "")) for n in _NUMBER.findall(title)]
 
 
-def changed(before: Finding, now: Finding) -> bool:
-    """Whether ``now`` says something ``before`` (the same rule's finding at an earlier epoch) did not."""
+def changed(before: Finding, now: Finding, noise: Sequence[float] = ()) -> bool:
+    """Whether ``now`` says something ``before`` (the same rule's finding at an earlier epoch) did not.
+
+    Args:
+        before: What was shown.
+        now: This epoch's finding.
+        noise: For each number in the titles, its standard deviation over the finding's recent epochs (empty:
+            unknown); a number must move by more than :data:`NOISE_SIGMAS` of it, as well as by
+            :data:`MATERIAL_CHANGE` of the larger value.
+    """
     if abs(SEVERITIES.index(before.severity) - SEVERITIES.index(now.severity)) > 1:
         return True
     old, new = _title_numbers(before.title), _title_numbers(now.title)
     if len(old) != len(new):
         return True
-    return any(abs(a - b) > MATERIAL_CHANGE * max(abs(a), abs(b)) for a, b in zip(old, new, strict=True))
+    sigmas = list(noise) if len(noise) == len(new) else [0.0] * len(new)
+    return any(
+        abs(a - b) > max(MATERIAL_CHANGE * max(abs(a), abs(b)), NOISE_SIGMAS * sigma)
+        for a, b, sigma in zip(old, new, sigmas, strict=True)
+    )
 
 
 class ShownFindings:
     """What the console last showed of each stage's findings, so that a finding that persists unchanged is
-    printed once, and again only when it :func:`changed` or came back after :data:`FORGET_AFTER_EPOCHS` epochs
-    or more without it.
+    printed once, and again only when it :func:`changed` beyond the finding's own variation or came back after
+    :data:`FORGET_AFTER_EPOCHS` epochs or more without it.
 
     Example::
 
@@ -61,6 +84,7 @@ class ShownFindings:
     def __init__(self) -> None:
         self._last: dict[tuple[str, str], Finding] = {}  # what was shown
         self._absent: dict[tuple[str, str], int] = {}  # epochs in a row without it
+        self._recent: dict[tuple[str, str], deque[list[float]]] = {}  # its title's numbers, latest epochs
 
     def split(self, stage: str, findings: Sequence[Finding]) -> tuple[list[Finding], list[Finding]]:
         """``(new or changed, unchanged)`` among a stage epoch's ``findings``, in their order; remembers what is
@@ -70,11 +94,14 @@ class ShownFindings:
         for f in findings:
             key = (stage, f.id)
             before = self._last.get(key)
-            if before is None or changed(before, f):
+            recent = self._recent.setdefault(key, deque(maxlen=NOISE_EPOCHS))
+            numbers = _title_numbers(f.title)
+            if before is None or changed(before, f, _spread(recent, len(numbers))):
                 fresh.append(f)
                 self._last[key] = f
             else:  # compared with what was shown, so that a slow drift still shows once it adds up
                 unchanged.append(f)
+            recent.append(numbers)
             self._absent.pop(key, None)
         present = {f.id for f in findings}
         for key in [key for key in self._last if key[0] == stage and key[1] not in present]:
@@ -82,6 +109,15 @@ class ShownFindings:
             if self._absent[key] >= FORGET_AFTER_EPOCHS:
                 del self._last[key], self._absent[key]
         return fresh, unchanged
+
+
+def _spread(recent: Sequence[list[float]], n: int) -> list[float]:
+    """Each of ``n`` title numbers' standard deviation over the ``recent`` epochs that had ``n`` numbers; empty
+    with fewer than :data:`NOISE_MIN_EPOCHS` of them."""
+    alike = [numbers for numbers in recent if len(numbers) == n]
+    if len(alike) < NOISE_MIN_EPOCHS:
+        return []
+    return [statistics.pstdev(column) for column in zip(*alike, strict=True)]
 
 
 def headline(summary: EpochSummary) -> str:

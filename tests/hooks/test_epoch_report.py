@@ -149,3 +149,25 @@ def test_the_report_keeps_the_step_split_of_epochs_0_1_2_4_those_with_a_window_a
     assert max(steps) == pytest.approx(first["step_time_max"])  # the epoch's own batches
     scalars = EventAccumulator(t.logger.log_dir).Reload().Scalars("perf/train/epoch/batches")
     assert len(scalars) == 6  # the per-epoch scalars, every epoch
+
+
+def test_a_noisy_finding_is_shown_again_only_beyond_its_own_variation():
+    # The program: 13-batch epochs whose data wait swings between 13% and 47% (dataloader_bound fired in
+    # 50 of 50 epochs and was printed 34 times with a fixed 20%).
+    swings = [13, 47, 30, 22, 41, 17, 35, 26, 44, 19, 38, 31, 15, 46, 24, 33, 40, 21, 28, 36] * 3
+    shown = ShownFindings()
+    printed = sum(bool(shown.split("train", [_finding(f"waits {n}%")])[0]) for n in swings[:50])
+    assert printed <= 5, printed
+    # A real change of level is news: the same program, its data wait now 90% (sigma ~10 points: 43 > 30).
+    assert shown.split("train", [_finding("waits 90%")])[0]
+    # A steady run's numbers vary little: the fixed share still decides (29% -> 37% is news, as before).
+    steady = ShownFindings()
+    for n in (29, 30, 29, 31, 30, 29):
+        steady.split("train", [_finding(f"waits {n}%")])
+    assert steady.split("train", [_finding("waits 37%")])[0]
+
+
+def test_changed_takes_each_numbers_noise():
+    before, now = _finding("waits 20% of 10 ms"), _finding("waits 35% of 10 ms")
+    assert changed(before, now) and not changed(before, now, noise=[6.0, 0.0])  # 15 points < 3 x 6
+    assert changed(before, now, noise=[4.0, 0.0])  # 15 > 12
