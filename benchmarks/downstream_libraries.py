@@ -18,7 +18,8 @@ Lightning, on a tiny model of each library that is installed (each one missing i
 
 Nothing is downloaded: random data and randomly initialised models. Every library here builds on
 ``lightning.pytorch``, so the plain ``PerfCallback`` is used. In each round, for each library, three fresh
-Trainers fit the same seeded model on the same data (``lightning.seed_everything(0)``), one after another:
+Trainers fit the same seeded model on the same data (``lightning.seed_everything(0)``), one after another
+(after one uncounted run of each, so that lazy imports and first calls land in none of the figures):
 
     (a) a bare Trainer;
     (b) ``PerfCallback(batches=[1000000])``: no profiler window ever opens (its FLOP count of the first
@@ -318,6 +319,10 @@ def bench(name: str, rounds: int) -> None:
     print(f"\n== {name}: {case.package} {importlib.metadata.version(case.package)}, {case.epochs} epochs")
     runs: dict[str, list[Run]] = {c: [] for c in CONFIGS}
     quiet = io.StringIO()
+    with contextlib.redirect_stdout(quiet), warnings.catch_warnings():  # a first run of each, not counted:
+        warnings.simplefilter("ignore")  # lazy imports and first calls land in no configuration's figures
+        for config in CONFIGS:
+            run_once(case, config)
     for _ in range(rounds):
         for config in CONFIGS:
             with contextlib.redirect_stdout(quiet), warnings.catch_warnings():

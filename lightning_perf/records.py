@@ -124,7 +124,7 @@ class EpochSummary:
             of the run (``torch.utils.flop_counter``), per sample times the epoch's mean batch size; ``None``
             until a batch is counted (training only).
         flops_per_second: The FLOPs of the epoch's measured batches (per sample, times their samples) over
-            their compute time.
+            their wall time (step times, data wait included).
         mfu: ``flops_per_second`` over the device's dense peak for the run's dtype, where that peak is known.
     """
 

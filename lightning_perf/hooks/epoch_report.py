@@ -245,6 +245,7 @@ class EpochReporter:
             flops = epoch_flops(
                 self.flops.counts,
                 batch_sizes=clock.batch_sizes,
+                data_wait=clock.data_wait,
                 compute=clock.compute,
                 profiled=left_out,
                 peak=self.run_info.get("peak_flops"),

@@ -9,10 +9,12 @@ Notes:
     1. The counts are taken per sample (a count's FLOPs over its batch's samples, averaged over the counts)
        and applied to the samples of each measured batch, so that a smaller last batch counts less; where a
        count's batch size is unknown, every measured batch counts as the mean count.
-    2. Achieved FLOP/s are the measured batches' FLOPs over their compute time (the step less its data
-       wait), with no device synchronization per batch: on a GPU the host runs ahead of the kernels within
-       a step, but the queue holds the host back over an epoch, so the sum of compute times is the device's
-       time give or take one step.
+    2. Achieved FLOP/s are the measured batches' FLOPs over their wall time: their step times, data wait
+       included, with no device synchronization per batch (on a GPU the host runs ahead of the kernels within
+       a step, but the queue holds the host back over an epoch, so the sum of step times is the device's
+       time give or take one step). Over wall time is what users compare (PaLM's MFU, Lightning's
+       ``ThroughputMonitor``): a step that waits for data has a lower MFU, which is why ``low_mfu`` names
+       ``dataloader_bound`` among its causes.
     3. MFU is achieved FLOP/s over the device's peak for the run's dtype, where that peak is known.
 """
 
@@ -43,6 +45,7 @@ def epoch_flops(
     counts: Sequence[FlopCount],
     *,
     batch_sizes: Sequence[int | None],
+    data_wait: Sequence[float],
     compute: Sequence[float],
     profiled: Sequence[bool],
     peak: float | None,
@@ -51,18 +54,19 @@ def epoch_flops(
 
     Args:
         counts: The batches counted so far in the run.
-        batch_sizes, compute, profiled: Per batch of the epoch, in order: samples (``None``: unknown), compute
-            seconds, and whether it ran inside a profiler window or a count (left out).
+        batch_sizes, data_wait, compute, profiled: Per batch of the epoch, in order: samples (``None``:
+            unknown), data-wait and compute seconds, and whether it was left out (a profiler window, a count).
         peak: The device's peak FLOP/s for the run's dtype; ``None``: no MFU.
 
     Example::
 
-        figures = epoch_flops([FlopCount(6e9, 32)], batch_sizes=[32, 32], compute=[0.1, 0.1],
-                              profiled=[False, False], peak=None)  # 6e9 per batch, 6e10 FLOP/s
+        figures = epoch_flops([FlopCount(6e9, 32)], batch_sizes=[32, 32], data_wait=[0.0, 0.0],
+                              compute=[0.1, 0.1], profiled=[False, False], peak=None)  # 6e9 per batch, 6e10 FLOP/s
     """
     if not counts:
         return EpochFlops()
-    measured = [i for i in range(min(len(compute), len(profiled), len(batch_sizes))) if not profiled[i]]
+    n = min(len(data_wait), len(compute), len(profiled), len(batch_sizes))
+    measured = [i for i in range(n) if not profiled[i]]
     per_sample = [c.flops / c.samples for c in counts if c.samples]
     sizes = [batch_sizes[i] for i in measured]
     if per_sample and measured and all(size is not None for size in sizes):
@@ -72,7 +76,7 @@ def epoch_flops(
     else:
         per_batch = sum(c.flops for c in counts) / len(counts)
         total = per_batch * len(measured)
-    seconds = sum(compute[i] for i in measured)
+    seconds = sum(data_wait[i] + compute[i] for i in measured)
     per_second = total / seconds if seconds > 0 else None
     mfu = per_second / peak if per_second is not None and peak else None
     return EpochFlops(flops_per_batch=per_batch, flops_per_second=per_second, mfu=mfu)
