@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from typing import Any
 
 import lightning
@@ -26,9 +27,11 @@ def run_info(trainer: pl.Trainer) -> dict[str, Any]:
         device_name = torch.cuda.get_device_name(device)
     else:
         device_name = platform.processor() or platform.machine()
+    package, version = lightning_package(trainer)
     return {
         "torch": torch.__version__,
-        "lightning": lightning.__version__,
+        "lightning": version,
+        "lightning_package": package,
         "device": device.type,
         "device_name": device_name,
         "world_size": trainer.world_size,
@@ -42,6 +45,16 @@ def run_info(trainer: pl.Trainer) -> dict[str, Any]:
         "compiled_modules": compile_requested(trainer.lightning_module),  # `.compile()` called on them
         "dataloaders": {},
     }
+
+
+def lightning_package(trainer: Any) -> tuple[str, str]:
+    """The package the trainer comes from (``"lightning"``, or ``"pytorch_lightning"`` for the standalone
+    package's ``Trainer``) and its version: both may be installed, at different versions."""
+    package = type(trainer).__module__.partition(".")[0]
+    version = getattr(sys.modules.get(package), "__version__", None)
+    if not isinstance(version, str):
+        return "lightning", lightning.__version__
+    return package, version
 
 
 def planned_epochs(trainer: pl.Trainer) -> int | None:

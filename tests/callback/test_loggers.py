@@ -235,3 +235,6 @@ def test_a_pytorch_lightning_cli_takes_the_standalone_perf_callback(tmp_path):
     assert isinstance(perf, ptl.Callback) and perf.config.max_windows == 1
     cli.trainer.fit(cli.model)
     assert [e.stage for e in perf.epochs] == ["validate", "train"] and perf.report_path is not None
+    # The version of the package the trainer comes from, not lightning's (both are installed).
+    run = perf.report["run"]
+    assert (run["lightning_package"], run["lightning"]) == ("pytorch_lightning", ptl.__version__)
