@@ -101,7 +101,8 @@ class BatchFlops:
 
 def shape_key(batch: Any, *, max_depth: int = MAX_DEPTH) -> ShapeKey:
     """The shapes of the tensors in ``batch``, depth-first, through the containers that
-    :func:`~lightning_perf.collect.batch.infer_batch_size` opens (mappings, lists, tuples, dataclasses).
+    :func:`~lightning_perf.collect.batch.infer_batch_size` opens (mappings, lists, tuples, dataclasses) and
+    graph batches' tensors (``to_dict()`` of an object with ``num_graphs``: torch_geometric's ``Batch``).
 
     Reads metadata only (no device sync); never raises; visits at most :data:`MAX_KEY_NODES` objects.
 
@@ -127,6 +128,8 @@ def shape_key(batch: Any, *, max_depth: int = MAX_DEPTH) -> ShapeKey:
             children = obj.values()
         elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             children = [getattr(obj, f.name, None) for f in dataclasses.fields(obj)]
+        elif hasattr(obj, "num_graphs") and callable(getattr(obj, "to_dict", None)):
+            children = obj.to_dict().values()  # a graph batch (torch_geometric): its node and edge tensors
         else:
             return
         for child in children:

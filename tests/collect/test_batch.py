@@ -61,11 +61,15 @@ class BrokenMapping(Mapping):
 
 
 class Graph:
-    """Stands for a torch_geometric Batch: a custom object holding tensors, out of scope."""
+    """Stands for a torch_geometric Batch: 4 graphs of 100 nodes in all (tests/collect/test_downstream_batches.py
+    has the real one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, num_graphs: object = 4) -> None:
         self.x = t(100, 16)
-        self.num_graphs = 4
+        self.num_graphs = num_graphs
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"x": self.x}
 
 
 CASES = [
@@ -102,7 +106,10 @@ CASES = [
     ("numpy array is a leaf", np.zeros((4, 2)), None),
     ("numpy then tensor", (np.zeros(4), t(6)), 6),
     ("set is a leaf", {1, 2}, None),
-    ("custom object is a leaf", Graph(), None),
+    ("graph batch: its graphs, not its nodes", Graph(), 4),
+    ("graph batch first in a tuple", (Graph(), t(100)), 4),
+    ("num_graphs not an int: a leaf", Graph(num_graphs="4"), None),
+    ("num_graphs a bool: a leaf", Graph(num_graphs=True), None),
     ("dataclass type, not instance", Sample, None),
     ("broken mapping", BrokenMapping(), None),
     ("meta device (no data to read)", torch.empty(11, 2, device="meta"), 11),
@@ -186,8 +193,16 @@ def lightning(batch: Any) -> int:
         return extract_batch_size(batch)
 
 
-# Where Lightning differs: it counts a 0-d tensor as a batch of 1, and raises on a dataclass field never set.
-DIVERGENT = {"tensor 0-d", "0-d first, then real", "0-d in dict first", "dataclass with unset field"}
+# Where Lightning differs: it counts a 0-d tensor as a batch of 1, raises on a dataclass field never set, and
+# does not know graph batches (it raises on one, or reads the next tensor's first dimension).
+DIVERGENT = {
+    "tensor 0-d",
+    "0-d first, then real",
+    "0-d in dict first",
+    "dataclass with unset field",
+    "graph batch: its graphs, not its nodes",
+    "graph batch first in a tuple",
+}
 LIGHTNING_CASES = [c for c in CASES if c[2] is not None and c[0] not in DIVERGENT]
 
 
