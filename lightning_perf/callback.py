@@ -183,6 +183,7 @@ class PerfCallback(StageHooks):
         self._positions = self._control.stages
         self._loop_timer = LoopStartTimer()  # what Lightning's loops spend starting DataLoaders before our hooks
         self._windows_at_setup = 0
+        self._resuming = True
         self._report_file: str | None = None
         self._state_key: str | None = None
         self.dirpath: str | None = None
@@ -240,8 +241,13 @@ class PerfCallback(StageHooks):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """See :func:`lightning_perf.hooks.run_state.load_state_dict`."""
+        """See :func:`lightning_perf.hooks.run_state.load_state_dict`. Only a resumed ``fit`` takes the state
+        back: ``validate``, ``test`` and ``predict`` with a ``ckpt_path`` evaluate a checkpoint (Lightning restores
+        every callback's state then too), and this run keeps what it has measured."""
+        if not self._resuming:
+            return
         run_state.load_state_dict(state_dict, self._positions, self._epochs, self._policy.warn_once)
+        self._windows_at_setup = len(self.windows)  # the call's message counts the windows it saves
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -260,6 +266,7 @@ class PerfCallback(StageHooks):
         # and no window under fast_dev_run: Lightning writes nothing then, nor do we
         self._control.records = (ranks is None or rank in ranks) and not trainer.fast_dev_run  # type: ignore[attr-defined]
         self._windows_at_setup = len(self.windows)
+        self._resuming = stage == "fit"  # a checkpoint's state is taken back by a resumed fit only
         self._policy.safely(None, self._loop_timer.install, trainer)
         self._policy.safely(None, self._epochs.compile.install, trainer)
         if world_size > 1:
@@ -271,7 +278,7 @@ class PerfCallback(StageHooks):
         self._policy.safely(None, self._epochs.compile.uninstall)
         self._end(trainer, wait=WAIT_SECONDS)
         self._epochs.close_outputs()
-        windows = len(self.windows) - self._windows_at_setup
+        windows = max(len(self.windows) - self._windows_at_setup, 0)
         if message := where_to_look(windows, self.dirpath, self.tensorboard_logdir, self.page_path):
             rank_zero_info(message)
 

@@ -65,7 +65,13 @@ def load_state_dict(
         positions: Each stage's position, updated in place.
         reporter: What the run has measured, replaced by what the state holds.
         warn: ``(key, message)``: a warning to show once (an unreadable earlier report).
+
+    Notes:
+        No window on disk is dropped: the windows the reporter held (this process's earlier calls) and those the
+        earlier report lists (a run that went on past the checkpoint) stay in the report after the checkpoint's,
+        so that a resumed fit appends to what is on disk.
     """
+    held = list(reporter.windows)
     for stage, saved in state.get("stages", {}).items():
         if stage in positions:
             pos, st = positions[stage], reporter.stages[stage]
@@ -91,6 +97,8 @@ def load_state_dict(
             st.history.extend(e for e in reporter.epochs if e.stage == stage)
     elif not _load_earlier_report(state.get("report_path"), reporter, warn):
         reporter.epochs = sorted((e for st in reporter.stages.values() for e in st.history), key=lambda e: e.epoch)
+    names = {w.name for w in reporter.windows}
+    reporter.windows += [w for w in held if w.name not in names]
 
 
 def _load_earlier_report(path: str | None, reporter: EpochReporter, warn: Callable[[str, str], None]) -> bool:
@@ -118,5 +126,7 @@ def _load_earlier_report(path: str | None, reporter: EpochReporter, warn: Callab
     analysed = {
         w["name"]: w for w in report["windows"]
     }  # the checkpoint keeps a window's record, the report its analysis
+    kept = {w.name for w in reporter.windows}
     reporter.windows = [window_record(analysed[w.name]) if w.name in analysed else w for w in reporter.windows]
+    reporter.windows += [window_record(w) for name, w in analysed.items() if name not in kept]  # after the checkpoint
     return True

@@ -349,3 +349,37 @@ def test_a_keyboard_interrupt_in_training_step_inside_a_window(tmp_path):
     assert exit_info.value.code == 1
     assert t.state.status == TrainerStatus.INTERRUPTED
     _check_interrupted(callback, tmp_path)
+
+
+def _window_dirs(perf: PerfCallback) -> set[str]:
+    return {d for d in os.listdir(perf.dirpath) if os.path.isdir(os.path.join(perf.dirpath, d))}
+
+
+def _reported_windows(perf: PerfCallback) -> set[str]:
+    with open(perf.report_path) as f:
+        return {w["name"] for w in json.load(f)["windows"]}
+
+
+@pytest.mark.slow
+def test_evaluating_a_checkpoint_after_fit_keeps_every_window_and_epoch(tmp_path, caplog):
+    # Lightning's examples: fit with a checkpoint per epoch, then test the first (or the best) checkpoint.
+    # Lightning restores every callback's state from it; only a resumed fit may take ours back.
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    perf = PerfCallback(batches=[2], stages=["train", "test", "predict"], max_windows=10, verbose=0)
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_epochs=1)
+    t = trainer(tmp_path, [perf, checkpoints], max_epochs=3, limit_val_batches=0, enable_checkpointing=True)
+    model = TinyModel(n=16, batch_size=4)
+    t.fit(model)
+    first = sorted(os.listdir(tmp_path / "ckpt"))[0]
+    with caplog.at_level("INFO"):
+        t.test(model, ckpt_path=str(tmp_path / "ckpt" / first))
+    trained = [e.epoch for e in perf.epochs if e.stage == "train"]
+    assert trained == [0, 1, 2]  # the later epochs did not vanish
+    assert _reported_windows(perf) == _window_dirs(perf) == set(window_names(perf))
+    assert len(window_names(perf, "train")) == 3 and len(window_names(perf, "test")) == 1
+    assert not [r for r in caplog.records if "-1 profiler window" in r.getMessage()]
+    assert [r for r in caplog.records if "1 profiler window(s) saved" in r.getMessage()]
+    t.predict(model, ckpt_path="best")
+    assert _reported_windows(perf) == _window_dirs(perf) == set(window_names(perf))
+    assert len(window_names(perf, "predict")) == 1 and [e.epoch for e in perf.epochs if e.stage == "train"] == [0, 1, 2]
