@@ -136,6 +136,37 @@ def test_compare_two_traces(runs, capsys):
     assert result["metrics"]["step time p50"]["change"].endswith("(better)")
 
 
+def _export_as_torch_writes_it(path):
+    """A real torch.profiler trace of two steps, exported by torch itself, a ``record_function`` label with a
+    double quote in each: torch 2.13 writes it unescaped, so the file is invalid JSON."""
+    import torch
+
+    steps = torch.profiler.schedule(wait=0, warmup=0, active=2, repeat=1)
+    with torch.profiler.profile(schedule=steps, on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(2):
+            with torch.profiler.record_function('load "shard-3"'):
+                torch.randn(64, 64) @ torch.randn(64, 64)
+            prof.step()
+    with pytest.raises(json.JSONDecodeError), open(path, encoding="utf-8") as f:
+        json.load(f)
+
+
+def test_analyze_and_compare_read_a_trace_torch_wrote_as_invalid_json_and_say_they_repaired_it(tmp_path, capsys):
+    path = tmp_path / "broken.pt.trace.json"
+    _export_as_torch_writes_it(path)
+    assert main(["analyze", str(path), "--json", "--html", str(tmp_path / "traces.html")]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)[str(path.resolve())]["summary"]["steps"] == 2
+    [said] = [line for line in captured.err.splitlines() if "repaired" in line]
+    assert said.startswith(f"lightning-perf: warning: {path}: invalid JSON, repaired: 2 string values held an")
+    assert "unescaped double quote ('load \"shard-3\"'), first on line " in said
+    assert "<td>load &#34;shard-3&#34;</td>" in (tmp_path / "traces.html").read_text()
+    assert main(["compare", str(path), str(path)]) == 0
+    captured = capsys.readouterr()
+    assert 'load "shard-3"' in captured.out  # among the operators
+    assert captured.err.count(f"lightning-perf: warning: {path}: invalid JSON, repaired") == 2  # once a side
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

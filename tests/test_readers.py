@@ -733,6 +733,45 @@ def test_long_values_are_cut_in_messages(tmp_path):
     assert str(info.value) == f"{path}: field run must be an object, got '{'x' * 56}... (string)"
 
 
+def _as_torch_writes_it(name):
+    """:func:`_trace` laid out one field a line, as torch's exporter writes it, its ``aten::mm`` renamed to
+    ``name`` as written (torch escapes nothing)."""
+    text = json.dumps(_trace(), indent=2).replace('"name": "aten::mm"', f'"name": "{name}"')
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    return text.encode()
+
+
+@pytest.mark.parametrize("filename", ["t.json", "t.json.gz"])
+def test_a_trace_torch_wrote_as_invalid_json_is_read_repaired_and_says_so_once(tmp_path, filename):
+    path = tmp_path / filename
+    data = _as_torch_writes_it('load "shard-3"')
+    path.write_bytes(gzip.compress(data) if filename.endswith(".gz") else data)
+    said = []
+    trace = load_trace(path, on_repair=said.append)
+    assert [op.name for op in operator_stats(trace) if op.name.startswith("load")] == ['load "shard-3"']
+    assert summarize_trace(trace, window="t").steps == 1
+    line = next(i for i, text in enumerate(data.split(b"\n"), start=1) if b"shard-3" in text)
+    decompressed = " once decompressed" if filename.endswith(".gz") else ""
+    assert said == [
+        f"{path}: invalid JSON, repaired: 1 string value held an unescaped double quote ('load \"shard-3\"'),"
+        f" first on line {line}{decompressed} (torch's trace exporter does not escape them); read as if escaped"
+    ]
+    with pytest.warns(UserWarning, match=r"invalid JSON, repaired: 1 string value held an unescaped double") as info:
+        assert _content(load_trace(path)) == _content(trace)
+    assert len(info) == 1
+
+
+def test_a_trace_the_repair_does_not_make_valid_is_the_file_s_own_error(tmp_path):
+    path = tmp_path / "t.json"
+    data = _as_torch_writes_it('load "shard-3"')
+    path.write_bytes(data[: data.index(b"shard-3") + 40])  # repairable, but cut short
+    said = []
+    with pytest.raises(InputError, match=r"invalid JSON at line \d+, column \d+: Expecting ',' delimiter$"):
+        load_trace(path, on_repair=said.append)
+    assert said == []
+
+
 def test_the_readers_import_neither_torch_nor_lightning():
     assert heavy_modules_loaded_by("lightning_perf.readers") == []
 

@@ -18,7 +18,15 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_perf.cli.inputs import EXIT_OK, TRACES_PAGE, find_traces, html_output, trace_rank, write_page
+from lightning_perf.cli.inputs import (
+    EXIT_OK,
+    TRACES_PAGE,
+    find_traces,
+    html_output,
+    say_repaired,
+    trace_rank,
+    write_page,
+)
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnosis_context import cross_rank_findings, distributed_info, trace_context, trace_stage
@@ -110,7 +118,7 @@ def analyzed(
     path: str, *, precision: str | None, world_size: int = 1
 ) -> tuple[KinetoTrace, TraceSummary, list[Finding]]:
     """A trace, its summary and the trace-level rules' findings (of ``world_size`` traces analysed together)."""
-    trace = load_trace(path)
+    trace = load_trace(path, on_repair=say_repaired)
     summary = summarize_trace(trace, window=os.path.basename(path))
     info = distributed_info(trace)
     context = trace_context(summary, info, stage=trace_stage(trace), precision=precision, world_size=world_size)

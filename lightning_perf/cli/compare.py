@@ -29,6 +29,7 @@ from lightning_perf.cli.inputs import (
     UsageError,
     html_output,
     one_report,
+    say_repaired,
     write_page,
 )
 from lightning_perf.readers import load_report, load_trace
@@ -80,7 +81,7 @@ def _side_of_run(path: str) -> ComparedSide:
         return side
     window = windows[-1]  # the last: past start-up effects, as the headline's epoch
     if (trace := _trace_file(window, report_path)) is not None:
-        operators = operator_stats(load_trace(trace))
+        operators = operator_stats(load_trace(trace, on_repair=say_repaired))
         return dataclasses.replace(side, operators={op.name: op for op in operators}, operators_from=window["name"])
     kept = list(window_record(window).operators)
     return dataclasses.replace(

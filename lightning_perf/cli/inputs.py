@@ -3,7 +3,7 @@ Command inputs
 ==============
 
 What the ``lightning-perf`` commands read (the reports under a run directory, the traces under paths, a
-trace's rank), where their ``--html OUT`` pages go, and how they exit.
+trace's rank), what they say of a trace read repaired, where their ``--html OUT`` pages go, and how they exit.
 """
 
 from __future__ import annotations
@@ -80,6 +80,12 @@ def write_page(page: str, path: str, *, quiet_stdout: bool = False) -> None:
         f"HTML page: {path} ({signed_size(len(data))}, self-contained: open it in a browser)",
         file=sys.stderr if quiet_stdout else sys.stdout,
     )
+
+
+def say_repaired(message: str) -> None:
+    """What :func:`~lightning_perf.readers.load_trace` repaired in a trace (its ``on_repair``): one line on
+    stderr, so that ``--json`` output stays JSON."""
+    print(f"lightning-perf: warning: {message}", file=sys.stderr)
 
 
 def find_traces(paths: Iterable[str]) -> list[str]:

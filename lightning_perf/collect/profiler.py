@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, record_function
 
 from lightning_perf import traces
 from lightning_perf.collect.window import WindowState
+from lightning_perf.trace_repair import repair_json
 
 # Toggling only some activity kinds makes torch print a warning on every toggle; toggling all the kinds it
 # knows is silent, and kinds the session does not collect are ignored.
@@ -182,14 +183,22 @@ def finish_trace(
     steps: Collection[int],
     tensorboard_compat: bool,
     max_bytes: int | None = None,
-) -> tuple[dict[str, Any], int | None]:
+) -> tuple[dict[str, Any], int | None, str | None]:
     """Turns torch's export of a window (:meth:`ProfilerWindow.export`) into the window's trace: keeps the
     ``ProfilerStep#N`` spans of ``steps`` only, cuts a trace whose export is over ``max_bytes`` to its first
     steps that fit, rewrites it for TensorBoard (``tensorboard_compat``), and writes it to ``path``
     atomically, gzipped if ``path`` ends in ``.gz``. Removes ``export_path``, whatever happens.
 
+    An export that is not valid JSON because torch left a string unescaped (a ``record_function`` name
+    holding a double quote) is repaired (:func:`~lightning_perf.trace_repair.repair_json`); the trace is
+    written as valid JSON.
+
     Returns:
-        The trace as written, and how many steps it keeps when it was cut (``None`` when it was not).
+        The trace as written, how many steps it keeps when it was cut (``None`` when it was not), and what
+        was repaired, in words (``None`` when nothing was).
+
+    Raises:
+        json.JSONDecodeError: The export is invalid JSON that the repair does not make valid (its own error).
     """
     try:
         with open(export_path, "rb") as f:
@@ -197,10 +206,18 @@ def finish_trace(
     finally:
         os.remove(export_path)
     size = len(data)
+    repaired = None
     try:
-        trace = msgspec.json.decode(data)  # the same dicts as json.loads, a few times faster
-    except msgspec.MsgspecError:  # what only Python's reader takes (NaN, Infinity, a number out of range)
-        trace = json.loads(data)
+        trace = _parsed(data)
+    except json.JSONDecodeError as err:
+        repair = repair_json(data)
+        if repair is None:
+            raise
+        try:
+            trace = _parsed(repair.data)
+        except json.JSONDecodeError:
+            raise err from None
+        repaired = repair.description
     del data
     traces.keep_steps(trace, steps)
     cut_to = None
@@ -209,4 +226,12 @@ def finish_trace(
     if tensorboard_compat:
         traces.tensorboard_compatible(trace)
     traces.write_trace(trace, path)
-    return trace, cut_to
+    return trace, cut_to, repaired
+
+
+def _parsed(data: bytes) -> Any:
+    """JSON text as dicts, lists and numbers, as ``json.loads`` gives them."""
+    try:
+        return msgspec.json.decode(data)  # the same as json.loads, a few times faster
+    except msgspec.MsgspecError:  # what only Python's reader takes (NaN, Infinity, a number out of range)
+        return json.loads(data)

@@ -30,7 +30,7 @@ class ProfilerWindows:
     Args:
         config: The callback's options (the profiler's, and the pipeline's).
         policy: Where the one-time warnings go (a window skipped for another profiler, a trace cut to
-            ``max_trace_mb``).
+            ``max_trace_mb``, a trace torch exported as invalid JSON, repaired).
         staging: Where a trace written under its staged name waits for the other ranks.
         add: Takes each window's record, on the worker's thread, in the order the windows closed.
 
@@ -118,5 +118,12 @@ class ProfilerWindows:
                 f"PerfCallback: a {stage} window's trace was larger than max_trace_mb={self._config.max_trace_mb:g};"
                 f" it keeps its first {processed.cut_to} step(s). Record fewer batches (`schedule.active`), or"
                 " raise `max_trace_mb`.",
+            )
+        if processed.repaired is not None:
+            self._policy.warn_once(
+                "repaired",
+                f"PerfCallback: a {stage} window's trace, as torch exported it, was not valid JSON:"
+                f" {processed.repaired} (torch's `export_chrome_trace` does not escape them). It was repaired and"
+                " saved as valid JSON.",
             )
         self._add(processed.record)

@@ -11,7 +11,7 @@ pipeline, one plain function of plain values (collect -> summarize -> report):
 
 1. torch's export is read back and turned into the window's trace file
    (:func:`~lightning_perf.collect.profiler.finish_trace`: its recorded steps, its size limit, the
-   TensorBoard rewrite, a gzipped atomic write);
+   TensorBoard rewrite, a gzipped atomic write; an export torch wrote as invalid JSON, repaired);
 2. the trace is summarized: its operators (:func:`~lightning_perf.summarize.operators.operator_stats`) and
    the per-step summary the trace-level rules read (:func:`~lightning_perf.summarize.step_summary.summarize_trace`);
 3. the operator table is written beside the trace and to TensorBoard's text (:mod:`lightning_perf.report`);
@@ -78,10 +78,12 @@ class ProcessedWindow:
     Attributes:
         record: The complete record.
         cut_to: The steps the trace keeps, when it was cut to ``max_trace_mb`` (else ``None``).
+        repaired: What was repaired in torch's export, which was not valid JSON, in words (else ``None``).
     """
 
     record: WindowRecord
     cut_to: int | None = None
+    repaired: str | None = None
 
 
 def hand_over(
@@ -163,7 +165,7 @@ def process_window(closed: ClosedWindow, config: PerfConfig, outputs: Outputs | 
     """
     record = closed.record
     with collector_paused():
-        trace, cut_to = finish_trace(
+        trace, cut_to, repaired = finish_trace(
             closed.export_path,
             closed.written_path,
             steps=closed.ran,
@@ -186,7 +188,7 @@ def process_window(closed: ClosedWindow, config: PerfConfig, outputs: Outputs | 
         f.write(table)
     if outputs is not None:
         outputs.add_text(OPERATORS_TAG.format(stage=record.stage), table, record.step)
-    return ProcessedWindow(record=record, cut_to=cut_to)
+    return ProcessedWindow(record=record, cut_to=cut_to, repaired=repaired)
 
 
 class WindowWorker:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
+from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import msgspec
 
 from lightning_perf.readers.files import InputError, Invalid, check, missing, must, parse_json, read_bytes
 from lightning_perf.summarize.events import MEMORY_EVENT_NAME, OTHER_PHASES, KinetoTrace, as_trace, decode_trace
+from lightning_perf.trace_repair import repair_json
 from lightning_perf.traces import METADATA_KEY
 from lightning_perf.validation import INT_LIMIT
 from lightning_perf.validation import shown as _shown
@@ -23,19 +26,25 @@ from lightning_perf.validation import shown as _shown
 TRACE_PHASES = frozenset(OTHER_PHASES) | {"X", "i"}
 
 
-def load_trace(path: str | os.PathLike[str], *, shapes: bool = False) -> KinetoTrace:
+def load_trace(
+    path: str | os.PathLike[str], *, shapes: bool = False, on_repair: Callable[[str], None] | None = None
+) -> KinetoTrace:
     """Reads a Kineto (Chrome trace format) JSON trace, gzipped or not, into the typed events the analyses read.
 
     The file is decoded straight from its JSON into the records of :mod:`lightning_perf.summarize.events`
     (complete and instant events, the others as empty records), whose annotations say what the analyses read
     and check it. Only a file that decoding refuses is parsed again, with ``json``, and checked field by field
     (:func:`_checked_trace`), to say what is wrong with it; two variants of the format that decoding does not
-    take pass that way too: a top-level array of events, and events of no known phase (dropped).
+    take pass that way too: a top-level array of events, and events of no known phase (dropped). A file that
+    is not valid JSON because torch's exporter left a string unescaped (a ``record_function`` name holding a
+    double quote) is read repaired (:func:`~lightning_perf.trace_repair.repair_json`), and says so.
 
     Args:
         path: A ``.json`` or ``.json.gz`` trace (gzip is also recognized by its first bytes).
         shapes: Also read the operators' input shapes (``record_shapes=True`` traces): a
             :class:`~lightning_perf.summarize.events.ShapedKinetoTrace`.
+        on_repair: Told, once, that the file was read repaired and why (a message naming the file);
+            ``None``: a ``UserWarning``.
 
     Notes:
         1. The top level is an object with a ``traceEvents`` array, or an array of events (which the Chrome
@@ -52,6 +61,8 @@ def load_trace(path: str | os.PathLike[str], *, shapes: bool = False) -> KinetoT
         6. What no analysis reads is not read: a few things the field-by-field checks refuse pass when the
            file decodes (an instant event's ``cat``, the fields of events of the phases no analysis reads,
            ``M``, ``s``, ``I``..., a ``[memory]`` event's ``Bytes`` that is no number, which then counts none).
+        7. Invalid JSON is repaired only where the repair makes it valid; else the error is the file's own
+           (its line and column as on disk).
 
     Raises:
         InputError: Naming the file and the problem (for a field: its path, e.g. ``traceEvents[12].dur``).
@@ -62,13 +73,41 @@ def load_trace(path: str | os.PathLike[str], *, shapes: bool = False) -> KinetoT
     except (msgspec.MsgspecError, RecursionError):
         pass  # not JSON, a top-level array, a field of the wrong type...: the field-by-field checks say what
     try:
-        trace = _checked_trace(parse_json(name, data, compressed))
+        parsed = parse_json(name, data, compressed)
+    except InputError as err:
+        parsed = _repaired(name, data, compressed, err, on_repair or _warn)
+    try:
+        trace = _checked_trace(parsed)
     except Invalid as err:
         raise InputError(f"{name}: {err}") from None
     try:
         return as_trace(trace, shapes=shapes)
     except msgspec.ValidationError as err:  # a field the checks above leave alone
         raise InputError(f"{name}: {err}".replace(" - at `$.", " at `")) from None
+
+
+def _repaired(name: str, data: bytes, compressed: bool, err: InputError, say: Callable[[str], None]) -> Any:
+    """The JSON of a file :func:`parse_json` refused (``err``), once its unescaped strings are escaped; raises
+    ``err`` where that does not make it valid."""
+    repair = repair_json(data)
+    if repair is None:
+        raise err
+    try:
+        parsed = parse_json(name, repair.data, compressed)
+    except InputError:
+        repair = None  # still invalid: the file's own error, with its line and column as on disk
+    if repair is None:
+        raise err
+    where = f"line {repair.lines[0]}{' once decompressed' if compressed else ''}"
+    say(
+        f"{name}: invalid JSON, repaired: {repair.description}, first on {where} (torch's trace exporter does"
+        " not escape them); read as if escaped"
+    )
+    return parsed
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=4)  # at the caller of load_trace
 
 
 def _checked_trace(data: Any) -> dict[str, Any]:
