@@ -53,6 +53,7 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         world_size=run.get("world_size", 1),
         num_nodes=run.get("num_nodes", 1),
         cpu_count=run.get("cpu_count"),
+        cpu_quota=run.get("cpu_quota"),
         torch_threads=run.get("torch_threads"),
         num_workers=loader.get("num_workers"),
         pin_memory=loader.get("pin_memory"),

@@ -8,6 +8,7 @@ settings that decide input performance. Read from public trainer and DataLoader 
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import sys
@@ -39,6 +40,7 @@ def run_info(trainer: pl.Trainer) -> dict[str, Any]:
         "precision": str(trainer.precision),
         "strategy": type(trainer.strategy).__name__,
         "cpu_count": cpu_count(),
+        "cpu_quota": cpu_quota(),
         "torch_threads": torch.get_num_threads(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),  # "high"/"medium": TF32 matmuls
         "max_epochs": planned_epochs(trainer),
@@ -67,10 +69,29 @@ def planned_epochs(trainer: pl.Trainer) -> int | None:
 
 
 def cpu_count() -> int | None:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count()
+    """CPUs this process may use: its affinity mask where the OS has one, and no more than its cgroup's CPU quota
+    allows (rounded up: a quota of 1.5 CPUs runs on 2, each part of the time)."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    quota = cpu_quota()
+    if quota is not None and count is not None:
+        return max(1, min(count, math.ceil(quota)))
+    return count
+
+
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+"""cgroup v2's CPU limit of this process's group (a container's): ``"<quota> <period>"`` in microseconds, or
+``"max <period>"`` for none."""
+
+
+def cpu_quota(path: str = CGROUP_CPU_MAX) -> float | None:
+    """The CPUs' worth of time this process's cgroup may use per period (``cpu.max``), ``None`` without a
+    limit or where it cannot be read (not Linux, cgroup v1)."""
+    try:
+        with open(path) as f:
+            quota, period = f.read().split()[:2]
+        return int(quota) / int(period) if quota != "max" and int(period) > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 def first_dataloader(dataloaders: Any) -> DataLoader | None:

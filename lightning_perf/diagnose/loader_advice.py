@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from lightning_perf.diagnose.model import RunFacts, StageEpoch
 from lightning_perf.diagnose.rule_helpers import cpus_per_process, on_cuda
+from lightning_perf.diagnose.thresholds import CPU_CONTENTION
 from lightning_perf.units import cpus, ms, percent, plural, seconds_or_ms
 
 # Advice only: the most workers we suggest. Lightning suggests up to the CPUs per device minus one
@@ -70,8 +71,8 @@ UNKNOWN_EPOCHS = 10
 HANDOFF = 1.5e-3
 # The CPUs are busy with others when the training thread waits for one a tenth of the epoch or more (our
 # judgment: on an idle machine it waits well under 1%; on this project's shared 2-CPU machine, at load 2-5,
-# 20-60%, and no worker setting made a real program faster there).
-CONTENDED = 0.10
+# 20-60%, and no worker setting made a real program faster there): cpu_contention's threshold.
+CONTENDED = CPU_CONTENTION
 # A saving below this (seconds per epoch) is written as none: "at most 0.00 ms" reads as a measurement.
 NO_SAVING = 0.05e-3
 _EPS = 1e-9  # 0.016 / 0.004 is 4.000000000000001: not 5 workers

@@ -26,7 +26,8 @@ class RunFacts:
     precision: str | None = None  # Lightning's precision string, e.g. "32-true", "bf16-mixed"
     world_size: int = 1
     num_nodes: int = 1
-    cpu_count: int | None = None  # CPUs this process may run on
+    cpu_count: int | None = None  # CPUs this process may run on (affinity, and no more than its cgroup quota)
+    cpu_quota: float | None = None  # the cgroup's CPU quota, in CPUs, where one is set
     torch_threads: int | None = None  # torch.get_num_threads()
     num_workers: int | None = None
     pin_memory: bool | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 
+from lightning_perf.diagnose.contention import cpu_contention, measured_while_busy
 from lightning_perf.diagnose.model import SEVERITIES, Finding, StageEpoch
 from lightning_perf.diagnose.rule_helpers import Rule, SummaryRule
 from lightning_perf.diagnose.rules_compile import compile_graph_breaks, compile_recompiles, compile_time, compile_unused
@@ -29,6 +30,7 @@ __all__ = ["CROSS_RANK_RULES", "RULES", "RULE_IDS", "SUMMARY_RULES", "Rule", "Su
 RULES: dict[str, Rule] = {
     rule.__name__: rule
     for rule in (
+        cpu_contention,
         dataloader_bound,
         host_sync,
         device_idle,
@@ -73,9 +75,12 @@ def diagnose(
 
     Notes:
         1. The :data:`RULES` run first, each on ``ctx`` alone.
-        2. Then the :data:`SUMMARY_RULES`, each given the findings of step 1 in catalogue order. When one of
+        2. On a busy machine (``cpu_contention`` fires), the time-share findings that waiting for a CPU may
+           explain become information (:func:`~lightning_perf.diagnose.contention.measured_while_busy`).
+        3. Then the :data:`SUMMARY_RULES`, each given the findings of step 1 in catalogue order. When one of
            them is among ``rules``, every rule of step 1 runs for it, so that a summary rule always sees the
            whole epoch: their findings are returned only when named too, their errors reach ``on_error``.
+        4. ``cpu_contention`` comes first: what it says changes how to read the rest.
 
     Args:
         ctx: The stage's epoch, its history, trace windows and run facts.
@@ -85,7 +90,8 @@ def diagnose(
         rules: The ids of the rules to run (e.g. :data:`CROSS_RANK_RULES`); every rule when ``None``.
 
     Returns:
-        The findings, most severe first (critical, warning, info), then in catalogue order.
+        The findings: ``cpu_contention``'s, then the others most severe first (critical, warning, info), then
+        in catalogue order.
 
     Raises:
         ValueError: ``rules`` names a rule that does not exist.
@@ -100,15 +106,20 @@ def diagnose(
     found: list[Finding] = []  # step 1's findings, for the summary rules
     for order, (rule_id, rule) in enumerate(RULES.items()):
         if rule_id in wanted or summaries:
-            results = _run(rule_id, on_error, rule, ctx, thresholds)
-            found.extend(results)
+            judged = measured_while_busy(_run(rule_id, on_error, rule, ctx, thresholds), ctx, thresholds)
+            found.extend(judged)
             if rule_id in wanted:
-                findings.extend((-SEVERITIES.index(f.severity), order, f) for f in results)
+                findings.extend((_rank(f), order, f) for f in judged)
     for order, rule_id in enumerate(summaries, start=len(RULES)):
         results = _run(rule_id, on_error, SUMMARY_RULES[rule_id], ctx, thresholds, tuple(found))
-        findings.extend((-SEVERITIES.index(f.severity), order, f) for f in results)
+        findings.extend((_rank(f), order, f) for f in results)
     findings.sort(key=lambda item: item[:2])
     return [f for _, _, f in findings]
+
+
+def _rank(f: Finding) -> int:
+    """The sort rank of a finding: ``cpu_contention`` first, then by severity, most severe first."""
+    return -len(SEVERITIES) if f.id == cpu_contention.__name__ else -SEVERITIES.index(f.severity)
 
 
 def _run(

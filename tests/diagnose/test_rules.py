@@ -414,6 +414,10 @@ ADVICE_CASES = {
         for device, run_facts in (("cpu", CPU), ("cuda", GPU))
     },
     "cpu_threads": {"cpu": [ctx(facts=NO_WORKERS_ONE_THREAD), ctx(facts=facts(torch_threads=1, num_workers=2))]},
+    "cpu_contention": {
+        device: [ctx(epoch(cpu_wait_share=0.6, wall_time=1.0), facts=run_facts)]
+        for device, run_facts in (("cpu", CPU), ("cuda", GPU))
+    },
     "compile_graph_breaks": {
         device: [
             ctx(facts=run_facts, compile=compile_stats(breaks=1, break_sites=(GraphBreak(reason, "/tmp/m.py:9", 1),)))
@@ -473,7 +477,7 @@ def test_advice_fits_the_device_and_the_stage(rule_id, device, case, stage):
 
 def test_catalogue_ids_and_order_are_fixed():
     assert list(RULES) == [
-        "dataloader_bound", "host_sync", "device_idle", "launch_bound", "h2d_copy", "precision",
+        "cpu_contention", "dataloader_bound", "host_sync", "device_idle", "launch_bound", "h2d_copy", "precision",
         "memory_pressure", "memory_growth", "optimizer_heavy", "validation_heavy", "framework_overhead",
         "step_time_unstable", "compile_graph_breaks", "compile_recompiles", "compile_time", "compile_unused",
         "communication_bound", "rank_straggler", "cpu_threads",

@@ -1,0 +1,80 @@
+"""``cpu_contention`` and what a busy machine does to the other findings (lightning_perf.diagnose.contention).
+Pure: no trainer, no torch. The real busy machine is tests/callback/test_busy_machine.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lightning_perf.diagnose.model import RunFacts, StageEpoch
+from lightning_perf.diagnose.registry import RULES, diagnose
+from lightning_perf.diagnose.thresholds import Thresholds
+from summaries import CPU, epoch, window
+
+TWO_CPUS = dataclasses.replace(CPU, cpu_count=2, torch_threads=1, num_workers=0)
+
+
+def judge(cpu_wait: float | None, facts: RunFacts = TWO_CPUS, **kw):
+    context = StageEpoch(epoch=epoch(cpu_wait_share=cpu_wait, wall_time=2.0, **kw), facts=facts)
+    return RULES["cpu_contention"](context, Thresholds())
+
+
+@pytest.mark.parametrize(("share", "severity"), [(None, None), (0.05, None), (0.1, "warning"), (0.5, "critical")])
+def test_fires_from_a_tenth_of_the_epoch_waiting_for_a_cpu(share, severity):
+    f = judge(share)
+    assert (f.severity if f else None) == severity
+
+
+def test_load_from_outside_the_run_is_named_as_such():
+    f = judge(0.62)
+    assert f.title == "Training waited for a CPU 62% of the time: the machine is busy"
+    assert "waited for a CPU 62% of the epoch (1.24 s of 2.00 s)" in f.evidence
+    assert "this process may use 2 CPUs" in f.evidence and "1 torch thread and 0 DataLoader workers" in f.evidence
+    assert "The load comes from outside this run" in f.advice and "set_num_threads" not in f.advice
+
+
+def test_threads_beyond_the_cpus_are_the_runs_own_to_lower():
+    f = judge(0.3, facts=dataclasses.replace(TWO_CPUS, torch_threads=2, num_workers=2))
+    assert "oversubscribes its CPUs" in f.advice and "`torch.set_num_threads(1)`" in f.advice
+    assert "`DataLoader(num_workers=...)` below 2" in f.advice
+
+
+def test_a_cgroup_quota_is_part_of_the_evidence():
+    f = judge(0.3, facts=dataclasses.replace(TWO_CPUS, cpu_count=1, cpu_quota=1.5))
+    assert "this process may use 1 CPU (its cgroup's quota is 1.5 CPUs)" in f.evidence
+
+
+def busy_epoch(cpu_wait: float, loading_cpu_share: float):
+    """An in-memory-like epoch: 60% data wait, a step time spread, on a machine where the thread waited."""
+    return epoch(
+        data_wait=0.6,
+        step_time=1.0,
+        data_wait_fraction=0.6,
+        cpu_wait_share=cpu_wait,
+        wall_time=1.0,
+        loading_cpu_share=loading_cpu_share,
+        first_data_wait=0.006,
+    )
+
+
+def test_on_a_busy_machine_time_share_findings_are_information_and_contention_comes_first():
+    busy = StageEpoch(
+        epoch=busy_epoch(0.6, 0.95),
+        windows=(window(framework_time=0.005),),  # half of each step outside operators
+        facts=TWO_CPUS,
+    )
+    found = diagnose(busy)
+    assert found[0].id == "cpu_contention"
+    by_id = {f.id: f for f in found}
+    assert by_id["dataloader_bound"].severity == "info" and by_id["framework_overhead"].severity == "info"
+    assert by_id["dataloader_bound"].evidence.startswith("measured while the machine was busy")
+    quiet = diagnose(dataclasses.replace(busy, epoch=busy_epoch(0.01, 0.95)))
+    assert "cpu_contention" not in {f.id for f in quiet}
+    assert {f.id: f.severity for f in quiet}["dataloader_bound"] == "critical"
+
+
+def test_a_wait_that_is_not_on_a_cpu_is_still_found_on_a_busy_machine():
+    # A dataset that sleeps (a disk, the network): the process neither runs nor waits for a CPU in the wait.
+    sleepy = StageEpoch(epoch=busy_epoch(0.3, 0.05), facts=TWO_CPUS)
+    assert {f.id: f.severity for f in diagnose(sleepy)}["dataloader_bound"] == "critical"
