@@ -26,11 +26,11 @@ from typing import Any
 from lightning_perf.config import STAGES
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import CROSS_RANK_RULES, diagnose
-from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.diagnose.thresholds import EVIDENCE_BATCHES, Thresholds
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary, TraceSummary
 from lightning_perf.summarize.events import KinetoTrace
 from lightning_perf.summarize.ranks import rank_work_times
-from lightning_perf.summarize.steps import percentile, summarize_epoch
+from lightning_perf.summarize.steps import percentile, pool_epochs, summarize_epoch
 from lightning_perf.traces import METADATA_KEY
 
 
@@ -79,8 +79,11 @@ def epoch_context(
     profiled: Sequence[bool] = (),
     ranks: Sequence[RankSummary] = (),
     compile: CompileStats | None = None,
+    evidence_batches: int = EVIDENCE_BATCHES,
 ) -> StageEpoch:
-    """A measured stage epoch, as the rules see it.
+    """A measured stage epoch, as the rules see it: an epoch of fewer than ``evidence_batches`` measured batches
+    is judged together with the latest epochs of ``history`` (:func:`~lightning_perf.summarize.steps.pool_epochs`)
+    until they reach it, so that one-batch epochs are judged over the stage's recent batches.
 
     Args:
         summary: The epoch's summary.
@@ -95,6 +98,7 @@ def epoch_context(
         ranks: Every rank's summary of the epoch, by global rank (a distributed run, on rank zero); their
             own work per step is what the cross-rank rules compare.
         compile: What ``torch.compile`` did during the epoch, when the run compiled anything.
+        evidence_batches: The measured batches the rules judge at the least (``Thresholds.evidence_batches``).
 
     Example::
 
@@ -103,7 +107,7 @@ def epoch_context(
         findings = diagnose(context)
     """
     return StageEpoch(
-        epoch=summary,
+        epoch=_with_recent(summary, history, evidence_batches),
         history=tuple(history),
         windows=tuple(windows),
         validation=tuple(validation),
@@ -115,6 +119,17 @@ def epoch_context(
         rank_step_times=rank_work_times(ranks) or None,
         compile=compile,
     )
+
+
+def _with_recent(summary: EpochSummary, history: Sequence[EpochSummary], batches: int) -> EpochSummary:
+    """``summary``, pooled with the latest epochs of ``history`` where it has fewer than ``batches`` measured
+    batches (at most ``batches`` epochs back: bounded work per epoch)."""
+    pooled = [summary]
+    for earlier in reversed(history[-batches:]):
+        if sum(e.measured_batches for e in pooled) >= batches:
+            break
+        pooled.insert(0, earlier)
+    return pool_epochs(pooled) if len(pooled) > 1 else summary
 
 
 def distributed_info(trace: KinetoTrace | Mapping[str, Any]) -> dict[str, Any]:

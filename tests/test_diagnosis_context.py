@@ -127,13 +127,31 @@ def test_epoch_context_holds_the_epoch_as_given():
     validation = (_epoch("validate", 3),)
     facts = run_facts(RUN, "train")
     context = epoch_context(
-        summary, history=list(earlier), windows=[window()], validation=list(validation), facts=facts
+        summary,
+        history=list(earlier),
+        windows=[window()],
+        validation=list(validation),
+        facts=facts,
+        evidence_batches=4,
     )
     assert context.epoch is summary and context.stage == "train"
     assert context.history == earlier and context.validation == validation and context.windows == (window(),)
     assert context.facts is facts
     assert context.step_times == () and context.rank_step_times is None
     assert epoch_context(summary).facts == RunFacts()
+
+
+def test_an_epoch_of_too_few_batches_is_judged_with_the_latest_epochs():
+    # Epochs of one batch each (a library whose batches count series): judged over the stage's recent batches.
+    one = [
+        summarize_epoch(stage="train", epoch=i, data_wait=[0.03], compute=[0.01], batch_sizes=[4]) for i in range(12)
+    ]
+    context = epoch_context(one[-1], history=one[:-1], evidence_batches=8)
+    pooled = context.epoch
+    assert (pooled.epoch, pooled.batches, pooled.samples) == (11, 8, 32)
+    assert pooled.step_time == pytest.approx(0.32) and pooled.data_wait_fraction == pytest.approx(0.75)
+    assert pooled.first_data_wait == pytest.approx(0.24)  # every batch was its epoch's first: all start-up
+    assert epoch_context(one[0], evidence_batches=8).epoch is one[0]  # no history: the epoch as it is
 
 
 def test_epoch_context_step_times_leave_profiled_and_unfinished_batches_out():

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 
 from lightning_perf.diagnose.contention import cpu_contention, measured_while_busy
+from lightning_perf.diagnose.evidence import from_too_few_batches
 from lightning_perf.diagnose.model import SEVERITIES, Finding, StageEpoch
 from lightning_perf.diagnose.rule_helpers import Rule, SummaryRule
 from lightning_perf.diagnose.rules_compile import compile_graph_breaks, compile_recompiles, compile_time, compile_unused
@@ -76,7 +77,8 @@ def diagnose(
     Notes:
         1. The :data:`RULES` run first, each on ``ctx`` alone.
         2. On a busy machine (``cpu_contention`` fires), the time-share findings that waiting for a CPU may
-           explain become information (:func:`~lightning_perf.diagnose.contention.measured_while_busy`).
+           explain become information (:func:`~lightning_perf.diagnose.contention.measured_while_busy`), and so
+           do those from too few batches (:func:`~lightning_perf.diagnose.evidence.from_too_few_batches`).
         3. Then the :data:`SUMMARY_RULES`, each given the findings of step 1 in catalogue order. When one of
            them is among ``rules``, every rule of step 1 runs for it, so that a summary rule always sees the
            whole epoch: their findings are returned only when named too, their errors reach ``on_error``.
@@ -106,7 +108,8 @@ def diagnose(
     found: list[Finding] = []  # step 1's findings, for the summary rules
     for order, (rule_id, rule) in enumerate(RULES.items()):
         if rule_id in wanted or summaries:
-            judged = measured_while_busy(_run(rule_id, on_error, rule, ctx, thresholds), ctx, thresholds)
+            results = _run(rule_id, on_error, rule, ctx, thresholds)
+            judged = from_too_few_batches(measured_while_busy(results, ctx, thresholds), ctx, thresholds)
             found.extend(judged)
             if rule_id in wanted:
                 findings.extend((_rank(f), order, f) for f in judged)

@@ -225,6 +225,14 @@ CPU_THREADS_WARNING = 0.50
 # too little such work for more threads to win anything measurable (our judgment).
 CPU_THREADS_MIN_STEP = 1e-3
 
+# --- evidence -------------------------------------------------------------------------------------------
+# The time-share rules warn only from this many measured batches. A stage's epoch with fewer is judged together
+# with its latest epochs (one-batch epochs: the stage's recent batches); below it even then (a smoke run,
+# `Trainer(fast_dev_run=True)`), their findings are information. Our judgment: fast_dev_run's one batch waited
+# 36% of its step for the DataLoader's start-up on Lightning's BoringModel; a p90 over fewer than about ten
+# batches is the maximum, one batch's noise.
+EVIDENCE_BATCHES = 8
+
 # --- cpu_contention -------------------------------------------------------------------------------------
 # The share of the epoch the training thread was ready to run but waited for a CPU (/proc/self/schedstat).
 # On an idle machine it stays well under 1%; on this project's shared 2-CPU machine with other processes
@@ -326,6 +334,8 @@ class Thresholds:
             the finding is a warning rather than info.
         cpu_threads_min_step: ``cpu_threads``: judged only when the median step reaches this (seconds).
         low_mfu: ``low_mfu``: fires when achieved FLOP/s / the GPU's dense peak (MFU) is below this.
+        evidence_batches: The measured batches the time-share rules need for a warning; a stage's epoch with
+            fewer is judged with its latest epochs.
         cpu_contention, cpu_contention_critical: ``cpu_contention``: the share of the epoch the training
             thread waited for a CPU (warning, critical); from ``cpu_contention`` on, the epoch's time-share
             findings that the waiting may explain are information only.
@@ -384,6 +394,7 @@ class Thresholds:
     cpu_threads_warning: float = declared(FRACTION, CPU_THREADS_WARNING)
     cpu_threads_min_step: float = declared(SECONDS, CPU_THREADS_MIN_STEP)
     low_mfu: float = declared(FRACTION, LOW_MFU)
+    evidence_batches: int = declared(COUNT, EVIDENCE_BATCHES)
     cpu_contention: float = declared(FRACTION, CPU_CONTENTION)
     cpu_contention_critical: float = declared(FRACTION, CPU_CONTENTION_CRITICAL)
 

@@ -208,6 +208,15 @@ class EpochReporter:
         if rss is not None:
             st.host_rss_peak = max(rss, st.host_rss_peak or 0)
 
+    def left_out(self, stage: str, compiled: CompileStats | None) -> list[bool]:
+        """Per batch of the stage's epoch, whether it is left out of the epoch's times: it ran in a profiler window
+        or was counted (``StepClock.profiled``); like those, a batch that compiled (torch.compile: its step holds
+        seconds of compiling, a one-off cost the compile numbers report), and the batch after a window's close,
+        which holds what the close left behind (``StepClock.after_close``)."""
+        clock = self.stages[stage].clock
+        steps = set(clock.after_close) | set(compiled.steps if compiled is not None else ())
+        return [profiled or i in steps for i, profiled in enumerate(clock.profiled)]
+
     def measure(self, stage: str, epoch: int, *, interrupted: bool = False) -> EpochSummary:
         """The stage epoch's summary from its batches, added to :attr:`epochs`."""
         st = self.stages[stage]
@@ -217,13 +226,7 @@ class EpochReporter:
         compiled = self.compile.take(stage)
         if compiled is not None:
             self.compile_stats[(stage, epoch)] = compiled
-        # Like a profiled batch, a batch that compiled (torch.compile) is left out of the epoch's times: its step
-        # holds seconds of compiling, a one-off cost the compile numbers report; so is the batch after a window's
-        # close, which holds what the close left behind (StepClock.after_close).
-        left_out = clock.profiled
-        steps = set(clock.after_close) | set(compiled.steps if compiled is not None else ())
-        if steps:
-            left_out = [profiled or i in steps for i, profiled in enumerate(clock.profiled)]
+        left_out = self.left_out(stage, compiled)
         summary = summarize_epoch(
             stage=stage,
             epoch=epoch,
@@ -400,9 +403,10 @@ class EpochReporter:
             facts=run_facts(self.run_info, stage),
             data_wait=st.clock.data_wait,
             compute=st.clock.compute,
-            profiled=st.clock.profiled,
+            profiled=self.left_out(stage, self.compile_stats.get((stage, summary.epoch))),
             ranks=ranks,
             compile=self.compile_stats.get((stage, summary.epoch)),
+            evidence_batches=self.config.thresholds.evidence_batches,
         )
         findings = diagnose(context, self.config.thresholds, on_error=self._policy.rule_failed)
         self.findings_by_epoch[(stage, summary.epoch)] = findings

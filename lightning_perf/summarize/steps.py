@@ -8,6 +8,7 @@ Pure functions from the per-batch measurements of :mod:`lightning_perf.collect.s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -108,4 +109,38 @@ def step_split(
         per_bar=per_bar,
         profiled=tuple(stretches),
         compiled=tuple(sorted(b for b in set(compiled) if 0 <= b < n)),
+    )
+
+
+def pool_epochs(epochs: Sequence[EpochSummary]) -> EpochSummary:
+    """Several epochs of one stage as one, for rules that need more batches than one epoch has: the last
+    epoch's number and its other measurements (memory, CPU shares, FLOPs), the batches', samples' and times'
+    sums, the shares and throughput over those sums, and the step-time percentiles of the epochs' own
+    percentiles (exact for epochs of one batch each, where each epoch's percentiles are that batch's step).
+
+    Notes:
+        ``first_data_wait`` is the sum of the epochs' first waits: each epoch's first batch waits for the
+        DataLoader's start-up, so over epochs of one batch each, all of the wait is start-up, which is what
+        ``dataloader_bound``'s advice then says.
+    """
+    last = epochs[-1]
+    total = sum(e.step_time for e in epochs)
+    waited = sum(e.data_wait for e in epochs)
+    samples = [e.samples for e in epochs]
+    firsts = [e.first_data_wait for e in epochs]
+    walls = [e.wall_time for e in epochs]
+    return dataclasses.replace(
+        last,
+        batches=sum(e.batches for e in epochs),
+        profiled_batches=sum(e.profiled_batches for e in epochs),
+        samples=None if None in samples else sum(s or 0 for s in samples),
+        step_time=total,
+        data_wait=waited,
+        step_time_p50=percentile([e.step_time_p50 for e in epochs], 50),
+        step_time_p90=percentile([e.step_time_p90 for e in epochs], 90),
+        step_time_max=max(e.step_time_max for e in epochs),
+        data_wait_fraction=waited / total if total > 0 else 0.0,
+        throughput=sum(s or 0 for s in samples) / total if None not in samples and total > 0 else None,
+        first_data_wait=None if None in firsts else sum(f or 0.0 for f in firsts),
+        wall_time=None if None in walls else sum(w or 0.0 for w in walls),
     )

@@ -213,3 +213,25 @@ def test_findings_reach_tensorboard_the_console_and_the_report(tmp_path, caplog)
     assert "`dataloader_bound`" in event.tensor_proto.string_val[0].decode()
     epoch = callback.report["stages"]["train"]["epochs"][0]
     assert "dataloader_bound" in [f["id"] for f in epoch["findings"]]
+
+
+def test_a_smoke_run_gets_no_warning_or_critical_finding(tmp_path):
+    # Trainer(fast_dev_run=True) on Lightning's BoringModel: one batch per stage, its wait the DataLoader's
+    # start-up ("CRITICAL dataloader_bound ... waits for data 36%" from one batch, before).
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    perf = PerfCallback(verbose=0)
+    trainer(tmp_path, [perf], fast_dev_run=True, default_root_dir=tmp_path).fit(BoringModel())
+    loud = [(f.id, f.severity) for f in perf.findings_for("train") if f.severity != "info"]
+    assert loud == []
+
+
+def test_one_batch_epochs_are_judged_over_the_stages_recent_batches(tmp_path):
+    perf = PerfCallback(verbose=0, max_windows=0)
+    trainer(tmp_path, [perf], max_epochs=12, limit_train_batches=1, limit_val_batches=0).fit(
+        TinyModel(n=4, batch_size=4)
+    )
+    early = [f for f in perf.findings_for("train") if f.epoch < 7 and f.id == "dataloader_bound"]
+    assert all(f.severity == "info" for f in early), early  # from fewer than 8 batches: never louder
+    late = [f for f in perf.findings_for("train", epoch=11) if f.id == "dataloader_bound"]
+    assert all("over 8 batches" in f.evidence for f in late), late  # the last 8 epochs' batches, together
