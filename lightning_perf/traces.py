@@ -2,10 +2,11 @@
 Kineto traces
 =============
 
-What this package does to Kineto (Chrome trace JSON) traces as dictionaries, before they are written: the
-``ProfilerStep#N`` spans it keeps (:func:`step_number` reads ``N``, for every reader of a step's name), a
-cut to a size, gzipped atomic writes, and the small rewrite that makes TensorBoard's PyTorch Profiler tab
-(torch-tb-profiler 0.4.3) read traces of current torch right. Traces are read for analysis by
+What this package does to Kineto (Chrome trace JSON) traces as dictionaries, before they are written
+(:func:`finish_trace`, from torch's export of a window): the ``ProfilerStep#N`` spans it keeps
+(:func:`step_number` reads ``N``, for every reader of a step's name), a cut to a size, gzipped atomic
+writes, and the small rewrite that makes TensorBoard's PyTorch Profiler tab (torch-tb-profiler 0.4.3) read
+traces of current torch right. Traces are read for analysis by
 :func:`lightning_perf.readers.load_trace`, into typed events.
 
 Why a rewrite: torch-tb-profiler maps event categories through a fixed table written for the Kineto of
@@ -34,6 +35,7 @@ import bisect
 import contextlib
 import gc
 import gzip
+import json
 import os
 import zlib
 from collections.abc import Collection, Iterator
@@ -186,6 +188,44 @@ def write_trace(trace: dict[str, Any], path: str | os.PathLike[str]) -> None:
 ISAL_GZIP_LEVEL = 1
 ZLIB_GZIP_LEVEL = 5
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate stream (zlib's convention)
+
+
+def finish_trace(
+    export_path: str,
+    path: str,
+    *,
+    steps: Collection[int],
+    tensorboard_compat: bool,
+    max_bytes: int | None = None,
+) -> tuple[dict[str, Any], int | None]:
+    """Turns torch's export of a window (:meth:`lightning_perf.collect.profiler.ProfilerWindow.export`) into the
+    window's trace: keeps the ``ProfilerStep#N`` spans of ``steps`` only, cuts a trace whose export is over
+    ``max_bytes`` to its first steps that fit, rewrites it for TensorBoard (``tensorboard_compat``), and writes
+    it to ``path`` atomically, gzipped if ``path`` ends in ``.gz``. Removes ``export_path`` once done, whatever
+    happens (a process killed meanwhile leaves it, for another to redo the work).
+
+    Returns:
+        The trace as written, and how many steps it keeps when it was cut (``None`` when it was not).
+    """
+    try:
+        with open(export_path, "rb") as f:
+            data = f.read()
+        size = len(data)
+        try:
+            trace = msgspec.json.decode(data)  # the same dicts as json.loads, a few times faster
+        except msgspec.MsgspecError:  # what only Python's reader takes (NaN, Infinity, a number out of range)
+            trace = json.loads(data)
+        del data
+        keep_steps(trace, steps)
+        cut_to = None
+        if max_bytes is not None and size > max_bytes:
+            cut_to = cut_to_fraction(trace, max_bytes / size)
+        if tensorboard_compat:
+            tensorboard_compatible(trace)
+        write_trace(trace, path)
+    finally:
+        os.remove(export_path)
+    return trace, cut_to
 
 
 def gzip_bytes(data: bytes) -> bytes:
