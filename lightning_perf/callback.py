@@ -292,7 +292,7 @@ class PerfCallback(StageHooks):
         stage = self._control.open.stage if self._control.open is not None else None
         self._flops.cancel()
         self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.close(shortened=True)))
-        self._profiler_windows.join()
+        self._profiler_windows.end()
         self._policy.safely(None, self._staging.publish, wait=wait)
         self._policy.safely(None, self._staging.close)
         if interrupted:

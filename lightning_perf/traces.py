@@ -2,10 +2,11 @@
 Kineto traces
 =============
 
-What this package does to Kineto (Chrome trace JSON) traces as dictionaries, before they are written: the
-``ProfilerStep#N`` spans it keeps (:func:`step_number` reads ``N``, for every reader of a step's name), a
-cut to a size, gzipped atomic writes, and the small rewrite that makes TensorBoard's PyTorch Profiler tab
-(torch-tb-profiler 0.4.3) read traces of current torch right. Traces are read for analysis by
+What this package does to Kineto (Chrome trace JSON) traces as dictionaries, before they are written
+(:func:`finish_trace`, from torch's export of a window): the ``ProfilerStep#N`` spans it keeps
+(:func:`step_number` reads ``N``, for every reader of a step's name), a cut to a size, gzipped atomic
+writes, and the small rewrite that makes TensorBoard's PyTorch Profiler tab (torch-tb-profiler 0.4.3) read
+traces of current torch right. Traces are read for analysis by
 :func:`lightning_perf.readers.load_trace`, into typed events.
 
 Why a rewrite: torch-tb-profiler maps event categories through a fixed table written for the Kineto of
@@ -34,6 +35,7 @@ import bisect
 import contextlib
 import gc
 import gzip
+import json
 import os
 import zlib
 from collections.abc import Collection, Iterator
@@ -42,6 +44,7 @@ from typing import Any
 import msgspec
 
 from lightning_perf.layout import write_atomically
+from lightning_perf.trace_repair import repair_json
 
 try:  # Intel's ISA-L (a dependency where it has wheels): gzip 2-3x (inflate) and 8x (fastest level) faster than zlib
     from isal import igzip, isal_zlib
@@ -186,6 +189,68 @@ def write_trace(trace: dict[str, Any], path: str | os.PathLike[str]) -> None:
 ISAL_GZIP_LEVEL = 1
 ZLIB_GZIP_LEVEL = 5
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate stream (zlib's convention)
+
+
+def finish_trace(
+    export_path: str,
+    path: str,
+    *,
+    steps: Collection[int],
+    tensorboard_compat: bool,
+    max_bytes: int | None = None,
+) -> tuple[dict[str, Any], int | None, str | None]:
+    """Turns torch's export of a window (:meth:`lightning_perf.collect.profiler.ProfilerWindow.export`) into the
+    window's trace: keeps the ``ProfilerStep#N`` spans of ``steps`` only, cuts a trace whose export is over
+    ``max_bytes`` to its first steps that fit, rewrites it for TensorBoard (``tensorboard_compat``), and writes
+    it to ``path`` atomically, gzipped if ``path`` ends in ``.gz``. Removes ``export_path`` once done, whatever
+    happens (a process killed meanwhile leaves it, for another to redo the work).
+
+    An export that is not valid JSON because torch left a string unescaped (a ``record_function`` name
+    holding a double quote) is repaired (:func:`~lightning_perf.trace_repair.repair_json`); the trace is
+    written as valid JSON.
+
+    Returns:
+        The trace as written, how many steps it keeps when it was cut (``None`` when it was not), and what
+        was repaired, in words (``None`` when nothing was).
+
+    Raises:
+        json.JSONDecodeError: The export is invalid JSON that the repair does not make valid (its own error).
+    """
+    try:
+        with open(export_path, "rb") as f:
+            data = f.read()
+        size = len(data)
+        repaired = None
+        try:
+            trace = _parsed(data)
+        except json.JSONDecodeError as err:
+            repair = repair_json(data)
+            if repair is None:
+                raise
+            try:
+                trace = _parsed(repair.data)
+            except json.JSONDecodeError:
+                raise err from None
+            repaired = repair.description
+        del data
+        keep_steps(trace, steps)
+        cut_to = None
+        if max_bytes is not None and size > max_bytes:
+            cut_to = cut_to_fraction(trace, max_bytes / size)
+        if tensorboard_compat:
+            tensorboard_compatible(trace)
+        write_trace(trace, path)
+    finally:
+        os.remove(export_path)
+    return trace, cut_to, repaired
+
+
+def _parsed(data: bytes) -> Any:
+    """JSON text as dicts, lists and numbers, as ``json.loads`` gives them."""
+    try:
+        return msgspec.json.decode(data)  # the same as json.loads, a few times faster
+    except msgspec.MsgspecError:  # what only Python's reader takes (NaN, Infinity, a number out of range)
+        return json.loads(data)
 
 
 def gzip_bytes(data: bytes) -> bytes:

@@ -5,8 +5,8 @@ Profiler windows
 The only code that touches :mod:`torch.profiler`. A :class:`ProfilerWindow` is one short profiler
 session: created when a window's warm-up starts, discarded once torch has exported its trace. Between
 windows nothing of the profiler exists, so the training loop runs exactly as it would without us.
-:func:`finish_trace` turns that export into the window's trace file, off the training thread (see
-:mod:`lightning_perf.hooks.window_close`).
+:func:`lightning_perf.traces.finish_trace` turns that export into the window's trace file, off the training
+process (see :mod:`lightning_perf.hooks.window_close`).
 
 Step spans: ``torch.profiler.profile.step()`` would mark steps, but it marks every step of the session's
 life, including warm-up, and it cannot leave out a validation run that Lightning starts in the middle of a
@@ -20,16 +20,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Collection
 from typing import Any
 
-import msgspec
 import torch
 from torch.profiler import ProfilerActivity, record_function
 
 from lightning_perf import traces
 from lightning_perf.collect.window import WindowState
-from lightning_perf.trace_repair import repair_json
 
 # Toggling only some activity kinds makes torch print a warning on every toggle; toggling all the kinds it
 # knows is silent, and kinds the session does not collect are ignored.
@@ -152,7 +149,7 @@ class ProfilerWindow:
     def export(self) -> str:
         """Exports the trace of a stopped window with torch's own exporter, to a new temporary file outside
         the window directory (where a leftover would look like one more trace to the tools that read it);
-        returns its path. The caller removes it (:func:`finish_trace` does).
+        returns its path. The caller removes it (:func:`lightning_perf.traces.finish_trace` does).
 
         This part of a window's close stays on the training thread: torch's C++ exporter holds the GIL
         throughout (measured with torch 2.13), so a background thread would gain little, and this way it is
@@ -174,64 +171,3 @@ class ProfilerWindow:
             self._span.__exit__(None, None, None)
             self._span = None
             self._span_batch = None
-
-
-def finish_trace(
-    export_path: str,
-    path: str,
-    *,
-    steps: Collection[int],
-    tensorboard_compat: bool,
-    max_bytes: int | None = None,
-) -> tuple[dict[str, Any], int | None, str | None]:
-    """Turns torch's export of a window (:meth:`ProfilerWindow.export`) into the window's trace: keeps the
-    ``ProfilerStep#N`` spans of ``steps`` only, cuts a trace whose export is over ``max_bytes`` to its first
-    steps that fit, rewrites it for TensorBoard (``tensorboard_compat``), and writes it to ``path``
-    atomically, gzipped if ``path`` ends in ``.gz``. Removes ``export_path``, whatever happens.
-
-    An export that is not valid JSON because torch left a string unescaped (a ``record_function`` name
-    holding a double quote) is repaired (:func:`~lightning_perf.trace_repair.repair_json`); the trace is
-    written as valid JSON.
-
-    Returns:
-        The trace as written, how many steps it keeps when it was cut (``None`` when it was not), and what
-        was repaired, in words (``None`` when nothing was).
-
-    Raises:
-        json.JSONDecodeError: The export is invalid JSON that the repair does not make valid (its own error).
-    """
-    try:
-        with open(export_path, "rb") as f:
-            data = f.read()
-    finally:
-        os.remove(export_path)
-    size = len(data)
-    repaired = None
-    try:
-        trace = _parsed(data)
-    except json.JSONDecodeError as err:
-        repair = repair_json(data)
-        if repair is None:
-            raise
-        try:
-            trace = _parsed(repair.data)
-        except json.JSONDecodeError:
-            raise err from None
-        repaired = repair.description
-    del data
-    traces.keep_steps(trace, steps)
-    cut_to = None
-    if max_bytes is not None and size > max_bytes:
-        cut_to = traces.cut_to_fraction(trace, max_bytes / size)
-    if tensorboard_compat:
-        traces.tensorboard_compatible(trace)
-    traces.write_trace(trace, path)
-    return trace, cut_to, repaired
-
-
-def _parsed(data: bytes) -> Any:
-    """JSON text as dicts, lists and numbers, as ``json.loads`` gives them."""
-    try:
-        return msgspec.json.decode(data)  # the same as json.loads, a few times faster
-    except msgspec.MsgspecError:  # what only Python's reader takes (NaN, Infinity, a number out of range)
-        return json.loads(data)

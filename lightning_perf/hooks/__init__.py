@@ -9,7 +9,7 @@ What :class:`~lightning_perf.PerfCallback` wires together, one concern each, at 
 - :mod:`.window_control`: which batches to record, and the one open window (framework-free: no Lightning, no
   torch; unit-tested with a fake window);
 - :mod:`.profiler_windows` and :mod:`.window_close`: the real windows, made, then saved through the per-window
-  pipeline (on a worker thread);
+  pipeline (waited for on a worker thread), which :mod:`.window_process` runs in a child process;
 - :mod:`.epoch_report`: each stage epoch measured, diagnosed and reported;
 - :mod:`.rank_staging`: what the ranks exchange at each epoch's end, and the traces published once all wrote;
 - :mod:`.run_state`: what a checkpoint keeps;

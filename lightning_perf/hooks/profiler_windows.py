@@ -5,7 +5,8 @@ Profiler windows of a run
 The real windows, outside the window controller: :class:`ProfilerWindows` makes the
 :class:`~lightning_perf.collect.profiler.ProfilerWindow` the controller opens (its factory), and saves those it
 closes through the per-window pipeline of :mod:`lightning_perf.hooks.window_close`: :func:`hand_over` on the training
-thread, :func:`process_window` on a :class:`WindowWorker`.
+thread, :func:`process_window` in the window process (:mod:`lightning_perf.hooks.window_process`), which a
+:class:`WindowWorker`'s thread waits for.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from lightning_perf.collect.profiler import ProfilerWindow, torch_profiler_activ
 from lightning_perf.config import PerfConfig
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.rank_staging import RankStaging
-from lightning_perf.hooks.window_close import ClosedWindow, WindowWorker, hand_over, process_window
+from lightning_perf.hooks.window_close import ClosedWindow, WindowOptions, WindowWorker, hand_over
 from lightning_perf.hooks.window_control import WindowToSave
+from lightning_perf.hooks.window_process import WindowProcess
 from lightning_perf.records import WindowRecord
 from lightning_perf.report.outputs import Outputs
+
+OPERATORS_TAG = "perf/operators/{stage}"
 
 
 class ProfilerWindows:
@@ -34,7 +38,8 @@ class ProfilerWindows:
         staging: Where a trace written under its staged name waits for the other ranks.
         add: Takes each window's record, on the worker's thread, in the order the windows closed.
 
-    The callback calls :meth:`prepare` at setup, and :meth:`join` before anything reads the records.
+    The callback calls :meth:`prepare` at setup, :meth:`join` before anything reads the records, and :meth:`end`
+    at the end of each Trainer call.
     """
 
     def __init__(
@@ -44,7 +49,9 @@ class ProfilerWindows:
         self._policy = policy
         self._staging = staging
         self._add = add
-        self._worker = WindowWorker()  # writes and summarizes closed windows off the training thread, in order
+        self._options = WindowOptions.of(config)
+        self._worker = WindowWorker()  # waits for the closed windows off the training thread, in order
+        self._window_process = WindowProcess()  # writes and summarizes them, off the training process's GIL
         self._dirpath: str | None = None
         self._rank = 0
         self._staged = False
@@ -104,13 +111,27 @@ class ProfilerWindows:
         to the error policy here, on the caller's thread (:meth:`WindowWorker.join`)."""
         self._worker.join(on_error=self._failed)
 
+    def end(self) -> None:
+        """A Trainer call ends: :meth:`join`, then the window process is let go (the next window starts another)."""
+        try:
+            self.join()
+        finally:
+            self._window_process.close()
+
     def _failed(self, err: Exception) -> None:
         self._policy.fail(None, err)
 
     def _process(self, closed: ClosedWindow) -> None:
-        """The worker's job, on its thread: the window's trace, operator table and record, then the record to
-        ``add`` (jobs run one at a time, in order, so the records stay in order)."""
-        processed = process_window(closed, self._config, self._outputs)
+        """The worker's job, on its thread: the window's trace, operator table and record from the window process
+        (or from this thread, where it cannot run), the table to TensorBoard, then the record to ``add`` (jobs run
+        one at a time, in order, so the records stay in order)."""
+        processed = self._window_process.process(closed, self._options)
+        if self._window_process.broken is not None:
+            self._policy.warn_once(
+                "window-process",
+                f"PerfCallback: {self._window_process.broken}; windows are processed on a thread of the training"
+                " process instead (nothing is lost; the close costs training more).",
+            )
         stage = closed.record.stage
         if processed.cut_to is not None:
             self._policy.warn_once(
@@ -126,4 +147,6 @@ class ProfilerWindows:
                 f" {processed.repaired} (torch's `export_chrome_trace` does not escape them). It was repaired and"
                 " saved as valid JSON.",
             )
+        if self._outputs is not None:
+            self._outputs.add_text(OPERATORS_TAG.format(stage=stage), processed.table, processed.record.step)
         self._add(processed.record)

@@ -10,18 +10,26 @@ returns a :class:`ClosedWindow`. :func:`process_window` is the rest of the per-w
 pipeline, one plain function of plain values (collect -> summarize -> report):
 
 1. torch's export is read back and turned into the window's trace file
-   (:func:`~lightning_perf.collect.profiler.finish_trace`: its recorded steps, its size limit, the
+   (:func:`~lightning_perf.traces.finish_trace`: its recorded steps, its size limit, the
    TensorBoard rewrite, a gzipped atomic write; an export torch wrote as invalid JSON, repaired);
 2. the trace is summarized: its operators (:func:`~lightning_perf.summarize.operators.operator_stats`) and
    the per-step summary the trace-level rules read (:func:`~lightning_perf.summarize.step_summary.summarize_trace`);
-3. the operator table is written beside the trace and to TensorBoard's text (:mod:`lightning_perf.report`);
+3. the operator table is written beside the trace (:mod:`lightning_perf.report`), and returned for
+   TensorBoard's text, which the training process writes;
 4. out comes the window's :class:`~lightning_perf.records.WindowRecord`.
 
-:class:`WindowWorker` runs such jobs on one background thread, one at a time and in the order they came, so
-that the training thread only stops the profiler and has torch export the trace (see README, "Cost"). The
-callback joins it before an epoch's diagnosis reads the windows, before a checkpoint stores them and at the
-run's end; a job still queued when the interpreter exits is run first (the executor's exit handler joins
-its thread).
+:func:`process_window` runs in a child process (:class:`~lightning_perf.hooks.window_process.WindowProcess`):
+its CPU work, most of a window's cost, holds that process's GIL, not the training process's. In the training
+process, :class:`WindowWorker` runs each window's job on one background thread, one at a time and in the
+order they came: the job hands the window to the child, waits for its record without the GIL, and adds the
+record (and the table's TensorBoard text); where the child cannot run, the job processes the window itself,
+as before (see README, "Cost"). This module imports neither torch nor Lightning, so that the child starts
+fast.
+
+The callback joins the worker before an epoch's diagnosis reads the windows, before a checkpoint stores them
+and at the run's end, and lets the child go at each Trainer call's end; a job still queued when the
+interpreter exits is run first (the executor's exit handler joins its thread, and the child, in a session of
+its own, is out of reach of the terminal's Ctrl-C and waits for its pipe to close).
 """
 
 from __future__ import annotations
@@ -32,23 +40,21 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_perf import layout
-from lightning_perf.collect.memory import CudaMemory
-from lightning_perf.collect.profiler import finish_trace
 from lightning_perf.collect.window import WindowState
-from lightning_perf.config import PerfConfig
 from lightning_perf.hooks.window_control import WindowToSave
 from lightning_perf.records import WindowRecord
 from lightning_perf.report.markdown import operator_table
-from lightning_perf.report.outputs import Outputs
 from lightning_perf.summarize.events import as_trace
 from lightning_perf.summarize.operators import default_sort_key, operator_stats, top_operators
 from lightning_perf.summarize.step_summary import summarize_trace
-from lightning_perf.traces import collector_paused
+from lightning_perf.traces import collector_paused, finish_trace
 
-OPERATORS_TAG = "perf/operators/{stage}"
+if TYPE_CHECKING:  # torch's: the window process imports this module and no torch
+    from lightning_perf.collect.memory import CudaMemory
+    from lightning_perf.config import PerfConfig, SortKey
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,16 +78,46 @@ class ClosedWindow:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WindowOptions:
+    """The callback's options that :func:`process_window` reads: plain values, for the window process
+    (a :class:`~lightning_perf.config.PerfConfig` may hold a ``batch_size_fn`` that does not pickle).
+
+    Attributes:
+        tensorboard_compat, record_shapes, sort_by, row_limit: As ``PerfConfig``'s.
+        max_bytes: ``PerfConfig.max_trace_mb`` in bytes.
+    """
+
+    tensorboard_compat: bool
+    max_bytes: int
+    record_shapes: bool
+    sort_by: SortKey | None
+    row_limit: int
+
+    @classmethod
+    def of(cls, config: PerfConfig) -> WindowOptions:
+        """The options of ``config``."""
+        return cls(
+            tensorboard_compat=config.tensorboard_compat,
+            max_bytes=int(config.max_trace_mb * 2**20),
+            record_shapes=config.record_shapes,
+            sort_by=config.sort_by,
+            row_limit=config.row_limit,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProcessedWindow:
     """What :func:`process_window` made of a window.
 
     Attributes:
         record: The complete record.
+        table: The operator table (markdown), as written to ``ClosedWindow.operators_path``.
         cut_to: The steps the trace keeps, when it was cut to ``max_trace_mb`` (else ``None``).
         repaired: What was repaired in torch's export, which was not valid JSON, in words (else ``None``).
     """
 
     record: WindowRecord
+    table: str
     cut_to: int | None = None
     repaired: str | None = None
 
@@ -148,20 +184,20 @@ def hand_over(
     )
 
 
-def process_window(closed: ClosedWindow, config: PerfConfig, outputs: Outputs | None = None) -> ProcessedWindow:
-    """Writes a closed window's trace and operator table, and returns its record (see the module docstring).
+def process_window(closed: ClosedWindow, options: WindowOptions) -> ProcessedWindow:
+    """Writes a closed window's trace and operator table, and returns its record and table (see the module
+    docstring).
 
     Args:
         closed: The window, as the training thread handed it over.
-        config: The callback's options (``tensorboard_compat``, ``max_trace_mb``, ``record_shapes``,
-            ``sort_by``, ``row_limit``).
-        outputs: Where the operator table also goes, as TensorBoard text (``None``: only to its file).
+        options: The callback's options that the pipeline reads.
 
     Notes:
         1. The cyclic garbage collector waits meanwhile: reading a trace back builds many small acyclic
            objects, over which it would run again and again for nothing (half the time on large traces).
-           The pause is process-wide, so the training thread's cyclic garbage waits too, for the few tens of
-           ms a job takes; jobs run one at a time, so pauses never overlap.
+           The pause is process-wide: in the window process nothing else waits; where a window is processed
+           on the training process's thread instead, the training thread's cyclic garbage waits too, for the
+           few tens of ms a job takes (jobs run one at a time, so pauses never overlap).
     """
     record = closed.record
     with collector_paused():
@@ -169,26 +205,24 @@ def process_window(closed: ClosedWindow, config: PerfConfig, outputs: Outputs | 
             closed.export_path,
             closed.written_path,
             steps=closed.ran,
-            tensorboard_compat=config.tensorboard_compat,
-            max_bytes=int(config.max_trace_mb * 2**20),
+            tensorboard_compat=options.tensorboard_compat,
+            max_bytes=options.max_bytes,
         )
-        typed = as_trace(trace, shapes=config.record_shapes)  # the trace as saved, as the analyses read it
+        typed = as_trace(trace, shapes=options.record_shapes)  # the trace as saved, as the analyses read it
         del trace
         record = dataclasses.replace(
             record,
-            operators=operator_stats(typed, group_by_input_shape=config.record_shapes),
+            operators=operator_stats(typed, group_by_input_shape=options.record_shapes),
             summary=summarize_trace(typed, window=record.name),
         )
         del typed
-    sort_by = config.sort_by or default_sort_key(record.device)
+    sort_by = options.sort_by or default_sort_key(record.device)
     table = operator_table(
-        record, top_operators(record.operators, sort_by=sort_by, row_limit=config.row_limit), sort_by=sort_by
+        record, top_operators(record.operators, sort_by=sort_by, row_limit=options.row_limit), sort_by=sort_by
     )
     with open(closed.operators_path, "w", encoding="utf-8") as f:
         f.write(table)
-    if outputs is not None:
-        outputs.add_text(OPERATORS_TAG.format(stage=record.stage), table, record.step)
-    return ProcessedWindow(record=record, cut_to=cut_to, repaired=repaired)
+    return ProcessedWindow(record=record, table=table, cut_to=cut_to, repaired=repaired)
 
 
 class WindowWorker:

@@ -120,12 +120,16 @@ def test_a_persisting_finding_is_printed_once_and_reported_every_epoch(tmp_path,
     callback = PerfCallback(batches=[100_000], stages=["train"])
     with caplog.at_level(logging.INFO):
         trainer(tmp_path, [callback], max_epochs=4, limit_val_batches=0).fit(
-            TinyModel(n=16, batch_size=4, sleep_s=0.05)
+            TinyModel(n=40, batch_size=4, sleep_s=0.01)  # 10 batches: enough evidence for a warning
         )
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lightning-perf | train epoch")]
     assert len(lines) == 4
-    assert "dataloader_bound" in lines[0].splitlines()[1]  # shown in full once, with its advice
-    assert all(line.endswith("unchanged: dataloader_bound") and "\n" not in line for line in lines[1:]), lines
+    # Shown in full once, with its advice (after `cpu_contention`, should the machine be busy: both persist).
+    assert any("dataloader_bound" in line for line in lines[0].splitlines()[1:])
+    for line in lines[1:]:
+        head, *printed = line.splitlines()
+        assert "unchanged: " in head and "dataloader_bound" in head.split("unchanged: ")[1], lines
+        assert not [p for p in printed if "dataloader_bound" in p], lines
     assert [e.epoch for e in callback.epochs] == [0, 1, 2, 3]
     assert {(f.epoch, f.id) for f in callback.findings_for("train")} >= {(e, "dataloader_bound") for e in range(4)}
 

@@ -1,0 +1,187 @@
+"""
+Window process
+==============
+
+The child process in which a closed window is processed (:func:`~lightning_perf.hooks.window_close.process_window`:
+read torch's export back, write the trace, summarize it, write the operator table), so that this work, most of
+what a window costs, runs on the child's own GIL: a background thread of the training process would take the
+training process's GIL back whenever the training loop gives it up, which torch does at every operator call.
+
+One child per :class:`WindowProcess`, started by the first window it is given (on the window worker's thread, so
+the training thread does not wait for it) and kept until :meth:`WindowProcess.close`, which the callback calls
+at the end of each Trainer call: one per training process (per rank). It is a fresh interpreter
+(``python -c``, importing only this module; neither torch nor Lightning), not a ``multiprocessing`` child: the
+``spawn`` and ``forkserver`` start methods run the user's ``__main__`` again in the child (the training script,
+with its imports of torch and Lightning, and all of it where it has no ``if __name__ == "__main__"`` guard), and
+``fork`` copies a process with threads (and CUDA) running. It runs in a session of its own, out of reach of the
+terminal's Ctrl-C, so that it finishes what it was given when training is interrupted; it exits when its input
+pipe closes, also when the training process dies.
+
+Only plain values cross the pipes, pickled: a :class:`~lightning_perf.hooks.window_close.ClosedWindow` and its
+:class:`~lightning_perf.hooks.window_close.WindowOptions` in, a
+:class:`~lightning_perf.hooks.window_close.ProcessedWindow` (or the exception :func:`process_window` raised) out.
+
+Where the child cannot start or dies, :meth:`WindowProcess.process` processes the window in the calling thread,
+as before there was a child, and :attr:`WindowProcess.broken` says why (the callback warns once); setting the
+environment variable :data:`PROCESS_ENV` to ``0`` does so from the start.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from typing import IO, Any
+
+from lightning_perf.hooks.window_close import ClosedWindow, ProcessedWindow, WindowOptions, process_window
+
+#: The environment variable that keeps windows in the training process (``0``, ``false``, ``no``): on a thread, as
+#: before the window process (where starting a child is not allowed, or to compare).
+PROCESS_ENV = "LIGHTNING_PERF_WINDOW_PROCESS"
+
+# The child's command line after the interpreter: this module's `main`, imported from this very package (the
+# directory passed as argv[1] goes first on the child's sys.path, before its working directory).
+_CHILD_CODE = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from lightning_perf.hooks.window_process import main; main()"
+)
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The child's numpy works on one thread: no BLAS thread pools next to training's threads.
+_CHILD_THREADS = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
+CLOSE_WAIT_SECONDS = 10.0  # for the child to exit once its input is closed (it exits at once), then it is killed
+
+
+def process_enabled() -> bool:
+    """Whether :data:`PROCESS_ENV` leaves windows to the window process (unset: yes)."""
+    return os.environ.get(PROCESS_ENV, "").strip().lower() not in ("0", "false", "no")
+
+
+class ChildLost(Exception):
+    """The window process could not start, or ended (its message says which, and its exit code)."""
+
+
+class WindowProcess:
+    """Processes closed windows in a child process, one at a time; in the calling thread where it cannot.
+
+    Attributes:
+        broken: Why windows are processed in this process (the child could not start, or ended); ``None``
+            while the child works, before it is needed, and where :data:`PROCESS_ENV` keeps windows here. A copy
+            (pickled, deep-copied) starts with no child and is not broken.
+
+    Example::
+
+        child = WindowProcess()
+        processed = child.process(closed, WindowOptions.of(config))  # in the child
+        child.close()
+    """
+
+    def __init__(self) -> None:
+        self._child: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()  # one window at a time on the pipes; close() waits for the one in flight
+        self.broken: str | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id, while it runs."""
+        return self._child.pid if self._child is not None else None
+
+    def process(self, closed: ClosedWindow, options: WindowOptions) -> ProcessedWindow:
+        """:func:`process_window` ``(closed, options)`` in the child (started if needed), or here where it cannot
+        run (then :attr:`broken` says why). Raises what :func:`process_window` raised."""
+        with self._lock:
+            if self.broken is None and process_enabled():
+                try:
+                    return self._in_child(closed, options)
+                except ChildLost as lost:
+                    self.broken = str(lost)
+                    self._stop()
+        return process_window(closed, options)  # the export is still there: the child removes it once done
+
+    def close(self) -> None:
+        """Lets the child go (after the window it is processing, if any); the next window starts a new one."""
+        with self._lock:
+            self._stop()
+
+    def _in_child(self, closed: ClosedWindow, options: WindowOptions) -> ProcessedWindow:
+        child = self._child if self._child is not None else self._start()
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            pickle.dump((closed, options), child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            child.stdin.flush()
+            ok, value = pickle.load(child.stdout)  # waits without the GIL
+        except (OSError, EOFError, pickle.UnpicklingError) as err:
+            try:
+                code: int | None = child.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                code = None
+            raise ChildLost(f"the window process (pid {child.pid}) ended (exit code {code})") from err
+        if ok:
+            return value
+        raise value
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        try:
+            self._child = subprocess.Popen(
+                [sys.executable, "-c", _CHILD_CODE, _PACKAGE_ROOT],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env={**os.environ, **_CHILD_THREADS},
+                start_new_session=True,  # the terminal's Ctrl-C goes to training, not to the windows it saves
+            )
+        except (OSError, ValueError, subprocess.SubprocessError) as err:
+            raise ChildLost(f"the window process could not start ({type(err).__name__}: {err})") from err
+        return self._child
+
+    def _stop(self) -> None:
+        child, self._child = self._child, None
+        if child is None:
+            return
+        for pipe in (child.stdin, child.stdout):
+            try:
+                if pipe is not None:
+                    pipe.close()  # its input at EOF: the child exits
+            except OSError:
+                pass
+        try:
+            child.wait(timeout=CLOSE_WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+def serve(jobs: IO[bytes], results: IO[bytes]) -> None:
+    """The child's loop: each ``(ClosedWindow, WindowOptions)`` read from ``jobs`` is processed and ``(True,
+    ProcessedWindow)`` or ``(False, exception)`` written to ``results``; returns when ``jobs`` ends."""
+    while True:
+        try:
+            closed, options = pickle.load(jobs)
+        except EOFError:
+            return
+        result: tuple[bool, Any]
+        try:
+            result = (True, process_window(closed, options))
+        except Exception as err:
+            result = (False, err)
+        try:
+            data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # an exception that does not pickle: its type and message
+            failed = result[1]
+            plain = RuntimeError(f"{type(failed).__name__}: {failed}")
+            data = pickle.dumps((False, plain), protocol=pickle.HIGHEST_PROTOCOL)
+        results.write(data)
+        results.flush()
+
+
+def main() -> None:
+    """The child's entry point: results go to the stdout it was started with; whatever else would print there
+    goes to stderr instead, so nothing comes between two results."""
+    results = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    serve(sys.stdin.buffer, results)
