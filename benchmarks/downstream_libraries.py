@@ -92,12 +92,14 @@ class StepTimer(Callback):
     def __init__(self) -> None:
         self.starts: list[tuple[int, int, float]] = []
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self.starts.append((trainer.current_epoch, batch_idx, time.perf_counter()))
 
     def steps(self, excluded: set[tuple[int, int]]) -> list[float]:
         out = []
-        for (e0, b0, t0), (e1, _b1, t1) in zip(self.starts, self.starts[1:]):
+        for (e0, b0, t0), (e1, _b1, t1) in zip(self.starts, self.starts[1:], strict=False):
             if e0 == e1 and b0 >= SKIP_STEPS and (e0, b0) not in excluded:
                 out.append(t1 - t0)
         return out
@@ -165,8 +167,15 @@ def transformers_case() -> Case:
     class Classifier(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            config = BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                intermediate_size=64, max_position_embeddings=64, num_labels=2)
+            config = BertConfig(
+                vocab_size=vocab,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=64,
+                num_labels=2,
+            )
             self.model = BertForSequenceClassification(config)
 
         def training_step(self, batch: Any, i: int) -> torch.Tensor:
@@ -183,7 +192,7 @@ def transformers_case() -> Case:
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def collate(rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> BatchEncoding:
-        ids, mask, labels = (torch.stack(c) for c in zip(*rows))
+        ids, mask, labels = (torch.stack(c) for c in zip(*rows, strict=True))
         return BatchEncoding({"input_ids": ids, "attention_mask": mask, "labels": labels})
 
     def build() -> tuple[pl.LightningModule, Any, Any]:
@@ -194,10 +203,13 @@ def transformers_case() -> Case:
         mask = (torch.arange(seq) < lengths[:, None]).long()
         ids = ids * mask
         labels = (ids[:, 0] % 2).long()
-        rows = list(zip(ids, mask, labels))
+        rows = list(zip(ids, mask, labels, strict=True))
         dl = torch.utils.data.DataLoader
-        return Classifier(), dl(rows[:192], batch_size=16, shuffle=True, collate_fn=collate), dl(
-            rows[192:], batch_size=16, collate_fn=collate)
+        return (
+            Classifier(),
+            dl(rows[:192], batch_size=16, shuffle=True, collate_fn=collate),
+            dl(rows[192:], batch_size=16, collate_fn=collate),
+        )
 
     return Case("transformers", "transformers", build, lambda b: int(b["input_ids"].shape[0]), epochs=2)
 
@@ -210,28 +222,51 @@ def forecasting_case() -> Case:
     def build() -> tuple[pl.LightningModule, Any, Any]:
         rng = np.random.default_rng(0)
         t = np.arange(200)
-        frames = [pd.DataFrame({"time_idx": t, "series": str(s),
-                                "value": np.sin(t / (5 + s)) + 0.1 * rng.standard_normal(len(t)) + s})
-                  for s in range(4)]
+        frames = [
+            pd.DataFrame(
+                {"time_idx": t, "series": str(s), "value": np.sin(t / (5 + s)) + 0.1 * rng.standard_normal(len(t)) + s}
+            )
+            for s in range(4)
+        ]
         df = pd.concat(frames, ignore_index=True)
         df["series"] = df["series"].astype("category")
         cutoff = 160
-        train = TimeSeriesDataSet(df[df.time_idx <= cutoff], time_idx="time_idx", target="value",
-                                  group_ids=["series"], max_encoder_length=24, max_prediction_length=6,
-                                  static_categoricals=["series"], time_varying_known_reals=["time_idx"],
-                                  time_varying_unknown_reals=["value"])
+        train = TimeSeriesDataSet(
+            df[df.time_idx <= cutoff],
+            time_idx="time_idx",
+            target="value",
+            group_ids=["series"],
+            max_encoder_length=24,
+            max_prediction_length=6,
+            static_categoricals=["series"],
+            time_varying_known_reals=["time_idx"],
+            time_varying_unknown_reals=["value"],
+        )
         val = TimeSeriesDataSet.from_dataset(train, df, min_prediction_idx=cutoff + 1, stop_randomization=True)
-        model = TemporalFusionTransformer.from_dataset(train, hidden_size=8, attention_head_size=1,
-                                                       hidden_continuous_size=4, dropout=0.1, learning_rate=0.03)
-        return (model, train.to_dataloader(train=True, batch_size=32, num_workers=0),
-                val.to_dataloader(train=False, batch_size=32, num_workers=0))
+        model = TemporalFusionTransformer.from_dataset(
+            train, hidden_size=8, attention_head_size=1, hidden_continuous_size=4, dropout=0.1, learning_rate=0.03
+        )
+        return (
+            model,
+            train.to_dataloader(train=True, batch_size=32, num_workers=0),
+            val.to_dataloader(train=False, batch_size=32, num_workers=0),
+        )
 
-    return Case("forecasting", "pytorch-forecasting", build, lambda b: int(b[0]["encoder_cont"].shape[0]),
-                epochs=2, trainer_kwargs={"limit_train_batches": 12, "gradient_clip_val": 0.1})
+    return Case(
+        "forecasting",
+        "pytorch-forecasting",
+        build,
+        lambda b: int(b[0]["encoder_cont"].shape[0]),
+        epochs=2,
+        trainer_kwargs={"limit_train_batches": 12, "gradient_clip_val": 0.1},
+    )
 
 
-CASES: dict[str, Callable[[], Case]] = {"pyg": pyg_case, "transformers": transformers_case,
-                                        "forecasting": forecasting_case}
+CASES: dict[str, Callable[[], Case]] = {
+    "pyg": pyg_case,
+    "transformers": transformers_case,
+    "forecasting": forecasting_case,
+}
 MODULES = {"pyg": "torch_geometric", "transformers": "transformers", "forecasting": "pytorch_forecasting"}
 
 
@@ -274,9 +309,18 @@ def run_once(case: Case, config: str) -> Run:
     if perf is not None:
         callbacks.append(perf)
     with tempfile.TemporaryDirectory(prefix=f"lp-{case.name}-") as root:
-        trainer = pl.Trainer(default_root_dir=root, accelerator="cpu", devices=1, max_epochs=case.epochs,
-                             callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
-                             enable_checkpointing=False, log_every_n_steps=5, **case.trainer_kwargs)
+        trainer = pl.Trainer(
+            default_root_dir=root,
+            accelerator="cpu",
+            devices=1,
+            max_epochs=case.epochs,
+            callbacks=callbacks,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            log_every_n_steps=5,
+            **case.trainer_kwargs,
+        )
         busy0, cpu0, wall0 = cpu_busy_seconds(), time.process_time(), time.perf_counter()
         trainer.fit(model, train, val)
         busy1, cpu1, wall1 = cpu_busy_seconds(), time.process_time(), time.perf_counter()
@@ -300,8 +344,17 @@ def run_once(case: Case, config: str) -> Run:
     if busy0 is not None and busy1 is not None:
         other = max(0.0, ((busy1 - busy0) - (cpu1 - cpu0)) / ((wall1 - wall0) * (os.cpu_count() or 1)))
     loss = trainer.callback_metrics.get("train_loss")
-    return Run(config, wall1 - wall0, timer.steps(excluded), digest(model), None if loss is None else float(loss),
-               other, counted, flops, case.true_batch_size(next(iter(train))))
+    return Run(
+        config,
+        wall1 - wall0,
+        timer.steps(excluded),
+        digest(model),
+        None if loss is None else float(loss),
+        other,
+        counted,
+        flops,
+        case.true_batch_size(next(iter(train))),
+    )
 
 
 def _ms(seconds: float) -> str:
@@ -334,17 +387,21 @@ def bench(name: str, rounds: int) -> None:
         walls = [r.wall for r in rs]
         steps = [s for r in rs for s in r.steps]
         loads = [r.other_load for r in rs if r.other_load is not None]
-        print(f"  ({config}) {LABELS[config]:26s} fit s {statistics.median(walls):6.2f} "
-              f"({min(walls):.2f}..{max(walls):.2f})  median step {_ms(statistics.median(steps))} "
-              f"over {len(steps)} steps  other load {max(loads, default=0):.0%} at most")
-    diffs = [statistics.median(b.steps) - statistics.median(a.steps) for a, b in zip(bare, runs["b"])]
+        print(
+            f"  ({config}) {LABELS[config]:26s} fit s {statistics.median(walls):6.2f} "
+            f"({min(walls):.2f}..{max(walls):.2f})  median step {_ms(statistics.median(steps))} "
+            f"over {len(steps)} steps  other load {max(loads, default=0):.0%} at most"
+        )
+    diffs = [statistics.median(b.steps) - statistics.median(a.steps) for a, b in zip(bare, runs["b"], strict=True)]
     pooled = statistics.median([s for r in runs["b"] for s in r.steps]) - statistics.median(
-        [s for r in bare for s in r.steps])
-    print(f"  (b)-(a) per batch outside windows: {pooled * 1e6:+.0f} us (per round {min(diffs) * 1e6:+.0f}.."
-          f"{max(diffs) * 1e6:+.0f} us)")
-    same = all(r.digest == a.digest and r.loss == a.loss for c in "bc" for r, a in zip(runs[c], bare))
-    print(f"  identical parameters and loss in every round: {same} "
-          f"(digest {bare[0].digest}, loss {bare[0].loss})")
+        [s for r in bare for s in r.steps]
+    )
+    print(
+        f"  (b)-(a) per batch outside windows: {pooled * 1e6:+.0f} us (per round {min(diffs) * 1e6:+.0f}.."
+        f"{max(diffs) * 1e6:+.0f} us)"
+    )
+    same = all(r.digest == a.digest and r.loss == a.loss for c in "bc" for r, a in zip(runs[c], bare, strict=True))
+    print(f"  identical parameters and loss in every round: {same} (digest {bare[0].digest}, loss {bare[0].loss})")
     c = runs["c"][0]
     per_sample = ""
     counted = [x for x in c.counted if x is not None]
@@ -355,7 +412,9 @@ def bench(name: str, rounds: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--libraries", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -364,8 +423,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     for name in ("lightning", "lightning.pytorch", "pytorch_lightning", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    print(f"torch {torch.__version__}, lightning {lightning.__version__}, {torch.get_num_threads()} threads, "
-          f"{os.cpu_count()} CPUs, {args.rounds} rounds of (a), (b), (c)")
+    print(
+        f"torch {torch.__version__}, lightning {lightning.__version__}, {torch.get_num_threads()} threads, "
+        f"{os.cpu_count()} CPUs, {args.rounds} rounds of (a), (b), (c)"
+    )
     for name in args.libraries.split(","):
         if name not in CASES:
             parser.error(f"unknown library {name!r}; one of {', '.join(CASES)}")

@@ -22,7 +22,7 @@ from lightning_perf.collect.batch import BatchSizer
 from lightning_perf.collect.loops import LoopStartTimer
 from lightning_perf.collect.memory import CudaPeaks
 from lightning_perf.collect.ranks import EXCEPTION_WAIT_SECONDS, WAIT_SECONDS
-from lightning_perf.collect.run_info import run_info
+from lightning_perf.collect.run_info import optimizer_info, run_info
 from lightning_perf.config import (
     DEFAULT_MAX_TRACE_MB,
     DEFAULT_MAX_WINDOWS,
@@ -271,6 +271,11 @@ class PerfCallback(StageHooks):
         self._policy.safely(None, self._epochs.compile.install, trainer)
         if world_size > 1:
             self._staging.open()
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The optimizers exist from here (configured after setup): optimizer_heavy advises what would change.
+        self._policy.safely(None, lambda: self._epochs.run_info.update(optimizer=optimizer_info(trainer)))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -64,6 +64,9 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         peak_flops=run.get("peak_flops"),
         epochs=run.get("max_epochs"),  # a validate, test or predict call plans 1
         compiled_modules=run.get("compiled_modules"),
+        optimizer=(run.get("optimizer") or {}).get("class"),
+        optimizer_fused=(run.get("optimizer") or {}).get("fused"),
+        optimizer_fusable=(run.get("optimizer") or {}).get("fusable"),
     )
 
 

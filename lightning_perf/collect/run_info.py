@@ -49,6 +49,28 @@ def run_info(trainer: pl.Trainer) -> dict[str, Any]:
     }
 
 
+# torch's optimizers with a fused implementation (`fused=True`), on CPU and CUDA (torch >= 2.4).
+FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
+
+
+def optimizer_info(trainer: Any) -> dict[str, Any] | None:
+    """The run's first optimizer as configured (``trainer.optimizers``, set before ``on_fit_start``): its class
+    name, and whether it is fused or multi-tensor (its ``defaults``: ``None`` where it has no such option or
+    leaves it to torch); ``None`` without one."""
+    optimizers = getattr(trainer, "optimizers", None) or []
+    if not optimizers:
+        return None
+    optimizer = optimizers[0]
+    defaults = getattr(optimizer, "defaults", {}) or {}
+    fused, foreach = defaults.get("fused"), defaults.get("foreach")
+    return {
+        "class": type(optimizer).__name__,
+        "fused": fused if isinstance(fused, bool) else None,
+        "foreach": foreach if isinstance(foreach, bool) else None,
+        "fusable": type(optimizer).__name__ in FUSED_OPTIMIZERS and type(optimizer).__module__.startswith("torch."),
+    }
+
+
 def lightning_package(trainer: Any) -> tuple[str, str]:
     """The package the trainer comes from (``"lightning"``, or ``"pytorch_lightning"`` for the standalone
     package's ``Trainer``) and its version: both may be installed, at different versions."""

@@ -37,6 +37,9 @@ class RunFacts:
     shared_state: str | None = None  # what the dataset shares with the LightningModule, described
     epochs: int | None = None  # epochs of this stage the run does (1 for a validate/test/predict call)
     peak_flops: float | None = None  # the device's dense peak FLOP/s for the run's dtype (table or option)
+    optimizer: str | None = None  # the first optimizer's class name
+    optimizer_fused: bool | None = None  # it was built with fused=True (False: not; None: unknown or no such option)
+    optimizer_fusable: bool | None = None  # a torch optimizer with a fused implementation (Adam, AdamW, SGD, Adagrad)
     compiled_modules: str | None = None  # the modules `nn.Module.compile()` was called on, named, at setup
 
 

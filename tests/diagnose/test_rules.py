@@ -722,15 +722,32 @@ def test_optimizer_heavy_single_tensor_update_advises_foreach_or_fused():
     assert "fused=True" in f.advice and "foreach=True" not in f.advice and "does not help" in f.advice
     looped = gw(W2, optimizer_update_time=0.40, optimizer_foreach=False)
     on_gpu = run("optimizer_heavy", gpu_ctx(None, looped))
-    assert "`torch.optim.Adam(..., foreach=True)`" in on_gpu.advice and "fused=True" in on_gpu.advice
+    assert "`torch.optim.AdamW(..., foreach=True)`" in on_gpu.advice and "fused=True" in on_gpu.advice
 
 
 def test_optimizer_heavy_with_foreach_already_advises_fused_and_fewer_tensors():
     f = run("optimizer_heavy", gpu_ctx(None, gw(optimizer_update_time=0.3)))
-    assert "already uses multi-tensor kernels" in f.advice and "unless it is fused already" in f.advice
-    assert "fused=True" in f.advice and "fewer optimizer states" in f.advice
+    assert "already uses multi-tensor kernels" in f.advice
+    assert "fused=True" in f.advice and "Fewer optimizer states" in f.advice
     on_cpu = run("optimizer_heavy", ctx(None, cw(optimizer_update_time=0.3, optimizer_foreach=True)))
     assert "On CPU `foreach` runs the same per-parameter loop" in on_cpu.advice and "fused=True" in on_cpu.advice
+
+
+def optimizer_ctx(**kw):
+    return ctx(None, cw(optimizer_update_time=0.3, optimizer_foreach=True), facts=facts(**kw))
+
+
+def test_optimizer_heavy_advises_only_what_would_change_the_runs_own_optimizer():
+    # Already fused (the trace shows aten::_fused_adam_): no `fused=True` again.
+    fused = run("optimizer_heavy", optimizer_ctx(optimizer="Adam", optimizer_fused=True, optimizer_fusable=True))
+    assert "already fused (`Adam(..., fused=True)`)" in fused.advice and "fused=True)`," not in fused.advice
+    # SGD: fused SGD, never "SGD with momentum instead of Adam".
+    sgd = run("optimizer_heavy", optimizer_ctx(optimizer="SGD", optimizer_fused=False, optimizer_fusable=True))
+    assert "`torch.optim.SGD(..., fused=True)`" in sgd.advice and "instead of Adam" not in sgd.advice
+    assert "SGD with momentum" not in sgd.advice
+    # A class with no fused kernels (RMSprop, a library's): no fused advice at all.
+    other = run("optimizer_heavy", optimizer_ctx(optimizer="RMSprop", optimizer_fusable=False))
+    assert "fused=True" not in other.advice and "`RMSprop` has no fused implementation" in other.advice
 
 
 # --- validation_heavy ---------------------------------------------------------------------------------------
