@@ -49,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,6 +149,9 @@ class BatchFlopCounter:
         max_counts: Distinct batch shapes to count at most (:data:`MAX_COUNTS`).
         depth: Module depth of :attr:`BatchFlops.by_module` (:data:`DEPTH`).
         top: Modules kept in :attr:`BatchFlops.by_module` (:data:`TOP_MODULES`).
+        batch_size: What counts a batch's samples (the epoch's own: the user's ``batch_size_fn``), so that FLOPs
+            per sample are per the same samples the epoch's throughput counts; :func:`infer_batch_size` when
+            ``None``.
 
     Raises:
         ValueError: ``max_counts``, ``depth`` or ``top`` is below 1.
@@ -167,12 +170,20 @@ class BatchFlopCounter:
             record = counter.stop()
     """
 
-    def __init__(self, *, max_counts: int = MAX_COUNTS, depth: int = DEPTH, top: int = TOP_MODULES) -> None:
+    def __init__(
+        self,
+        *,
+        max_counts: int = MAX_COUNTS,
+        depth: int = DEPTH,
+        top: int = TOP_MODULES,
+        batch_size: Callable[[Any], int | None] | None = None,
+    ) -> None:
         given = {"max_counts": max_counts, "depth": depth, "top": top}
         bad = [f"{name}={value!r}" for name, value in given.items() if value < 1]
         if bad:
             raise ValueError(f"BatchFlopCounter needs positive integers; got {', '.join(bad)}")
         self.max_counts, self.depth, self.top = max_counts, depth, top
+        self._batch_size = batch_size or infer_batch_size
         self._counted: dict[ShapeKey, BatchFlops] = {}
         self._mode: FlopCounterMode | None = None
         self._exits: contextlib.ExitStack | None = None
@@ -196,7 +207,7 @@ class BatchFlopCounter:
         """Starts counting: every op until :meth:`stop` is counted. A count left open is cancelled first."""
         self.cancel()
         key = shape_key(batch)
-        self._batch = (key, infer_batch_size(batch), sum(_numel(shape) for shape in key))
+        self._batch = (key, self._batch_size(batch), sum(_numel(shape) for shape in key))
         mode = FlopCounterMode(display=False, depth=self.depth)
         with contextlib.ExitStack() as exits:
             set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6; see Notes 2

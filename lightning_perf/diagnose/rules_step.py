@@ -249,6 +249,12 @@ def spikes(step_times: Sequence[float], factor: float, min_excess: float = 0.0) 
     ], median
 
 
+# A cadence is claimed only from this many repeats (slots of the period with a spike): three spikes spaced alike
+# (two gaps) are a coincidence among a busy machine's random stalls too often (a `test_step` with nothing
+# periodic was said to stall "every 4 batches"); four (three equal gaps) is our judgment.
+PERIOD_REPEATS = 4
+
+
 def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
     """The period of the regular part of ``indices``, and the indices on it; ``None`` when none is regular.
 
@@ -258,9 +264,11 @@ def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
            common one.
         2. The indices on it are those in the most common residue class modulo the period (within one batch
            either way for periods of 10 or more, which absorbs a cadence counted in optimizer steps).
-        3. Regular: at least 3 indices on the period, at least ``REGULAR_SHARE`` of all indices, and filling
-           at least ``REGULAR_SHARE`` of the period's slots between the first and the last of them (indices
-           that merely share a residue of a short period, far apart, are a coincidence).
+        3. Regular: at least ``PERIOD_REPEATS`` distinct slots of the period on it (indices within the slack
+           of one slot, a burst, count once: a burst at batches 2, 3 and one more spike at 18 is no period of
+           15), at least ``REGULAR_SHARE`` of all indices, and filling at least ``REGULAR_SHARE`` of the period's
+           slots between the first and the last of them (indices that merely share a residue of a short period,
+           far apart, are a coincidence).
     """
     gaps = [b - a for a, b in itertools.pairwise(indices) if b - a >= 2]
     if len(indices) < 3 or not gaps:
@@ -277,7 +285,8 @@ def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
     residue = max(range(every), key=lambda r: sum(near(i, r) for i in indices))
     on = [i for i in indices if near(i, residue)]
     slots = round((on[-1] - on[0]) / every) + 1 if on else 0
-    if len(on) < 3 or len(on) < REGULAR_SHARE * len(indices) or len(on) < REGULAR_SHARE * slots:
+    repeats = len({round((i - on[0]) / every) for i in on})
+    if repeats < PERIOD_REPEATS or len(on) < REGULAR_SHARE * len(indices) or repeats < REGULAR_SHARE * slots:
         return None
     return every, on
 

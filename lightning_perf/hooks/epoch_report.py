@@ -125,7 +125,7 @@ class EpochReporter:
         self._shown = ShownFindings()
         self._validation_in_train_epoch: list[EpochSummary] = []
         self._report: ReportFile | None = None  # on rank zero, from the first write on
-        self.flops = FlopCounting()  # the training batches' FLOP counts
+        self.flops = FlopCounting(batch_size)  # the training batches' FLOP counts, per sample as the epoch counts them
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
 
     def measured_run_info(self) -> dict[str, Any]:

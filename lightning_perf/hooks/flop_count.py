@@ -19,6 +19,7 @@ Notes:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from lightning_perf.collect.flops import BatchFlopCounter, BatchFlops
@@ -50,8 +51,8 @@ class FlopCounting:
         record = counting.batch_end()  # a BatchFlops when it was
     """
 
-    def __init__(self) -> None:
-        self._counter = BatchFlopCounter()
+    def __init__(self, batch_size: Callable[[Any], int | None] | None = None) -> None:
+        self._counter = BatchFlopCounter(batch_size=batch_size)
         #: A batch of this training epoch is still to be offered for counting.
         self.pending = False
         #: The counts, for :func:`~lightning_perf.summarize.flops.epoch_flops`.

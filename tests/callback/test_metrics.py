@@ -211,6 +211,16 @@ def test_batch_size_fn_overrides_inference(tmp_path):
     assert callback.epochs[-1].samples == 64 - 8  # 8 batches of 8, one counted for its FLOPs (left out)
 
 
+def test_flops_per_batch_do_not_change_with_what_batch_size_fn_counts(tmp_path):
+    # A batch_size_fn that counts tokens (here: twice the samples) must not inflate FLOPs per batch or FLOP/s:
+    # the count's FLOPs are per sample as the same function counts them.
+    plain = PerfCallback(**NO_WINDOWS)
+    trainer(tmp_path / "plain", [plain]).fit(TinyModel(n=32))
+    doubled = PerfCallback(batch_size_fn=lambda batch: 2 * len(batch[0]), **NO_WINDOWS)
+    trainer(tmp_path / "doubled", [doubled]).fit(TinyModel(n=32))
+    assert doubled.epochs[-1].flops_per_batch == pytest.approx(plain.epochs[-1].flops_per_batch)
+
+
 def test_a_failing_batch_size_fn_is_reported_once_and_training_goes_on(tmp_path):
     callback = PerfCallback(batch_size_fn=lambda batch: batch["missing"], **NO_WINDOWS)
     with pytest.warns(UserWarning, match="batch_size_fn .* raised"):

@@ -822,6 +822,9 @@ def test_a_stray_spike_does_not_hide_the_period():
         ([5, 17, 60, 61], None),
         ([10, 20], None),  # two are no period
         ([3, 9, 30, 31, 70, 74], None),
+        ([2, 3, 18], None),  # a burst and one more spike: no period of 15 (pytorch-forecasting's TFT)
+        ([1, 2, 3, 18], None),
+        ([4, 8, 12], None),  # three spikes, two gaps: load noise as often as not, no cadence
     ],
 )
 def test_period(indices, expected):
