@@ -157,6 +157,8 @@ class WindowControl:
         action = self.plan.action(pos.batch, pos.num_batches)
         if action is Action.NONE:
             return None
+        if open_ is None and action is Action.WARMUP and not self._records_later(pos):
+            return None  # a warm-up the epoch ends before any recorded batch: torch warns, and it costs a batch
         if open_ is None:
             open_ = self._open(stage, pos)
             if open_ is None:
@@ -178,6 +180,19 @@ class WindowControl:
             self.open = dataclasses.replace(open_, step=self._started(stage, context))
         window.begin_step(pos.batch)
         return None
+
+    def _records_later(self, pos: StagePosition) -> bool:
+        """Whether a batch after the current one and before the epoch's end is one the plan records (an epoch of
+        unknown length: yes). At most the plan's warm-up is looked through, a few batches."""
+        if not math.isfinite(pos.num_batches):
+            return True
+        for batch in range(pos.batch + 1, int(pos.num_batches)):
+            action = self.plan.action(batch, pos.num_batches)
+            if action in (Action.RECORD, Action.RECORD_AND_SAVE):
+                return True
+            if action is not Action.WARMUP:
+                return False
+        return False
 
     def batch_started(self, stage: str) -> None:
         """The stage's current batch starts inside the open window (call only while one of ``stage`` is)."""

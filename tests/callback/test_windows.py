@@ -273,3 +273,16 @@ def test_a_rank_left_out_of_ranks_records_no_window_but_measures_every_batch(tmp
     assert callback.windows == [] and not list(tmp_path.rglob("*.pt.trace.json*"))
     train = [e for e in callback.epochs if e.stage == "train"]
     assert len(train) == 2 and all(e.batches == 16 // 4 for e in train)
+
+
+def test_a_stage_too_short_to_record_after_its_warm_up_opens_no_window(tmp_path, capfd):
+    # 6 validation batches: the default schedule (skip_first 5, warm-up 1) would warm up on the last batch and
+    # record none; torch then printed "disableProfiler called but no active profiling session" (C++, stderr),
+    # twice per fit in pytorch-forecasting, and the batch was lost to the epoch's times.
+    perf = PerfCallback(verbose=0)
+    model = TinyModel(n=64, batch_size=4, val_n=24)  # 16 training batches, 6 validation batches
+    trainer(tmp_path, [perf], limit_train_batches=16, num_sanity_val_steps=0).fit(model)
+    assert "disableProfiler called but no active profiling session" not in capfd.readouterr().err
+    validation = [e for e in perf.epochs if e.stage == "validate"]
+    assert validation and validation[0].profiled_batches == 0 and validation[0].batches == 6
+    assert window_names(perf, "validate") == []
