@@ -56,6 +56,9 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            its predicted saving.
         6. Where no change is predicted to help (workers would not pay, and no per-sample work is seen), the
            finding is ``info``: it says what was measured and what to check, not that something must change.
+        7. Where the windows show the DataLoader's own spans to be a small part of the step, the gap between
+           batches is Lightning's loop, the hooks and the batch's transfer, not data: the title says "between
+           batches, outside the DataLoader", the advice what else runs there, and it is at most a warning.
     """
     epoch = ctx.epoch
     fraction = epoch.data_wait_fraction
@@ -86,18 +89,27 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     evidence.append(loader_facts(facts))
     evidence.extend(loading_evidence(load, facts))
     per_sample = None if facts.shared_state else per_sample_loading(ctx, load.steady_wait())
-    advice = loader_advice(ctx, load, elsewhere=bool(ctx.windows) and best is None and per_sample is None)
+    elsewhere = bool(ctx.windows) and best is None and per_sample is None
+    advice = loader_advice(ctx, load, elsewhere=elsewhere)
     lines = advice.lines
+    title = f"{stage_name(ctx.stage)} waits for data {percent(fraction)} of the time"
     if per_sample is not None:
         evidence.append(per_sample_evidence(per_sample))
         lines = [per_sample_advice(per_sample, epoch.measured_batches), *(lines if advice.predicted_gain else [])]
+    elif elsewhere:
+        # The windows show the DataLoader is a small part of the gap between batches: what was measured is the
+        # time between batches (Lightning's loop, hooks, the batch's transfer), not data (Notes 7).
+        title = (
+            f"{stage_name(ctx.stage)} spends {percent(fraction)} of each step between batches, outside the DataLoader"
+        )
+        severity = "warning" if severity == "critical" else severity
     elif not advice.predicted_gain:
         severity = "info"
     return finding(
         ctx,
         "dataloader_bound",
         severity,
-        f"{stage_name(ctx.stage)} waits for data {percent(fraction)} of the time",
+        title,
         evidence,
         lines,
         per_sample.window if per_sample is not None else best[0] if best else None,
