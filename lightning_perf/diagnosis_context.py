@@ -64,6 +64,7 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         peak_flops=run.get("peak_flops"),
         epochs=run.get("max_epochs"),  # a validate, test or predict call plans 1
         compiled_modules=run.get("compiled_modules"),
+        val_check_steps=run.get("val_check_steps"),
         optimizer=(run.get("optimizer") or {}).get("class"),
         optimizer_fused=(run.get("optimizer") or {}).get("fused"),
         optimizer_fusable=(run.get("optimizer") or {}).get("fusable"),
@@ -83,6 +84,7 @@ def epoch_context(
     ranks: Sequence[RankSummary] = (),
     compile: CompileStats | None = None,
     evidence_batches: int = EVIDENCE_BATCHES,
+    fit_seconds: tuple[float, float] | None = None,
 ) -> StageEpoch:
     """A measured stage epoch, as the rules see it: an epoch of fewer than ``evidence_batches`` measured batches
     is judged together with the latest epochs of ``history`` (:func:`~lightning_perf.summarize.steps.pool_epochs`)
@@ -102,6 +104,8 @@ def epoch_context(
             own work per step is what the cross-rank rules compare.
         compile: What ``torch.compile`` did during the epoch, when the run compiled anything.
         evidence_batches: The measured batches the rules judge at the least (``Thresholds.evidence_batches``).
+        fit_seconds: For a training epoch, the training and the validation step time of the fit so far, this
+            epoch included (``validation_heavy`` judges the fit's share).
 
     Example::
 
@@ -121,6 +125,7 @@ def epoch_context(
         ),
         rank_step_times=rank_work_times(ranks) or None,
         compile=compile,
+        fit_seconds=fit_seconds,
     )
 
 

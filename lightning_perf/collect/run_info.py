@@ -44,6 +44,7 @@ def run_info(trainer: pl.Trainer) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),  # "high"/"medium": TF32 matmuls
         "max_epochs": planned_epochs(trainer),
+        "val_check_steps": val_check_steps(trainer),
         "compiled_modules": compile_requested(trainer.lightning_module),  # `.compile()` called on them
         "dataloaders": {},
     }
@@ -79,6 +80,15 @@ def lightning_package(trainer: Any) -> tuple[str, str]:
     if not isinstance(version, str):
         return "lightning", lightning.__version__
     return package, version
+
+
+def val_check_steps(trainer: Any) -> int | None:
+    """N where validation runs every N training batches across epochs (``Trainer(val_check_interval=N,
+    check_val_every_n_epoch=None)``), else ``None`` (per epoch, or a fraction of one)."""
+    interval = getattr(trainer, "val_check_interval", None)
+    if getattr(trainer, "check_val_every_n_epoch", 1) is None and isinstance(interval, int) and interval > 0:
+        return interval
+    return None
 
 
 def planned_epochs(trainer: pl.Trainer) -> int | None:

@@ -37,6 +37,7 @@ class RunFacts:
     shared_state: str | None = None  # what the dataset shares with the LightningModule, described
     epochs: int | None = None  # epochs of this stage the run does (1 for a validate/test/predict call)
     peak_flops: float | None = None  # the device's dense peak FLOP/s for the run's dtype (table or option)
+    val_check_steps: int | None = None  # validation runs every N training batches, across epochs (step-based)
     optimizer: str | None = None  # the first optimizer's class name
     optimizer_fused: bool | None = None  # it was built with fused=True (False: not; None: unknown or no such option)
     optimizer_fusable: bool | None = None  # a torch optimizer with a fused implementation (Adam, AdamW, SGD, Adagrad)
@@ -60,6 +61,8 @@ class StageEpoch:
             rank's, so the slow rank is the one that waits least).
         compile: What ``torch.compile`` did during the epoch; ``None`` when nothing compiled in the run so far
             (or torch could not tell).
+        fit_seconds: For a training epoch, the training and validation step time of the fit so far (this epoch
+            included); ``None`` where unknown.
     """
 
     epoch: EpochSummary
@@ -70,6 +73,7 @@ class StageEpoch:
     facts: RunFacts = field(default_factory=RunFacts)
     rank_step_times: Mapping[int, float] | None = None
     compile: CompileStats | None = None
+    fit_seconds: tuple[float, float] | None = None
 
     @property
     def stage(self) -> str:

@@ -137,39 +137,59 @@ def validation_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     """Validation takes a large share of a training epoch.
 
     Notes:
-        1. Only for a training epoch: the step time of the validation runs during it / (its own step time +
-           theirs), each over all its batches at the mean of those measured (a profiled batch, or one that
-           compiled, is not: :func:`epoch_time`).
+        1. Only for a training epoch with validation runs: the validation step time / (training + validation),
+           over the fit so far where known (``StageEpoch.fit_seconds``: validation that runs every N steps across
+           one-batch epochs lands in a few epochs, and is a small share of the fit), else over the epoch; each
+           epoch over all its batches at the mean of those measured (:func:`epoch_time`).
+        3. Advice names the step-based setting (``val_check_interval`` with ``check_val_every_n_epoch=None``)
+           where validation runs every N training batches.
         2. Fires, as a warning, at ``validation`` when validation also takes ``validation_min_time`` or more.
     """
     if ctx.stage != "train" or not ctx.validation:
         return None
-    val = sum(epoch_time(v) for v in ctx.validation)
-    train = epoch_time(ctx.epoch)
+    facts = ctx.facts
+    runs = len(ctx.validation)
+    batches = sum(v.batches for v in ctx.validation)
+    if ctx.fit_seconds is not None:
+        train, val = ctx.fit_seconds
+        scope = "the fit so far"
+    else:
+        val = sum(epoch_time(v) for v in ctx.validation)
+        train = epoch_time(ctx.epoch)
+        scope = "the epoch"
     total = train + val
     if total <= 0 or not reaches(val / total, t.validation) or not reaches(val, t.validation_min_time):
         return None
     fraction = val / total
-    runs = len(ctx.validation)
-    batches = sum(v.batches for v in ctx.validation)
     evidence = [
-        f"validation {percent(fraction)} of the epoch's step time"
-        f" ({seconds(val)} in {runs} run{'s' if runs > 1 else ''}"
-        f" of {batches} batches, training {seconds(train)}) (warning >= {limit(t.validation)} and"
-        f" >= {seconds(t.validation_min_time)} per epoch)"
+        f"validation {percent(fraction)} of {scope}'s step time ({seconds(val)}, training {seconds(train)});"
+        f" this epoch {runs} run{'s' if runs > 1 else ''} of {batches} batches"
+        f" (warning >= {limit(t.validation)} and >= {seconds(t.validation_min_time)})"
     ]
-    advice = [
-        "Validate less or faster: `Trainer(limit_val_batches=0.25)` uses a quarter of the validation set,"
-        " `check_val_every_n_epoch=N` validates every N epochs"
-        + (f", and a larger `val_check_interval` runs fewer than the {runs} validations per epoch" if runs > 1 else "")
-        + ". A larger validation `batch_size` (no gradients or optimizer state need memory) makes each batch"
-        " cheaper; Lightning already runs validation under `torch.inference_mode()`."
-    ]
+    if facts.val_check_steps:
+        advice = [
+            f"Validation runs every {facts.val_check_steps} training batches"
+            " (`Trainer(val_check_interval=..., check_val_every_n_epoch=None)`): a larger `val_check_interval`"
+            " validates less often, and `limit_val_batches=0.25` uses a quarter of the validation set. A larger"
+            " validation `batch_size` (no gradients or optimizer state need memory) makes each batch cheaper."
+        ]
+    else:
+        advice = [
+            "Validate less or faster: `Trainer(limit_val_batches=0.25)` uses a quarter of the validation set,"
+            " `check_val_every_n_epoch=N` validates every N epochs"
+            + (
+                f", and a larger `val_check_interval` runs fewer than the {runs} validations per epoch"
+                if runs > 1
+                else ""
+            )
+            + ". A larger validation `batch_size` (no gradients or optimizer state need memory) makes each batch"
+            " cheaper; Lightning already runs validation under `torch.inference_mode()`."
+        ]
     return finding(
         ctx,
         "validation_heavy",
         "warning",
-        f"Validation takes {percent(fraction)} of each training epoch",
+        f"Validation takes {percent(fraction)} of {'the fit' if ctx.fit_seconds else 'each training epoch'}",
         evidence,
         advice,
     )

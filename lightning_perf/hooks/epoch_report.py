@@ -33,6 +33,7 @@ from lightning_perf.collect.steps import StepClock
 from lightning_perf.config import STAGES, PerfConfig
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
+from lightning_perf.diagnose.rules_step import epoch_time
 from lightning_perf.diagnosis_context import epoch_context, run_facts
 from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
@@ -124,6 +125,7 @@ class EpochReporter:
         self._policy = policy
         self._shown = ShownFindings()
         self._validation_in_train_epoch: list[EpochSummary] = []
+        self._fit_seconds = (0.0, 0.0)  # training and validation step time over the fits so far
         self._report: ReportFile | None = None  # on rank zero, from the first write on
         self.flops = FlopCounting(batch_size)  # the training batches' FLOP counts, per sample as the epoch counts them
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
@@ -393,8 +395,14 @@ class EpochReporter:
         if stage == "validate" and trainer.state.fn == TrainerFn.FITTING:
             self._validation_in_train_epoch.append(summary)
         validation: tuple[EpochSummary, ...] = ()
+        fit_seconds = None
         if stage == "train":
             validation, self._validation_in_train_epoch = tuple(self._validation_in_train_epoch), []
+            train_s, val_s = self._fit_seconds
+            fit_seconds = self._fit_seconds = (
+                train_s + epoch_time(summary),
+                val_s + sum(epoch_time(v) for v in validation),
+            )
         context = epoch_context(
             summary,
             history=tuple(st.history),
@@ -407,6 +415,7 @@ class EpochReporter:
             ranks=ranks,
             compile=self.compile_stats.get((stage, summary.epoch)),
             evidence_batches=self.config.thresholds.evidence_batches,
+            fit_seconds=fit_seconds,
         )
         findings = diagnose(context, self.config.thresholds, on_error=self._policy.rule_failed)
         self.findings_by_epoch[(stage, summary.epoch)] = findings

@@ -757,9 +757,25 @@ def test_validation_heavy_counts_every_validation_run_of_the_epoch():
     runs = tuple(epoch(stage="validate", epoch=i, step_time=0.5, batches=20) for i in range(3))
     f = run("validation_heavy", ctx(epoch(step_time=1.0), validation=runs))
     assert f.title == "Validation takes 60% of each training epoch"
-    assert "1.50 s in 3 runs of 60 batches" in f.evidence and "(warning >= 30% and >= 0.10 s per epoch)" in f.evidence
+    assert "validation 60% of the epoch's step time (1.50 s, training 1.00 s); this epoch 3 runs of 60 batches" in (
+        f.evidence
+    )
     assert "limit_val_batches" in f.advice and "check_val_every_n_epoch" in f.advice
     assert "val_check_interval" in f.advice  # several runs per epoch
+
+
+def test_validation_heavy_judges_the_fit_and_names_step_based_validation():
+    # Validation every 100 steps across one-batch epochs: one epoch holds a whole run (49% of that epoch), the
+    # fit so far 5%: no finding.
+    one_run = (epoch(stage="validate", step_time=0.96, batches=20),)
+    one_batch = epoch(step_time=1.0, batches=1)
+    step_based = facts(val_check_steps=100)
+    assert run("validation_heavy", ctx(one_batch, validation=one_run, facts=step_based)) is not None  # per epoch
+    fit = ctx(one_batch, validation=one_run, facts=step_based, fit_seconds=(19.0, 0.96))
+    assert run("validation_heavy", fit) is None
+    heavy = run("validation_heavy", ctx(one_batch, validation=one_run, facts=step_based, fit_seconds=(1.0, 0.96)))
+    assert heavy.title == "Validation takes 48% of the fit" and "the fit so far's step time" in heavy.evidence
+    assert "every 100 training batches" in heavy.advice and "validates every N epochs" not in heavy.advice
 
 
 def test_validation_heavy_is_for_training_epochs_only():
