@@ -12,6 +12,7 @@ its hooks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections import deque
 from collections.abc import Mapping
@@ -372,7 +373,8 @@ class EpochReporter:
             return
         if self._report is None or self._report.path != path:
             source = os.path.dirname(os.path.abspath(path))
-            self._report = ReportFile(path, page=(page_path(path), lambda data: run_page(data, source=source)))
+            # A partial of a module's function, not a lambda: the callback pickles (libraries save it).
+            self._report = ReportFile(path, page=(page_path(path), functools.partial(run_page, source=source)))
         if now:
             self._report.write(self.report())
         else:

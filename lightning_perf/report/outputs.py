@@ -114,6 +114,11 @@ class Outputs:
         elif self._own is not None:
             self._own.flush()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (deep-copied or pickled by a library, with the callback) has no open event file: it opens its
+        # own at its first write.
+        return {**self.__dict__, "_own": None}
+
     def close(self) -> None:
         if self._own is not None:
             self._own.close()
