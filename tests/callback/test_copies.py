@@ -68,3 +68,37 @@ def test_a_callback_pickles_during_a_run_without_its_open_event_file(tmp_path):
     trainer(tmp_path, [perf, pickler], max_epochs=2, logger=False).fit(TinyModel(n=24))
     assert len(pickler.sizes) == 2
     assert len(perf.windows) == 4  # the run went on: the copies took nothing from it
+
+
+def test_a_loop_of_short_predict_calls_writes_one_small_report_per_call(tmp_path, monkeypatch):
+    # A forecasting library: one predict per forecast, each in a new Trainer given a deep copy of the user's
+    # callbacks. 2 batches per call: too few for the default schedule's window.
+    from lightning_perf.report import json_report
+
+    writes: list[str] = []
+    write = json_report.write_json_atomically
+    monkeypatch.setattr(
+        json_report, "write_json_atomically", lambda data, path: (writes.append(path), write(data, path))
+    )
+    perf, model = PerfCallback(verbose=0), TinyModel(n=8)
+    used = []
+    for call in range(3):
+        used.append(copy.deepcopy(perf))
+        trainer(tmp_path / str(call), [used[-1]], log_every_n_steps=50).predict(model)  # the default
+    for copied in used:
+        assert copied.windows == [] and len(copied.epochs) == 1
+        with open(copied.page_path, encoding="utf-8") as f:
+            page = f.read()
+        assert len(page) < 200_000 and "plotly" not in page.lower()  # no Plotly (4.6 MiB) on a page
+        assert "No charts on this page" in page
+        assert sorted(os.listdir(copied.dirpath)) == ["perf_report.json", "report.html"]  # no event file of ours
+    assert writes == [c.report_path for c in used]  # once per call, at its end
+    assert perf.report_path is None  # the user's own instance never ran: the results are in the copies
+
+
+def test_a_predict_call_with_a_window_gets_its_charts(tmp_path):
+    perf = PerfCallback(schedule=WINDOW_2, verbose=0)
+    trainer(tmp_path, [perf]).predict(TinyModel(n=24))
+    assert len(perf.windows) == 1
+    with open(perf.page_path, encoding="utf-8") as f:
+        assert 'class="plotly-graph-div"' in f.read()
