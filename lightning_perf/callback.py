@@ -279,21 +279,28 @@ class PerfCallback(StageHooks):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._end(trainer, wait=WAIT_SECONDS)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Interrupted (an exception, Ctrl-C, SIGTERM): save what is open, so the traces and the report stay valid.
+        # Lightning calls no callback's teardown after this: the call ends here too.
+        self._end(trainer, wait=EXCEPTION_WAIT_SECONDS, interrupted=True)
+
+    def _end(self, trainer: pl.Trainer, *, wait: float, interrupted: bool = False) -> None:
+        """A Trainer call ends: what was installed comes off, what is open is saved, what is pending written (at
+        most ``wait`` s for the ranks), and the console says where the call's windows and report are."""
         self._policy.safely(None, self._loop_timer.uninstall)
         self._policy.safely(None, self._epochs.compile.uninstall)
-        self._end(trainer, wait=WAIT_SECONDS)
-        self._epochs.close_outputs()
+        self._save_all(trainer, wait=wait, interrupted=interrupted)
+        self._policy.safely(None, self._epochs.close_outputs)
         windows = max(len(self.windows) - self._windows_at_setup, 0)
         if message := where_to_look(windows, self.dirpath, self.tensorboard_logdir, self.page_path):
             rank_zero_info(message)
 
-    @override
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        # Interrupted (an exception, Ctrl-C): save what is open, so the traces and the report stay valid.
-        self._end(trainer, wait=EXCEPTION_WAIT_SECONDS, interrupted=True)
-
-    def _end(self, trainer: pl.Trainer, *, wait: float, interrupted: bool = False) -> None:
-        """A Trainer call ends: what is open is saved, what is pending written, at most ``wait`` s for the ranks."""
+    def _save_all(self, trainer: pl.Trainer, *, wait: float, interrupted: bool) -> None:
+        """Saves the open window, publishes the staged traces, summarizes the epochs an interruption stopped,
+        and writes the report."""
         stage = self._control.open.stage if self._control.open is not None else None
         self._flops.cancel()
         self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.close(shortened=True)))

@@ -70,6 +70,11 @@ class LoopStartTimer:
                 delattr(loop, method)
         self._installed = []
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (a library pickles or deep-copies the callback during a run) holds none of the trainer's loops:
+        # the wrappers installed are the original's, and the copy installs its own at its setup.
+        return {**self.__dict__, "_installed": []}
+
     def take(self, stage: str) -> float:
         """The seconds spent for ``stage`` since the last call, and forgets them."""
         return self._seconds.pop(stage, 0.0)

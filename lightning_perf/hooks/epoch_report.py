@@ -12,6 +12,7 @@ its hooks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections import deque
 from collections.abc import Mapping
@@ -54,6 +55,13 @@ from lightning_perf.summarize.steps import step_split, summarize_epoch
 HISTORY_EPOCHS = 32
 FINDINGS_TAG = "perf/findings/{stage}"
 RANKS_TAG = "perf/ranks/{stage}"
+
+
+def draw_page(report: Mapping[str, Any], *, source: str) -> str:
+    """The run's page beside its report: with its charts once the run has a profiler window; without them
+    (no Plotly: tens of kB, not megabytes) before, so that a loop of short window-less Trainer calls leaves
+    small pages (:func:`~lightning_perf.report.html.run_page`)."""
+    return run_page(report, source=source, charts=bool(report.get("windows")))
 
 
 def stage_step(stage: str, trainer: pl.Trainer, total_batches: int) -> int:
@@ -156,9 +164,9 @@ class EpochReporter:
         self.windows.append(record)
 
     def close_outputs(self) -> None:
-        """Flushes and closes what :attr:`outputs` opened (at the end of a Trainer call)."""
+        """Closes what :attr:`outputs` opened (at the end of a Trainer call). The loggers are Lightning's to
+        flush: it finalizes (and so saves) each of them right after the callbacks' teardown."""
         if self.outputs is not None:
-            self.outputs.flush()
             self.outputs.close()
 
     def window_summaries(self, stage: str, epoch: int) -> tuple[TraceSummary, ...]:
@@ -200,6 +208,7 @@ class EpochReporter:
             loss=None if loss is None else float(loss),  # the one device sync, at the logging cadence only
         )
         if self.outputs is not None:
+            self.outputs.write_layout()  # the first time: the charts of these scalars
             self.outputs.log_scalars(
                 metrics,
                 stage_step(stage, trainer, st.total_batches),
@@ -338,7 +347,9 @@ class EpochReporter:
             )
             if message:
                 rank_zero_info(message)
-        self.write_report(trainer, now=not st.history)  # a stage's first epoch, at once; then on the budget
+        if trainer.state.fn == TrainerFn.FITTING:  # a stage's first epoch, at once; then on the budget
+            self.write_report(trainer, now=not st.history)
+        # (validate, test and predict run one epoch of their stage: their Trainer call's end writes the report)
 
     def _keep_step_split(self, summary: EpochSummary) -> None:
         """Keeps the epoch's per-batch step split for the report, and drops the stage's earlier ones that the
@@ -377,7 +388,8 @@ class EpochReporter:
             return
         if self._report is None or self._report.path != path:
             source = os.path.dirname(os.path.abspath(path))
-            self._report = ReportFile(path, page=(page_path(path), lambda data: run_page(data, source=source)))
+            # A partial of a module's function, not a lambda: the callback pickles (libraries save it).
+            self._report = ReportFile(path, page=(page_path(path), functools.partial(draw_page, source=source)))
         if now:
             self._report.write(self.report())
         else:

@@ -107,10 +107,9 @@ def output_places(
         trainer.loggers,
         tensorboards=[lg for lg in trainer.loggers if isinstance(lg, tensorboard)],
         fallback_dir=dirpath,
+        layout=charts_layout(stages) if stages else None,  # written with the first per-batch scalars
     )
     outputs.prepare()  # not inside the first window's close: opening a writer takes tens of ms
-    if stages:
-        outputs.add_layout(charts_layout(stages))
     return OutputPlaces(
         dirpath=dirpath,
         report_file=report_file,

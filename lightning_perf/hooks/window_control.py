@@ -75,6 +75,35 @@ class WindowToSave:
     recorded: Sequence[int]
 
 
+# How far either way the batches a window was planned to record are looked for (a window plans a few).
+PLAN_REACH = 100_000
+
+
+def planned_batches(plan: WindowPlan, first: int, last: int) -> tuple[int, int]:
+    """The first and last batch the window that recorded ``first`` to ``last`` was planned to record, in an
+    epoch of unknown length (an epoch's end cuts a window short of them)."""
+    start = first
+    while start > 0 and first - start < PLAN_REACH and plan.action(start - 1) is Action.RECORD:
+        start -= 1
+    end = last
+    while end - last < PLAN_REACH and plan.action(end) is Action.RECORD:
+        end += 1
+    return start, end if plan.action(end) is Action.RECORD_AND_SAVE else max(end - 1, last)
+
+
+def _cut_short(stage: str, planned: tuple[int, int], recorded: Sequence[int], stopped_in: bool) -> str:
+    """The warning for a window cut short: what it was planned to record, what it did, and whether the run
+    stopped inside its last batch (an exception, Ctrl-C)."""
+    whole = recorded[:-1] if stopped_in else recorded
+    held = [f"batches {whole[0]}-{whole[-1]}" if len(whole) > 1 else f"batch {whole[0]}"] if whole else []
+    if stopped_in:
+        held.append(f"batch {recorded[-1]} up to where the run stopped in it")
+    return (
+        f"PerfCallback: a {stage} window was cut short by the end of its epoch or of the run: of its planned"
+        f" batches {planned[0]}-{planned[1]}, it recorded {' and '.join(held)}; its trace is saved as it is."
+    )
+
+
 class WindowControl:
     """Plans, opens, pauses and closes the profiler windows of every stage, one at a time.
 
@@ -246,11 +275,11 @@ class WindowControl:
             pos.windows_used -= 1
             return None
         if shortened:
-            self._warn(
-                f"shortened:{open_.stage}",
-                f"PerfCallback: a {open_.stage} window was cut short by the end of its epoch or of the run"
-                f" (recorded batches {recorded[0]}-{recorded[-1]}); its trace is saved as it is.",
-            )
+            planned = planned_batches(self.plan, recorded[0], recorded[-1])
+            stopped_in = recorded[-1] == pos.batch  # the batch's end never came: the run stopped inside it
+            shortened = stopped_in or recorded[-1] < planned[1]  # else it recorded all it planned, whole
+            if shortened:
+                self._warn(f"shortened:{open_.stage}", _cut_short(open_.stage, planned, recorded, stopped_in))
         pos.windows_this_epoch += 1
         return WindowToSave(open=open_, shortened=shortened, recorded=recorded)
 

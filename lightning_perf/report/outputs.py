@@ -18,9 +18,10 @@ Where our scalars, text and images go.
 - Text (operator tables, findings) goes to the run's TensorBoard logger, so that one ``tensorboard --logdir``
   shows a run's scalars, tables and traces together.
 - The Custom Scalars dashboard's layout (:func:`~lightning_perf.report.metrics.charts_layout`: our charts of
-  several series, such as a batch's step time with its data wait and compute) goes to an event file of its
-  own in the output directory, which TensorBoard reads as a run of its own: TensorBoard merges the layouts
-  of all runs, and a layout the user's code writes to its own run is left as it is.
+  several series, such as a batch's step time with its data wait and compute) goes, with a Trainer call's
+  first per-batch scalars, to an event file of its own in the output directory, which TensorBoard reads as a
+  run of its own: TensorBoard merges the layouts of all runs, and a layout the user's code writes to its own
+  run is left as it is.
 - Without a TensorBoard logger (a ``CSVLogger`` only, or ``logger=False``), all of it also goes to an event
   file of our own in the output directory, on the per-stage axes.
 
@@ -43,10 +44,19 @@ class Outputs:
         tensorboards: Those of ``loggers`` that keep a step axis per series (the TensorBoard loggers); the
             first of them also gets our text and images.
         fallback_dir: Where our own event file goes when there is no TensorBoard logger.
+        layout: The Custom Scalars layout :meth:`write_layout` writes.
     """
 
-    def __init__(self, loggers: Sequence[Any], *, tensorboards: Sequence[Any], fallback_dir: str) -> None:
+    def __init__(
+        self,
+        loggers: Sequence[Any],
+        *,
+        tensorboards: Sequence[Any],
+        fallback_dir: str,
+        layout: Mapping[str, Any] | None = None,
+    ) -> None:
         self._loggers = list(loggers)
+        self._layout = layout
         self._tensorboards = list(tensorboards)
         self._single_axis = [lg for lg in loggers if all(lg is not tb for tb in tensorboards)]
         self._tensorboard = self._tensorboards[0] if self._tensorboards else None
@@ -106,6 +116,15 @@ class Outputs:
             writer.add_custom_scalars(dict(layout))
 
     @rank_zero_only
+    def write_layout(self) -> None:
+        """Writes the layout given at construction (:meth:`add_layout`), the first time only: with the first
+        per-batch scalars its charts draw, so that a short Trainer call that logs none (a predict call of a
+        few batches) opens no event file for it."""
+        if self._layout is not None:
+            layout, self._layout = self._layout, None
+            self.add_layout(layout)
+
+    @rank_zero_only
     def flush(self) -> None:
         for logger in self._loggers:
             logger.save()
@@ -113,6 +132,11 @@ class Outputs:
             self._tensorboard.experiment.flush()
         elif self._own is not None:
             self._own.flush()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (deep-copied or pickled by a library, with the callback) has no open event file: it opens its
+        # own at its first write.
+        return {**self.__dict__, "_own": None}
 
     def close(self) -> None:
         if self._own is not None:

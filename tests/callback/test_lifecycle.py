@@ -10,6 +10,7 @@ import signal
 import pytest
 import torch
 from lightning.pytorch.trainer.states import TrainerStatus
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from kineto import events_in_step, load, op_names, steps
@@ -349,6 +350,24 @@ def test_a_keyboard_interrupt_in_training_step_inside_a_window(tmp_path):
     assert exit_info.value.code == 1
     assert t.state.status == TrainerStatus.INTERRUPTED
     _check_interrupted(callback, tmp_path)
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), SIGTERMException()], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_run_says_where_its_windows_and_report_are(tmp_path, caplog, error):
+    # Ctrl-C: Lightning exits (SystemExit(1)); SIGTERM: its handler raises SIGTERMException. Either way it calls
+    # on_exception and no callback's teardown.
+    callback = PerfCallback(schedule=WINDOW_3, stages=["train"], verbose=0)
+    t = trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=0)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        with caplog.at_level("INFO"), pytest.raises(SystemExit), pytest.warns(UserWarning, match="cut short"):
+            t.fit(RaisesInEpoch1(error, n=32))
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"lightning-perf: 2 profiler window(s) saved under {callback.dirpath}" in said
+    assert f"lightning-perf: report (opens offline in a browser): {callback.page_path}" in said
+    assert os.path.isfile(callback.page_path)
 
 
 def _window_dirs(perf: PerfCallback) -> set[str]:

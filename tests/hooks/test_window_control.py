@@ -291,7 +291,42 @@ def test_a_window_open_when_its_epoch_ends_is_saved_there_shortened_with_one_war
     run.epoch("train", 8, epoch=1)
     assert run.windows() == [(0, 3, 7), (1, 3, 7)]
     assert all(s.shortened for s in run.saved)
-    assert "cut short by the end of its epoch or of the run (recorded batches 3-7)" in run.warned["shortened:train"]
+    assert (
+        "cut short by the end of its epoch or of the run: of its planned batches 3-12, it recorded batches 3-7;"
+        in run.warned["shortened:train"]
+    )
+
+
+def _stop_inside(run: Driver, batch: int, *, num_batches: int = 16) -> None:
+    """Plays a train epoch up to ``batch``, which starts and never ends: the run stops inside it (an exception,
+    Ctrl-C), and the callback's ``on_exception`` closes the open window."""
+    control = run.control
+    control.epoch_start("train", num_batches, epoch=0)
+    run._save(control.before_batch("train", run))
+    for b in range(batch + 1):
+        if control.open is not None:
+            control.batch_started("train")
+        if b == batch:
+            break
+        if control.open is not None:
+            run._save(control.end_step("train"))
+        run._save(control.next_batch("train", run))
+    run._save(control.close(shortened=True))
+
+
+@pytest.mark.parametrize(
+    ("stop_in", "said"),
+    [
+        (4, "of its planned batches 2-4, it recorded batches 2-3 and batch 4 up to where the run stopped in it;"),
+        (3, "of its planned batches 2-4, it recorded batch 2 and batch 3 up to where the run stopped in it;"),
+        (2, "of its planned batches 2-4, it recorded batch 2 up to where the run stopped in it;"),
+    ],
+)
+def test_a_run_stopped_inside_a_window_says_what_it_planned_and_which_batch_it_stopped_in(stop_in, said):
+    run = Driver(schedule={"skip_first": 1, "warmup": 1, "active": 3})
+    _stop_inside(run, stop_in)
+    assert run.windows() == [(0, 2, stop_in)] and run.saved[0].shortened
+    assert said in run.warned["shortened:train"]
 
 
 def test_a_window_cut_by_its_epochs_end_is_saved_before_the_validation_run_at_that_end():

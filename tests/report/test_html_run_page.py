@@ -442,3 +442,16 @@ def test_a_real_run_s_page_in_a_browser(tmp_path):
     assert rendered.dom.count('<table class="sortable"><thead><tr><th class="">Operator</th>') == 4
     assert f"<title>{TITLE}</title>" in rendered.dom  # the label's script did not run
     assert "<script>document.title='pwned'</script>" in rendered.text  # shown as text, in the operator table
+
+
+def test_a_page_without_charts_keeps_every_table_and_finding_and_no_plotly(rich):
+    report, full = rich
+    page = run_page(report, source="/runs/demo/perf", charts=False)
+    assert figures_in(page) == {} and "plotly" not in page.lower()
+    assert len(page) < 200_000 < len(full)
+    assert "lightning-perf report RUN_DIR --html report.html" in page  # how to draw the charts
+    parsed, whole = Page(page), Page(full)
+    assert parsed.sections == whole.sections  # every window keeps its section: its numbers and operators
+    assert "Operator" in parsed.headers and set(parsed.headers) <= set(whole.headers)
+    assert re.findall(r'class="finding (\w+)"', page) == re.findall(r'class="finding (\w+)"', full)
+    assert_self_contained(page)

@@ -76,10 +76,14 @@ def _latest(stages: Mapping[str, Sequence[EpochSummary]]) -> str:
 
 
 def flops_html(
-    run: Mapping[str, Any], stages: Mapping[str, Sequence[EpochSummary]], *, rank_zero: bool = False
+    run: Mapping[str, Any],
+    stages: Mapping[str, Sequence[EpochSummary]],
+    *,
+    rank_zero: bool = False,
+    charts: bool = True,
 ) -> str | None:
     """The FLOPs and MFU section's body; ``None`` for a run whose FLOPs were not counted. ``rank_zero``: the
-    epochs are rank 0's, of a distributed run."""
+    epochs are rank 0's, of a distributed run; ``charts=False``: its tables only."""
     modules = report_top_modules(run)[:TOP_MODULES]
     figure = flops_figure(stages, rank_zero=rank_zero)
     latest, counted = _latest(stages), _counted(run)
@@ -94,12 +98,14 @@ def flops_html(
             " nor given as <code>peak_flops</code>): no MFU.</p>"
         )
     html += latest
-    if figure is not None:
+    if figure is not None and charts:
         html += chart(figure)
     html += counted
     if modules:
         rows = [[Cell(name), number_cell(part, percent(part, 1))] for name, part in modules]
-        bars = modules_figure(modules)
-        html += '<h3>Modules by FLOPs</h3><div class="grid">' + chart(bars, height=bars["layout"]["height"])
+        html += '<h3>Modules by FLOPs</h3><div class="grid">'
+        if charts:
+            bars = modules_figure(modules)
+            html += chart(bars, height=bars["layout"]["height"])
         html += table(["module", "share of the batch's FLOPs"], rows, sortable=True, numeric=[False, True]) + "</div>"
     return html

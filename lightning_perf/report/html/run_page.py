@@ -43,6 +43,13 @@ from lightning_perf.units import count, flops_rate, ms, percent
 
 TITLE = "lightning-perf run report"
 
+NO_CHARTS = (
+    '<p class="note">No charts on this page: the run recorded no profiler window, and the page of a run without'
+    " one is kept small (a loop of short Trainer calls writes one per call). <code>lightning-perf report RUN_DIR"
+    " --html report.html</code> draws them from <code>perf_report.json</code>.</p>"
+)
+"""The charts section of a page drawn without charts (``run_page(..., charts=False)``)."""
+
 MAX_BANNERS = 4
 """Interrupted epochs with a banner of their own (a run stops once; a resumed run may have a few)."""
 # The run's facts shown, in order: perf_report.json's run key, and its label.
@@ -208,13 +215,15 @@ def _stages(report: Mapping[str, Any]) -> dict[str, list[ReportEpoch]]:
     return dict(sorted(stages.items(), key=lambda item: order.get(item[0], len(order))))
 
 
-def run_page(report: Mapping[str, Any], *, source: str | None = None) -> str:
+def run_page(report: Mapping[str, Any], *, source: str | None = None, charts: bool = True) -> str:
     """The HTML page of a run's report.
 
     Args:
         report: ``perf_report.json``'s content, as :func:`lightning_perf.readers.load_report` returns it or
             :func:`lightning_perf.report.json_report.report_dict` builds it.
         source: Where the report came from (its file or directory), shown in the page's header.
+        charts: Draw the charts (Plotly's JavaScript inline: about 4.6 MiB); ``False``: the tables and
+            findings only, with a note saying how to draw the charts (:data:`NO_CHARTS`), a page of tens of kB.
 
     Returns:
         The whole document, self-contained (see :mod:`lightning_perf.report.html.document`).
@@ -239,15 +248,15 @@ def run_page(report: Mapping[str, Any], *, source: str | None = None) -> str:
             f"Findings ({counts})" if counts else "Findings",
             findings_html(groups, anchors=anchors, latest_epochs=latest, clean="No bottleneck found in any epoch."),
         ),
-        Section("charts", "Charts", charts_html(stages, windows, world_size=world_size)),
+        Section("charts", "Charts", charts_html(stages, windows, world_size=world_size) if charts else NO_CHARTS),
         Section(
             "windows",
             f"Profiler windows ({len(windows)})",
-            windows_html(windows, findings, world_size=world_size),
+            windows_html(windows, findings, world_size=world_size, charts=charts),
         ),
     ]
     summaries = {stage: [e.summary for e in epochs] for stage, epochs in stages.items() if epochs}
-    if (flops := flops_html(run, summaries, rank_zero=world_size > 1)) is not None:
+    if (flops := flops_html(run, summaries, rank_zero=world_size > 1, charts=charts)) is not None:
         sections.append(Section("flops", "FLOPs and MFU", flops))
     if (compiled := compile_html(stages)) is not None:
         sections.append(Section("compile", "torch.compile", compiled))

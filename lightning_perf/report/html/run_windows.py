@@ -93,10 +93,12 @@ def _other_ranks(w: WindowRecord, world_size: int) -> str:
     )
 
 
-def windows_html(windows: Sequence[WindowRecord], findings: Sequence[Finding], *, world_size: int = 1) -> str:
+def windows_html(
+    windows: Sequence[WindowRecord], findings: Sequence[Finding], *, world_size: int = 1, charts: bool = True
+) -> str:
     """The windows section's body: their table, then a section per window :func:`shown_windows`, listing the
     titles of the ``findings`` that name it; in a distributed run (``world_size`` above 1), where the other
-    ranks' traces are."""
+    ranks' traces are; ``charts=False``: no step breakdown chart (its table stays)."""
     if not windows:
         return (
             '<p class="note">No profiler window was recorded (<code>max_windows=0</code>, stages too short for'
@@ -120,6 +122,7 @@ def windows_html(windows: Sequence[WindowRecord], findings: Sequence[Finding], *
             device=w.device,
             trace_path=w.trace_path,
             chart_title=f"{_title(w)}: step breakdown",
+            with_chart=charts,
             facts=_facts(w),
             findings=(_other_ranks(w, world_size) if world_size > 1 else "")
             + (f'<p>Findings this window shows (<a href="#findings">above</a>):</p><ul>{listed}</ul>' * bool(listed)),
