@@ -275,7 +275,7 @@ class PerfCallback(StageHooks):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The optimizers exist from here (configured after setup): optimizer_heavy advises what would change.
-        self._policy.safely(None, lambda: self._epochs.run_info.update(optimizer=optimizer_info(trainer)))
+        self._policy.safely(None, lambda: self._epochs.run_info.update(optimizer_info=optimizer_info(trainer)))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -65,9 +65,9 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         epochs=run.get("max_epochs"),  # a validate, test or predict call plans 1
         compiled_modules=run.get("compiled_modules"),
         val_check_steps=run.get("val_check_steps"),
-        optimizer=(run.get("optimizer") or {}).get("class"),
-        optimizer_fused=(run.get("optimizer") or {}).get("fused"),
-        optimizer_fusable=(run.get("optimizer") or {}).get("fusable"),
+        optimizer=(run.get("optimizer_info") or {}).get("class"),
+        optimizer_fused=(run.get("optimizer_info") or {}).get("fused"),
+        optimizer_fusable=(run.get("optimizer_info") or {}).get("fusable"),
     )
 
 

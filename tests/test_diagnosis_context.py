@@ -49,7 +49,7 @@ RUN = {
     "cpu_count": 12,
     "cpu_quota": 6.5,
     "val_check_steps": 100,
-    "optimizer": {"class": "SGD", "fused": False, "foreach": None, "fusable": True},
+    "optimizer_info": {"class": "SGD", "fused": False, "foreach": None, "fusable": True},
     "torch_threads": 6,
     "max_epochs": 7,
     "peak_flops": 312e12,
