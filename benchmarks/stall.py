@@ -6,7 +6,7 @@ How long ``PerfCallback`` holds the training thread at the two moments it does r
 window closes (stop the profiler, torch's trace export: ``WindowRecord.close_seconds``; the rewrite, the
 operator table and the trace summary follow on a background thread) and at an epoch's end (waiting for that
 thread if it is still busy, epoch summary, the bottleneck rules, TensorBoard text and image,
-``perf_report.json``). ``benchmarks/close_stall.py`` measures the window close on a realistic model, next to
+``perf_report.json``). ``benchmarks/window_cost.py`` measures the window close on a realistic model, next to
 Lightning's ``PyTorchProfiler``.
 
 Run it from the repository root::

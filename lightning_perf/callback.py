@@ -6,7 +6,8 @@ Scheduled ``torch.profiler`` windows for every stage of a Lightning run, with tr
 PyTorch Profiler tab, Perfetto and Holistic Trace Analysis read, and operator tables in TensorBoard.
 
 The callback is Lightning's hooks, the wiring between the units that do the work (:mod:`lightning_perf.hooks`
-lists them) and the error policy.
+lists them) and the error policy; what it has measured is read back through :class:`~lightning_perf.hooks.
+results_view.ResultsView`.
 """
 
 from __future__ import annotations
@@ -33,22 +34,21 @@ from lightning_perf.config import (
     Stage,
     schedule_warning,
 )
-from lightning_perf.diagnose.model import Finding
 from lightning_perf.hooks import run_state
 from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.flop_count import run_peak_flops
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
 from lightning_perf.hooks.rank_staging import RankStaging
+from lightning_perf.hooks.results_view import ResultsView
 from lightning_perf.hooks.run_setup import charted_stages, output_places, refuse_other_profilers, where_to_look
 from lightning_perf.hooks.stage_hooks import StageHooks
 from lightning_perf.hooks.window_control import WindowControl
-from lightning_perf.layout import page_path
-from lightning_perf.records import EpochSummary, WindowRecord
+from lightning_perf.records import EpochSummary
 from lightning_perf.schedule import make_plan
 
 
-class PerfCallback(StageHooks):
+class PerfCallback(StageHooks, ResultsView):
     r"""Profiles chosen batches of each stage and logs what they show.
 
     Outside its windows the callback does two clock reads, a batch-size lookup, a few list appends and
@@ -188,41 +188,6 @@ class PerfCallback(StageHooks):
         self._state_key: str | None = None
         self.dirpath: str | None = None
         self.tensorboard_logdir: str | None = None
-
-    @property
-    def windows(self) -> list[WindowRecord]:
-        """Every window saved so far in this process, in order."""
-        return self._epochs.windows
-
-    @property
-    def epochs(self) -> list[EpochSummary]:
-        """Every stage epoch measured so far in this process, in order."""
-        return self._epochs.epochs
-
-    @property
-    def findings(self) -> list[Finding]:
-        """The findings of the latest stage epoch that ended (on rank zero)."""
-        return self._epochs.findings
-
-    @property
-    def report(self) -> dict[str, Any]:
-        """Everything measured so far, as written to ``perf_report.json`` (see README for the schema)."""
-        return self._epochs.report()
-
-    def findings_for(self, stage: str, epoch: int | None = None) -> list[Finding]:
-        """The findings of a stage's epoch, or of all its epochs (``epoch=None``), oldest first."""
-        return self._epochs.findings_for(stage, epoch)
-
-    @property
-    def report_path(self) -> str | None:
-        """Where ``perf_report.json`` goes: ``perf_report-1.json``, ... when another run's is already there;
-        ``None`` before setup, and under ``fast_dev_run`` (nothing is written)."""
-        return self._epochs.report_path
-
-    @property
-    def page_path(self) -> str | None:
-        """The run's HTML report, beside :attr:`report_path` (``report.html``); ``None`` where that is."""
-        return None if self._epochs.report_path is None else page_path(self._epochs.report_path)
 
     @property
     @override
@@ -369,17 +334,11 @@ class PerfCallback(StageHooks):
         closed = False
         if control.open is not None:
             try:
-                to_save = control.end_step(stage)
-                if to_save is not None:
-                    closed = True
-                    self._profiler_windows.save(to_save)
+                closed = self._profiler_windows.save(control.end_step(stage))
             except Exception as err:
                 self._policy.fail(stage, err)
         try:
-            to_save = control.next_batch(stage, trainer)
-            if to_save is not None:
-                closed = True
-                self._profiler_windows.save(to_save)
+            closed = self._profiler_windows.save(control.next_batch(stage, trainer)) or closed
         except Exception as err:
             self._policy.fail(stage, err)
         # What we did after the batch (logging, closing a window) is no part of the next batch's data wait; the

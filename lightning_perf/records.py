@@ -56,6 +56,9 @@ class WindowRecord:
             trace export. Writing the trace file, the tables and this record happen on a background thread.
         cuda_max_allocated, cuda_max_reserved: Peaks of the CUDA caching allocator while the window
             recorded, in bytes (``None`` without CUDA).
+        cpu_wait: Seconds the training thread waited for a CPU while the window recorded (a busy machine);
+            ``None`` where not measured (not Linux, reports written before it was).
+        cpu_time: Seconds the training thread ran on a CPU while the window recorded (``None``: not measured).
         operators: The window's operators, in no particular order.
         summary: What the window's trace shows, per step (the input of the trace-level rules).
     """
@@ -72,6 +75,8 @@ class WindowRecord:
     close_seconds: float = 0.0
     cuda_max_allocated: int | None = None
     cuda_max_reserved: int | None = None
+    cpu_wait: float | None = None
+    cpu_time: float | None = None
     operators: tuple[OperatorStat, ...] = field(default=(), repr=False)
     summary: TraceSummary | None = field(default=None, repr=False)
 
@@ -120,6 +125,9 @@ class EpochSummary:
         wall_time: Seconds from the epoch's start (the DataLoader's start-up included) to its end hook.
         cpu_wait_share: The share of ``wall_time`` the training process's main thread was ready to run but
             waited for a CPU: other threads or processes held the CPUs (a busy machine).
+        other_cpu_load: The CPUs' worth the machine's other processes used during ``wall_time`` (all CPU time
+            on the machine less this process's and its children's): near 0 on an idle machine, where a
+            ``cpu_wait_share`` is the run's own threads' doing.
         flops_per_batch: The FLOPs of one of the stage's batches, forward and backward, as counted on a batch
             of the run (``torch.utils.flop_counter``), per sample times the epoch's mean batch size; ``None``
             until a batch is counted (training only).
@@ -153,6 +161,7 @@ class EpochSummary:
     worker_cpu: float | None = None
     wall_time: float | None = None
     cpu_wait_share: float | None = None
+    other_cpu_load: float | None = None
     flops_per_batch: float | None = None
     flops_per_second: float | None = None
     mfu: float | None = None
@@ -220,6 +229,11 @@ class TraceSummary:
             it was measured).
         guard_time: Time in dynamo's guard checks before each compiled call (``TorchDynamo Cache Lookup``
             spans, any thread). ``None`` when the trace holds no such span.
+        cpu_wait_time: Time the training thread waited for a CPU while the window recorded, per step (not from
+            the trace: the window's ``WindowRecord.cpu_wait``); ``None`` for a trace alone.
+        idle_time: Time per step the training thread neither ran nor waited for a CPU (it slept, or waited on a
+            disk, the network, a lock): the step less its ``WindowRecord.cpu_time`` and ``cpu_wait`` per step;
+            ``None`` for a trace alone.
     """
 
     window: str
@@ -253,6 +267,8 @@ class TraceSummary:
     tensor_core_capable: bool | None = None
     compiled_time: float | None = None
     guard_time: float | None = None
+    cpu_wait_time: float | None = None
+    idle_time: float | None = None
 
 
 def share(part: float | None, window: TraceSummary) -> float | None:

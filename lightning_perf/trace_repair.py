@@ -17,7 +17,9 @@ valid trace costs nothing. Imports neither torch nor lightning.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from lightning_perf.validation import cut
 
@@ -107,6 +109,32 @@ def repair_json(data: bytes) -> Repair | None:
         first=repaired[0],
         defects=tuple(kind for kind, test in _DEFECTS if any(test(value) for value in repaired)),
     )
+
+
+T = TypeVar("T")
+
+
+def parse_or_repair(
+    data: bytes, parse: Callable[[bytes], T], invalid: type[Exception] | tuple[type[Exception], ...]
+) -> tuple[T, Repair | None]:
+    """``parse(data)``; where it raises ``invalid``, ``parse`` of :func:`repair_json`'s repaired text, with the
+    :class:`Repair`. The one way both readers of torch's exports (the window close's
+    :func:`~lightning_perf.traces.finish_trace` and :func:`~lightning_perf.readers.load_trace`) try the repair.
+
+    Raises:
+        The first error of ``parse``: the text is invalid and the repair does not make it valid (its line and
+        column are the file's own).
+    """
+    try:
+        return parse(data), None
+    except invalid as err:
+        repair = repair_json(data)
+        if repair is None:
+            raise
+        try:
+            return parse(repair.data), repair
+        except invalid:
+            raise err from None
 
 
 def _repaired_line(line: str) -> tuple[str, list[str]]:

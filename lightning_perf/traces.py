@@ -44,7 +44,7 @@ from typing import Any
 import msgspec
 
 from lightning_perf.layout import write_atomically
-from lightning_perf.trace_repair import repair_json
+from lightning_perf.trace_repair import parse_or_repair
 
 try:  # Intel's ISA-L (a dependency where it has wheels): gzip 2-3x (inflate) and 8x (fastest level) faster than zlib
     from isal import igzip, isal_zlib
@@ -220,18 +220,7 @@ def finish_trace(
         with open(export_path, "rb") as f:
             data = f.read()
         size = len(data)
-        repaired = None
-        try:
-            trace = _parsed(data)
-        except json.JSONDecodeError as err:
-            repair = repair_json(data)
-            if repair is None:
-                raise
-            try:
-                trace = _parsed(repair.data)
-            except json.JSONDecodeError:
-                raise err from None
-            repaired = repair.description
+        trace, repair = parse_or_repair(data, _parsed, json.JSONDecodeError)
         del data
         keep_steps(trace, steps)
         cut_to = None
@@ -242,7 +231,7 @@ def finish_trace(
         write_trace(trace, path)
     finally:
         os.remove(export_path)
-    return trace, cut_to, repaired
+    return trace, cut_to, repair.description if repair is not None else None
 
 
 def _parsed(data: bytes) -> Any:

@@ -4,21 +4,32 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+
+# Starts the burner and exits at once: the burner is then no child of the test's process (it is reparented),
+# as another user's program beside a run would be; the callback counts its own children's CPU as the run's.
+# (Its output goes nowhere: a burner holding the pipe would keep the reader waiting.)
+_DETACH = (
+    "import subprocess as s, sys; quiet = s.DEVNULL;"
+    " print(s.Popen([sys.executable, '-c', 'while True: pass'], stdin=quiet, stdout=quiet, stderr=quiet).pid)"
+)
 
 
 @contextlib.contextmanager
 def cpu_burners(n: int | None = None) -> Iterator[None]:
     """Runs ``n`` processes that spin on a CPU each (default: as many as this process may use), like
-    ``python -c "while True: pass"`` beside a run; they are killed when the block ends, whatever happens."""
+    ``python -c "while True: pass"`` started beside a run, not by it; they are killed when the block ends,
+    whatever happens."""
     count = n if n is not None else len(os.sched_getaffinity(0))
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    pids = []
     try:
+        for _ in range(count):
+            pids.append(int(subprocess.run([sys.executable, "-c", _DETACH], capture_output=True, check=True).stdout))
         yield
     finally:
-        for burner in burners:
-            burner.kill()
-        for burner in burners:
-            burner.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -20,12 +20,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, record_function
 
 from lightning_perf import traces
+from lightning_perf.collect.cpu import RunQueue
 from lightning_perf.collect.window import WindowState
 
 # Toggling only some activity kinds makes torch print a warning on every toggle; toggling all the kinds it
@@ -76,6 +78,15 @@ class ProfilerWindow:
         self._span: Any = None
         self._span_batch: int | None = None
         self.ran: set[int] = set()  # batches that really ran while the window recorded
+        self._run_queue = RunQueue()
+        self._queued_at: float | None = None
+        self._ran_at: float | None = None
+        #: Seconds the training thread waited for a CPU from the start of recording to the stop (a busy
+        #: machine); ``None`` where not measured (not Linux, or the window never recorded).
+        self.cpu_waited: float | None = None
+        #: Seconds the training thread ran on a CPU over the same time (``time.thread_time``); ``None``: it never
+        #: recorded.
+        self.cpu_ran: float | None = None
 
     @property
     def recorded(self) -> list[int]:
@@ -96,6 +107,8 @@ class ProfilerWindow:
         if self.state is WindowState.CREATED:
             self._profiler.prepare_trace()
         self._profiler.start_trace()
+        self._queued_at = self._run_queue()
+        self._ran_at = time.thread_time()
         self.state = WindowState.RECORDING
 
     def begin_step(self, batch: int) -> None:
@@ -144,6 +157,10 @@ class ProfilerWindow:
             for key, value in self._metadata.items():
                 self._profiler.add_metadata_json(key, json.dumps(value))
         self._profiler.stop_trace()
+        queued = self._run_queue() if self._queued_at is not None else None
+        self.cpu_waited = None if queued is None or self._queued_at is None else max(queued - self._queued_at, 0.0)
+        self.cpu_ran = None if self._ran_at is None else time.thread_time() - self._ran_at
+        self._run_queue.close()
         self.state = WindowState.STOPPED
 
     def export(self) -> str:

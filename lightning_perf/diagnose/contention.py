@@ -11,30 +11,34 @@ other CPU-bound processes it reached 50-90% of the epoch, and the other rules th
 ``dataloader_bound`` (critical) on an in-memory dataset, ``framework_overhead`` on a step with no hooks,
 ``step_time_unstable`` advising bucketing for fixed-size batches, ``optimizer_heavy`` on one fused kernel.
 
-So, from ``cpu_contention`` on (:func:`measured_while_busy`), the findings of the :data:`TIME_SHARE_RULES` are
-information only, their evidence opening with "measured while the machine was busy": the waiting may explain
-what they see, and no change to the program would remove it. One exception: ``dataloader_bound`` is judged on
-the part of the data wait spent off the CPU, neither running nor waiting for a CPU (the sampled waits' share
-the training process was not on or queued for a CPU, ``1 - EpochSummary.loading_cpu_share``: a dataset that
-sleeps, reads a disk or the network), which contention does not explain: where that part alone reaches
-``dataloader_warning``, the finding keeps a severity set by it, so that a real bottleneck is still found on a
-busy machine (measured: a dataset sleeping 2 ms per item beside two CPU burners on 2 CPUs waited 87% of the
-step, half of it off the CPU).
+So, from ``cpu_contention`` on (:func:`measured_while_busy`), the findings of the :data:`TIME_SHARE_RULES` that
+the waiting may explain (judged on CPU time, they would not fire: :func:`_explained`) are information only,
+their evidence opening with "measured while the machine was busy": no change to the program would remove it.
+Those that measure more (a callback that sleeps, a periodic stall) keep their severity.
+
+``dataloader_bound`` judges itself (in :mod:`~lightning_perf.diagnose.rules_data`, with :func:`busy_share` and
+:func:`busy_note`), on the part of the data wait spent off the CPU, neither running nor queued for a CPU
+(``1 - EpochSummary.loading_cpu_share`` of it: a dataset that sleeps, reads a disk or the network), which
+contention does not explain: where that part alone reaches ``dataloader_warning``, the finding keeps a severity
+set by it, so that a real bottleneck is still found on a busy machine (measured: a dataset sleeping 2 ms per
+item beside two CPU burners on 2 CPUs waited 87% of the step, half of it off the CPU).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
 from lightning_perf.diagnose.rule_helpers import cpus_per_process, finding, reaches, stage_name
 from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.records import TraceSummary
 from lightning_perf.units import percent, plural, seconds_or_ms
 
-# The rules whose measure is a share of host time that waiting for a CPU inflates.
+# The rules whose measure is a share of host time that waiting for a CPU inflates, and that do not judge on-CPU
+# time themselves (dataloader_bound does: lightning_perf.diagnose.rules_data).
 TIME_SHARE_RULES = frozenset(
-    {"dataloader_bound", "framework_overhead", "step_time_unstable", "optimizer_heavy", "launch_bound", "cpu_threads"}
+    {"framework_overhead", "step_time_unstable", "optimizer_heavy", "launch_bound", "cpu_threads"}
 )
 
 
@@ -48,7 +52,12 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         3. Evidence: the CPUs this process may use (affinity, cgroup quota) against the threads it runs (torch's
            intra-op threads on a CPU run, one feeding an accelerator, plus the DataLoader's workers).
         4. Advice: where those threads outnumber the CPUs, the change is the run's own (fewer torch threads,
-           fewer workers); else the load comes from outside the run, and the advice says so.
+           fewer workers); where the machine's other processes used less than :data:`OUTSIDE_LOAD` CPUs
+           meanwhile (``EpochSummary.other_cpu_load``), the run's own threads held the CPUs (torch's
+           intra-op threads spin after each operator: measured on 2 idle CPUs, a dataset sleeping 5 ms per
+           sample under 2 torch threads left the training thread waiting 13% of the epoch, and
+           ``torch.set_num_threads(1)`` made the fit 1.3x faster); else the load comes from outside the run,
+           and the advice says so.
     """
     share = ctx.epoch.cpu_wait_share
     if share is None or not reaches(share, t.cpu_contention):
@@ -67,6 +76,10 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f"the process runs {plural(threads, 'torch thread' if facts.device == 'cpu' else 'thread')} and"
         f" {plural(workers, 'DataLoader worker')}",
     ]
+    outside = ctx.epoch.other_cpu_load
+    if outside is not None:
+        evidence.append(f"other processes on the machine used {outside:.1f} CPUs meanwhile")
+    own = outside is not None and outside < OUTSIDE_LOAD
     if cpus is not None and threads + workers > cpus:
         fit = max(cpus - workers, 1)
         advice = [
@@ -76,6 +89,8 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             + (f", or lower `DataLoader(num_workers=...)` below {workers}" if workers else "")
             + ", and compare the runs with `lightning-perf compare`."
         ]
+    elif own:
+        advice = [_own_threads_advice(threads, workers, facts.device)]
     else:
         advice = [
             f"The load comes from outside this run: its {plural(threads + workers, 'busy thread')} fit its"
@@ -84,13 +99,33 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             " container's CPU limit), and time runs only on an idle machine. The epoch's other time-share findings"
             " were measured while the machine was busy and are information only."
         ]
+    why = "the run's own threads crowd it" if own else "the machine is busy"
     return finding(
         ctx,
         "cpu_contention",
         severity,
-        f"{stage_name(ctx.stage)} waited for a CPU {percent(share)} of the time: the machine is busy",
+        f"{stage_name(ctx.stage)} waited for a CPU {percent(share)} of the time: {why}",
         evidence,
         advice,
+    )
+
+
+def _own_threads_advice(threads: int, workers: int, device: str) -> str:
+    """Advice where the machine's other processes were idle: the run's own threads held the CPUs."""
+    if device == "cpu" and threads > 1:
+        return (
+            f"The machine's other processes were idle: the run's own threads held the CPUs. torch's {threads}"
+            " intra-op threads keep spinning on their CPUs for a while after each parallel operator (OpenMP's"
+            " wait policy), so a training thread that wakes from a wait (loading data, a sleep, I/O) may find"
+            f" none free. Call `torch.set_num_threads({threads - 1})` before training (e.g. at the top of the"
+            " script or in `LightningModule.setup`) and compare the runs with `lightning-perf compare`; the"
+            " epoch's other time-share findings were measured with that wait in them and are information only."
+        )
+    return (
+        "The machine's other processes were idle: the run's own threads held the CPUs (the DataLoader's"
+        f" {plural(workers, 'worker')}, other callbacks' or loggers' threads, a compile worker pool). Look for"
+        " threads that spin or poll (`top -H -p <pid>`), and compare runs with fewer of them"
+        " (`lightning-perf compare`); the epoch's other time-share findings are information only."
     )
 
 
@@ -105,43 +140,92 @@ def _cpus(count: int | None, quota: float | None, per_process: int | None, share
     return where
 
 
-def measured_while_busy(findings: Sequence[Finding], ctx: StageEpoch, t: Thresholds) -> list[Finding]:
-    """``findings`` as they stand on a busy machine (see the module's docstring): on an epoch whose training
-    thread waited for a CPU ``cpu_contention`` of the time or more, the time-share findings that waiting may
-    explain become information, with what was measured."""
+def busy_share(ctx: StageEpoch, t: Thresholds) -> float | None:
+    """The share of the epoch the training thread waited for a CPU, where it reaches ``cpu_contention``; else
+    ``None`` (a quiet machine, or not measured)."""
     share = ctx.epoch.cpu_wait_share
-    if share is None or not reaches(share, t.cpu_contention):
-        return list(findings)
-    note = (
+    return share if share is not None and reaches(share, t.cpu_contention) else None
+
+
+def busy_note(share: float) -> str:
+    """The evidence's opening for a finding that waiting for a CPU may explain."""
+    return (
         f"measured while the machine was busy (the training thread waited for a CPU {percent(share)} of the"
         " epoch: see `cpu_contention`), which may explain it; "
     )
-    judged = []
-    for f in findings:
-        if f.id not in TIME_SHARE_RULES or f.severity == "info":
-            judged.append(f)
-        elif (
-            f.id == "dataloader_bound"
-            and (off := _off_cpu_wait(ctx)) is not None
-            and reaches(off, t.dataloader_warning)
-        ):
-            severity: Severity = "critical" if reaches(off, t.dataloader_critical) else "warning"
-            judged.append(
-                dataclasses.replace(
-                    f,
-                    severity=severity,
-                    evidence=f"{percent(off)} of the step waited off the CPU (not explained by the busy machine:"
-                    f" the training thread waited for a CPU {percent(share)} of the epoch); " + f.evidence,
-                )
-            )
-        else:
-            judged.append(dataclasses.replace(f, severity="info", evidence=note + f.evidence))
-    return judged
 
 
-def _off_cpu_wait(ctx: StageEpoch) -> float | None:
-    """The share of the step the data wait spent neither on nor queued for a CPU; ``None`` where unmeasured."""
-    on_cpu = ctx.epoch.loading_cpu_share
-    if on_cpu is None:
-        return None
-    return ctx.epoch.data_wait_fraction * max(0.0, 1.0 - on_cpu)
+def measured_while_busy(findings: Sequence[Finding], ctx: StageEpoch, t: Thresholds) -> list[Finding]:
+    """``findings`` as they stand on a busy machine (see the module's docstring): on an epoch whose training
+    thread waited for a CPU ``cpu_contention`` of the time or more, the findings of the :data:`TIME_SHARE_RULES`
+    above info that the waiting may explain (:func:`_explained`) become information, with what was measured."""
+    share = busy_share(ctx, t)
+    if share is None:
+        return list(findings)
+    return [
+        dataclasses.replace(f, severity="info", evidence=busy_note(share) + f.evidence)
+        if f.id in TIME_SHARE_RULES and f.severity != "info" and _explained(f, ctx, t)
+        else f
+        for f in findings
+    ]
+
+
+def _explained(f: Finding, ctx: StageEpoch, t: Thresholds) -> bool:
+    """Whether waiting for a CPU may explain ``f``: judged on CPU time, it would not reach its rule's threshold.
+
+    Notes:
+        1. A window's finding (``framework_overhead``, ``optimizer_heavy``, a CPU ``launch_bound``): of its measured
+           time per step, what waiting for a CPU cannot hold (less the time the training thread waited for one per
+           step while that window recorded, ``TraceSummary.cpu_wait_time``), or the thread's idle time per step
+           (``idle_time``: sleeping, a disk, the network), whichever is more, over the step less that wait, is
+           below the rule's threshold, or that part is below the rule's time per step. A callback that sleeps 10 ms
+           a batch is still found on a busy machine; Python between operators that took its time only because the
+           thread waited for a CPU is not.
+        2. ``step_time_unstable``: the step time's spread (p90 over the median) within :data:`STALL_SLICES`
+           times the mean wait for a CPU per step, or a scheduler slice (:data:`SCHED_SLICE`) where that is more:
+           a busy machine delays a step by a slice or a few; a stall of 30 ms every 8 batches is more.
+        3. Where the wait was not measured, or for a measure that is no time (``cpu_threads``): explained.
+    """
+    if f.id == "step_time_unstable":
+        epoch = ctx.epoch
+        share = epoch.cpu_wait_share or 0.0
+        waited = share * epoch.step_time / max(epoch.measured_batches, 1)
+        return epoch.step_time_p90 - epoch.step_time_p50 <= STALL_SLICES * max(waited, SCHED_SLICE)
+    window = next((w for w in ctx.windows if w.window == f.window), None)
+    measure = _WINDOW_MEASURES.get(f.id)
+    if window is None or measure is None or window.cpu_wait_time is None:
+        return True
+    if f.id == "launch_bound" and ctx.facts.device != "cpu":
+        return True
+    part = measure(window)
+    threshold, min_time = (getattr(t, name) for name in _THRESHOLDS[f.id])
+    waited = min(window.cpu_wait_time, window.step_time)
+    on_cpu_step = window.step_time - waited
+    # Of the part, at least what the waiting cannot hold, and at least what the thread spent idle (a sleep is no
+    # busy machine's), where the idle time may lie in the part.
+    real = max(part - waited, min(part, window.idle_time or 0.0))
+    return on_cpu_step <= 0 or real < min_time or real / on_cpu_step < threshold
+
+
+# Other processes are idle when they used less than half a CPU over the epoch (our judgment: on this project's
+# idle 2-CPU machine, 0.0-0.1 CPUs; beside two CPU burners, 1.9-2.0): the wait is then the run's own doing.
+OUTSIDE_LOAD = 0.5
+# A busy machine delays a step by a scheduler slice or a few (Linux's CFS: a few ms each); our judgment.
+STALL_SLICES = 3
+# A scheduler slice: what a thread preempted on a busy machine waits at least, however short its steps (Linux's
+# EEVDF: a 3 ms base slice; CFS: 0.75-3 ms, up to 6 ms latency at load). Where steps are shorter than a slice, the
+# steps that were preempted make the p90 while the mean wait per step stays below it (measured: 1 ms steps beside
+# two CPU burners on 2 CPUs, p90 3.4x the median at a mean wait of 0.9 ms per step).
+SCHED_SLICE = 4e-3
+# What a window's time-share finding measures per step, and the threshold its rule fires at.
+_WINDOW_MEASURES: dict[str, Callable[[TraceSummary], float]] = {
+    "framework_overhead": lambda w: w.framework_time,
+    "optimizer_heavy": lambda w: w.optimizer_update_time,
+    "launch_bound": lambda w: w.tiny_op_time or 0.0,
+}
+# The thresholds its rule fires at: the share of the step, and the time per step.
+_THRESHOLDS = {
+    "framework_overhead": ("framework_overhead", "framework_min_time"),
+    "optimizer_heavy": ("optimizer_update", "optimizer_min_time"),
+    "launch_bound": ("launch_cpu_tiny_ops", "launch_cpu_min_time"),
+}

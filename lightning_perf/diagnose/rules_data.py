@@ -8,6 +8,7 @@ copy to it).
 
 from __future__ import annotations
 
+from lightning_perf.diagnose.contention import busy_note, busy_share
 from lightning_perf.diagnose.loader_advice import loader_advice, loading, loading_evidence
 from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch
 from lightning_perf.diagnose.rule_helpers import below, finding, in_window, on_cuda, reaches, stage_name, strongest
@@ -59,6 +60,9 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         7. Where the windows show the DataLoader's own spans to be a small part of the step, the gap between
            batches is Lightning's loop, the hooks and the batch's transfer, not data: the title says "between
            batches, outside the DataLoader", the advice what else runs there, and it is at most a warning.
+        8. On a busy machine (``cpu_contention``), the severity is set by the part of the wait spent off the CPU,
+           which the busy machine does not explain (:func:`_on_a_busy_machine`); but for per-sample loading,
+           whose evidence is a count of calls per sample, which no busy machine changes.
     """
     epoch = ctx.epoch
     fraction = epoch.data_wait_fraction
@@ -105,6 +109,8 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         severity = "warning" if severity == "critical" else severity
     elif not advice.predicted_gain:
         severity = "info"
+    if (busy := busy_share(ctx, t)) is not None and severity != "info" and per_sample is None:
+        severity = _on_a_busy_machine(ctx, t, busy, evidence)
     return finding(
         ctx,
         "dataloader_bound",
@@ -114,6 +120,24 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         lines,
         per_sample.window if per_sample is not None else best[0] if best else None,
     )
+
+
+def _on_a_busy_machine(ctx: StageEpoch, t: Thresholds, busy: float, evidence: list[str]) -> Severity:
+    """The severity of a data wait measured while the training thread waited for a CPU ``busy`` of the epoch:
+    set by the part of the wait spent off the CPU, neither running nor queued for one (``1 -
+    EpochSummary.loading_cpu_share`` of it: a dataset that sleeps, reads a disk or the network), which a busy
+    machine does not explain; ``info`` below ``dataloader_warning``. Opens ``evidence`` with why."""
+    on_cpu = ctx.epoch.loading_cpu_share
+    off = None if on_cpu is None else ctx.epoch.data_wait_fraction * max(0.0, 1.0 - on_cpu)
+    if off is None or not reaches(off, t.dataloader_warning):
+        evidence.insert(0, busy_note(busy).removesuffix("; "))
+        return "info"
+    evidence.insert(
+        0,
+        f"{percent(off)} of the step waited off the CPU (not explained by the busy machine: the training thread"
+        f" waited for a CPU {percent(busy)} of the epoch)",
+    )
+    return "critical" if reaches(off, t.dataloader_critical) else "warning"
 
 
 def h2d_copy(ctx: StageEpoch, t: Thresholds) -> Finding | None:

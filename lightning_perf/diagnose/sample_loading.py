@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lightning_perf.diagnose.loader_advice import CPU_BOUND
 from lightning_perf.diagnose.model import StageEpoch
 from lightning_perf.diagnose.rule_helpers import strongest
 from lightning_perf.records import TraceSummary
@@ -66,11 +67,12 @@ class PerSampleLoading:
 
 
 def per_sample_loading(ctx: StageEpoch, steady_wait: float) -> PerSampleLoading | None:
-    """The epoch's per-sample loading, when a window shows it and batching would save at least
-    :data:`MIN_SAVING` per batch; ``steady_wait`` (the epoch's mean wait per batch after the first) caps the
-    saving."""
+    """The epoch's per-sample loading, when a window shows it, the loading is on the CPU, and batching would
+    save at least :data:`MIN_SAVING` per batch; ``steady_wait`` (the epoch's mean wait per batch after the
+    first) caps the saving."""
     batch_size = _batch_size(ctx)
-    if batch_size is None or batch_size < 2:
+    on_cpu = ctx.epoch.loading_cpu_share
+    if batch_size is None or batch_size < 2 or (on_cpu is not None and on_cpu < CPU_BOUND):
         return None
     best = strongest(
         (w for w in ctx.windows if w.dataloader_ops_per_step is not None and w.dataloader_time > 0),

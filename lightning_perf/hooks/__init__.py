@@ -14,5 +14,6 @@ What :class:`~lightning_perf.PerfCallback` wires together, one concern each, at 
 - :mod:`.rank_staging`: what the ranks exchange at each epoch's end, and the traces published once all wrote;
 - :mod:`.run_state`: what a checkpoint keeps;
 - :mod:`.run_setup`: where the output goes, and the profilers we cannot run beside;
+- :mod:`.results_view`: what the callback has measured, read back (its public properties);
 - :mod:`.error_policy`: what a failure of our own does (``strict``), and what is said only once.
 """

@@ -99,6 +99,19 @@ class StageMeasure:
     history: deque[EpochSummary] = dataclasses.field(default_factory=lambda: deque(maxlen=HISTORY_EPOCHS))
 
 
+def with_cpu_use(record: WindowRecord) -> TraceSummary:
+    """A window's trace summary with the time per step its training thread waited for a CPU and was idle
+    (``TraceSummary.cpu_wait_time``, ``idle_time``: what a busy machine explains, and what it does not)."""
+    summary = record.summary
+    assert summary is not None
+    if record.cpu_wait is None or not summary.steps:
+        return summary
+    waited = record.cpu_wait / summary.steps
+    ran = record.cpu_time / summary.steps if record.cpu_time is not None else None
+    idle = max(summary.step_time - ran - waited, 0.0) if ran is not None else None
+    return dataclasses.replace(summary, cpu_wait_time=waited, idle_time=idle)
+
+
 class EpochReporter:
     """Measures each stage epoch, diagnoses it and reports it, and keeps what the run has measured.
 
@@ -170,8 +183,9 @@ class EpochReporter:
             self.outputs.close()
 
     def window_summaries(self, stage: str, epoch: int) -> tuple[TraceSummary, ...]:
-        """The trace summaries of the stage epoch's windows."""
-        return tuple(w.summary for w in self.windows if w.stage == stage and w.epoch == epoch and w.summary)
+        """The trace summaries of the stage epoch's windows, with what the training thread did per step while each
+        recorded (:func:`with_cpu_use`)."""
+        return tuple(with_cpu_use(w) for w in self.windows if w.stage == stage and w.epoch == epoch and w.summary)
 
     def start_epoch(self, stage: str, trainer: pl.Trainer, waited: float) -> None:
         """A stage epoch starts: its memory peaks, its DataLoader's settings (once), its CPU use. ``waited``:

@@ -10,7 +10,9 @@ Notes:
        the DataLoader's start-up, which a counted batch would take out of the epoch) that runs outside a
        profiler window. It is counted when its shapes are new (at most
        :data:`~lightning_perf.collect.flops.MAX_COUNTS` shapes per run), so a run of fixed shapes counts one
-       batch, and the check costs one comparison a batch.
+       batch, and the check costs one comparison a batch. Where an epoch ended with no batch after its first
+       (epochs of one batch each: some libraries count series, not samples, in an epoch), the next epoch offers
+       its first batch, so that such runs are counted once too.
     2. A counted batch runs slower (every op goes through Python): like a profiled batch, it is left out of the
        epoch's step times.
     3. The peak FLOP/s come from ``PerfCallback(peak_flops=...)``, else from the datasheet table
@@ -59,15 +61,17 @@ class FlopCounting:
         self.counts: list[FlopCount] = []
         #: A batch is being counted (a plain attribute: the callback reads it after every batch).
         self.active = False
+        self._first_too = False  # offer the epoch's first batch: the last epoch had none after it
 
     def epoch_start(self) -> None:
-        """A training epoch starts: its first batch outside a window is offered."""
+        """A training epoch starts: its first batch outside a window is offered (Notes 1)."""
+        self._first_too = self.pending  # still pending: the last epoch offered nothing after its first batch
         self.pending = True
 
     def batch_start(self, batch: Any, batch_idx: int) -> bool:
         """Offers batch ``batch_idx`` of the epoch (call only while :attr:`pending`, outside a window); whether
-        it is being counted. The epoch's first batch is passed over (Notes 1)."""
-        if batch_idx == 0:
+        it is being counted. The epoch's first batch is passed over, unless the last epoch had no other (Notes 1)."""
+        if batch_idx == 0 and not self._first_too:
             return False
         self.pending = False
         if not self._counter.wants(batch):

@@ -85,11 +85,11 @@ class ProfilerWindows:
             metadata={"lightning_perf": {"stage": stage, "epoch": epoch, "global_rank": self._rank}},
         )
 
-    def save(self, to_save: WindowToSave | None) -> None:
+    def save(self, to_save: WindowToSave | None) -> bool:
         """Stops the window and has torch export its trace, here (the training thread's stall is the record's
-        ``close_seconds``); queues the rest for the worker. ``None``: nothing to save."""
+        ``close_seconds``); queues the rest for the worker. ``None``: nothing to save. Whether a window closed."""
         if to_save is None:
-            return
+            return False
         started = time.perf_counter()
         cuda = self._cuda_peaks.read("window") if self._cuda_peaks is not None else None
         assert self._dirpath is not None
@@ -105,6 +105,7 @@ class ProfilerWindows:
         if self._staged:
             self._staging.stage(closed.written_path, closed.record.trace_path)
         self._worker.submit(self._process, closed)
+        return True
 
     def join(self) -> None:
         """Waits until every window saved so far is written and added; a window the worker failed to write goes

@@ -174,6 +174,8 @@ def hand_over(
         cuda_max_allocated=cuda.max_allocated if cuda else None,
         cuda_max_reserved=cuda.max_reserved if cuda else None,
         close_seconds=time.perf_counter() - started,
+        cpu_wait=window.cpu_waited,
+        cpu_time=window.cpu_ran,
     )
     return ClosedWindow(
         record=record,

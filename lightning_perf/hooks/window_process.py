@@ -44,11 +44,20 @@ PROCESS_ENV = "LIGHTNING_PERF_WINDOW_PROCESS"
 # The child's command line after the interpreter: this module's `main`, imported from this very package (the
 # directory passed as argv[1] goes first on the child's sys.path, before its working directory).
 _CHILD_CODE = (
-    "import sys; sys.path.insert(0, sys.argv[1]); from lightning_perf.hooks.window_process import main; main()"
+    "import os, sys\n"
+    "for lower in (lambda: os.nice(int(sys.argv[2])),\n"
+    "              lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))):\n"
+    "    try: lower()\n"
+    "    except (AttributeError, OSError): pass\n"  # not on this platform, or not allowed: as it is
+    "sys.path.insert(0, sys.argv[1]); from lightning_perf.hooks.window_process import main; main()"
 )
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The child's numpy works on one thread: no BLAS thread pools next to training's threads.
 _CHILD_THREADS = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
+# The child's scheduling priority, set before it imports anything: the lowest (nice 19, and Linux's SCHED_IDLE
+# policy, which runs it only on a CPU nothing else wants and lets a waking training thread take that CPU at once),
+# so that where it and training want the same CPU, training gets it.
+CHILD_NICENESS = 19
 CLOSE_WAIT_SECONDS = 10.0  # for the child to exit once its input is closed (it exits at once), then it is killed
 
 
@@ -123,7 +132,7 @@ class WindowProcess:
     def _start(self) -> subprocess.Popen[bytes]:
         try:
             self._child = subprocess.Popen(
-                [sys.executable, "-c", _CHILD_CODE, _PACKAGE_ROOT],
+                [sys.executable, "-c", _CHILD_CODE, _PACKAGE_ROOT, str(CHILD_NICENESS)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env={**os.environ, **_CHILD_THREADS},

@@ -16,7 +16,7 @@ import msgspec
 
 from lightning_perf.readers.files import InputError, Invalid, check, missing, must, parse_json, read_bytes
 from lightning_perf.summarize.events import MEMORY_EVENT_NAME, OTHER_PHASES, KinetoTrace, as_trace, decode_trace
-from lightning_perf.trace_repair import repair_json
+from lightning_perf.trace_repair import parse_or_repair
 from lightning_perf.traces import METADATA_KEY
 from lightning_perf.validation import INT_LIMIT
 from lightning_perf.validation import shown as _shown
@@ -72,10 +72,13 @@ def load_trace(
         return decode_trace(data, shapes=shapes)
     except (msgspec.MsgspecError, RecursionError):
         pass  # not JSON, a top-level array, a field of the wrong type...: the field-by-field checks say what
-    try:
-        parsed = parse_json(name, data, compressed)
-    except InputError as err:
-        parsed = _repaired(name, data, compressed, err, on_repair or _warn)
+    parsed, repair = parse_or_repair(data, lambda text: parse_json(name, text, compressed), InputError)
+    if repair is not None:
+        (on_repair or _warn)(
+            f"{name}: invalid JSON, repaired: {repair.description}, first on line {repair.lines[0]}"
+            f"{' once decompressed' if compressed else ''} (torch's trace exporter does not escape them); read as"
+            " if escaped"
+        )
     try:
         trace = _checked_trace(parsed)
     except Invalid as err:
@@ -84,26 +87,6 @@ def load_trace(
         return as_trace(trace, shapes=shapes)
     except msgspec.ValidationError as err:  # a field the checks above leave alone
         raise InputError(f"{name}: {err}".replace(" - at `$.", " at `")) from None
-
-
-def _repaired(name: str, data: bytes, compressed: bool, err: InputError, say: Callable[[str], None]) -> Any:
-    """The JSON of a file :func:`parse_json` refused (``err``), once its unescaped strings are escaped; raises
-    ``err`` where that does not make it valid."""
-    repair = repair_json(data)
-    if repair is None:
-        raise err
-    try:
-        parsed = parse_json(name, repair.data, compressed)
-    except InputError:
-        repair = None  # still invalid: the file's own error, with its line and column as on disk
-    if repair is None:
-        raise err
-    where = f"line {repair.lines[0]}{' once decompressed' if compressed else ''}"
-    say(
-        f"{name}: invalid JSON, repaired: {repair.description}, first on {where} (torch's trace exporter does"
-        " not escape them); read as if escaped"
-    )
-    return parsed
 
 
 def _warn(message: str) -> None:

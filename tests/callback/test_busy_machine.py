@@ -30,7 +30,8 @@ def test_a_busy_machine_is_named_first_and_the_program_is_not_blamed(tmp_path):
 
 
 def test_a_real_data_bottleneck_is_still_found_on_a_busy_machine(tmp_path):
-    # 2 ms of sleeping (a disk, the network) per item, 8 items a batch: the wait is not the busy CPUs'.
-    perf = fit_busy(tmp_path / "slow", TinyModel(n=64, batch_size=8, sleep_s=0.002))
+    # 2 ms of sleeping (a disk, the network) per item, 8 items a batch: the wait is not the busy CPUs'. Two
+    # epochs of 32 batches: long enough for the workers the advice names to repay their start-up.
+    perf = fit_busy(tmp_path / "slow", TinyModel(n=256, batch_size=8, sleep_s=0.002))
     last = {f.id: f for f in perf.findings_for("train", epoch=perf.epochs[-1].epoch)}
     assert last["dataloader_bound"].severity == "critical", last

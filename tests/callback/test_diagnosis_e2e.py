@@ -50,8 +50,13 @@ def test_a_well_tuned_run_gets_no_warning(tmp_path, one_thread):
     # which step_time_unstable rightly reports. (cpu_threads then says so, as `info`.)
     callback = PerfCallback(schedule=WINDOW)
     trainer(tmp_path, [callback], max_epochs=2, log_every_n_steps=50).fit(Tuned())
+    waited = {(e.stage, e.epoch): e.cpu_wait_share or 0.0 for e in callback.epochs}
     for stage in ("train", "validate"):
-        bad = [f for f in callback.findings_for(stage) if f.severity != "info"]
+        # On a busy machine (other processes beside the suite) the machine itself is the one warning, and it is
+        # earned: that epoch's thread waited for a CPU a tenth of the time or more.
+        busy = [f for f in callback.findings_for(stage) if f.id == "cpu_contention"]
+        assert all(waited[(f.stage, f.epoch)] >= 0.1 for f in busy), busy
+        bad = [f for f in callback.findings_for(stage) if f.severity != "info" and f.id != "cpu_contention"]
         assert not bad, bad
     diagnosed = sorted((e["stage"], e["epoch"]) for s in callback.report["stages"].values() for e in s["epochs"])
     assert diagnosed == [("train", 0), ("train", 1), ("validate", 0), ("validate", 1)]  # both stages, every epoch
@@ -59,10 +64,11 @@ def test_a_well_tuned_run_gets_no_warning(tmp_path, one_thread):
 
 def test_slow_dataset_is_dataloader_bound_and_the_advice_is_about_workers(tmp_path):
     callback = PerfCallback(schedule=WINDOW, stages=["train"])
-    trainer(tmp_path, [callback], limit_val_batches=0).fit(TinyModel(n=48, sleep_s=0.005))
+    # Three epochs of 24 batches: enough for workers to repay their start-up, which the advice weighs.
+    trainer(tmp_path, [callback], max_epochs=3, limit_val_batches=0).fit(TinyModel(n=96, sleep_s=0.005))
     [finding] = [f for f in callback.findings if f.id == "dataloader_bound"]
-    assert finding.severity == "critical" and "num_workers" in finding.advice
-    assert finding.window == "train-epoch000-batches0002-0003"
+    assert finding.severity == "critical" and "num_workers" in finding.advice, finding
+    assert finding.window == f"train-epoch{finding.epoch:03d}-batches0002-0003"
 
 
 class TinyOps(TinyModel):
@@ -203,13 +209,13 @@ def test_findings_reach_tensorboard_the_console_and_the_report(tmp_path, caplog)
 
     callback = PerfCallback(schedule=WINDOW, stages=["train"])
     with caplog.at_level("INFO"):
-        t = trainer(tmp_path, [callback], limit_val_batches=0)
-        t.fit(TinyModel(n=48, sleep_s=0.005))
+        t = trainer(tmp_path, [callback], max_epochs=3, limit_val_batches=0)
+        t.fit(TinyModel(n=96, sleep_s=0.005))  # long enough for the workers the advice names to pay
     console = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lightning-perf | train epoch 0")]
     assert len(console) == 1 and "dataloader_bound" in console[0] and "->" in console[0]
     acc = EventAccumulator(t.logger.log_dir, size_guidance={"tensors": 0})
     acc.Reload()
-    [event] = acc.Tensors("perf/findings/train/text_summary")
+    event, *_ = acc.Tensors("perf/findings/train/text_summary")  # one per epoch
     assert "`dataloader_bound`" in event.tensor_proto.string_val[0].decode()
     epoch = callback.report["stages"]["train"]["epochs"][0]
     assert "dataloader_bound" in [f["id"] for f in epoch["findings"]]
@@ -228,10 +234,12 @@ def test_a_smoke_run_gets_no_warning_or_critical_finding(tmp_path):
 
 def test_one_batch_epochs_are_judged_over_the_stages_recent_batches(tmp_path):
     perf = PerfCallback(verbose=0, max_windows=0)
+    # A dataset waiting 3 ms per item (a disk): every batch waits, so the finding is there to judge at every epoch.
     trainer(tmp_path, [perf], max_epochs=12, limit_train_batches=1, limit_val_batches=0).fit(
-        TinyModel(n=4, batch_size=4)
+        TinyModel(n=4, batch_size=4, sleep_s=0.003)
     )
     early = [f for f in perf.findings_for("train") if f.epoch < 7 and f.id == "dataloader_bound"]
     assert all(f.severity == "info" for f in early), early  # from fewer than 8 batches: never louder
     late = [f for f in perf.findings_for("train", epoch=11) if f.id == "dataloader_bound"]
+    assert late, perf.findings_for("train", epoch=11)  # found, from enough batches
     assert all("over 8 batches" in f.evidence for f in late), late  # the last 8 epochs' batches, together

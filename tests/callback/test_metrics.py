@@ -19,7 +19,7 @@ from tensorboard.util import tensor_util
 
 from lightning_perf import PerfCallback
 from lightning_perf.report.json_report import SCHEMA_VERSION
-from models import Leaky, TinyModel, trainer
+from models import Leaky, TinyModel, torch_threads, trainer
 
 NO_WINDOWS = {"max_windows": 0}  # these tests are about the always-on metrics
 
@@ -255,9 +255,12 @@ def test_the_batch_after_a_window_is_left_out_of_the_epochs_times(tmp_path):
 
 def test_a_slow_batch_after_a_window_is_no_step_time_spike(tmp_path):
     perf = PerfCallback(schedule=WINDOWS, verbose=0)
-    trainer(tmp_path, [perf, SlowAfterWindow()], limit_train_batches=16, limit_val_batches=0).fit(
-        TinyModel(n=64, batch_size=4)
-    )
+    # torch on one thread: the window process, starting at the first close, has a CPU of its own on 2 cores.
+    with torch_threads(1):
+        # Steps of several ms (a wider MLP), so that a few ms of noise is no spread.
+        trainer(tmp_path, [perf, SlowAfterWindow()], limit_train_batches=32, limit_val_batches=0).fit(
+            TinyModel(n=128, batch_size=4, width=512, depth=4)
+        )
     epoch = perf.epochs[0]
     assert epoch.step_time_max < 0.04, epoch
     assert "step_time_unstable" not in {f.id for f in perf.findings_for("train")}

@@ -39,6 +39,18 @@ def test_an_mlps_flops_per_batch_are_its_hand_count_and_mfu_is_over_the_given_pe
     assert [name for name, _ in report["run"]["flops"]["by_module"]] == ["Sequential.0", "Sequential.2"]
 
 
+def test_epochs_of_one_batch_each_are_counted_once(tmp_path):
+    # Some libraries' epochs are one batch each: the first batch of an epoch is passed over (its wait holds the
+    # DataLoader's start-up), so such runs were never counted. The second epoch's batch is.
+    hand = _linear(4, 16, 32, input_grad=False) + _linear(4, 32, 1, input_grad=True)
+    perf = PerfCallback(**NO_WINDOWS, stages=["train"])
+    trainer(tmp_path, [perf], max_epochs=4, limit_val_batches=0).fit(TinyModel(n=4))
+    train = [e for e in perf.epochs if e.stage == "train"]
+    assert [e.flops_per_batch for e in train] == [None, hand, hand, hand]
+    report = json.loads(pathlib.Path(perf.report_path).read_text())
+    assert report["run"]["flops"]["counted"] == [{"flops": hand, "samples": 4}]  # once: the shapes do not change
+
+
 def test_a_test_after_fit_keeps_the_fits_flop_counts_in_the_report(tmp_path):
     perf = PerfCallback(**NO_WINDOWS, stages=["train", "test"])
     t = trainer(tmp_path, [perf], max_epochs=1, limit_val_batches=0)

@@ -34,6 +34,23 @@ def test_load_from_outside_the_run_is_named_as_such():
     assert "The load comes from outside this run" in f.advice and "set_num_threads" not in f.advice
 
 
+def test_load_measured_outside_the_run_is_part_of_the_evidence():
+    f = judge(0.62, other_cpu_load=1.96)
+    assert f.title.endswith("the machine is busy") and "other processes on the machine used 2.0 CPUs" in f.evidence
+    assert "The load comes from outside this run" in f.advice
+
+
+def test_an_idle_machine_puts_the_wait_on_the_runs_own_threads():
+    # Two torch threads on two idle CPUs: the intra-op threads spin after each operator, and a training thread
+    # waking from a sleeping dataset found no CPU free (13% of the epoch, measured).
+    f = judge(0.13, facts=dataclasses.replace(TWO_CPUS, torch_threads=2), other_cpu_load=0.02)
+    assert f.title == "Training waited for a CPU 13% of the time: the run's own threads crowd it"
+    assert "other processes on the machine used 0.0 CPUs" in f.evidence
+    assert "`torch.set_num_threads(1)`" in f.advice and "outside this run" not in f.advice
+    one = judge(0.13, other_cpu_load=0.02)  # one torch thread: other threads of the run, to look for
+    assert "own threads held the CPUs" in one.advice and "set_num_threads" not in one.advice
+
+
 def test_threads_beyond_the_cpus_are_the_runs_own_to_lower():
     f = judge(0.3, facts=dataclasses.replace(TWO_CPUS, torch_threads=2, num_workers=2))
     assert "oversubscribes its CPUs" in f.advice and "`torch.set_num_threads(1)`" in f.advice
@@ -78,3 +95,21 @@ def test_a_wait_that_is_not_on_a_cpu_is_still_found_on_a_busy_machine():
     # A dataset that sleeps (a disk, the network): the process neither runs nor waits for a CPU in the wait.
     sleepy = StageEpoch(epoch=busy_epoch(0.3, 0.05), facts=TWO_CPUS)
     assert {f.id: f.severity for f in diagnose(sleepy)}["dataloader_bound"] == "critical"
+
+
+def test_what_a_busy_machine_cannot_explain_keeps_its_severity():
+    # While the window recorded, the thread waited 5 ms of each 10 ms step for a CPU: 5 ms outside operators may
+    # be all that waiting; 8 ms (a callback that sleeps) is 3 ms on CPU time, 60% of the 5 ms the step ran.
+    busy = epoch(cpu_wait_share=0.6, wall_time=1.0, data_wait_fraction=0.01)
+    waited = dict(step_time=0.010, cpu_wait_time=0.005)
+    explained = diagnose(StageEpoch(epoch=busy, windows=(window(framework_time=0.005, **waited),), facts=TWO_CPUS))
+    more = diagnose(StageEpoch(epoch=busy, windows=(window(framework_time=0.008, **waited),), facts=TWO_CPUS))
+    assert {f.id: f.severity for f in explained}["framework_overhead"] == "info"
+    assert {f.id: f.severity for f in more}["framework_overhead"] == "warning"
+
+
+def test_per_sample_loading_is_counted_not_timed_and_keeps_its_severity_on_a_busy_machine():
+    facts = dataclasses.replace(TWO_CPUS, batch_size=64)
+    per_sample = window(step_time=0.0073, dataloader_time=0.0039, dataloader_ops_per_step=386.0)
+    found = {f.id: f for f in diagnose(StageEpoch(epoch=busy_epoch(0.6, 0.95), windows=(per_sample,), facts=facts))}
+    assert found["dataloader_bound"].severity == "critical" and "__getitems__" in found["dataloader_bound"].advice

@@ -18,7 +18,7 @@ from lightning_perf import PerfCallback
 from lightning_perf.collect.profiler import ProfilerWindow
 from lightning_perf.hooks import window_process
 from lightning_perf.hooks.window_close import ClosedWindow, WindowOptions
-from lightning_perf.hooks.window_process import PROCESS_ENV, WindowProcess
+from lightning_perf.hooks.window_process import CHILD_NICENESS, PROCESS_ENV, WindowProcess
 from lightning_perf.records import WindowRecord
 from models import TinyModel, trainer, window_names
 from purity import heavy_modules_loaded_by
@@ -77,6 +77,8 @@ def test_a_window_is_processed_in_a_child_process_that_imports_neither_torch_nor
     pid = child.pid
     assert pid is not None and pid != os.getpid() and child.broken is None
     assert os.getsid(pid) != os.getsid(0)  # a session of its own: the terminal's Ctrl-C does not reach it
+    # The lowest priority: where it and training want one CPU, training gets it.
+    assert os.sched_getscheduler(pid) == os.SCHED_IDLE and os.getpriority(os.PRIO_PROCESS, pid) == CHILD_NICENESS
     second = closed_window(tmp_path, "second")
     _check_written(second, child.process(second, OPTIONS))
     assert child.pid == pid  # one child for every window, until closed
