@@ -72,9 +72,10 @@ def test_validation_inside_a_training_window_stays_out_of_its_trace(tmp_path):
     assert steps(trace) == [2, 3, 4, 5, 6]
     names = op_names(trace)
     assert names["aten::sin"] == 5 and names["aten::cos"] == 0
-    # The validation run's 50 ms sleeps are in no training step: each step is one fast batch.
+    # The validation run's sleeps (6 batches of 50 ms: 300 ms) are in no training step: each step is one fast
+    # batch, well under half a validation run even on a loaded machine (73 ms seen at load 8 on 2 CPUs).
     spans = [e for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
-    assert max(e["dur"] for e in spans) < 50_000
+    assert max(e["dur"] for e in spans) < 150_000
     for window in validate:
         names = op_names(load(window.trace_path))
         assert names["aten::cos"] > 0 and names["aten::sin"] == 0
