@@ -81,11 +81,12 @@ class ProfilerWindow:
         self._run_queue = RunQueue()
         self._queued_at: float | None = None
         self._ran_at: float | None = None
-        #: Seconds the training thread waited for a CPU from the start of recording to the stop (a busy
-        #: machine); ``None`` where not measured (not Linux, or the window never recorded).
+        #: Seconds the training thread waited for a CPU inside the recorded steps' spans (a busy machine): the
+        #: same time as the trace's steps, not the profiler's start and stop; ``None`` where not measured (not
+        #: Linux, or no step was recorded).
         self.cpu_waited: float | None = None
-        #: Seconds the training thread ran on a CPU over the same time (``time.thread_time``); ``None``: it never
-        #: recorded.
+        #: Seconds the training thread ran on a CPU over the same spans (``time.thread_time``); ``None``: no step
+        #: was recorded.
         self.cpu_ran: float | None = None
 
     @property
@@ -107,8 +108,6 @@ class ProfilerWindow:
         if self.state is WindowState.CREATED:
             self._profiler.prepare_trace()
         self._profiler.start_trace()
-        self._queued_at = self._run_queue()
-        self._ran_at = time.thread_time()
         self.state = WindowState.RECORDING
 
     def begin_step(self, batch: int) -> None:
@@ -118,6 +117,7 @@ class ProfilerWindow:
         self._span = record_function(traces.PROFILER_STEP_PREFIX + str(batch))
         self._span.__enter__()
         self._span_batch = batch
+        self._queued_at, self._ran_at = self._run_queue(), time.thread_time()
 
     def mark_ran(self, batch: int) -> None:
         """Notes that ``batch`` started inside its span (a span opened for a batch that never comes is dropped)."""
@@ -157,9 +157,6 @@ class ProfilerWindow:
             for key, value in self._metadata.items():
                 self._profiler.add_metadata_json(key, json.dumps(value))
         self._profiler.stop_trace()
-        queued = self._run_queue() if self._queued_at is not None else None
-        self.cpu_waited = None if queued is None or self._queued_at is None else max(queued - self._queued_at, 0.0)
-        self.cpu_ran = None if self._ran_at is None else time.thread_time() - self._ran_at
         self._run_queue.close()
         self.state = WindowState.STOPPED
 
@@ -185,6 +182,16 @@ class ProfilerWindow:
 
     def _close_span(self) -> None:
         if self._span is not None:
+            self._add_cpu_use()
             self._span.__exit__(None, None, None)
             self._span = None
             self._span_batch = None
+
+    def _add_cpu_use(self) -> None:
+        """Adds the span's wait for a CPU and CPU time to :attr:`cpu_waited` and :attr:`cpu_ran`."""
+        if self._ran_at is not None:
+            self.cpu_ran = (self.cpu_ran or 0.0) + time.thread_time() - self._ran_at
+        queued = self._run_queue()
+        if queued is not None and self._queued_at is not None:
+            self.cpu_waited = (self.cpu_waited or 0.0) + max(queued - self._queued_at, 0.0)
+        self._queued_at = self._ran_at = None

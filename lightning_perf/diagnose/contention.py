@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
-from lightning_perf.diagnose.rule_helpers import cpus_per_process, finding, reaches, stage_name
+from lightning_perf.diagnose.rule_helpers import cpus_per_process, finding, on_cpu, reaches, stage_name
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import TraceSummary
 from lightning_perf.units import percent, plural, seconds_or_ms
@@ -38,7 +38,14 @@ from lightning_perf.units import percent, plural, seconds_or_ms
 # The rules whose measure is a share of host time that waiting for a CPU inflates, and that do not judge on-CPU
 # time themselves (dataloader_bound does: lightning_perf.diagnose.rules_data).
 TIME_SHARE_RULES = frozenset(
-    {"framework_overhead", "step_time_unstable", "optimizer_heavy", "launch_bound", "cpu_threads"}
+    {
+        "framework_overhead",
+        "step_time_unstable",
+        "optimizer_heavy",
+        "launch_bound",
+        "cpu_threads",
+        "communication_bound",
+    }
 )
 
 
@@ -197,13 +204,8 @@ def _explained(f: Finding, ctx: StageEpoch, t: Thresholds) -> bool:
         return True
     if f.id == "launch_bound" and ctx.facts.device != "cpu":
         return True
-    part = measure(window)
     threshold, min_time = (getattr(t, name) for name in _THRESHOLDS[f.id])
-    waited = min(window.cpu_wait_time, window.step_time)
-    on_cpu_step = window.step_time - waited
-    # Of the part, at least what the waiting cannot hold, and at least what the thread spent idle (a sleep is no
-    # busy machine's), where the idle time may lie in the part.
-    real = max(part - waited, min(part, window.idle_time or 0.0))
+    real, on_cpu_step = on_cpu(measure(window), window)
     return on_cpu_step <= 0 or real < min_time or real / on_cpu_step < threshold
 
 

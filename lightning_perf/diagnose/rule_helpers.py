@@ -91,6 +91,26 @@ def strongest(
     return best
 
 
+def on_cpu(part: float, window: TraceSummary) -> tuple[float, float]:
+    """``part`` of ``window``'s step (seconds per step) without what waiting for a CPU may hold of it, and the
+    step less that wait: ``(max(part - wait, min(part, idle)), step - wait)``, with ``wait`` the training
+    thread's wait for a CPU per step while the window recorded (``TraceSummary.cpu_wait_time``) and ``idle``
+    its time neither running nor waiting (sleeping, a disk, the network: no busy machine's doing). Unchanged
+    where the wait was not measured or was none."""
+    waited = min(window.cpu_wait_time or 0.0, window.step_time)
+    if waited <= 0:
+        return part, window.step_time
+    return max(part - waited, min(part, window.idle_time or 0.0)), window.step_time - waited
+
+
+def on_cpu_share(part: float | None, window: TraceSummary) -> float | None:
+    """``part`` over the step, both as :func:`on_cpu` leaves them; ``None`` where either is not there."""
+    if part is None:
+        return None
+    real, step = on_cpu(part, window)
+    return real / step if step > 0 else None
+
+
 def in_window(window: TraceSummary, count: int) -> str:
     """``"in window W"``, noting when it was picked among several."""
     return f"in window {window.window}" + (f" (the strongest of {count} windows)" if count > 1 else "")

@@ -18,6 +18,8 @@ from lightning_perf.diagnose.rule_helpers import (
     batch_end_hook,
     finding,
     in_window,
+    on_cpu,
+    on_cpu_share,
     on_cuda,
     reaches,
     stage_name,
@@ -199,7 +201,9 @@ def framework_overhead(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     """Much of the step runs no torch operator: the loop's Python, hooks, callbacks, logging.
 
     Notes:
-        1. Per window: ``framework_time`` / step time.
+        1. Per window: ``framework_time`` / step time, both less what waiting for a CPU may hold of them
+           (:func:`~lightning_perf.diagnose.rule_helpers.on_cpu`: on a busy machine the wait lands between
+           operators, and also dilutes a real overhead over a longer step).
         2. Fires, as a warning, at ``framework_overhead`` in the window with the largest share among those
            whose framework time also reaches ``framework_min_time`` per step.
         3. Advice names the stage's own hook and logging: ``log_every_n_steps`` only paces training's
@@ -207,15 +211,21 @@ def framework_overhead(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            does not log.
     """
     best = strongest(
-        (w for w in ctx.windows if reaches(w.framework_time, t.framework_min_time)),
-        lambda w: share(w.framework_time, w),
+        (w for w in ctx.windows if reaches(on_cpu(w.framework_time, w)[0], t.framework_min_time)),
+        lambda w: on_cpu_share(w.framework_time, w),
     )
     if best is None or not reaches(best[1], t.framework_overhead):
         return None
     window, value = best
+    real, step = on_cpu(window.framework_time, window)
     evidence = [
-        f"{percent(value)} of the step outside any torch operator ({ms(window.framework_time)} of"
-        f" {ms(window.step_time)}) {in_window(window, len(ctx.windows))} (warning >= {limit(t.framework_overhead)}"
+        f"{percent(value)} of the step outside any torch operator ({ms(real)} of {ms(step)})"
+        + (
+            f" once the {ms(window.step_time - step)} per step waiting for a CPU is left out"
+            if step < window.step_time
+            else ""
+        )
+        + f" {in_window(window, len(ctx.windows))} (warning >= {limit(t.framework_overhead)}"
         f" and >= {ms(t.framework_min_time)} per step)"
     ]
     hook = f"a callback or hook (`{batch_end_hook(ctx.stage)}`, ...) doing work every batch"

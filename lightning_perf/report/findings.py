@@ -49,7 +49,9 @@ def _title_numbers(title: str) -> list[float]:
 
 
 def changed(before: Finding, now: Finding, noise: Sequence[float] = ()) -> bool:
-    """Whether ``now`` says something ``before`` (the same rule's finding at an earlier epoch) did not.
+    """Whether ``now`` says something ``before`` (the same rule's finding at an earlier epoch) did not: a severity
+    two levels apart, an ``info`` become a warning (the console hides info at ``verbose=1``; a warning flipping
+    to critical at a threshold's edge is no news), or a title whose numbers moved materially.
 
     Args:
         before: What was shown.
@@ -59,6 +61,8 @@ def changed(before: Finding, now: Finding, noise: Sequence[float] = ()) -> bool:
             :data:`MATERIAL_CHANGE` of the larger value.
     """
     if abs(SEVERITIES.index(before.severity) - SEVERITIES.index(now.severity)) > 1:
+        return True
+    if before.severity == "info" and now.severity != "info":  # the console hid it at verbose=1: not shown yet
         return True
     old, new = _title_numbers(before.title), _title_numbers(now.title)
     if len(old) != len(new):

@@ -91,6 +91,9 @@ def test_a_finding_is_shown_again_only_when_its_numbers_or_its_severity_by_two_l
     # At a threshold's edge (27-33% around 30%) the severity flips with the value: not news.
     assert not changed(_finding("waits 29%"), _finding("waits 31%", severity="critical"))
     assert changed(_finding("waits 29%", severity="info"), _finding("waits 29%", severity="critical"))
+    # An info the console hid at verbose=1, become a warning, was never shown: it is news (it read "unchanged").
+    assert changed(_finding("waits 29%", severity="info"), _finding("waits 31%", severity="warning"))
+    assert not changed(_finding("waits 31%", severity="warning"), _finding("waits 29%", severity="info"))
     assert changed(_finding("Rank 1 is 1.82x slower"), _finding("Rank 0 is 1.82x slower"))
     assert not changed(_finding("1,232 operators per step"), _finding("1,250 operators per step"))
 
