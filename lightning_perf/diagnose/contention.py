@@ -183,11 +183,10 @@ def _explained(f: Finding, ctx: StageEpoch, t: Thresholds) -> bool:
     Notes:
         1. A window's finding (``framework_overhead``, ``optimizer_heavy``, a CPU ``launch_bound``): of its measured
            time per step, what waiting for a CPU cannot hold (less the time the training thread waited for one per
-           step while that window recorded, ``TraceSummary.cpu_wait_time``), or the thread's idle time per step
-           (``idle_time``: sleeping, a disk, the network), whichever is more, over the step less that wait, is
-           below the rule's threshold, or that part is below the rule's time per step. A callback that sleeps 10 ms
-           a batch is still found on a busy machine; Python between operators that took its time only because the
-           thread waited for a CPU is not.
+           step while that window recorded, ``TraceSummary.cpu_wait_time``: :func:`~lightning_perf.diagnose.
+           rule_helpers.on_cpu`), over the step less that wait, is below the rule's threshold, or that part is
+           below the rule's time per step. Python between operators that took its time only because the thread
+           waited for a CPU is explained; what is left beyond the wait is not.
         2. ``step_time_unstable``: the step time's spread (p90 over the median) within :data:`STALL_SLICES`
            times the mean wait for a CPU per step, or a scheduler slice (:data:`SCHED_SLICE`) where that is more:
            a busy machine delays a step by a slice or a few; a stall of 30 ms every 8 batches is more.

@@ -93,14 +93,17 @@ def strongest(
 
 def on_cpu(part: float, window: TraceSummary) -> tuple[float, float]:
     """``part`` of ``window``'s step (seconds per step) without what waiting for a CPU may hold of it, and the
-    step less that wait: ``(max(part - wait, min(part, idle)), step - wait)``, with ``wait`` the training
-    thread's wait for a CPU per step while the window recorded (``TraceSummary.cpu_wait_time``) and ``idle``
-    its time neither running nor waiting (sleeping, a disk, the network: no busy machine's doing). Unchanged
-    where the wait was not measured or was none."""
+    step less that wait: ``(max(part - wait, 0), step - wait)``, with ``wait`` the training thread's wait for a
+    CPU per step while the window recorded (``TraceSummary.cpu_wait_time``). Unchanged where the wait was not
+    measured or was none.
+
+    The thread's idle time (``TraceSummary.idle_time``: neither running nor queued) is no proof of work of the
+    program's own on a busy machine: a thread of the process holding the GIL is descheduled there, and the
+    training thread blocks on it (measured beside two CPU burners: an in-memory MLP "idle" 0.5-1 ms a step)."""
     waited = min(window.cpu_wait_time or 0.0, window.step_time)
     if waited <= 0:
         return part, window.step_time
-    return max(part - waited, min(part, window.idle_time or 0.0)), window.step_time - waited
+    return max(part - waited, 0.0), window.step_time - waited
 
 
 def on_cpu_share(part: float | None, window: TraceSummary) -> float | None:

@@ -9,7 +9,7 @@ copy to it).
 from __future__ import annotations
 
 from lightning_perf.diagnose.contention import busy_note, busy_share
-from lightning_perf.diagnose.loader_advice import loader_advice, loading, loading_evidence
+from lightning_perf.diagnose.loader_advice import CPU_BOUND, loader_advice, loading, loading_evidence
 from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch
 from lightning_perf.diagnose.rule_helpers import below, finding, in_window, on_cuda, reaches, stage_name, strongest
 from lightning_perf.diagnose.sample_loading import per_sample_advice, per_sample_evidence, per_sample_loading
@@ -110,7 +110,11 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     elif not advice.predicted_gain:
         severity = "info"
     if (busy := busy_share(ctx, t)) is not None and severity != "info" and per_sample is None:
-        severity = _on_a_busy_machine(ctx, t, busy, evidence)
+        # Between batches outside the DataLoader (the loop, hooks), a busy machine explains the time off the CPU
+        # too: a descheduled thread holding the GIL blocks the training thread there.
+        severity = "info" if elsewhere else _on_a_busy_machine(ctx, t, busy, evidence)
+        if elsewhere:
+            evidence.insert(0, busy_note(busy).removesuffix("; "))
     return finding(
         ctx,
         "dataloader_bound",
@@ -124,12 +128,14 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 
 def _on_a_busy_machine(ctx: StageEpoch, t: Thresholds, busy: float, evidence: list[str]) -> Severity:
     """The severity of a data wait measured while the training thread waited for a CPU ``busy`` of the epoch:
-    set by the part of the wait spent off the CPU, neither running nor queued for one (``1 -
-    EpochSummary.loading_cpu_share`` of it: a dataset that sleeps, reads a disk or the network), which a busy
-    machine does not explain; ``info`` below ``dataloader_warning``. Opens ``evidence`` with why."""
+    kept only where loading is mostly off the CPU, neither running nor queued for one
+    (``EpochSummary.loading_cpu_share`` below ``CPU_BOUND``: a dataset that sleeps, reads a disk or the network),
+    which a busy machine does not explain, and set by that part of the step; else ``info``. Opens ``evidence``
+    with why. (Loading on the CPU also shows time off it on a busy machine: a thread of the process holding the
+    GIL is descheduled, and the training thread blocks on it.)"""
     on_cpu = ctx.epoch.loading_cpu_share
     off = None if on_cpu is None else ctx.epoch.data_wait_fraction * max(0.0, 1.0 - on_cpu)
-    if off is None or not reaches(off, t.dataloader_warning):
+    if off is None or on_cpu is None or on_cpu >= CPU_BOUND or not reaches(off, t.dataloader_warning):
         evidence.insert(0, busy_note(busy).removesuffix("; "))
         return "info"
     evidence.insert(

@@ -99,6 +99,16 @@ class StageMeasure:
     history: deque[EpochSummary] = dataclasses.field(default_factory=lambda: deque(maxlen=HISTORY_EPOCHS))
 
 
+def say(trainer: pl.Trainer, message: str) -> None:
+    """``message`` on the console: through the Trainer's progress bar where one is on (`ProgressBar.print`: TQDM
+    writes it above the bar, where a log line would be glued to the bar's last line), else Lightning's log."""
+    bar = trainer.progress_bar_callback
+    if bar is not None and getattr(bar, "is_enabled", False):  # TQDMProgressBar's and RichProgressBar's
+        bar.print(message)
+    else:
+        rank_zero_info(message)
+
+
 def with_cpu_use(record: WindowRecord) -> TraceSummary:
     """A window's trace summary with the time per step its training thread waited for a CPU and was idle
     (``TraceSummary.cpu_wait_time``, ``idle_time``: what a busy machine explains, and what it does not)."""
@@ -360,7 +370,7 @@ class EpochReporter:
                 compile=compiled,
             )
             if message:
-                rank_zero_info(message)
+                say(trainer, message)
         if trainer.state.fn == TrainerFn.FITTING:  # a stage's first epoch, at once; then on the budget
             self.write_report(trainer, now=not st.history)
         # (validate, test and predict run one epoch of their stage: their Trainer call's end writes the report)

@@ -244,3 +244,14 @@ def test_one_batch_epochs_are_judged_over_the_stages_recent_batches(tmp_path):
     late = [f for f in perf.findings_for("train", epoch=11) if f.id == "dataloader_bound"]
     assert late, perf.findings_for("train", epoch=11)  # found, from enough batches
     assert all("over 8 batches" in f.evidence for f in late), late  # the last 8 epochs' batches, together
+
+
+def test_with_a_progress_bar_the_epoch_line_starts_a_line_of_its_own(tmp_path, capfd):
+    # A log line written while TQDM's bar stands was glued to it: "Epoch 0: 100%|...| 32/32 [...]lightning-perf |
+    # train epoch 0 | ...". Through the bar's own print, TQDM writes it on a line of its own.
+    callback = PerfCallback(max_windows=0, stages=["train"])
+    trainer(tmp_path, [callback], enable_progress_bar=True, limit_val_batches=0).fit(TinyModel(n=32))
+    out, err = capfd.readouterr()
+    lines = (out + err).splitlines()
+    assert any(line.startswith("lightning-perf | train epoch 0 |") for line in lines), out + err
+    assert not any("it/s" in line and "lightning-perf |" in line for line in lines), out + err
