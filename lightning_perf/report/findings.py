@@ -41,6 +41,9 @@ NOISE_MIN_EPOCHS = 5
 # A finding absent for fewer epochs than this, then back unchanged, is not shown again (a rule that fires on
 # most epochs but not all, e.g. step_time_unstable near its 1.5x).
 FORGET_AFTER_EPOCHS = 3
+# Findings shown again only for their severity, not their title's numbers: how busy the machine is moves with other
+# people's work, not the program's (cpu_contention swinging 61-78% was printed in full 50 times in 300 epochs).
+LEVEL_ONLY = frozenset({"cpu_contention"})
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 
 
@@ -64,6 +67,8 @@ def changed(before: Finding, now: Finding, noise: Sequence[float] = ()) -> bool:
         return True
     if before.severity == "info" and now.severity != "info":  # the console hid it at verbose=1: not shown yet
         return True
+    if now.id in LEVEL_ONLY:
+        return False
     old, new = _title_numbers(before.title), _title_numbers(now.title)
     if len(old) != len(new):
         return True

@@ -94,6 +94,15 @@ def test_a_finding_is_shown_again_only_when_its_numbers_or_its_severity_by_two_l
     # An info the console hid at verbose=1, become a warning, was never shown: it is news (it read "unchanged").
     assert changed(_finding("waits 29%", severity="info"), _finding("waits 31%", severity="warning"))
     assert not changed(_finding("waits 31%", severity="warning"), _finding("waits 29%", severity="info"))
+
+
+def test_how_busy_the_machine_is_is_shown_again_only_for_its_severity():
+    def busy(share: int, severity: str) -> Finding:
+        return _finding(f"Training waited for a CPU {share}% of the time", severity, id="cpu_contention")
+
+    assert not changed(busy(61, "critical"), busy(78, "critical"))  # other people's load moved
+    assert changed(busy(12, "info"), busy(45, "warning"))
+    assert not changed(busy(15, "warning"), busy(12, "info"))
     assert changed(_finding("Rank 1 is 1.82x slower"), _finding("Rank 0 is 1.82x slower"))
     assert not changed(_finding("1,232 operators per step"), _finding("1,250 operators per step"))
 
