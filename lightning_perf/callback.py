@@ -342,8 +342,10 @@ class PerfCallback(StageHooks, ResultsView):
         except Exception as err:
             self._policy.fail(stage, err)
         # What we did after the batch (logging, closing a window) is no part of the next batch's data wait; the
-        # batch after a close is left out of the epoch's times (StepClock.after_close).
+        # batch after a close is left out of the epoch's times (StepClock.after_close), and its CPU waits too.
         st.clock.restart(after_close=closed)
+        if st.cpu.paused and not closed and control.open is None:
+            st.cpu.resume()
 
     @override
     def _epoch_end(self, stage: str, trainer: pl.Trainer) -> None:

@@ -217,6 +217,7 @@ class EpochReporter:
         returns its step on the stage's axis."""
         if self.cuda_peaks is not None:
             self.cuda_peaks.start("window")
+        self.stages[stage].cpu.pause()  # the window's own CPU use is no contention of the run (EpochCpu.pause)
         return stage_step(stage, trainer, self.stages[stage].total_batches)
 
     def log_batch(self, stage: str, trainer: pl.Trainer) -> None:

@@ -121,3 +121,43 @@ def test_the_clock_samples_every_fourth_wait_from_batch_one():
     assert clock.data_wait[0] >= 5.0  # the start-up before the epoch-start hook
     # Batches 1 and 5: one wall tick and ten CPU seconds each (the fake clocks step by 1 and 10 per read).
     assert clock.sampled_wait == 2.0 and clock.loading_cpu_share() == 10.0
+
+
+def test_an_epochs_cpu_wait_leaves_out_what_pause_covers():
+    # This thread and a CPU burner share one CPU while paused (a window's own CPU use), then the burner stops: the
+    # epoch's share counts only the quiet part. The same without the pause counts the shared CPU.
+    import subprocess
+    import sys
+
+    from lightning_perf.collect.cpu import EpochCpu
+
+    def spin(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    def epoch(paused: bool) -> float | None:
+        cpu = EpochCpu()
+        burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            os.sched_setaffinity(burner.pid, {one})
+            cpu.start()
+            if paused:
+                cpu.pause()
+            spin(0.4)
+        finally:
+            burner.kill()
+            burner.wait()
+        cpu.resume()
+        spin(0.2)
+        return cpu.read()["cpu_wait_share"]
+
+    before = os.sched_getaffinity(0)
+    one = min(before)
+    os.sched_setaffinity(0, {one})
+    try:
+        shared, left_out = epoch(paused=False), epoch(paused=True)
+    finally:
+        os.sched_setaffinity(0, before)
+    assert shared is not None and left_out is not None
+    assert shared > 0.2 and left_out < 0.05, (shared, left_out)
