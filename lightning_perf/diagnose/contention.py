@@ -185,8 +185,9 @@ def _explained(f: Finding, ctx: StageEpoch, t: Thresholds) -> bool:
            time per step, what waiting for a CPU cannot hold (less the time the training thread waited for one per
            step while that window recorded, ``TraceSummary.cpu_wait_time``: :func:`~lightning_perf.diagnose.
            rule_helpers.on_cpu`), over the step less that wait, is below the rule's threshold, or that part is
-           below the rule's time per step. Python between operators that took its time only because the thread
-           waited for a CPU is explained; what is left beyond the wait is not.
+           below the rule's time per step or the wait itself. Python between operators that took its time only
+           because the thread waited for a CPU is explained; what is left beyond the wait, and at least as long,
+           is not.
         2. ``step_time_unstable``: the step time's spread (p90 over the median) within :data:`STALL_SLICES`
            times the mean wait for a CPU per step, or a scheduler slice (:data:`SCHED_SLICE`) where that is more:
            a busy machine delays a step by a slice or a few; a stall of 30 ms every 8 batches is more.
@@ -205,7 +206,11 @@ def _explained(f: Finding, ctx: StageEpoch, t: Thresholds) -> bool:
         return True
     threshold, min_time = (getattr(t, name) for name in _THRESHOLDS[f.id])
     real, on_cpu_step = on_cpu(measure(window), window)
-    return on_cpu_step <= 0 or real < min_time or real / on_cpu_step < threshold
+    # What is left beyond the wait must also reach the wait itself: a busy machine slows the thread on its CPU too
+    # (shared caches, a busy SMT sibling), by as much again (measured: an in-memory MLP's Python between operators,
+    # 0.8 ms a step on an idle machine, 1-3 ms beyond the wait for a CPU beside two burners).
+    waited = min(window.cpu_wait_time, window.step_time)
+    return on_cpu_step <= 0 or real < max(min_time, waited) or real / on_cpu_step < threshold
 
 
 # Other processes are idle when they used less than half a CPU over the epoch (our judgment: on this project's

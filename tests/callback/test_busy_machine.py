@@ -26,7 +26,7 @@ def test_a_busy_machine_is_named_first_and_the_program_is_not_blamed(tmp_path):
     assert last and last[0].id == "cpu_contention", last
     assert "The load comes from outside this run" in last[0].advice
     loud = [f.id for f in last[1:] if f.severity != "info"]
-    assert loud == [], [(f.id, f.severity, f.title) for f in last]
+    assert loud == [], [(f.id, f.severity, f.title, f.evidence) for f in last]
 
 
 def test_a_real_data_bottleneck_is_still_found_on_a_busy_machine(tmp_path):
