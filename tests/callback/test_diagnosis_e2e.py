@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, TensorDataset
 
 from lightning_perf import PerfCallback
-from models import Leaky, TinyModel, trainer
+from models import Leaky, TinyModel, release_freed_memory, trainer
 
 WINDOW = {"skip_first": 1, "warmup": 1, "active": 2}  # one 2-batch window per epoch, early
 
@@ -178,6 +178,7 @@ def test_a_callback_that_sleeps_is_framework_overhead(tmp_path, one_thread):
 
 def test_a_leaking_module_shows_memory_growth(tmp_path):
     callback = PerfCallback(max_windows=0, stages=["train"])
+    release_freed_memory()  # memory earlier tests freed would absorb the module's growth
     trainer(tmp_path, [callback], max_epochs=4, limit_val_batches=0).fit(Leaky())
     assert "memory_growth" in _ids(callback)
 

@@ -1,9 +1,7 @@
 """Always-on step metrics on real Trainer runs: the data-wait split, loss curves, memory, every logger, and
 perf_report.json, read back with TensorBoard's EventAccumulator, Lightning's CSV file and json."""
 
-import contextlib
 import csv
-import ctypes
 import itertools
 import json
 import os
@@ -21,7 +19,7 @@ from tensorboard.util import tensor_util
 
 from lightning_perf import PerfCallback
 from lightning_perf.report.json_report import SCHEMA_VERSION
-from models import Leaky, TinyModel, torch_threads, trainer
+from models import Leaky, TinyModel, release_freed_memory, torch_threads, trainer
 
 NO_WINDOWS = {"max_windows": 0}  # these tests are about the always-on metrics
 
@@ -90,10 +88,7 @@ def test_data_wait_fraction_tells_a_slow_dataset_from_an_in_memory_one(tmp_path,
 
 
 def test_host_memory_peak_grows_for_a_module_that_keeps_its_outputs(tmp_path):
-    # Memory that earlier tests in this process freed goes back to the system first: reused, it grows no RSS
-    # (a full suite's process saw 10 MiB and 4 MiB of growth, at 1 GB RSS).
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    release_freed_memory()  # (a full suite's process saw 10 MiB and 4 MiB of growth, at 1 GB RSS)
     callback = PerfCallback(**NO_WINDOWS)
     trainer(tmp_path, [callback], max_epochs=3, limit_val_batches=0).fit(Leaky())
     peaks = [e.host_rss_peak for e in callback.epochs if e.stage == "train"]
