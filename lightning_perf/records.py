@@ -58,7 +58,6 @@ class WindowRecord:
             recorded, in bytes (``None`` without CUDA).
         cpu_wait: Seconds the training thread waited for a CPU while the window recorded (a busy machine);
             ``None`` where not measured (not Linux, reports written before it was).
-        cpu_time: Seconds the training thread ran on a CPU while the window recorded (``None``: not measured).
         operators: The window's operators, in no particular order.
         summary: What the window's trace shows, per step (the input of the trace-level rules).
     """
@@ -76,7 +75,6 @@ class WindowRecord:
     cuda_max_allocated: int | None = None
     cuda_max_reserved: int | None = None
     cpu_wait: float | None = None
-    cpu_time: float | None = None
     operators: tuple[OperatorStat, ...] = field(default=(), repr=False)
     summary: TraceSummary | None = field(default=None, repr=False)
 
@@ -231,9 +229,6 @@ class TraceSummary:
             spans, any thread). ``None`` when the trace holds no such span.
         cpu_wait_time: Time the training thread waited for a CPU while the window recorded, per step (not from
             the trace: the window's ``WindowRecord.cpu_wait``); ``None`` for a trace alone.
-        idle_time: Time per step the training thread neither ran nor waited for a CPU (it slept, or waited on a
-            disk, the network, a lock): the step less its ``WindowRecord.cpu_time`` and ``cpu_wait`` per step;
-            ``None`` for a trace alone.
     """
 
     window: str
@@ -268,7 +263,6 @@ class TraceSummary:
     compiled_time: float | None = None
     guard_time: float | None = None
     cpu_wait_time: float | None = None
-    idle_time: float | None = None
 
 
 def share(part: float | None, window: TraceSummary) -> float | None:

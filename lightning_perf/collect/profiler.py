@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from typing import Any
 
 import torch
@@ -80,14 +79,10 @@ class ProfilerWindow:
         self.ran: set[int] = set()  # batches that really ran while the window recorded
         self._run_queue = RunQueue()
         self._queued_at: float | None = None
-        self._ran_at: float | None = None
         #: Seconds the training thread waited for a CPU inside the recorded steps' spans (a busy machine): the
         #: same time as the trace's steps, not the profiler's start and stop; ``None`` where not measured (not
         #: Linux, or no step was recorded).
         self.cpu_waited: float | None = None
-        #: Seconds the training thread ran on a CPU over the same spans (``time.thread_time``); ``None``: no step
-        #: was recorded.
-        self.cpu_ran: float | None = None
 
     @property
     def recorded(self) -> list[int]:
@@ -117,7 +112,7 @@ class ProfilerWindow:
         self._span = record_function(traces.PROFILER_STEP_PREFIX + str(batch))
         self._span.__enter__()
         self._span_batch = batch
-        self._queued_at, self._ran_at = self._run_queue(), time.thread_time()
+        self._queued_at = self._run_queue()
 
     def mark_ran(self, batch: int) -> None:
         """Notes that ``batch`` started inside its span (a span opened for a batch that never comes is dropped)."""
@@ -188,10 +183,8 @@ class ProfilerWindow:
             self._span_batch = None
 
     def _add_cpu_use(self) -> None:
-        """Adds the span's wait for a CPU and CPU time to :attr:`cpu_waited` and :attr:`cpu_ran`."""
-        if self._ran_at is not None:
-            self.cpu_ran = (self.cpu_ran or 0.0) + time.thread_time() - self._ran_at
+        """Adds the span's wait for a CPU to :attr:`cpu_waited`."""
         queued = self._run_queue()
         if queued is not None and self._queued_at is not None:
             self.cpu_waited = (self.cpu_waited or 0.0) + max(queued - self._queued_at, 0.0)
-        self._queued_at = self._ran_at = None
+        self._queued_at = None

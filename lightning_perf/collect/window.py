@@ -30,8 +30,6 @@ class Window(Protocol):
     state: WindowState
     #: Seconds the training thread waited for a CPU while the window recorded, once stopped (``None``: unknown).
     cpu_waited: float | None
-    #: Seconds the training thread ran on a CPU while the window recorded, once stopped (``None``: unknown).
-    cpu_ran: float | None
 
     @property
     def ran(self) -> Set[int]:

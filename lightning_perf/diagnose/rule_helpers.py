@@ -97,8 +97,8 @@ def on_cpu(part: float, window: TraceSummary) -> tuple[float, float]:
     CPU per step while the window recorded (``TraceSummary.cpu_wait_time``). Unchanged where the wait was not
     measured or was none.
 
-    The thread's idle time (``TraceSummary.idle_time``: neither running nor queued) is no proof of work of the
-    program's own on a busy machine: a thread of the process holding the GIL is descheduled there, and the
+    The thread's time neither running nor queued is no proof of work of the program's own on a busy machine
+    (it is not counted): a thread of the process holding the GIL is descheduled there, and the
     training thread blocks on it (measured beside two CPU burners: an in-memory MLP "idle" 0.5-1 ms a step)."""
     waited = min(window.cpu_wait_time or 0.0, window.step_time)
     if waited <= 0:

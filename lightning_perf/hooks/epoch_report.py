@@ -110,16 +110,13 @@ def say(trainer: pl.Trainer, message: str) -> None:
 
 
 def with_cpu_use(record: WindowRecord) -> TraceSummary:
-    """A window's trace summary with the time per step its training thread waited for a CPU and was idle
-    (``TraceSummary.cpu_wait_time``, ``idle_time``: what a busy machine explains, and what it does not)."""
+    """A window's trace summary with the time per step its training thread waited for a CPU
+    (``TraceSummary.cpu_wait_time``: what a busy machine explains)."""
     summary = record.summary
     assert summary is not None
     if record.cpu_wait is None or not summary.steps:
         return summary
-    waited = record.cpu_wait / summary.steps
-    ran = record.cpu_time / summary.steps if record.cpu_time is not None else None
-    idle = max(summary.step_time - ran - waited, 0.0) if ran is not None else None
-    return dataclasses.replace(summary, cpu_wait_time=waited, idle_time=idle)
+    return dataclasses.replace(summary, cpu_wait_time=record.cpu_wait / summary.steps)
 
 
 class EpochReporter:

@@ -175,7 +175,6 @@ def hand_over(
         cuda_max_reserved=cuda.max_reserved if cuda else None,
         close_seconds=time.perf_counter() - started,
         cpu_wait=window.cpu_waited,
-        cpu_time=window.cpu_ran,
     )
     return ClosedWindow(
         record=record,
