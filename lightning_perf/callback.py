@@ -27,6 +27,7 @@ from lightning_perf.collect.run_info import optimizer_info, run_info
 from lightning_perf.config import (
     DEFAULT_MAX_TRACE_MB,
     DEFAULT_MAX_WINDOWS,
+    DEFAULT_SCHEDULE,
     STAGES,
     PerfConfig,
     Schedule,
@@ -119,7 +120,7 @@ class PerfCallback(StageHooks, ResultsView):
     def __init__(
         self,
         *,
-        schedule: Schedule | None = Schedule(),  # noqa: B008 (frozen: one shared default is safe); or a mapping
+        schedule: Schedule | None = DEFAULT_SCHEDULE,  # or a mapping
         batches: Sequence[int] | None = None,
         stages: Sequence[Stage] = STAGES,
         max_windows: int = DEFAULT_MAX_WINDOWS,
@@ -176,6 +177,7 @@ class PerfCallback(StageHooks, ResultsView):
             started=self._epochs.window_started,
             warn=self._policy.warn_once,
             info=self._policy.info_once,
+            chosen=batches is not None or schedule not in (None, DEFAULT_SCHEDULE),
         )
         self._policy.drop = self._control.drop
         self._stages = self._epochs.stages  # what the per-batch hooks touch, one lookup away

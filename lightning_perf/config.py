@@ -120,6 +120,11 @@ _SCHEDULE = Kind(
 )
 
 
+DEFAULT_SCHEDULE = Schedule()
+"""``PerfCallback``'s default ``schedule``, one shared frozen instance: a schedule the user passed is never this
+object, so the callback can tell a plan the user chose from its default."""
+
+
 def _to_schedule(value: Schedule | Mapping[str, Any] | None) -> tuple[Schedule, list[str]]:
     """A :class:`Schedule` from itself, a plain mapping (YAML) of its fields, or ``None`` (the default); and
     the problems with ``value``, one line each (the default schedule stands in while there are any)."""

@@ -274,7 +274,9 @@ def _write_report(directory, *, flops_per_second=None, mfu=None, counted=True):
         run["peak_flops"] = 989e12 if mfu is not None else None
         run["flops"] = {
             "by_module": [["encoder.layer1", 2.06e12], ["decoder", 1.03e12], ["head", 0.2e12]],
-            "counted": [{"flops": 4.12e12, "samples": 32, "shape": "32x128"}],
+            "forward": 1.03e12 * 4,  # the modules' shares are of the forward pass
+            "counted": [{"flops": 3 * 4.12e12, "samples": 32, "shape": "32x128"}],
+            "uncounted": [["aten.mkldnn_rnn_layer", 4]],
         }
     report = report_dict(generated_by="lightning-perf test", run=run, epochs=[epoch], windows=[])
     directory.mkdir()
@@ -287,7 +289,11 @@ def test_report_shows_flops_per_batch_mfu_and_the_top_modules(tmp_path, capsys):
     assert main(["report", str(run)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "  peak 989 TFLOP/s per device (what MFU divides by)" in lines
-    assert "  top modules by FLOPs: encoder.layer1 50%, decoder 25%, head 4%" in lines  # of the batch's 4.12 TFLOP
+    assert "  top modules by forward FLOPs: encoder.layer1 50%, decoder 25%, head 4%" in lines
+    assert (
+        "  not counted (no FLOP formula in torch; the figures are lower bounds): aten.mkldnn_rnn_layer (4 calls)"
+        in lines
+    )
     [i] = [i for i, line in enumerate(lines) if line.startswith("lightning-perf | train epoch 0 |")]
     assert lines[i].split(" | ")[2].endswith("samples/s, 310 TFLOP/s, MFU 31%")
     assert lines[i + 1] == "  FLOPs per batch: 4.12 TFLOP (forward and backward)"
@@ -303,7 +309,7 @@ def test_a_report_without_flops_shows_no_flops_line(tmp_path, capsys):
     run = _write_report(tmp_path / "cpu", flops_per_second=3.1e10)
     assert main(["report", str(run)]) == 0
     out = capsys.readouterr().out
-    assert "31.0 GFLOP/s" in out and "top modules by FLOPs:" in out and "MFU" not in out and "peak" not in out
+    assert "31.0 GFLOP/s" in out and "top modules by forward FLOPs:" in out and "MFU" not in out and "peak" not in out
 
 
 def test_compare_shows_flops_and_mfu_before_and_after(tmp_path, capsys):

@@ -19,7 +19,7 @@ from lightning_perf.cli.inputs import EXIT_OK, REPORT_PAGE, find_reports, html_o
 from lightning_perf.readers import load_report
 from lightning_perf.records import EpochSummary
 from lightning_perf.report.findings import console_report
-from lightning_perf.report.json_report import report_epochs, report_top_modules
+from lightning_perf.report.json_report import report_epochs, report_top_modules, report_uncounted_ops
 from lightning_perf.units import flops, flops_rate, percent
 
 TOP_MODULES_SHOWN = 5  # of the report's run.flops.by_module, on `report`'s line of modules by FLOPs share
@@ -71,7 +71,10 @@ def _run_flops_lines(run: Mapping[str, Any]) -> list[str]:
         lines.append(f"peak {flops_rate(peak)} per device (what MFU divides by)")
     if modules := report_top_modules(run):
         shown = ", ".join(f"{name} {percent(part)}" for name, part in modules[:TOP_MODULES_SHOWN])
-        lines.append(f"top modules by FLOPs: {shown}")
+        lines.append(f"top modules by forward FLOPs: {shown}")
+    if uncounted := report_uncounted_ops(run):
+        shown = ", ".join(f"{op} ({calls} calls)" for op, calls in uncounted[:TOP_MODULES_SHOWN])
+        lines.append(f"not counted (no FLOP formula in torch; the figures are lower bounds): {shown}")
     return lines
 
 

@@ -32,8 +32,7 @@ Notes:
        the figure is the FLOPs the hardware executed, not the model's (6 x params x tokens-style)
        FLOPs. Measured: a checkpointed MLP (``use_reentrant=False``) counts 96,256 + 32,768, its first
        Linear's forward again (non-reentrant recomputation stops once the saved tensors are back). The
-       module tracker also charges recomputed ops to the module whose backward is running, so under
-       checkpointing :attr:`BatchFlops.by_module` can add up to more than the total.
+       recomputation runs inside the backward, so it is in the total but not in :attr:`BatchFlops.by_module`.
     5. **Variable-length batches.** Each new shape is counted until :data:`MAX_COUNTS`; beyond it,
        :meth:`BatchFlopCounter.estimate` scales the count whose batch held the nearest number of
        input elements (samples x tokens) linearly to the batch's elements: exact for matmul-bound
@@ -41,14 +40,26 @@ Notes:
     6. **Ops the counter does not know** (custom kernels, ``torch.ops`` of extensions, Triton kernels,
        and every pointwise op, norm and reduction by design) count 0; biases are not counted either
        (a Linear's forward is ``2 * B * in * out``, a convolution's ``2 * B * Cout * Hout * Wout * Cin
-       * k * k``, grouped convolutions counted as if ungrouped, as PyTorch's formulas do).
+       * k * k``, grouped convolutions counted as if ungrouped, as PyTorch's formulas do). Those of them
+       whose name says they do matrix work (:data:`MATRIX_WORK`: on torch 2.13's CPU, ``nn.LSTM`` and
+       ``nn.GRU`` run ``aten.mkldnn_rnn_layer``, which has no formula, so an LSTM counts 0) are kept in
+       :attr:`BatchFlops.uncounted`: the count is a lower bound, and the callback says so.
+    7. **Modules are charged their forward.** torch's ``ModuleTracker`` enters a module's backward when its
+       outputs' gradients arrive and leaves it when its inputs' gradients are computed; a module none of whose
+       inputs needs a gradient (a block over static covariates, an embedding's consumer) is never left, and
+       every later backward op is charged to it too (pytorch-forecasting's TemporalFusionTransformer: module
+       shares adding up to 2.24x the batch's FLOPs). :attr:`BatchFlops.by_module` therefore holds each
+       module's forward FLOPs, which hooks around ``forward`` attribute exactly, and
+       :attr:`BatchFlops.forward` their total: a module's share is of the forward pass.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import warnings
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +83,9 @@ the blocks of a wrapped network."""
 TOP_MODULES = 10
 """How many modules :attr:`BatchFlops.by_module` keeps, largest first."""
 
+MATRIX_WORK = re.compile(r"rnn|lstm|gru|conv|mm|matmul|linear|gemm|einsum|attention|attn", re.IGNORECASE)
+"""An op without a FLOP formula whose name matches does matrix work that the count leaves out (Notes 6)."""
+
 MAX_KEY_NODES = 1024
 """Objects :func:`shape_key` visits at most: a batch that carries a long Python list (token ids, file
 names) costs one bounded walk per batch, not one per element."""
@@ -85,11 +99,14 @@ class BatchFlops:
 
     Attributes:
         total: FLOPs of the batch, forward and backward (multiply-adds count 2).
-        by_module: ``(module name, FLOPs)`` of the largest modules at the counter's depth, largest
-            first; names as ``FlopCounterMode`` gives them (``"Model.encoder.0"``).
+        by_module: ``(module name, forward FLOPs)`` of the largest modules at the counter's depth, largest
+            first; names as ``FlopCounterMode`` gives them (``"Model.encoder.0"``); Notes 7.
         shape_key: The shapes of the batch's tensors, in walk order (:func:`shape_key`).
         batch_size: Samples in the batch (the first dimension of its first tensor), or ``None``.
         elements: Elements in all the batch's tensors, what :meth:`BatchFlopCounter.estimate` scales by.
+        forward: FLOPs of the forward passes (outside any backward): what :attr:`by_module` is a share of.
+        uncounted: ``(op, calls)`` of the ops that do matrix work but have no FLOP formula, most calls first:
+            they count 0 (Notes 6).
     """
 
     total: int
@@ -97,6 +114,34 @@ class BatchFlops:
     shape_key: ShapeKey
     batch_size: int | None
     elements: int
+    forward: int = 0
+    uncounted: tuple[tuple[str, int], ...] = ()
+
+
+class _ForwardChargedCounter(FlopCounterMode):
+    """torch's counter, charging backward ops to the batch's total only (Notes 7) and keeping the ops that do
+    matrix work with no formula (Notes 6). Overrides ``FlopCounterMode._count_flops`` (torch 2.1-2.13: called
+    with every op the mode did not decompose)."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__(display=False, depth=depth)
+        self.forward = 0
+        self.uncounted: Counter[str] = Counter()
+
+    def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+        formula = self.flop_registry.get(func_packet)
+        if formula is None:
+            if MATRIX_WORK.search(str(func_packet)):
+                self.uncounted[str(func_packet)] += 1
+            return out
+        flops = formula(*args, **kwargs, out_val=out)
+        if torch._C._current_graph_task_id() != -1:  # inside autograd's backward
+            self.flop_counts["Global"][func_packet] += flops
+            return out
+        self.forward += flops
+        for parent in set(self.mod_tracker.parents):
+            self.flop_counts[parent][func_packet] += flops
+        return out
 
 
 def shape_key(batch: Any, *, max_depth: int = MAX_DEPTH) -> ShapeKey:
@@ -185,7 +230,7 @@ class BatchFlopCounter:
         self.max_counts, self.depth, self.top = max_counts, depth, top
         self._batch_size = batch_size or infer_batch_size
         self._counted: dict[ShapeKey, BatchFlops] = {}
-        self._mode: FlopCounterMode | None = None
+        self._mode: _ForwardChargedCounter | None = None
         self._exits: contextlib.ExitStack | None = None
         self._batch: tuple[ShapeKey, int | None, int] | None = None
 
@@ -208,7 +253,7 @@ class BatchFlopCounter:
         self.cancel()
         key = shape_key(batch)
         self._batch = (key, self._batch_size(batch), sum(_numel(shape) for shape in key))
-        mode = FlopCounterMode(display=False, depth=self.depth)
+        mode = _ForwardChargedCounter(self.depth)
         with contextlib.ExitStack() as exits:
             set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6; see Notes 2
             if set_stance is not None:
@@ -237,6 +282,8 @@ class BatchFlopCounter:
             shape_key=key,
             batch_size=batch_size,
             elements=elements,
+            forward=mode.forward,
+            uncounted=tuple(mode.uncounted.most_common()),
         )
         self._counted[key] = record
         return record
@@ -270,7 +317,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def _top_modules(counts: dict[str, int], depth: int, top: int) -> tuple[tuple[str, int], ...]:
     """The deepest counted modules at most ``depth`` deep (those with no counted child that deep), largest
-    first; a parent whose children are listed is left out, so that the shares add up to at most 1 (Notes 4)."""
+    first; a parent whose children are listed is left out, so that the forward shares add up to at most 1."""
     names = [n for n in counts if n != "Global" and n.count(".") < depth and counts[n] > 0]
     leaves = [n for n in names if not any(o.startswith(n + ".") for o in names)]
     return tuple(sorted(((n, counts[n]) for n in leaves), key=lambda item: (-item[1], item[0]))[:top])

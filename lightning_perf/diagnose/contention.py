@@ -206,16 +206,25 @@ def _explained(f: Finding, ctx: StageEpoch, t: Thresholds) -> bool:
         return True
     threshold, min_time = (getattr(t, name) for name in _THRESHOLDS[f.id])
     real, on_cpu_step = on_cpu(measure(window), window)
-    # What is left beyond the wait must also reach the wait itself: a busy machine slows the thread on its CPU too
-    # (shared caches, a busy SMT sibling), by as much again (measured: an in-memory MLP's Python between operators,
-    # 0.8 ms a step on an idle machine, 1-3 ms beyond the wait for a CPU beside two burners).
+    # What is left beyond the wait must also reach the wait itself, and its rule's time per step once the busy
+    # machine's slowdown on the CPU is taken out (BUSY_SLOWDOWN).
     waited = min(window.cpu_wait_time, window.step_time)
-    return on_cpu_step <= 0 or real < max(min_time, waited) or real / on_cpu_step < threshold
+    return on_cpu_step <= 0 or real < max(min_time * BUSY_SLOWDOWN, waited) or real / on_cpu_step < threshold
+
+
+def idle_time(seconds: float, busy: float) -> float:
+    """The least ``seconds`` of host time measured while the training thread waited for a CPU ``busy`` of the
+    epoch could be on an idle machine: less the wait (spread evenly), and less :data:`BUSY_SLOWDOWN`."""
+    return seconds * max(0.0, 1.0 - busy) / BUSY_SLOWDOWN
 
 
 # Other processes are idle when they used less than half a CPU over the epoch (our judgment: on this project's
 # idle 2-CPU machine, 0.0-0.1 CPUs; beside two CPU burners, 1.9-2.0): the wait is then the run's own doing.
 OUTSIDE_LOAD = 0.5
+# A busy machine slows a thread on its CPU too (shared caches, a busy SMT sibling), not only by the wait for one.
+# Measured on this project's 2-CPU machine beside two burners: an in-memory MLP's Python between operators,
+# 0.8 ms a step idle, 1.1-1.5 ms beyond the wait for a CPU (1.4-1.9x); Intel quotes up to 2x per SMT thread.
+BUSY_SLOWDOWN = 2.0
 # A busy machine delays a step by a scheduler slice or a few (Linux's CFS: a few ms each); our judgment.
 STALL_SLICES = 3
 # A scheduler slice: what a thread preempted on a busy machine waits at least, however short its steps (Linux's

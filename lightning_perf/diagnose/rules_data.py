@@ -8,7 +8,7 @@ copy to it).
 
 from __future__ import annotations
 
-from lightning_perf.diagnose.contention import busy_note, busy_share
+from lightning_perf.diagnose.contention import busy_note, busy_share, idle_time
 from lightning_perf.diagnose.loader_advice import CPU_BOUND, loader_advice, loading, loading_evidence
 from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch
 from lightning_perf.diagnose.rule_helpers import below, finding, in_window, on_cuda, reaches, stage_name, strongest
@@ -62,7 +62,9 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            batches, outside the DataLoader", the advice what else runs there, and it is at most a warning.
         8. On a busy machine (``cpu_contention``), the severity is set by the part of the wait spent off the CPU,
            which the busy machine does not explain (:func:`_on_a_busy_machine`); but for per-sample loading,
-           whose evidence is a count of calls per sample, which no busy machine changes.
+           whose evidence is a count of calls per sample, which no busy machine changes: it is kept unless the
+           wait per batch, as an idle machine could have it (:func:`~lightning_perf.diagnose.contention.
+           idle_time`), is below ``dataloader_min_wait``.
     """
     epoch = ctx.epoch
     fraction = epoch.data_wait_fraction
@@ -109,12 +111,19 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         severity = "warning" if severity == "critical" else severity
     elif not advice.predicted_gain:
         severity = "info"
-    if (busy := busy_share(ctx, t)) is not None and severity != "info" and per_sample is None:
-        # Between batches outside the DataLoader (the loop, hooks), a busy machine explains the time off the CPU
-        # too: a descheduled thread holding the GIL blocks the training thread there.
-        severity = "info" if elsewhere else _on_a_busy_machine(ctx, t, busy, evidence)
-        if elsewhere:
+    if (busy := busy_share(ctx, t)) is not None and severity != "info":
+        if per_sample is not None:
+            # Its calls per sample are no busy machine's doing, but their time is: judged on an idle machine's.
+            if below(idle_time(epoch.data_wait / measured, busy), t.dataloader_min_wait):
+                severity = "info"
+                evidence.insert(0, busy_note(busy).removesuffix("; "))
+        elif elsewhere:
+            # Between batches outside the DataLoader (the loop, hooks), a busy machine explains the time off the
+            # CPU too: a descheduled thread holding the GIL blocks the training thread there.
+            severity = "info"
             evidence.insert(0, busy_note(busy).removesuffix("; "))
+        else:
+            severity = _on_a_busy_machine(ctx, t, busy, evidence)
     return finding(
         ctx,
         "dataloader_bound",

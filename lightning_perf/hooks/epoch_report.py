@@ -38,7 +38,7 @@ from lightning_perf.diagnose.rules_step import epoch_time
 from lightning_perf.diagnosis_context import epoch_context, run_facts
 from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
-from lightning_perf.hooks.flop_count import FlopCounting
+from lightning_perf.hooks.flop_count import FlopCounting, uncounted_warning
 from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.layout import page_path
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary, StepSplit, TraceSummary, WindowRecord
@@ -315,11 +315,18 @@ class EpochReporter:
     def flops_counted(self, record: BatchFlops) -> None:
         """A training batch's FLOPs were counted: the run's counts and top modules go in the report; where
         no peak is known, one note says how to give it."""
-        first = self.run_info.get("flops", {}).get("by_module")  # the shares are of the first counted batch
+        kept = self.run_info.get("flops", {})  # the shares are of the first counted batch
+        uncounted = dict(kept.get("uncounted", []))
+        for op, calls in record.uncounted:
+            uncounted[op] = max(calls, uncounted.get(op, 0))
         self.run_info["flops"] = {
-            "by_module": first if first is not None else [[name, flops] for name, flops in record.by_module],
+            "by_module": kept.get("by_module", [[name, flops] for name, flops in record.by_module]),
+            "forward": kept.get("forward", record.forward),
             "counted": [{"flops": c.flops, "samples": c.samples} for c in self.flops.counts],
+            "uncounted": [[op, calls] for op, calls in uncounted.items()],
         }
+        if message := uncounted_warning(record):
+            self._policy.warn_once("flops_uncounted", message)
         if self.run_info.get("peak_flops") is None:
             self._policy.info_once(
                 "peak_flops",

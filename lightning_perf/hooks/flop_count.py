@@ -43,6 +43,23 @@ def run_peak_flops(run: dict[str, Any], override: float | None) -> float | None:
     return peak_flops(run["device_name"], dtype) if dtype is not None else None
 
 
+UNCOUNTED_NAMED = 4
+"""Ops with no FLOP formula named in the warning (:func:`uncounted_warning`), most calls first."""
+
+
+def uncounted_warning(record: BatchFlops) -> str | None:
+    """The warning for a count that left out matrix work (ops with no FLOP formula, e.g. an LSTM on CPU), naming
+    the ops; ``None`` where nothing was left out."""
+    if not record.uncounted:
+        return None
+    named = ", ".join(f"{op} ({calls} calls)" for op, calls in record.uncounted[:UNCOUNTED_NAMED])
+    more = f" and {len(record.uncounted) - UNCOUNTED_NAMED} more" if len(record.uncounted) > UNCOUNTED_NAMED else ""
+    return (
+        f"PerfCallback: the FLOP count leaves out {named}{more}: torch's FlopCounterMode has no formula for them,"
+        " so they count 0, and FLOPs per batch, FLOP/s and MFU are lower bounds."
+    )
+
+
 class FlopCounting:
     """The run's FLOP counts: which batch to count (one candidate per training epoch), and the counts.
 

@@ -116,6 +116,9 @@ class WindowControl:
         started: ``(stage, context) -> step``: called when a window starts recording, with the ``context``
             the caller passed; returns the window's step on the stage's axis.
         warn, info: ``(key, message)``: what to show once per key, as a warning or as a note.
+        chosen: The user chose the plan (a schedule or batches of their own): an epoch too short for it, or a
+            window the epoch's end cuts short, is a warning; with the default plan, a note (a small validation
+            set is no fault of the user's).
 
     The caller sets :attr:`records` (whether this process records windows at all) and calls, for each stage:
     :meth:`epoch_start`, then :meth:`before_batch`; per batch :meth:`batch_started` (only while a window of the
@@ -142,6 +145,7 @@ class WindowControl:
         started: Callable[[str, Any], int],
         warn: Say,
         info: Say,
+        chosen: bool = True,
     ) -> None:
         self.plan = plan
         self.max_windows = max_windows
@@ -152,6 +156,7 @@ class WindowControl:
         self._started = started
         self._warn = warn
         self._info = info
+        self._unmet = warn if chosen else info  # the plan could not be kept: said as the plan's chooser expects
 
     def epoch_start(self, stage: str, num_batches: float, *, epoch: int | None = None, first_batch: int = 0) -> None:
         """A stage epoch of ``num_batches`` starts: epoch ``epoch``, or (``None``) the stage's next (validation
@@ -279,7 +284,8 @@ class WindowControl:
             stopped_in = recorded[-1] == pos.batch  # the batch's end never came: the run stopped inside it
             shortened = stopped_in or recorded[-1] < planned[1]  # else it recorded all it planned, whole
             if shortened:
-                self._warn(f"shortened:{open_.stage}", _cut_short(open_.stage, planned, recorded, stopped_in))
+                say = self._warn if stopped_in else self._unmet
+                say(f"shortened:{open_.stage}", _cut_short(open_.stage, planned, recorded, stopped_in))
         pos.windows_this_epoch += 1
         return WindowToSave(open=open_, shortened=shortened, recorded=recorded)
 
@@ -305,7 +311,7 @@ class WindowControl:
             and pos.windows_used < self.max_windows
             and self.records
         ):
-            self._warn(
+            self._unmet(
                 f"short:{stage}",
                 f"PerfCallback: the {stage} epoch had {pos.batch} batches, too few for the schedule (its first"
                 f" recorded batch is {first}), so it has no profiler window. Lower `schedule.skip_first`/`wait`,"

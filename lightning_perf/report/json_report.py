@@ -14,7 +14,8 @@ end of each ``fit``/``validate``/``test``/``predict`` and on an interruption. It
       "run": {torch, lightning, device, device_name, world_size, precision, strategy,
               dataloaders: {<stage>: {num_workers, pin_memory, persistent_workers, batch_size}},
               peak_flops,
-              flops: {by_module: [[<module>, <FLOPs>], ...], counted: [{flops, samples, shape}, ...]}},
+              flops: {by_module: [[<module>, <forward FLOPs>], ...], forward: <FLOPs>,
+                      counted: [{flops, samples, shape}, ...], uncounted: [[<op>, <calls>], ...]}},
       "stages": {<stage>: {"epochs": [{<EpochSummary fields>, "findings": [<Finding fields>, ...],
                                        "ranks": [<RankSummary fields>, ...],
                                        "compile": {<CompileStats fields>,
@@ -29,7 +30,9 @@ end of each ``fit``/``validate``/``test``/``predict`` and on an interruption. It
 
 Times are in seconds, memory in bytes, work in FLOPs (rates in FLOP/s, ``peak_flops`` per device); ``null``
 where a value could not be measured. ``run.flops`` is absent when no batch's FLOPs were counted: ``counted``
-holds each batch shape counted, ``by_module`` the largest modules of the first one.
+holds each batch shape counted, ``by_module`` the largest modules of the first one by their forward FLOPs
+(``forward`` their whole: autograd's backward cannot be charged to modules reliably), ``uncounted`` the ops
+doing matrix work that the count left out (no FLOP formula in torch: the figures are lower bounds).
 
 An epoch's ``compile`` (:class:`~lightning_perf.records.CompileStats`: ``graphs``, ``breaks``, ``recompiles``,
 ``limit_reached``, ``seconds``, ``seconds_before``, ``limit_function``, and the graph breaks by reason and
@@ -213,16 +216,18 @@ def report_epochs(report: Mapping[str, Any]) -> list[ReportEpoch]:
 
 
 def report_top_modules(run: Mapping[str, Any]) -> list[tuple[str, float]]:
-    """``(module, share of the batch's FLOPs)`` from a report's ``run`` (its ``flops``), largest first: each
-    module of ``by_module`` over the FLOPs of the batch they were counted on (the first of ``counted``). Empty
-    where the report holds no counted batch; entries of another shape are left out (``run.flops`` is not part
-    of the schema ``readers.load_report`` checks)."""
+    """``(module, share of the forward's FLOPs)`` from a report's ``run`` (its ``flops``), largest first: each
+    module of ``by_module`` over ``forward``, the forward FLOPs of the batch they were counted on (reports
+    without ``forward``: over that batch's FLOPs, the first of ``counted``). Empty where the report holds no counted
+    batch; entries of another shape are left out (``run.flops`` is not part of the schema
+    ``readers.load_report`` checks)."""
     counts = run.get("flops")
-    counted = counts.get("counted") if isinstance(counts, Mapping) else None
-    by_module = counts.get("by_module") if isinstance(counts, Mapping) else None
+    if not isinstance(counts, Mapping):
+        return []
+    counted, by_module = counts.get("counted"), counts.get("by_module")
     if not isinstance(counted, list) or not counted or not isinstance(counted[0], Mapping):
         return []
-    total = counted[0].get("flops")
+    total = counts.get("forward") if _is_number(counts.get("forward")) else counted[0].get("flops")
     if not isinstance(by_module, list) or not _is_number(total) or total <= 0:
         return []
     modules = [
@@ -231,6 +236,21 @@ def report_top_modules(run: Mapping[str, Any]) -> list[tuple[str, float]]:
         if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str) and _is_number(entry[1])
     ]
     return sorted(modules, key=lambda m: -m[1])
+
+
+def report_uncounted_ops(run: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """``(op, calls in a counted batch)`` from a report's ``run.flops.uncounted``: the ops doing matrix work that
+    the FLOP count left out (no formula in torch); empty where there were none or the entries are of another
+    shape."""
+    counts = run.get("flops")
+    entries = counts.get("uncounted") if isinstance(counts, Mapping) else None
+    if not isinstance(entries, list):
+        return []
+    return [
+        (entry[0], int(entry[1]))
+        for entry in entries
+        if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str) and _is_number(entry[1])
+    ]
 
 
 def _is_number(value: Any) -> TypeGuard[float]:

@@ -266,4 +266,7 @@ def test_a_slow_batch_after_a_window_is_no_step_time_spike(tmp_path):
         )
     epoch = perf.epochs[0]
     assert epoch.step_time_max < 0.04, epoch
-    assert "step_time_unstable" not in {f.id for f in perf.findings_for("train")}
+    # A loaded machine may make other steps spiky; the slowed batches are never among the spikes.
+    unstable = [f for f in perf.findings_for("train") if f.id == "step_time_unstable"]
+    named = {int(i) for f in unstable for m in re.findall(r"at batches ([\d, ]+)", f.evidence) for i in m.split(",")}
+    assert not named & {10, 15}, unstable

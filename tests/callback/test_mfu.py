@@ -106,3 +106,36 @@ def test_the_peak_flops_option_is_validated():
     with pytest.raises(ValueError, match="peak_flops must be a number of FLOP/s > 0"):
         PerfCallback(peak_flops=0)
     assert PerfCallback(peak_flops=312e12).config.peak_flops == 312e12
+
+
+class LstmModel(TinyModel):
+    """An LSTM over 16 steps of one feature, then Linear(8, 1): on CPU the LSTM runs ``aten.mkldnn_rnn_layer``,
+    which torch's FLOP counter has no formula for."""
+
+    def __init__(self) -> None:
+        super().__init__(n=16)
+        self.lstm, self.head = nn.LSTM(1, 8, batch_first=True), nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        out, _ = self.lstm(x.unsqueeze(-1))
+        return nn.functional.binary_cross_entropy_with_logits(self.head(out[:, -1]), y)
+
+
+def test_an_lstm_the_counter_cannot_count_is_named_once_and_in_the_report(tmp_path, capsys):
+    from lightning_perf.cli import main
+
+    perf = PerfCallback(**NO_WINDOWS, stages=["train"])
+    with pytest.warns(UserWarning, match=r"the FLOP count leaves out aten\.mkldnn_rnn_layer") as caught:
+        trainer(tmp_path, [perf], max_epochs=2, limit_val_batches=0).fit(LstmModel())
+    assert len([w for w in caught if "FLOP count leaves out" in str(w.message)]) == 1
+    head = _linear(4, 8, 1, input_grad=True)
+    assert [e.flops_per_batch for e in perf.epochs] == [head, head]  # the LSTM counts 0: a lower bound
+    flops = json.loads(pathlib.Path(perf.report_path).read_text())["run"]["flops"]
+    assert {op for op, _ in flops["uncounted"]} >= {"aten.mkldnn_rnn_layer", "aten.mkldnn_rnn_layer_backward"}
+    assert flops["forward"] == 2 * 4 * 8 * 1 and flops["by_module"] == [["Linear", flops["forward"]]]
+    assert main(["report", str(pathlib.Path(perf.report_path).parent)]) == 0
+    assert "not counted (no FLOP formula in torch; the figures are lower bounds): aten.mkldnn_rnn_layer" in (
+        capsys.readouterr().out
+    )
+    assert "aten.mkldnn_rnn_layer" in pathlib.Path(perf.page_path).read_text()

@@ -100,6 +100,14 @@ def test_stage_too_short_gets_no_window_and_one_warning(tmp_path, recwarn):
     assert not list(tmp_path.rglob("*.pt.trace.json*"))  # never a recording of the whole run
 
 
+def test_a_small_validation_set_under_the_default_schedule_is_a_note_not_a_warning(tmp_path, recwarn, caplog):
+    callback = PerfCallback()  # the default plan: the user asked for no window in particular
+    with caplog.at_level("INFO"):
+        trainer(tmp_path, [callback], max_epochs=1).fit(TinyModel(n=48, val_n=8))  # 12 training, 2 validation batches
+    assert not [w for w in recwarn if "PerfCallback" in str(w.message)]
+    assert "the validate epoch had 2 batches, too few for the schedule" in caplog.text
+
+
 def test_repeat_two_gives_two_windows_every_epoch(tmp_path):
     callback = PerfCallback(
         schedule={"skip_first": 0, "wait": 1, "warmup": 1, "active": 2, "repeat": 2}, stages=["train"]

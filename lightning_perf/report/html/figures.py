@@ -342,14 +342,14 @@ def modules_figure(modules: Sequence[tuple[str, float]]) -> dict[str, Any]:
             {
                 "type": "bar",
                 "orientation": "h",
-                "name": "share of the batch's FLOPs",
+                "name": "share of the forward's FLOPs",
                 "x": [_round(100 * share) for _, share in shown],
                 "y": [name for name, _ in shown],
                 "hovertemplate": "%{y}: %{x:.1f}% of the batch's FLOPs<extra></extra>",
             }
         ],
         "layout": {
-            **_layout("Modules by share of a batch's FLOPs", "share of the batch's FLOPs (%)", "module"),
+            **_layout("Modules by share of the forward's FLOPs", "share of the forward's FLOPs (%)", "module"),
             "yaxis": {"title": {"text": "module"}, "automargin": True, "type": "category"},
             "height": 140 + 22 * len(shown),
         },

@@ -15,7 +15,7 @@ from typing import Any
 from lightning_perf.records import EpochSummary
 from lightning_perf.report.html.document import Cell, chart, esc, number_cell, table
 from lightning_perf.report.html.figures import flops_figure, modules_figure
-from lightning_perf.report.json_report import report_top_modules
+from lightning_perf.report.json_report import report_top_modules, report_uncounted_ops
 from lightning_perf.units import count, flops, flops_rate, percent
 from lightning_perf.validation import is_finite
 
@@ -101,11 +101,17 @@ def flops_html(
     if figure is not None and charts:
         html += chart(figure)
     html += counted
+    if uncounted := report_uncounted_ops(run):
+        ops = ", ".join(f"<code>{esc(op)}</code> ({calls} calls)" for op, calls in uncounted)
+        html += (
+            f'<p class="note">Not counted: {ops}. torch has no FLOP formula for these ops, which do matrix work;'
+            " they count 0, so FLOPs, FLOP/s and MFU here are lower bounds.</p>"
+        )
     if modules:
         rows = [[Cell(name), number_cell(part, percent(part, 1))] for name, part in modules]
-        html += '<h3>Modules by FLOPs</h3><div class="grid">'
+        html += '<h3>Modules by forward FLOPs</h3><div class="grid">'
         if charts:
             bars = modules_figure(modules)
             html += chart(bars, height=bars["layout"]["height"])
-        html += table(["module", "share of the batch's FLOPs"], rows, sortable=True, numeric=[False, True]) + "</div>"
+        html += table(["module", "share of the forward's FLOPs"], rows, sortable=True, numeric=[False, True]) + "</div>"
     return html
