@@ -54,7 +54,8 @@ MAX_DEPTH = 8
 
 
 def infer_batch_size(batch: Any, *, max_depth: int = MAX_DEPTH) -> int | None:
-    """Returns the number of samples in ``batch``: the first dimension of its first tensor.
+    """Returns the number of samples in ``batch``: the first dimension of its first tensor, or the length of a
+    list or tuple of tensors whose first dimensions differ (samples of variable length, unpadded).
 
     The walk is depth-first and in order (mapping values in iteration order, list and tuple items by
     index, dataclass fields in declaration order) and ends at the first tensor with at least one
@@ -78,11 +79,31 @@ def infer_batch_size(batch: Any, *, max_depth: int = MAX_DEPTH) -> int | None:
         8
         >>> infer_batch_size(["a", "b"]) is None
         True
+        >>> infer_batch_size([torch.zeros(17), torch.zeros(23), torch.zeros(5)])  # three samples, unpadded
+        3
     """
     try:
         return _first_dim(batch, max_depth)
     except Exception:  # a custom Mapping or tensor subclass that fails to be read: no size, no error
         return None
+
+
+SAMPLES_LOOKED_AT = 8
+"""Items of a list or tuple :func:`_samples_listed` compares: a bounded look, whatever the batch's length."""
+
+
+def _samples_listed(items: Any) -> int | None:
+    """``len(items)`` where ``items`` is a list or tuple of tensors of different first dimensions (among its first
+    :data:`SAMPLES_LOOKED_AT`): samples of variable length, one tensor each (a ``collate_fn`` that keeps
+    sequences unpadded), not a batch's fields, which share their first dimension."""
+    if not isinstance(items, (list, tuple)) or len(items) < 2:
+        return None
+    first = set()
+    for item in items[:SAMPLES_LOOKED_AT]:
+        if not isinstance(item, Tensor) or not item.dim():
+            return None
+        first.add(item.size(0))
+    return len(items) if len(first) > 1 else None
 
 
 def _first_dim(obj: Any, depth_left: int) -> int | None:
@@ -108,6 +129,8 @@ def _first_dim(obj: Any, depth_left: int) -> int | None:
         return _graphs(obj)
     if depth_left <= 0:
         return None
+    if samples := _samples_listed(children):
+        return samples
     for child in children:
         size = _first_dim(child, depth_left - 1)
         if size is not None:

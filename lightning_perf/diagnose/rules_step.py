@@ -396,7 +396,7 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     elif spiky:
         advice = [_irregular_advice(ctx)]
     else:
-        advice = [_spread_advice(ctx, ratio or 0.0)]
+        advice = [_spread_advice(ctx, ratio or 0.0, t)]
     title = (
         f"{stage_name(ctx.stage)} stalls every {every} batches"
         if spiky and every
@@ -450,16 +450,21 @@ def _irregular_advice(ctx: StageEpoch) -> str:
     )
 
 
-def _spread_advice(ctx: StageEpoch, ratio: float) -> str:
-    """Causes of a wide spread without repeated spikes, for this stage."""
+def _spread_advice(ctx: StageEpoch, ratio: float, t: Thresholds) -> str:
+    """Causes of a wide spread without repeated spikes, for this stage; an uneven data wait only where the epoch
+    waited for data enough for ``dataloader_bound`` to measure it."""
     some = (
         "logging every `log_every_n_steps`, gradient accumulation boundaries"
         if ctx.stage == "train"
         else f"a hook or logging in `{step_method(ctx.stage)}` on some batches only"
     )
+    wait = ctx.epoch.data_wait_fraction
+    uneven = (
+        f" an uneven data wait (data wait is {percent(wait)} of this epoch: `dataloader_bound`),"
+        if reaches(wait, t.dataloader_warning)
+        else ""
+    )
     return (
         f"The slowest tenth of the steps take {times(ratio)} the median: varying input sizes (bucket batches by"
-        " length, pad to fixed sizes), an uneven data wait (data wait is"
-        f" {percent(ctx.epoch.data_wait_fraction)} of this epoch; see `dataloader_bound`), or work on some steps"
-        f" only ({some})."
+        f" length, pad to fixed sizes),{uneven} or work on some steps only ({some})."
     )

@@ -160,6 +160,14 @@ def compile_line(stats: CompileStats | None) -> str | None:
     return line + (", recompile limit reached" if stats.limit_reached else "")
 
 
+def _clean(findings: Sequence[Finding]) -> str:
+    """The headline's end for an epoch with nothing to show: :data:`CLEAN`, or, where it has information findings
+    (not shown at ``verbose=1``), their ids, so that a data wait nothing would help (``dataloader_bound`` at info)
+    is not read as none."""
+    notes = [f.id for f in findings if f.severity == "info"]
+    return f"nothing to change found (notes: {', '.join(notes)}; verbose=2 shows them)" if notes else CLEAN
+
+
 def console_report(
     summary: EpochSummary,
     findings: Sequence[Finding],
@@ -186,7 +194,7 @@ def console_report(
     if still:
         head += f" | unchanged: {', '.join(still)}"
     elif not shown:
-        head += f" | {CLEAN}"
+        head += f" | {_clean(findings)}"
     compiled = compile_line(compile)
     if not shown and not ranks and compiled is None:
         return head

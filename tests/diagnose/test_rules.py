@@ -868,6 +868,12 @@ def test_a_wide_spread_without_spikes():
     assert f.title == "Training step time unstable: p90 2.50x the median"
     assert "p90 step 25.00 ms is 2.50x the median 10.00 ms (warning >= 1.5x and >= 1.00 ms above it)" in f.evidence
     assert "bucket" in f.advice
+    assert "dataloader_bound" not in f.advice  # 1% data wait: no such finding to point at
+
+
+def test_a_wide_spread_names_an_uneven_data_wait_where_the_epoch_waits_for_data():
+    f = run("step_time_unstable", ctx(epoch(step_time_p90=0.025, data_wait=0.3, data_wait_fraction=0.3)))
+    assert "an uneven data wait (data wait is 30% of this epoch: `dataloader_bound`)" in f.advice
 
 
 # --- communication_bound and rank_straggler -------------------------------------------------------------------

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from lightning_perf.collect.memory import NestedPeaks
 from lightning_perf.collect.steps import LOSS_FOLD, StepClock
+from lightning_perf.diagnose.model import Finding
 from lightning_perf.records import RankSummary, WindowRecord
 from lightning_perf.report.findings import CLEAN, console_report, ranks_table
 from lightning_perf.report.json_report import SCHEMA_VERSION, report_dict, write_json_atomically
@@ -119,6 +120,16 @@ def test_a_clean_distributed_epoch_prints_its_rank_table():
     text = console_report(summary, [], verbose=1, ranks=ranks)
     assert text.splitlines()[0].endswith(f"| {CLEAN}")
     assert len(text.splitlines()) == 1 + len(ranks_table(ranks)) and "rank" in text.splitlines()[1]
+
+
+def test_a_clean_headline_names_the_notes_it_does_not_show():
+    # An IterableDataset rollout waited for data 91% of the time, and nothing was predicted to help: dataloader_bound
+    # is info, hidden at verbose=1; "no bottleneck found" read as if nothing had been measured.
+    summary = summarize_epoch(stage="train", epoch=0, data_wait=[0.1] * 4, compute=[0.01] * 4, batch_sizes=[8] * 4)
+    note = Finding(id="dataloader_bound", severity="info", title="t", evidence="e", advice="a", stage="train", epoch=0)
+    text = console_report(summary, [note], verbose=1)
+    assert text.endswith("| nothing to change found (notes: dataloader_bound; verbose=2 shows them)"), text
+    assert CLEAN not in text
 
 
 def _counted(summary, *, flops_per_second=4.12e13, mfu=0.3149):
