@@ -294,6 +294,8 @@ class PerfCallback(StageHooks, ResultsView):
             self._flops.epoch_start()
         waited = self._loop_timer.take(stage)
         self._policy.safely(stage, self._epochs.start_epoch, stage, trainer, waited)
+        if self._profiler_windows.busy:  # a window of another stage is still processed: no contention of the run's
+            st.cpu.pause()
         self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.before_batch(stage, trainer)))
         st.clock.epoch_start(waited)
 
@@ -344,9 +346,10 @@ class PerfCallback(StageHooks, ResultsView):
         except Exception as err:
             self._policy.fail(stage, err)
         # What we did after the batch (logging, closing a window) is no part of the next batch's data wait; the
-        # batch after a close is left out of the epoch's times (StepClock.after_close), and its CPU waits too.
+        # batch after a close is left out of the epoch's times (StepClock.after_close), and its CPU waits too, as
+        # are those while the window is still processed (its process takes a CPU: no contention of the run's).
         st.clock.restart(after_close=closed)
-        if st.cpu.paused and not closed and control.open is None:
+        if st.cpu.paused and not closed and control.open is None and not self._profiler_windows.busy:
             st.cpu.resume()
 
     @override

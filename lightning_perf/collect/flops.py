@@ -84,7 +84,12 @@ TOP_MODULES = 10
 """How many modules :attr:`BatchFlops.by_module` keeps, largest first."""
 
 MATRIX_WORK = re.compile(r"rnn|lstm|gru|conv|mm|matmul|linear|gemm|einsum|attention|attn", re.IGNORECASE)
-"""An op without a FLOP formula whose name matches does matrix work that the count leaves out (Notes 6)."""
+"""An op without a FLOP formula whose name matches does matrix work that the count leaves out (Notes 6), unless
+its name matches :data:`NOT_MATRIX_WORK`."""
+
+NOT_MATRIX_WORK = re.compile(r"upsample|interp|grid_sampler", re.IGNORECASE)
+"""Ops whose names hold a :data:`MATRIX_WORK` word but that interpolate, a few FLOPs per output element
+(``aten.upsample_linear1d``, used by pytorch-forecasting's TemporalFusionTransformer)."""
 
 MAX_KEY_NODES = 1024
 """Objects :func:`shape_key` visits at most: a batch that carries a long Python list (token ids, file
@@ -131,8 +136,8 @@ class _ForwardChargedCounter(FlopCounterMode):
     def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
         formula = self.flop_registry.get(func_packet)
         if formula is None:
-            if MATRIX_WORK.search(str(func_packet)):
-                self.uncounted[str(func_packet)] += 1
+            if MATRIX_WORK.search(name := str(func_packet)) and not NOT_MATRIX_WORK.search(name):
+                self.uncounted[name] += 1
             return out
         flops = formula(*args, **kwargs, out_val=out)
         if torch._C._current_graph_task_id() != -1:  # inside autograd's backward

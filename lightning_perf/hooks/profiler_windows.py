@@ -107,6 +107,11 @@ class ProfilerWindows:
         self._worker.submit(self._process, closed)
         return True
 
+    @property
+    def busy(self) -> bool:
+        """A saved window is still being written and summarized (by the window process, or its thread here)."""
+        return self._worker.busy
+
     def join(self) -> None:
         """Waits until every window saved so far is written and added; a window the worker failed to write goes
         to the error policy here, on the caller's thread (:meth:`WindowWorker.join`)."""

@@ -250,6 +250,11 @@ class WindowWorker:
         """Jobs submitted and not yet joined (finished or not)."""
         return len(self._pending)
 
+    @property
+    def busy(self) -> bool:
+        """A job submitted is still running or queued."""
+        return any(not job.done() for job in self._pending)
+
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
         """Queues ``fn(*args, **kwargs)`` after the jobs already submitted."""
         if self._executor is None:

@@ -112,6 +112,14 @@ def test_an_lstm_is_named_as_uncounted_and_counts_zero():
     assert any("rnn" in name or "lstm" in name for name in names), record.uncounted
 
 
+def test_interpolation_is_no_uncounted_matrix_work():
+    counter = BatchFlopCounter()
+    x = torch.randn(B, 4, 16, requires_grad=True)
+    counter.start(x)
+    torch.nn.functional.interpolate(x, size=32, mode="linear").sum().backward()
+    assert counter.stop().uncounted == ()
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_conv_net_equals_the_hand_count_and_biases_count_nothing(bias):
     b, c_in, c_out, k, h_out = 4, 3, 8, 3, 14
