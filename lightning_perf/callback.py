@@ -348,8 +348,9 @@ class PerfCallback(StageHooks, ResultsView):
         # What we did after the batch (logging, closing a window) is no part of the next batch's data wait; the
         # batch after a close is left out of the epoch's times (StepClock.after_close), and its CPU waits too, as
         # are those while the window is still processed (its process takes a CPU: no contention of the run's).
-        st.clock.restart(after_close=closed)
-        if st.cpu.paused and not closed and control.open is None and not self._profiler_windows.busy:
+        processing = st.cpu.paused and control.open is None and self._profiler_windows.busy
+        st.clock.restart(after_close=closed or processing)
+        if st.cpu.paused and not closed and control.open is None and not processing:
             st.cpu.resume()
 
     @override

@@ -200,8 +200,10 @@ def test_perf_report_json_parses_after_every_epoch_and_has_its_schema(tmp_path):
         "cpu_wait_share",
     } <= set(epoch)
     # Batches 1 and 2 ran in the profiler window (warm-up, record), batch 3 was counted for its FLOPs: left out
-    # of times and samples.
-    assert (epoch["batches"], epoch["profiled_batches"], epoch["samples"]) == (8, 3, 20)
+    # of times and samples, and so are those while the window was still processed (its process starting: all the
+    # epoch's last batches of a few ms here).
+    assert epoch["batches"] == 8 and epoch["profiled_batches"] >= 3
+    assert epoch["samples"] == 4 * (8 - epoch["profiled_batches"])
     assert epoch["cuda_max_allocated"] is None
     windows = report["windows"]
     assert [w["name"] for w in windows][:2] == ["train-epoch000-batches0002-0002", "validate-epoch000-batches0002-0002"]
@@ -248,11 +250,12 @@ def test_the_batch_after_a_window_is_left_out_of_the_epochs_times(tmp_path):
     perf = PerfCallback(schedule=WINDOWS, verbose=0)
     trainer(tmp_path, [perf], limit_train_batches=16, limit_val_batches=0).fit(TinyModel(n=64, batch_size=4))
     clock = perf._stages["train"].clock
-    # Batches 10 and 15 come after the windows' closes.
+    # Batches 10 and 15 come after the windows' closes; and those while a window is still processed follow them.
     assert [w.name for w in perf.windows] == ["train-epoch000-batches0008-0009", "train-epoch000-batches0013-0014"]
-    assert clock.after_close == [10, 15]
+    assert clock.after_close[0] == 10 and 15 in clock.after_close, clock.after_close
     epoch = perf.epochs[0]
-    assert epoch.profiled_batches == sum(clock.profiled) + 2
+    left_out = {i for i in clock.after_close if i < 16} | {i for i, p in enumerate(clock.profiled) if p}
+    assert epoch.profiled_batches == len(left_out)
     assert epoch.measured_batches == 16 - epoch.profiled_batches
 
 

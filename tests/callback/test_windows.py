@@ -288,7 +288,7 @@ def test_a_stage_too_short_to_record_after_its_warm_up_opens_no_window(tmp_path,
     # 6 validation batches: the default schedule (skip_first 5, warm-up 1) would warm up on the last batch and
     # record none; torch then printed "disableProfiler called but no active profiling session" (C++, stderr),
     # twice per fit in pytorch-forecasting, and the batch was lost to the epoch's times.
-    perf = PerfCallback(verbose=0)
+    perf = PerfCallback(verbose=0, stages=["validate"])  # no training window still processed when it starts
     model = TinyModel(n=64, batch_size=4, val_n=24)  # 16 training batches, 6 validation batches
     trainer(tmp_path, [perf], limit_train_batches=16, num_sanity_val_steps=0).fit(model)
     assert "disableProfiler called but no active profiling session" not in capfd.readouterr().err
