@@ -12,6 +12,7 @@ two processes it spawns). Prints one ``RESULT {...}`` JSON line per rank (and pe
 import json
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -164,6 +165,13 @@ def _exchange_rank(rank: int, port: int) -> None:
     dist.barrier()
     if rank == 0:
         exchange.close()  # after rank 1's: rank zero's group stays up meanwhile, so rank 1's gather stays in flight
+    dist.barrier()
+    if rank == 1:  # rank zero's close ends rank 1's gather (failed): its holder lets the group go
+        from lightning_perf.collect.ranks import HOLDER_THREAD
+
+        for holder in [t for t in threading.enumerate() if t.name == HOLDER_THREAD]:
+            holder.join(30)
+        result["held"] = [t.name for t in threading.enumerate() if t.name == HOLDER_THREAD]
     dist.destroy_process_group()
     print("RESULT " + json.dumps(result), flush=True)
 

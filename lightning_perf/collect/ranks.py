@@ -157,8 +157,12 @@ class RankExchange(Generic[_Payload]):
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group(group)
         if in_flight:
-            holder = threading.Thread(target=_hold_until_done, args=(group, in_flight), daemon=True)
+            holder = threading.Thread(target=_hold_until_done, args=(group, in_flight), name=HOLDER_THREAD, daemon=True)
             holder.start()
+
+
+HOLDER_THREAD = "lightning_perf-gather-holder"
+"""The name of the daemon thread :meth:`RankExchange.close` leaves holding a group whose gathers are in flight."""
 
 
 def _hold_until_done(group: Any, works: Sequence[Any]) -> None:

@@ -82,6 +82,8 @@ def test_the_cpu_a_windows_processing_takes_is_no_contention_of_the_run(tmp_path
     finally:
         os.sched_setaffinity(0, before)
     [epoch] = perf.epochs
+    if epoch.other_cpu_load is not None and epoch.other_cpu_load >= 0.5:
+        pytest.skip(f"other processes used {epoch.other_cpu_load:.1f} CPUs: the training thread's CPU was not ours")
     assert epoch.wall_time > 0.6, epoch  # the processing's 0.3 s is well inside the epoch
     assert epoch.cpu_wait_share is not None and epoch.cpu_wait_share < 0.05, epoch
     assert "cpu_contention" not in {f.id for f in perf.findings_for("train")}

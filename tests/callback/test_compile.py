@@ -153,7 +153,13 @@ def test_a_clean_compiled_model_gets_no_compile_warning_and_no_unstable_steps(tm
     assert train0.profiled_batches == len({*first.steps, 1})
     for stage in ("train", "validate"):
         found = _ids(perf, stage)
-        assert not {"compile_graph_breaks", "compile_recompiles", "step_time_unstable"} & set(found), found
+        assert not {"compile_graph_breaks", "compile_recompiles"} & set(found), found
+        # Steady, but on a busy machine: there the epoch's findings open with cpu_contention (point 1's logic),
+        # whose wait may explain a spread (torch's second thread, descheduled, holds up the step unseen).
+        for epoch in perf.epochs:
+            listed = perf.findings_for(stage, epoch=epoch.epoch) if epoch.stage == stage else []
+            busy = bool(listed) and listed[0].id == "cpu_contention" and listed[0].severity != "info"
+            assert busy or "step_time_unstable" not in {f.id for f in listed}, listed
     report = json.loads(pathlib.Path(perf.report_path).read_text())
     assert [e["compile"]["graphs"] for e in report["stages"]["train"]["epochs"]] == [first.graphs, 0]
     resumed = PerfCallback(**NO_WINDOWS, stages=["train", "validate"])  # from a checkpoint: the report's numbers

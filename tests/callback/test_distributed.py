@@ -196,3 +196,4 @@ def test_the_rank_exchange_holds_no_rank_but_rank_zero_and_sees_late_gathers_end
     assert zero["again"] == [0, 1]  # a second exchange in the same processes
     assert zero["last_drain"] == [["again"], 0]
     assert one["last_drain"] == [["again", "never"], 1]  # handed back all the same; one still in flight
+    assert one["held"] == []  # and held only until rank zero's close ended it: the process exits cleanly

@@ -125,18 +125,24 @@ def test_the_clock_samples_every_fourth_wait_from_batch_one():
 
 def test_an_epochs_cpu_wait_leaves_out_what_pause_covers():
     # This thread and a CPU burner share one CPU while paused (a window's own CPU use), then the burner stops: the
-    # epoch's share counts only the quiet part. The same without the pause counts the shared CPU.
+    # epoch's share counts only the quiet part. The same without the pause counts the shared CPU. Each part's own
+    # wait is read here too, so that the check holds when other processes load the machine as well.
     import subprocess
     import sys
 
-    from lightning_perf.collect.cpu import EpochCpu
+    from lightning_perf.collect.cpu import EpochCpu, RunQueue
 
-    def spin(seconds: float) -> None:
-        end = time.perf_counter() + seconds
+    queue = RunQueue()
+
+    def spin(seconds: float) -> tuple[float, float]:
+        """Spins ``seconds``; the seconds it waited for a CPU meanwhile, and its wall seconds."""
+        waited, since = queue(), time.perf_counter()
+        end = since + seconds
         while time.perf_counter() < end:
             pass
+        return queue() - waited, time.perf_counter() - since
 
-    def epoch(paused: bool) -> float | None:
+    def epoch(paused: bool) -> tuple[float | None, tuple[float, float], tuple[float, float]]:
         cpu = EpochCpu()
         burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         try:
@@ -144,20 +150,24 @@ def test_an_epochs_cpu_wait_leaves_out_what_pause_covers():
             cpu.start()
             if paused:
                 cpu.pause()
-            spin(0.4)
+            shared_part = spin(0.4)
         finally:
             burner.kill()
             burner.wait()
         cpu.resume()
-        spin(0.2)
-        return cpu.read()["cpu_wait_share"]
+        quiet_part = spin(0.2)
+        return cpu.read()["cpu_wait_share"], shared_part, quiet_part
 
     before = os.sched_getaffinity(0)
     one = min(before)
     os.sched_setaffinity(0, {one})
     try:
-        shared, left_out = epoch(paused=False), epoch(paused=True)
+        (whole, shared, quiet), (left_out, _, quiet_after_pause) = epoch(paused=False), epoch(paused=True)
     finally:
         os.sched_setaffinity(0, before)
-    assert shared is not None and left_out is not None
-    assert shared > 0.2 and left_out < 0.05, (shared, left_out)
+    assert whole is not None and left_out is not None
+    # Paused: the epoch's share is its quiet part's.
+    assert abs(left_out - quiet_after_pause[0] / quiet_after_pause[1]) < 0.03, (left_out, quiet_after_pause)
+    # Not paused: both parts', the shared one waiting half its time or more.
+    assert shared[0] / shared[1] > 0.3, shared
+    assert abs(whole - (shared[0] + quiet[0]) / (shared[1] + quiet[1])) < 0.03, (whole, shared, quiet)
