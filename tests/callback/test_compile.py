@@ -158,8 +158,11 @@ def test_a_clean_compiled_model_gets_no_compile_warning_and_no_unstable_steps(tm
         # whose wait may explain a spread (torch's second thread, descheduled, holds up the step unseen).
         for epoch in perf.epochs:
             listed = perf.findings_for(stage, epoch=epoch.epoch) if epoch.stage == stage else []
-            busy = bool(listed) and listed[0].id == "cpu_contention" and listed[0].severity != "info"
-            assert busy or "step_time_unstable" not in {f.id for f in listed}, listed
+            busy = bool(listed) and listed[0].id == "cpu_contention"
+            loud = listed[0].severity != "info" if busy else False
+            unstable = [f for f in listed if f.id == "step_time_unstable"]
+            # Named first and loud, it explains a spread; at info (too few batches) the spread is info too.
+            assert not unstable or (busy and (loud or unstable[0].severity == "info")), listed
     report = json.loads(pathlib.Path(perf.report_path).read_text())
     assert [e["compile"]["graphs"] for e in report["stages"]["train"]["epochs"]] == [first.graphs, 0]
     resumed = PerfCallback(**NO_WINDOWS, stages=["train", "validate"])  # from a checkpoint: the report's numbers
