@@ -96,14 +96,19 @@ def _samples_listed(items: Any) -> int | None:
     """``len(items)`` where ``items`` is a list or tuple of tensors of different first dimensions (among its first
     :data:`SAMPLES_LOOKED_AT`): samples of variable length, one tensor each (a ``collate_fn`` that keeps
     sequences unpadded), not a batch's fields, which share their first dimension."""
+    # Runs on every batch: no slice, no set, no allocation; stops at the first item that is no tensor.
     if not isinstance(items, (list, tuple)) or len(items) < 2:
         return None
-    first = set()
-    for item in items[:SAMPLES_LOOKED_AT]:
+    head = items[0]
+    if not isinstance(head, Tensor) or not head.dim():
+        return None
+    size, differs = head.size(0), False
+    for i in range(1, min(len(items), SAMPLES_LOOKED_AT)):
+        item = items[i]
         if not isinstance(item, Tensor) or not item.dim():
             return None
-        first.add(item.size(0))
-    return len(items) if len(first) > 1 else None
+        differs = differs or item.size(0) != size
+    return len(items) if differs else None
 
 
 def _first_dim(obj: Any, depth_left: int) -> int | None:

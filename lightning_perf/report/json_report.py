@@ -230,12 +230,7 @@ def report_top_modules(run: Mapping[str, Any]) -> list[tuple[str, float]]:
     total = counts.get("forward") if _is_number(counts.get("forward")) else counted[0].get("flops")
     if not isinstance(by_module, list) or not _is_number(total) or total <= 0:
         return []
-    modules = [
-        (entry[0], entry[1] / total)
-        for entry in by_module
-        if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str) and _is_number(entry[1])
-    ]
-    return sorted(modules, key=lambda m: -m[1])
+    return sorted(((name, flops / total) for name, flops in _named_numbers(by_module)), key=lambda m: -m[1])
 
 
 def report_uncounted_ops(run: Mapping[str, Any]) -> list[tuple[str, int]]:
@@ -244,10 +239,16 @@ def report_uncounted_ops(run: Mapping[str, Any]) -> list[tuple[str, int]]:
     shape."""
     counts = run.get("flops")
     entries = counts.get("uncounted") if isinstance(counts, Mapping) else None
+    return [(op, int(calls)) for op, calls in _named_numbers(entries)]
+
+
+def _named_numbers(entries: Any) -> list[tuple[str, float]]:
+    """The ``[name, number]`` pairs of a report's list (``run.flops.by_module``, ``run.flops.uncounted``); entries of
+    another shape, or a value that is no list, give nothing (``run.flops`` is not part of the checked schema)."""
     if not isinstance(entries, list):
         return []
     return [
-        (entry[0], int(entry[1]))
+        (entry[0], entry[1])
         for entry in entries
         if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str) and _is_number(entry[1])
     ]
