@@ -11,7 +11,8 @@ DataLoader worker, and whether loading computes or waits.
   wait itself when the training process loads the batch with its CPU (even on a busy machine), close to zero
   when it waits for workers, a disk or the network.
 - :func:`children_cpu_seconds`: CPU seconds of this process's children (its DataLoader workers).
-- :func:`machine_busy_seconds`: CPU seconds all processes on the machine used (Linux's ``/proc/stat``).
+- :func:`machine_busy_seconds`: CPU seconds all processes used on the CPUs this process may run on (Linux's
+  ``/proc/stat``).
 - :class:`EpochCpu`: one stage epoch's wall time, its workers' CPU seconds, the share of it the main
   thread waited for a CPU, and the CPUs' worth other processes used, read at the epoch's start and end.
 """
@@ -115,18 +116,25 @@ def _children(tasks: str) -> set[str]:
 
 
 def machine_busy_seconds() -> float | None:
-    """CPU seconds, cumulative, every process on the machine used (all of ``/proc/stat``'s CPU time but idle
-    and I/O wait); ``None`` without ``/proc`` (not Linux). In a container it is the host's, as its scheduler
-    sees it: what competes with this process for the CPUs it runs on, at a 10 ms resolution."""
+    """CPU seconds, cumulative, every process used on the CPUs this process may run on (its affinity): all of
+    ``/proc/stat``'s per-CPU time but idle and I/O wait; ``None`` without ``/proc`` (not Linux). In a container
+    it is the host's, as its scheduler sees it: what competes with this process for its CPUs, counted in ticks
+    of 10 ms per CPU (the rules judge it over enough wall time: ``lightning_perf.diagnose.contention``)."""
+    allowed = {f"cpu{i}" for i in os.sched_getaffinity(0)} if hasattr(os, "sched_getaffinity") else None
+    busy = 0
     try:
         with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:9]]
-    except (OSError, ValueError):
+            for line in f:
+                if not line.startswith("cpu"):
+                    break
+                name, *values = line.split()
+                if name == "cpu" or (allowed is not None and name not in allowed):
+                    continue
+                fields = [int(v) for v in values[:8]]
+                busy += sum(fields) - fields[3] - fields[4]  # less idle and I/O wait
+    except (OSError, ValueError, IndexError):
         return None
-    if len(fields) < 5:
-        return None
-    idle, iowait = fields[3], fields[4]
-    return (sum(fields) - idle - iowait) / os.sysconf("SC_CLK_TCK")
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 class EpochCpu:

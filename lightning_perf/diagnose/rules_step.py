@@ -283,6 +283,11 @@ def spikes(step_times: Sequence[float], factor: float, min_excess: float = 0.0) 
 # (two gaps) are a coincidence among a busy machine's random stalls too often (a `test_step` with nothing
 # periodic was said to stall "every 4 batches"); four (three equal gaps) is our judgment.
 PERIOD_REPEATS = 4
+# The fewest measured batches a p90 is judged from: of fewer, the p90 (interpolated between ranks) is the slowest
+# step or most of it. Lightning's bug_report_model over 200 epochs of 4 batches was "unstable: p90 1.5x the
+# median" in 18 epochs: each time its slowest step, the epoch's first (the loop's start). Not pooled across
+# epochs: their percentiles tell no p90 of their batches. Our judgment (a tenth of 10 is one step).
+SPREAD_MIN_STEPS = 10
 
 
 def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
@@ -334,7 +339,8 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 
     Notes:
         1. Spread: the epoch's p90 / p50 step time, from every batch; it counts when it reaches
-           ``step_p90_p50`` and p90 - p50 reaches ``step_min_spread``.
+           ``step_p90_p50`` and p90 - p50 reaches ``step_min_spread``, in an epoch of at least
+           :data:`SPREAD_MIN_STEPS` measured batches (a p90 of fewer is its slowest step, whatever the spread).
         2. Spikes: steps at least ``step_spike_factor`` times the median step and ``step_min_spike`` above it
            (the first step left out); and their period, when most of them are regularly spaced (:func:`period`).
         3. Batches during which ``torch.compile`` compiled (``StageEpoch.compile.steps``) are left out of
@@ -351,8 +357,9 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     compiled = compile_steps(ctx)
     if compiled:
         step_times = tuple(math.nan if i in compiled else s for i, s in enumerate(ctx.step_times))
-        if kept := [s for s in step_times if math.isfinite(s)]:
-            p50, p90 = _p50_p90(kept)
+    if step_times:  # the epoch's own batches (a trace's context has none: its steps' mean only)
+        kept = [s for s in step_times if math.isfinite(s)]
+        p50, p90 = _p50_p90(kept) if len(kept) >= SPREAD_MIN_STEPS else (0.0, 0.0)
     ratio = p90 / p50 if p50 > 0 else None
     found, median = spikes(step_times, t.step_spike_factor, t.step_min_spike)
     spread = ratio is not None and reaches(ratio, t.step_p90_p50) and reaches(p90 - p50, t.step_min_spread)

@@ -119,9 +119,12 @@ def pool_epochs(epochs: Sequence[EpochSummary]) -> EpochSummary:
     percentiles (exact for epochs of one batch each, where each epoch's percentiles are that batch's step).
 
     Notes:
-        ``first_data_wait`` is the sum of the epochs' first waits: each epoch's first batch waits for the
-        DataLoader's start-up, so over epochs of one batch each, all of the wait is start-up, which is what
-        ``dataloader_bound``'s advice then says.
+        1. ``first_data_wait`` is the sum of the epochs' first waits: each epoch's first batch waits for the
+           DataLoader's start-up, so over epochs of one batch each, all of the wait is start-up, which is what
+           ``dataloader_bound``'s advice then says.
+        2. ``cpu_wait_share`` and ``other_cpu_load`` are over the epochs' wall time together (each epoch's
+           weighted by its wall time: the seconds waited and the other processes' CPU seconds, summed), where
+           every epoch has them; a short epoch's own is noise (``/proc/stat`` counts in 10 ms ticks).
     """
     last = epochs[-1]
     total = sum(e.step_time for e in epochs)
@@ -143,4 +146,16 @@ def pool_epochs(epochs: Sequence[EpochSummary]) -> EpochSummary:
         throughput=sum(s or 0 for s in samples) / total if None not in samples and total > 0 else None,
         first_data_wait=None if None in firsts else sum(f or 0.0 for f in firsts),
         wall_time=None if None in walls else sum(w or 0.0 for w in walls),
+        cpu_wait_share=_over_wall(epochs, [e.cpu_wait_share for e in epochs]),
+        other_cpu_load=_over_wall(epochs, [e.other_cpu_load for e in epochs]),
     )
+
+
+def _over_wall(epochs: Sequence[EpochSummary], values: Sequence[float | None]) -> float | None:
+    """The mean of the epochs' ``values`` (per second of wall time), weighted by their wall time; ``None`` where
+    any is unknown."""
+    walls = [e.wall_time for e in epochs]
+    if None in values or None in walls:
+        return None
+    total = sum(w or 0.0 for w in walls)
+    return sum((v or 0.0) * (w or 0.0) for v, w in zip(values, walls, strict=True)) / total if total > 0 else None

@@ -27,11 +27,39 @@ def test_fires_from_a_tenth_of_the_epoch_waiting_for_a_cpu(share, severity):
 
 
 def test_load_from_outside_the_run_is_named_as_such():
-    f = judge(0.62)
+    f = judge(0.62, other_cpu_load=1.9)
     assert f.title == "Training waited for a CPU 62% of the time: the machine is busy"
     assert "waited for a CPU 62% of the epoch (1.24 s of 2.00 s)" in f.evidence
     assert "this process may use 2 CPUs" in f.evidence and "1 torch thread and 0 DataLoader workers" in f.evidence
     assert "The load comes from outside this run" in f.advice and "set_num_threads" not in f.advice
+
+
+def test_whose_load_it_was_is_not_guessed_where_it_was_not_measured():
+    f = judge(0.62)
+    assert f.title == "Training waited for a CPU 62% of the time" and f.severity == "critical"
+    assert "not known (other processes' CPU time was not measured)" in f.advice
+
+
+def test_a_short_epochs_outside_load_is_not_told_from_its_ticks():
+    # Lightning's bug_report_model: 1-batch validation epochs pooled to 16 ms on 2 idle CPUs read "other processes
+    # used 1.7 CPUs" (ticks of 10 ms) and were titled "the machine is busy"; its wait was 0.3 ms a batch.
+    short = StageEpoch(
+        epoch=epoch(cpu_wait_share=0.14, wall_time=0.016, other_cpu_load=1.7, batches=8),
+        facts=dataclasses.replace(TWO_CPUS, torch_threads=2),
+    )
+    f = RULES["cpu_contention"](short, Thresholds())
+    assert f.title == "Training waited for a CPU 14% of the time" and f.severity == "info"
+    assert "used 1.7 CPUs meanwhile (too short to tell from none" in f.evidence
+    assert "0.28 ms a batch: below 1.00 ms" in f.evidence
+    # The same load over 0.2 s is told (+-0.2 CPUs): the machine is busy, whatever the wait per batch.
+    long = dataclasses.replace(short, epoch=dataclasses.replace(short.epoch, wall_time=0.2))
+    f = RULES["cpu_contention"](long, Thresholds())
+    assert f.title.endswith("the machine is busy") and f.severity == "warning"
+    idle = dataclasses.replace(short, epoch=dataclasses.replace(short.epoch, wall_time=0.2, other_cpu_load=0.05))
+    f = RULES["cpu_contention"](idle, Thresholds())
+    assert f.title.endswith("the run's own threads crowd it") and f.severity == "warning"  # 3.5 ms a batch
+    many = dataclasses.replace(idle, epoch=dataclasses.replace(idle.epoch, batches=100))
+    assert RULES["cpu_contention"](many, Thresholds()).severity == "info"  # 0.28 ms a batch
 
 
 def test_load_measured_outside_the_run_is_part_of_the_evidence():

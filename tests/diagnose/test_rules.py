@@ -52,6 +52,11 @@ def cw(name: str = W1, **kw) -> TraceSummary:
     return window(name, **{"step_time": 1.0, **kw})
 
 
+def spread(p50: float, p90: float) -> tuple[float, ...]:
+    """11 step times whose median is ``p50`` and whose p90 is ``p90`` (the 10th of 11, exactly)."""
+    return (p50,) * 9 + (p90, p90)
+
+
 def ctx(epoch_=None, *windows, facts=CPU, **kw) -> StageEpoch:
     if epoch_ is None:
         epoch_ = gpu_epoch() if facts.device == "cuda" else epoch()
@@ -170,8 +175,9 @@ CASES = {
     "framework at 15%": (ctx(None, cw(framework_time=0.15)), {"framework_overhead"}),
     "framework just below": (ctx(None, cw(framework_time=0.1499)), set()),
     # step_time_unstable: p90/p50 >= 1.5, or >= 3 steps >= 3x the median
-    "p90 1.5x p50": (ctx(epoch(step_time_p90=0.015)), {"step_time_unstable"}),
-    "p90 just below 1.5x": (ctx(epoch(step_time_p90=0.01499)), set()),
+    "p90 1.5x p50": (ctx(step_times=spread(0.01, 0.015)), {"step_time_unstable"}),
+    "p90 just below 1.5x": (ctx(step_times=spread(0.01, 0.01499)), set()),
+    "p90 2x p50 of 9 batches": (ctx(step_times=spread(0.01, 0.02)[:9]), set()),
     "three spikes": (ctx(step_times=spiky(10, 40, 70)), {"step_time_unstable"}),
     "two spikes": (ctx(step_times=spiky(10, 40)), set()),
     "three steps just below 3x": (ctx(step_times=spiky(10, 40, 70, spike=0.0299)), set()),
@@ -220,8 +226,8 @@ FLOOR_CASES = {
     "framework at 1 ms": (ctx(None, window(step_time=0.004, framework_time=0.001)), {"framework_overhead"}),
     "framework under 1 ms": (ctx(None, window(step_time=0.004, framework_time=0.000999)), set()),
     # step_time_unstable: p90 - p50 >= 1 ms (2x the median)
-    "p90 1 ms over p50": (ctx(epoch(step_time_p50=0.001, step_time_p90=0.002)), {"step_time_unstable"}),
-    "p90 under 1 ms over p50": (ctx(epoch(step_time_p50=0.001, step_time_p90=0.001999)), set()),
+    "p90 1 ms over p50": (ctx(step_times=spread(0.001, 0.002)), {"step_time_unstable"}),
+    "p90 under 1 ms over p50": (ctx(step_times=spread(0.001, 0.001999)), set()),
     # step_time_unstable: spikes >= 1 ms over the median (3.5x a 0.4 ms median)
     "spikes 1 ms over the median": (
         ctx(step_times=spiky(10, 40, 70, spike=0.0014, base=0.0004)),
@@ -401,7 +407,7 @@ ADVICE_CASES = {
             ctx(step_times=spiky(49, 99, 149, 199, n=200), facts=run_facts),  # every 50 batches
             ctx(step_times=spiky(5, 17, 60, 61), facts=run_facts),  # irregular
             ctx(step_times=spiky(5, 17, 60, 61), facts=facts(run_facts, num_workers=0)),
-            ctx(epoch(step_time_p90=0.025), facts=run_facts),  # a wide spread
+            ctx(step_times=spread(0.01, 0.025), facts=run_facts),  # a wide spread
         ]
         for device, run_facts in (("cpu", CPU), ("cuda", GPU))
     },
@@ -864,7 +870,7 @@ def test_the_first_step_is_warm_up_not_a_spike():
 
 
 def test_a_wide_spread_without_spikes():
-    f = run("step_time_unstable", ctx(epoch(step_time_p90=0.025)))
+    f = run("step_time_unstable", ctx(step_times=spread(0.01, 0.025)))
     assert f.title == "Training step time unstable: p90 2.50x the median"
     assert "p90 step 25.00 ms is 2.50x the median 10.00 ms (warning >= 1.5x and >= 1.00 ms above it)" in f.evidence
     assert "bucket" in f.advice
@@ -872,7 +878,7 @@ def test_a_wide_spread_without_spikes():
 
 
 def test_a_wide_spread_names_an_uneven_data_wait_where_the_epoch_waits_for_data():
-    f = run("step_time_unstable", ctx(epoch(step_time_p90=0.025, data_wait=0.3, data_wait_fraction=0.3)))
+    f = run("step_time_unstable", ctx(epoch(data_wait=0.3, data_wait_fraction=0.3), step_times=spread(0.01, 0.025)))
     assert "an uneven data wait (data wait is 30% of this epoch: `dataloader_bound`)" in f.advice
 
 
@@ -1043,8 +1049,9 @@ def test_every_default_is_a_named_constant_with_a_comment():
 
 def test_diagnose_sorts_critical_first_then_by_catalogue_order():
     context = gpu_ctx(
-        gpu_epoch(data_wait_fraction=0.15, data_wait=0.15, step_time_p90=0.02, cuda_max_reserved=79 * GiB),
+        gpu_epoch(data_wait_fraction=0.15, data_wait=0.15, cuda_max_reserved=79 * GiB),
         gw(framework_time=0.2),
+        step_times=spread(0.01, 0.02),
     )
     found = [(f.severity, f.id) for f in diagnose(context)]
     assert found == [
@@ -1056,7 +1063,7 @@ def test_diagnose_sorts_critical_first_then_by_catalogue_order():
 
 
 def test_info_findings_come_last():
-    context = ctx(epoch(step_time_p90=0.02), facts=facts(torch_threads=1, num_workers=2))
+    context = ctx(facts=facts(torch_threads=1, num_workers=2), step_times=spread(0.01, 0.02))
     found = [(f.severity, f.id) for f in diagnose(context)]
     assert found == [("warning", "step_time_unstable"), ("info", "cpu_threads")]
 

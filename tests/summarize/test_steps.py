@@ -1,5 +1,6 @@
 """Pure layers of the always-on metrics: epoch summaries, metric names, nested memory peaks, the report."""
 
+import dataclasses
 import json
 import re
 
@@ -15,7 +16,7 @@ from lightning_perf.records import RankSummary, WindowRecord
 from lightning_perf.report.findings import CLEAN, console_report, ranks_table
 from lightning_perf.report.json_report import SCHEMA_VERSION, report_dict, write_json_atomically
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
-from lightning_perf.summarize.steps import percentile, step_split, summarize_epoch
+from lightning_perf.summarize.steps import percentile, pool_epochs, step_split, summarize_epoch
 
 
 @given(st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=50), st.sampled_from([0, 10, 50, 90, 100]))
@@ -220,3 +221,18 @@ def test_a_long_epoch_merges_consecutive_batches_into_at_most_max_bars_bars():
 def test_the_step_split_never_has_more_bars_than_asked(n, max_bars):
     split = step_split([0.01] * n, [0.02] * n, max_bars=max_bars)
     assert len(split.data_wait) <= max_bars and len(split.data_wait) * split.per_bar >= n
+
+
+def test_pooled_epochs_share_their_cpu_measures_over_their_wall_time():
+    # A 1-batch epoch's own CPU wait and outside load are a few ms, read in 10 ms ticks: pooled, each epoch
+    # counts for its wall time (the last one's alone said "waited 14%, other processes used 1.7 CPUs").
+    def one(wait: float, load: float, wall: float):
+        e = summarize_epoch(stage="validate", epoch=0, data_wait=[0.0], compute=[wall], batch_sizes=[2])
+        return dataclasses.replace(e, cpu_wait_share=wait, other_cpu_load=load, wall_time=wall)
+
+    pooled = pool_epochs([one(0.0, 0.0, 0.3), one(0.5, 2.0, 0.1)])
+    assert pooled.cpu_wait_share == pytest.approx(0.125) and pooled.other_cpu_load == pytest.approx(0.5)
+    assert (
+        pool_epochs([one(0.1, 0.0, 0.1), dataclasses.replace(one(0.1, 0.0, 0.1), other_cpu_load=None)]).other_cpu_load
+        is None
+    )
