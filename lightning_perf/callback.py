@@ -42,7 +42,13 @@ from lightning_perf.hooks.flop_count import run_peak_flops
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
 from lightning_perf.hooks.rank_staging import RankStaging
 from lightning_perf.hooks.results_view import ResultsView
-from lightning_perf.hooks.run_setup import charted_stages, output_places, refuse_other_profilers, where_to_look
+from lightning_perf.hooks.run_setup import (
+    call_run_info,
+    charted_stages,
+    output_places,
+    refuse_other_profilers,
+    where_to_look,
+)
 from lightning_perf.hooks.stage_hooks import StageHooks
 from lightning_perf.hooks.window_control import WindowControl
 from lightning_perf.records import EpochSummary
@@ -226,7 +232,8 @@ class PerfCallback(StageHooks, ResultsView):
         self._epochs.report_path, self._epochs.outputs = places.report_path, places.outputs
         device = trainer.strategy.root_device
         cuda = self._epochs.cuda_peaks = CudaPeaks(device) if device.type == "cuda" else None
-        run = self._epochs.run_info = {**run_info(trainer), **self._epochs.measured_run_info()}
+        run, self._epochs.call_plan = call_run_info(self._epochs.run_info, run_info(trainer), fit=stage == "fit")
+        self._epochs.run_info = run
         run["peak_flops"] = run_peak_flops(run, self.config.peak_flops)
         rank, ranks, world_size = trainer.global_rank, self.config.ranks, trainer.world_size
         self._profiler_windows.prepare(self.dirpath, places.outputs, rank=rank, world_size=world_size, cuda_peaks=cuda)
@@ -242,7 +249,10 @@ class PerfCallback(StageHooks, ResultsView):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The optimizers exist from here (configured after setup): optimizer_heavy advises what would change.
-        self._policy.safely(None, lambda: self._epochs.run_info.update(optimizer_info=optimizer_info(trainer)))
+        def keep() -> None:
+            self._epochs.run_info["optimizer_info"] = self._epochs.call_plan["optimizer_info"] = optimizer_info(trainer)
+
+        self._policy.safely(None, keep)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -97,7 +97,9 @@ class EpochSummary:
         profiled_batches: Of those, batches left out of the times, percentiles and throughput below: those
             that ran inside a profiler window (the profiler slows them down), the one right after each window's
             close (which holds what the close left behind), the one whose FLOPs were counted, and those during
-            which ``torch.compile`` compiled (seconds of a one-off cost).
+            which ``torch.compile`` compiled (seconds of a one-off cost). Not only profiled ones, despite the
+            name: a training epoch without any window has one where it counted a new batch shape's FLOPs
+            (the run's first epoch, usually its batch 1).
         samples: Samples in the batches not profiled.
         step_time: Sum of the batches' step times (data wait + compute).
         data_wait: Sum of the batches' data-wait times.

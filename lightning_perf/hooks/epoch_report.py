@@ -127,7 +127,8 @@ class EpochReporter:
         batch_size: What counts a batch's samples.
         policy: Where warnings go, and what a failing rule does.
 
-    The callback sets :attr:`outputs`, :attr:`cuda_peaks`, :attr:`run_info` and :attr:`report_path` at setup.
+    The callback sets :attr:`outputs`, :attr:`cuda_peaks`, :attr:`run_info`, :attr:`call_plan` and :attr:`report_path`
+    at setup.
     """
 
     def __init__(self, config: PerfConfig, batch_size: BatchSizer, policy: ErrorPolicy) -> None:
@@ -136,6 +137,9 @@ class EpochReporter:
         self.outputs: Outputs | None = None
         self.cuda_peaks: CudaPeaks | None = None
         self.run_info: dict[str, Any] = {}
+        #: The Trainer call's own plan (``max_epochs``, ...), over :attr:`run_info` in the diagnosis
+        #: (:func:`~lightning_perf.hooks.run_setup.call_run_info`).
+        self.call_plan: dict[str, Any] = {}
         self.report_path: str | None = None  # where perf_report.json goes (None: nowhere)
         #: Every window saved so far in this process, in order.
         self.windows: list[WindowRecord] = []
@@ -157,14 +161,6 @@ class EpochReporter:
         self._report: ReportFile | None = None  # on rank zero, from the first write on
         self.flops = FlopCounting(batch_size)  # the training batches' FLOP counts, per sample as the epoch counts them
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
-
-    def measured_run_info(self) -> dict[str, Any]:
-        """What the run's facts hold that an earlier Trainer call measured, to keep at the next call's setup
-        (``fit`` then ``test``): the DataLoaders' settings and the FLOP counts."""
-        kept = {"dataloaders": self.run_info.get("dataloaders", {})}
-        if "flops" in self.run_info:
-            kept["flops"] = self.run_info["flops"]
-        return kept
 
     def report(self) -> dict[str, Any]:
         """Everything measured so far, as written to ``perf_report.json``."""
@@ -449,7 +445,7 @@ class EpochReporter:
             history=tuple(st.history),
             windows=self.window_summaries(stage, summary.epoch),
             validation=validation,
-            facts=run_facts(self.run_info, stage),
+            facts=run_facts({**self.run_info, **self.call_plan}, stage),
             data_wait=st.clock.data_wait,
             compute=st.clock.compute,
             profiled=self.left_out(stage, self.compile_stats.get((stage, summary.epoch))),

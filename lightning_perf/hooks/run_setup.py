@@ -3,14 +3,16 @@ Run setup
 =========
 
 What :class:`~lightning_perf.PerfCallback` decides when a Trainer sets it up: whether it can run at all (one
-torch profiler at a time), and where its output goes (:func:`output_places`).
+torch profiler at a time), where its output goes (:func:`output_places`), and what the report says about the run
+(:func:`call_run_info`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -43,6 +45,36 @@ def refuse_other_profilers(trainer: pl.Trainer) -> None:
             "PerfCallback found a torch profiler already running (a `torch.profiler.profile` context around"
             " the Trainer call?): two torch profilers cannot run at once. Remove one of them."
         )
+
+
+# The run facts that are a fit's plan: a later validate, test or predict call (one epoch, no optimizer) keeps the
+# fit's in the report's ``run``, which describes the training it reports, and diagnoses its own epochs with its
+# own (:func:`call_run_info`).
+FIT_PLAN = ("max_epochs", "val_check_steps", "optimizer_info")
+# What an earlier Trainer call measured and a later one keeps: the DataLoaders' settings, the FLOP counts.
+MEASURED = ("dataloaders", "flops")
+
+
+def call_run_info(
+    earlier: Mapping[str, Any], fresh: Mapping[str, Any], *, fit: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the report's ``run`` holds from a Trainer call's setup on, and the facts the call's epochs are
+    diagnosed with.
+
+    Args:
+        earlier: The run facts the earlier calls left (``{}`` at the first).
+        fresh: This call's own facts (:func:`~lightning_perf.collect.run_info.run_info`).
+        fit: Whether the call is a ``fit``: its plan replaces an earlier fit's.
+
+    Returns:
+        ``(run, plan)``: ``fresh`` with what the earlier calls measured (:data:`MEASURED`) and, unless ``fit``, an
+        earlier fit's :data:`FIT_PLAN`; and the call's own plan, which the diagnosis reads over ``run`` (a test
+        call's epoch is diagnosed as the one epoch it is, while the report keeps the fit's ``max_epochs``).
+    """
+    keep = MEASURED if fit else MEASURED + FIT_PLAN
+    run = {**fresh, **{key: earlier[key] for key in keep if key in earlier}}
+    plan = {key: fresh[key] for key in FIT_PLAN if key in fresh}
+    return run, plan
 
 
 @dataclass(frozen=True)
