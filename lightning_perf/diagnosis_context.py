@@ -113,8 +113,10 @@ def epoch_context(
                                 data_wait=clock.data_wait, compute=clock.compute, profiled=clock.profiled)
         findings = diagnose(context)
     """
+    pooled = _recent(summary, history, evidence_batches)
     return StageEpoch(
-        epoch=_with_recent(summary, history, evidence_batches),
+        epoch=pool_epochs(pooled) if len(pooled) > 1 else summary,
+        pooled_epochs=len(pooled),
         history=tuple(history),
         windows=tuple(windows),
         validation=tuple(validation),
@@ -129,15 +131,15 @@ def epoch_context(
     )
 
 
-def _with_recent(summary: EpochSummary, history: Sequence[EpochSummary], batches: int) -> EpochSummary:
-    """``summary``, pooled with the latest epochs of ``history`` where it has fewer than ``batches`` measured
-    batches (at most ``batches`` epochs back: bounded work per epoch)."""
+def _recent(summary: EpochSummary, history: Sequence[EpochSummary], batches: int) -> list[EpochSummary]:
+    """``summary``, with the latest epochs of ``history`` before it where it has fewer than ``batches`` measured
+    batches (at most ``batches`` epochs back: bounded work per epoch), oldest first: the epochs to pool."""
     pooled = [summary]
     for earlier in reversed(history[-batches:]):
         if sum(e.measured_batches for e in pooled) >= batches:
             break
         pooled.insert(0, earlier)
-    return pool_epochs(pooled) if len(pooled) > 1 else summary
+    return pooled
 
 
 def distributed_info(trace: KinetoTrace | Mapping[str, Any]) -> dict[str, Any]:

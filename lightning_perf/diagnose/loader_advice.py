@@ -25,10 +25,15 @@ The model, per batch of the epoch (means over the measured batches):
   per ``W + C``). With ``k'`` workers, CPU-bound loading delivers a batch every ``L / min(k', spare)``
   seconds, I/O-bound loading every ``L / k'``; the step then waits ``max(0, L / k' - C) + HANDOFF``:
   enough workers are ``ceil(L / C)``.
-- **Start-up**: the first batch's wait beyond a steady batch's (workers starting, an iterable dataset's
-  first fetch), paid every epoch unless ``persistent_workers=True``. Workers to add are chosen for the
-  most time saved over the run's epochs (``RunFacts.epochs``) less their start-up, once with persistent
-  workers: ``WORKER_STARTUP_GUESS`` each. None are suggested where that is no saving.
+- **Start-up**: the first batch's wait beyond a steady batch's where something starts there: the workers
+  (paid every epoch unless ``persistent_workers=True``), or a map-style dataset's one-off set-up (opening
+  files on its first item). With no workers, an iterable dataset's first batch, or one of a dataset that
+  reads the module's state, is no start-up: it is the dataset's own code producing the epoch's batches (a
+  generator that runs a rollout before its first ``yield``), and stays in the wait per batch. Workers to add
+  are chosen for the most time saved over the run's epochs (``RunFacts.epochs``) less their start-up, once
+  with persistent workers: ``WORKER_STARTUP_GUESS`` each. None are suggested where that is no saving.
+- An epoch of too few batches is judged with the latest ones (``StageEpoch.pooled_epochs``): the first
+  batches are then one per epoch, and figures "per epoch" are over the pooled batches per epoch.
 
 Where a number is missing or the prediction is no gain, the advice says what to measure instead of what to
 set, and every suggested setting is written as one ``DataLoader(...)`` call, so that it can be applied as is.
@@ -86,12 +91,15 @@ class Loading:
         wait: Mean data wait.
         compute: Mean rest of the step.
         batches: Measured batches.
-        startup: The first batch's wait beyond a steady batch's.
+        startup: The part of ``first`` that is start-up (workers starting, a map-style dataset's set-up): all of
+            it or none.
         cpu_share: The training process's CPU over wall time during the steady waits.
         worker_cpus: CPUs' worth the workers used over the epoch.
         spare: CPUs free for workers (at least 0); ``None``: unknown.
         cpu_wait: The share of the epoch the training thread waited for a CPU; ``None``: unknown.
         workers: The DataLoader's workers.
+        first: The first batch's wait beyond a steady batch's, summed over ``epochs``.
+        epochs: The epochs pooled (each with its first batch).
     """
 
     wait: float
@@ -103,6 +111,8 @@ class Loading:
     spare: int | None
     cpu_wait: float | None = None
     workers: int = 0
+    first: float = 0.0
+    epochs: int = 1
 
     @property
     def contended(self) -> bool:
@@ -114,6 +124,22 @@ class Loading:
         """Start-up over the epoch's whole wait."""
         total = self.wait * self.batches
         return self.startup / total if total > 0 else 0.0
+
+    @property
+    def first_share(self) -> float:
+        """The first batches' extra wait over the epoch's whole wait, start-up or not."""
+        total = self.wait * self.batches
+        return self.first / total if total > 0 else 0.0
+
+    @property
+    def per_epoch(self) -> float:
+        """Measured batches per epoch (the pooled epochs' mean)."""
+        return self.batches / max(self.epochs, 1)
+
+    def first_wait(self) -> float:
+        """An epoch's first batch's wait (the pooled epochs' mean)."""
+        steady = max(self.wait * self.batches - self.first, 0.0) / max(self.batches, 1)
+        return self.first / max(self.epochs, 1) + steady
 
     def load_time(self) -> float:
         """One loader's time per batch: the steady wait without workers, ``k * (W - HANDOFF + C)`` with
@@ -144,11 +170,17 @@ class Loading:
 def loading(ctx: StageEpoch) -> Loading:
     """The epoch's :class:`Loading`."""
     epoch, facts = ctx.epoch, ctx.facts
-    n = max(epoch.measured_batches, 1)
+    n, epochs = max(epoch.measured_batches, 1), max(ctx.pooled_epochs, 1)
     wait = epoch.data_wait / n
-    first = epoch.first_data_wait
-    steady = (epoch.data_wait - first) / (n - 1) if first is not None and n > 1 else wait
-    startup = max((epoch.first_data_wait or 0.0) - max(steady, 0.0), 0.0)
+    first = epoch.first_data_wait  # pooled: the sum of the epochs' first waits
+    others = n - epochs  # batches that were not their epoch's first
+    if first is None:
+        steady = wait
+    elif others > 0:
+        steady = (epoch.data_wait - first) / others
+    else:  # one batch per epoch: pooled, each batch is its epoch's first; alone, it is the epoch
+        steady = 0.0 if epochs > 1 else wait
+    extra = min(max((first or 0.0) - epochs * max(steady, 0.0), 0.0), epoch.data_wait)
     worker_cpus = (
         epoch.worker_cpu / epoch.wall_time
         if epoch.worker_cpu is not None and epoch.wall_time and facts.num_workers
@@ -158,14 +190,25 @@ def loading(ctx: StageEpoch) -> Loading:
         wait=wait,
         compute=max(epoch.step_time - epoch.data_wait, 0.0) / n,
         batches=n,
-        startup=min(startup, epoch.data_wait),
+        startup=extra if first_is_startup(facts) else 0.0,
         cpu_share=epoch.loading_cpu_share,
         worker_cpus=worker_cpus,
         spare=spare_cpus(facts),
         cpu_wait=epoch.cpu_wait_share,
         workers=facts.num_workers or 0,
+        first=extra,
+        epochs=epochs,
     )
     return dataclasses.replace(load, spare=0) if load.contended and load.spare is not None else load
+
+
+def first_is_startup(facts: RunFacts) -> bool:
+    """Whether the first batch's extra wait is start-up: workers starting, or a map-style dataset's one-off
+    set-up; not where no worker starts and the dataset is iterable or reads the module's state (its first
+    ``next()`` is its own code producing the epoch's batches)."""
+    if facts.num_workers is None or facts.num_workers > 0:
+        return True
+    return facts.dataset != "iterable" and not facts.shared_state
 
 
 def spare_cpus(facts: RunFacts) -> int | None:
@@ -185,10 +228,16 @@ def _own_threads(facts: RunFacts) -> int:
 def loading_evidence(load: Loading, facts: RunFacts) -> list[str]:
     """The measurements the advice rests on, as evidence."""
     parts = []
-    if load.startup_share >= 0.01 and load.batches > 1:
+    if load.first_share >= 0.01 and load.batches > 1:
+        waited = (
+            f"the first batch waited {ms(load.first_wait())}"
+            if load.epochs <= 1
+            else f"the first batches of the last {load.epochs} epochs waited {ms(load.first_wait())} each on average"
+        )
         parts.append(
-            f"the first batch waited {ms(load.startup + load.steady_wait())}"
-            f" (start-up {percent(load.startup_share)} of the wait)"
+            f"{waited} (start-up {percent(load.startup_share)} of the wait)"
+            if load.startup > 0
+            else f"{waited} ({percent(load.first_share)} of the wait, the dataset's own code: no worker starts there)"
         )
     if load.cpu_share is not None:
         parts.append(
@@ -288,18 +337,19 @@ def _startup_advice(ctx: StageEpoch, load: Loading) -> list[str]:
     workers = ctx.facts.num_workers or 0
     if not workers:
         return [
-            f"Most of the wait is the first batch ({ms(load.startup)} more than the others): the dataset's"
-            " start-up (opening files, building an index, an iterable dataset's first fetch). Workers would not"
-            " remove it: make that start-up cheaper, or do it once in `setup`."
+            f"Most of the wait is the first batch ({ms(load.startup / load.epochs)} more than the others): the"
+            " dataset's start-up (opening files, building an index). Workers would not remove it: make that"
+            " start-up cheaper, or do it once in `setup`."
         ]
+    each = ms(load.startup / load.epochs)
     if ctx.facts.persistent_workers is False:
         return [
             f"Set `DataLoader(num_workers={workers}, persistent_workers=True)`: most of the wait is the"
-            f" workers starting ({ms(load.startup)} before the first batch, {percent(load.startup_share)} of"
+            f" workers starting ({each} before the first batch, {percent(load.startup_share)} of"
             " the epoch's wait), which persistent workers pay once per run instead of every epoch."
         ]
     return [
-        f"Most of the wait is the workers starting ({ms(load.startup)} before the first batch): in a run"
+        f"Most of the wait is the workers starting ({each} before the first batch): in a run"
         f" this short they may cost more than they save. Compare `DataLoader(num_workers=0)` with this run"
         " (`lightning-perf compare`)."
     ]
@@ -322,6 +372,11 @@ def cheaper_samples(ctx: StageEpoch) -> str:
 def _shared_state_advice(ctx: StageEpoch, load: Loading) -> list[str]:
     facts = ctx.facts
     state = f"The dataset reads state the LightningModule holds ({facts.shared_state})"
+    first = (
+        f", {percent(load.first_share)} of it in each epoch's first batch ({ms(load.first_wait())})"
+        if not load.startup and load.first_share >= STARTUP_DOMINANT
+        else ""
+    )
     if facts.num_workers:
         return [
             f"Set `DataLoader(num_workers=0)` unless that state is read-only. {state}: each of the"
@@ -331,7 +386,7 @@ def _shared_state_advice(ctx: StageEpoch, load: Loading) -> list[str]:
         ]
     return [
         f"{state}: do not add DataLoader workers, which would each hold a stale copy of it and silently load"
-        f" old data. The wait is the module's own code producing batches ({ms(load.steady_wait())} per batch):"
+        f" old data. The wait is the module's own code producing batches ({ms(load.steady_wait())} per batch{first}):"
         " make it cheaper, or produce several samples per call (vectorized environments, a larger `batch_size`"
         " per sampling step).",
     ]
@@ -373,7 +428,7 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> tuple[list[str], bool]:
     epochs = ctx.facts.epochs or UNKNOWN_EPOCHS
     k = max(range(1, most + 1), key=lambda w: (_net_saving(load, w, epochs, cpu_bound), -w))
     after = load.predicted_wait(k, cpu_bound=cpu_bound)
-    saved = max(steady - after, 0.0) * load.batches
+    saved = max(steady - after, 0.0) * load.per_epoch
     if _net_saving(load, k, epochs, cpu_bound) <= 0:
         gain = (
             f"Workers would save at most {seconds_or_ms(saved)} an epoch here"
@@ -404,7 +459,7 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> tuple[list[str], bool]:
 
 def _net_saving(load: Loading, workers: int, epochs: int, cpu_bound: bool) -> float:
     """Seconds ``workers`` persistent workers would save over ``epochs`` epochs, their start-up paid."""
-    saved = (load.steady_wait() - load.predicted_wait(workers, cpu_bound=cpu_bound)) * load.batches
+    saved = (load.steady_wait() - load.predicted_wait(workers, cpu_bound=cpu_bound)) * load.per_epoch
     return epochs * saved - workers * WORKER_STARTUP_GUESS
 
 

@@ -63,6 +63,9 @@ class StageEpoch:
             (or torch could not tell).
         fit_seconds: For a training epoch, the training and validation step time of the fit so far (this epoch
             included); ``None`` where unknown.
+        pooled_epochs: The epochs ``epoch`` sums: more than 1 where an epoch of too few batches is judged with the
+            latest ones (:func:`~lightning_perf.summarize.steps.pool_epochs`); its first-batch wait is then the
+            sum of theirs.
     """
 
     epoch: EpochSummary
@@ -74,10 +77,18 @@ class StageEpoch:
     rank_step_times: Mapping[int, float] | None = None
     compile: CompileStats | None = None
     fit_seconds: tuple[float, float] | None = None
+    pooled_epochs: int = 1
 
     @property
     def stage(self) -> str:
         return self.epoch.stage
+
+    def over_batches(self) -> str:
+        """What the epoch's figures are over, for evidence: "8 batches", or "the last 2 epochs, 8 batches" where
+        it pools epochs."""
+        measured = self.epoch.measured_batches
+        batches = f"{measured} batch{'' if measured == 1 else 'es'}"
+        return batches if self.pooled_epochs <= 1 else f"the last {self.pooled_epochs} epochs, {batches}"
 
 
 @dataclass(frozen=True, kw_only=True)

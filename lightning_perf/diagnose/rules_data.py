@@ -44,7 +44,8 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 
     Notes:
         1. Measures the epoch's data wait / step time, from every batch (no profiler needed), the first
-           batch's DataLoader start-up included.
+           batch's DataLoader start-up included. An epoch pooled with the latest ones (too few batches) says so
+           ("over the last 2 epochs, 8 batches").
         2. Fires at ``dataloader_warning``; critical at ``dataloader_critical``; never when the mean wait per
            batch is below ``dataloader_min_wait``.
         3. Points at the window whose DataLoader spans take the largest share of the step, when that share
@@ -77,7 +78,7 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     facts = ctx.facts
     load = loading(ctx)
     evidence = [
-        f"data wait {percent(fraction)} of step time over {epoch.measured_batches} batches"
+        f"data wait {percent(fraction)} of step time over {ctx.over_batches()}"
         f" ({ms(epoch.data_wait / measured)} per batch)"
         f" (warning >= {limit(t.dataloader_warning)}, critical >= {limit(t.dataloader_critical)},"
         f" and >= {ms(t.dataloader_min_wait)} per batch)"
@@ -101,7 +102,7 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     title = f"{stage_name(ctx.stage)} waits for data {percent(fraction)} of the time"
     if per_sample is not None:
         evidence.append(per_sample_evidence(per_sample))
-        lines = [per_sample_advice(per_sample, epoch.measured_batches), *(lines if advice.predicted_gain else [])]
+        lines = [per_sample_advice(per_sample, load.per_epoch), *(lines if advice.predicted_gain else [])]
     elif elsewhere:
         # The windows show the DataLoader is a small part of the gap between batches: what was measured is the
         # time between batches (Lightning's loop, hooks, the batch's transfer), not data (Notes 7).

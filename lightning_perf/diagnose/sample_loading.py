@@ -111,7 +111,7 @@ def per_sample_evidence(found: PerSampleLoading) -> str:
     )
 
 
-def per_sample_advice(found: PerSampleLoading, batches: int) -> str:
+def per_sample_advice(found: PerSampleLoading, batches: float) -> str:
     """The change that removes per-sample work, with its predicted saving over ``batches`` batches."""
     return (
         "Load whole batches instead of single samples: give the dataset a `__getitems__(self, indices)` that"

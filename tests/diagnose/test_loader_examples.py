@@ -1,0 +1,121 @@
+"""``dataloader_bound`` on the shapes of Lightning's public examples (``examples/pytorch/``), as they were run on
+this project's 2-CPU machine: what each measured, and what the finding must say of it. Pure: the epochs are
+built with :func:`~lightning_perf.summarize.steps.summarize_epoch` from per-batch times, and judged through
+:func:`~lightning_perf.diagnosis_context.epoch_context` as the callback judges them (pooling included)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from advice import settings
+from lightning_perf.diagnose.model import Finding, RunFacts
+from lightning_perf.diagnose.registry import diagnose
+from lightning_perf.diagnosis_context import epoch_context
+from lightning_perf.records import EpochSummary, TraceSummary
+from lightning_perf.summarize.steps import summarize_epoch
+
+
+def measured(
+    waits: list[float], compute: float, *, epoch: int = 0, batch_size: int = 32, stage: str = "train", **kw
+) -> EpochSummary:
+    """An epoch whose batches waited ``waits`` (seconds, in order) and computed ``compute`` each."""
+    summary = summarize_epoch(
+        stage=stage,
+        epoch=epoch,
+        data_wait=waits,
+        compute=[compute] * len(waits),
+        batch_sizes=[batch_size] * len(waits),
+    )
+    return dataclasses.replace(summary, **kw)
+
+
+def dataloader_bound(
+    summary: EpochSummary,
+    facts: RunFacts,
+    *windows: TraceSummary,
+    history: tuple[EpochSummary, ...] = (),
+) -> Finding | None:
+    context = epoch_context(summary, history=list(history), windows=list(windows), facts=facts)
+    return next((f for f in diagnose(context) if f.id == "dataloader_bound"), None)
+
+
+def per_batch(text: str) -> list[str]:
+    """The "(N ms per batch" figures quoted in ``text``."""
+    return re.findall(r"\((\d+\.\d+ ms) per batch", text)
+
+
+# --- PPO (reinforce_learn_ppo.py) ---------------------------------------------------------------------------
+
+# An IterableDataset whose generator (a bound method of the module) runs a 2048-step environment rollout on its
+# first `next()` of each epoch, then yields 4 batches of 512 from it; no workers, torch on 2 threads, 2 CPUs.
+# Measured: the first batch waited 1.1-1.2 s, the others 5-8 ms, against 22-30 ms of compute.
+PPO = RunFacts(
+    device="cpu",
+    cpu_count=2,
+    torch_threads=2,
+    num_workers=0,
+    pin_memory=False,
+    persistent_workers=False,
+    batch_size=512,
+    dataset="iterable",
+    shared_state="`dataset.generate_batch` is the LightningModule's method `generate_trajectory_samples`",
+    epochs=8,
+)
+
+
+def ppo_epoch(epoch: int = 0, batches: int = 10) -> EpochSummary:
+    return measured([1.150] + [0.005] * (batches - 1), 0.025, epoch=epoch, batch_size=512, loading_cpu_share=1.0)
+
+
+def test_an_iterable_datasets_first_fetch_without_workers_is_its_own_work_not_start_up():
+    # The rollout is the dataset's code: no worker starts there. Leaving it out as "start-up" made the advice
+    # say 4.70 ms per batch where the evidence said 292.86 ms.
+    f = dataloader_bound(ppo_epoch(), PPO)
+    assert f is not None and f.severity == "critical"
+    assert "start-up" not in f.evidence and "start-up" not in f.advice
+    assert per_batch(f.evidence) == per_batch(f.advice) == ["119.50 ms"]  # (1.150 + 9 * 0.005) / 10
+    assert "the first batch waited 1150.00 ms (95% of the wait, the dataset's own code: no worker starts" in (
+        f.evidence
+    )
+    assert "95% of it in each epoch's first batch (1150.00 ms)" in f.advice and "do not add" in f.advice
+
+
+def test_an_iterable_dataset_without_shared_state_keeps_its_first_fetch_in_the_wait_too():
+    facts = dataclasses.replace(PPO, shared_state=None)
+    f = dataloader_bound(ppo_epoch(), facts)
+    assert "start-up" not in f.evidence and "Most of the wait is the first batch" not in f.advice
+    assert "the dataset's own code" in f.evidence
+
+
+def test_a_map_datasets_first_batch_and_workers_starting_are_still_start_up():
+    # A map-style dataset opening its files on its first item, and workers starting: start-up, left out of the
+    # steady wait, as before.
+    map_style = dataclasses.replace(PPO, dataset="map", shared_state=None)
+    f = dataloader_bound(ppo_epoch(), map_style)
+    assert "(start-up 95% of the wait)" in f.evidence and "Most of the wait is the first batch" in f.advice
+    workers = dataclasses.replace(PPO, num_workers=2, shared_state=None, persistent_workers=False)
+    f = dataloader_bound(dataclasses.replace(ppo_epoch(), worker_cpu=0.5, wall_time=1.4), workers)
+    assert "(start-up 95% of the wait)" in f.evidence and "workers starting (1145.00 ms" in f.advice
+
+
+def test_pooled_epochs_are_said_to_be_pooled_and_their_first_batches_are_one_per_epoch():
+    # PPO's epochs have 4 batches: each is judged with the one before (8 batches), and the evidence said "over 8
+    # batches" under the later epoch's label, its first wait the two epochs' first waits summed.
+    earlier, last = ppo_epoch(0, batches=4), ppo_epoch(1, batches=4)
+    f = dataloader_bound(last, PPO, history=(earlier,))
+    assert "data wait 92% of step time over the last 2 epochs, 8 batches (291.25 ms per batch)" in f.evidence
+    assert "the first batches of the last 2 epochs waited 1150.00 ms each on average" in f.evidence
+    assert per_batch(f.advice) == ["291.25 ms"] and "(1150.00 ms)" in f.advice
+    alone = dataloader_bound(last, PPO)  # an epoch not pooled says only its batches
+    assert "over 4 batches (291.25 ms per batch)" in alone.evidence and "last 2 epochs" not in alone.evidence
+
+
+def test_pooled_savings_per_epoch_are_over_one_epochs_batches():
+    # Two epochs of 4 batches waiting 10 ms (5 ms of compute) on 8 free CPUs, pooled: "per epoch" is 4
+    # batches' saving, not 8's.
+    facts = RunFacts(device="cpu", cpu_count=8, torch_threads=1, num_workers=0, persistent_workers=False, epochs=50)
+    earlier, last = (measured([0.010] * 4, 0.005, epoch=e, loading_cpu_share=0.95) for e in (0, 1))
+    f = dataloader_bound(last, facts, history=(earlier,))
+    assert settings(f.advice) == {"num_workers": 2, "persistent_workers": True}
+    assert "predicted data wait 1.50 ms per batch instead of 10.00 ms (about 34.00 ms less per epoch)" in f.advice
