@@ -472,6 +472,7 @@ def _spread_advice(ctx: StageEpoch, ratio: float, t: Thresholds) -> str:
         else ""
     )
     return (
-        f"The slowest tenth of the steps take {times(ratio)} the median: varying input sizes (bucket batches by"
-        f" length, pad to fixed sizes),{uneven} or work on some steps only ({some})."
+        f"The slowest tenth of the steps take {times(ratio)} the median:{uneven} work on some steps only ({some}),"
+        " or, where the batches' shapes vary (sequences, images of several sizes), the larger ones (bucket batches"
+        " by length, pad to fixed sizes)."
     )
