@@ -44,7 +44,7 @@ from lightning_perf.layout import page_path
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary, StepSplit, TraceSummary, WindowRecord
 from lightning_perf.report.findings import ShownFindings, console_report, findings_markdown, ranks_markdown
 from lightning_perf.report.html import run_page
-from lightning_perf.report.json_report import ReportFile, keeps_step_split, report_dict
+from lightning_perf.report.json_report import REWRITE_MIN_SECONDS, ReportFile, keeps_step_split, report_dict
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
 from lightning_perf.report.outputs import Outputs
 from lightning_perf.summarize.flops import epoch_flops
@@ -414,7 +414,8 @@ class EpochReporter:
         if self._report is None or self._report.path != path:
             source = os.path.dirname(os.path.abspath(path))
             # A partial of a module's function, not a lambda: the callback pickles (libraries save it).
-            self._report = ReportFile(path, page=(page_path(path), functools.partial(draw_page, source=source)))
+            draw = functools.partial(draw_page, source=source)
+            self._report = ReportFile(path, min_interval=REWRITE_MIN_SECONDS, page=(page_path(path), draw))
         if now:
             self._report.write(self.report())
         else:

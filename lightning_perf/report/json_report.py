@@ -3,8 +3,9 @@ perf_report.json
 ================
 
 The run's report as one JSON document, rewritten atomically (so that it is valid whenever it is read, even
-after an interrupted run) by a :class:`ReportFile`: at epoch ends within a time budget, and always at the
-end of each ``fit``/``validate``/``test``/``predict`` and on an interruption. Its schema (``version`` 1):
+after an interrupted run) by a :class:`ReportFile`: at epoch ends within a time budget (at most every
+:data:`REWRITE_MIN_SECONDS`), and always at the end of each ``fit``/``validate``/``test``/``predict`` and on an
+interruption (an exception, Ctrl-C, SIGTERM). Its schema (``version`` 1):
 
 .. code-block:: text
 
@@ -27,6 +28,10 @@ end of each ``fit``/``validate``/``test``/``predict`` and on an interruption. It
       "windows": [{<WindowRecord fields but operators>, "summary": {<TraceSummary fields>},
                    "operators": [<OperatorStat fields>, ...]}, ...]
     }
+
+An epoch's ``profiled_batches`` are the batches left out of its times, not only the profiled ones, despite the
+name: those in a profiler window or right after one, the one whose FLOPs were counted (so a training epoch without
+any window can have one) and those that compiled.
 
 Times are in seconds, memory in bytes, work in FLOPs (rates in FLOP/s, ``peak_flops`` per device); ``null``
 where a value could not be measured. ``run.flops`` is absent when no batch's FLOPs were counted: ``counted``
@@ -84,6 +89,11 @@ REPORT_FILENAME = "perf_report.json"
 # a second at most). The HTML page has a budget of its own, alike (it takes longer: 70-300 ms), so the two
 # together take at most 2%.
 REWRITE_TIME_SHARE = 0.01
+# And at most this often, however cheap the rewrite: a small report costs 1-5 ms, so the share alone let it be
+# rewritten every 0.1-0.5 s, 20 times (and its page 14) in the first 7 s of Lightning's bug_report_model (epochs of
+# 4 + 1 batches, 30 ms), 0.7 ms per epoch, a fifth of the callback's cost there. A run of epochs longer than this
+# still gets a report at every epoch end; an interrupted one gets it at its interruption.
+REWRITE_MIN_SECONDS = 5.0
 # A window's operators the report keeps (the HTML report's sortable table): the rows that hold nearly all of a
 # step's time in the traces we have seen (the 50th operator of a ResNet or GPT window holds well under 1%).
 OPERATOR_ROWS = 50
@@ -295,12 +305,14 @@ def window_record(values: Mapping[str, Any]) -> WindowRecord:
 
 class ReportFile:
     """``perf_report.json``, and the HTML page that shows it, each rewritten on a time budget of its own
-    (:data:`REWRITE_TIME_SHARE`): a page that takes longer to write than the report is written less often,
-    and the report stays as fresh as without it.
+    (:data:`REWRITE_TIME_SHARE`, and at most every ``min_interval`` seconds): a page that takes longer to write
+    than the report is written less often, and the report stays as fresh as without it.
 
     Args:
         path: Where the report goes.
         clock: Seconds, monotonic.
+        min_interval: The fewest seconds between two rewrites of a file by :meth:`update` (:meth:`write` is not
+            held back).
         page: Where the page goes and what draws it from the report's data
             (:func:`lightning_perf.report.html.run_page`); ``None``: no page.
 
@@ -316,9 +328,11 @@ class ReportFile:
         path: str,
         clock: Callable[[], float] = time.perf_counter,
         *,
+        min_interval: float = 0.0,
         page: tuple[str, Callable[[Mapping[str, Any]], str]] | None = None,
     ) -> None:
         self.path = path
+        self.min_interval = min_interval
         self.page_path = None if page is None else page[0]
         self._draw = None if page is None else page[1]
         self._clock = clock
@@ -345,7 +359,7 @@ class ReportFile:
             elif self._draw is not None and self.page_path is not None:
                 write_atomically(self._draw(data), self.page_path)
             end = self._clock()
-            self._next_due[part] = end + (end - start) / REWRITE_TIME_SHARE
+            self._next_due[part] = end + max((end - start) / REWRITE_TIME_SHARE, self.min_interval)
             start = end
 
 

@@ -1,0 +1,77 @@
+"""How often ``perf_report.json`` and its page are rewritten at epoch ends (:class:`ReportFile`): on a time budget,
+at most every :data:`REWRITE_MIN_SECONDS`, and always at a Trainer call's end or interruption."""
+
+import json
+import time
+
+from lightning_perf import PerfCallback
+from lightning_perf.report import json_report
+from lightning_perf.report.json_report import REWRITE_MIN_SECONDS, ReportFile
+from models import TinyModel, trainer
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_cheap_report_is_rewritten_at_most_every_min_interval(tmp_path):
+    clock = FakeClock()
+    drawn = []
+    page = (str(tmp_path / "report.html"), lambda data: drawn.append(data["n"]) or "<html></html>")
+    report = ReportFile(str(tmp_path / "perf_report.json"), clock=clock, min_interval=5.0, page=page)
+    built = []
+
+    def build():
+        built.append(clock.now)
+        clock.now += 0.002  # 2 ms: the time share alone would let it be rewritten 0.2 s later
+        return {"n": len(built)}
+
+    written = []
+    for _ in range(100):  # epoch ends 30 ms apart: 3 s in all
+        if report.update(build):
+            written.append(clock.now)
+        clock.now += 0.030
+    assert len(written) == 1 and len(drawn) == 1  # the first epoch end only
+    clock.now += 5.0
+    assert report.update(build) and len(drawn) == 2  # due again 5 s after the last rewrite
+    report.write({"n": "end"})  # the end of the call (or an interruption) is never held back
+    assert json.loads((tmp_path / "perf_report.json").read_text()) == {"n": "end"}
+    assert drawn[-1] == "end"
+
+
+def test_an_expensive_report_keeps_its_time_share_above_the_min_interval(tmp_path):
+    clock = FakeClock()
+    report = ReportFile(str(tmp_path / "perf_report.json"), clock=clock, min_interval=5.0)
+
+    def build():
+        clock.now += 0.100  # 100 ms: due 10 s later, past the 5 s
+        return {}
+
+    assert report.update(build)
+    clock.now += 9.0
+    assert not report.update(build)
+    clock.now += 1.1
+    assert report.update(build)
+
+
+def test_a_fit_of_many_short_epochs_rewrites_its_report_within_the_bound(tmp_path, monkeypatch):
+    written = []
+    write = json_report.write_json_atomically
+    monkeypatch.setattr(json_report, "write_json_atomically", lambda data, path: (written.append(1), write(data, path)))
+    callback = PerfCallback()
+    t = trainer(tmp_path, [callback], max_epochs=40, limit_train_batches=2, limit_val_batches=1)
+    start = time.perf_counter()
+    t.fit(TinyModel(n=8, val_n=4))
+    seconds = time.perf_counter() - start
+
+    # Each stage's first epoch end writes at once (validate, then train), the fit's end writes; between them, at
+    # most one rewrite per REWRITE_MIN_SECONDS of the fit (80 epoch ends in all).
+    assert 3 <= len(written) <= 3 + seconds / REWRITE_MIN_SECONDS + 1
+    with open(callback.report_path, encoding="utf-8") as f:
+        report = json.load(f)
+    assert len(report["stages"]["train"]["epochs"]) == 40
+    assert len(report["stages"]["validate"]["epochs"]) == 40
