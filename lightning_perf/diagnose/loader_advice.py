@@ -421,7 +421,7 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> tuple[list[str], bool]:
             "To try workers anyway, give them a CPU (`torch.set_num_threads(...)` one lower, with"
             " `DataLoader(num_workers=1, persistent_workers=True)`) and compare the two runs with"
             " `lightning-perf compare`.",
-        ], True
+        ], False
     most = min(load.needed(), MAX_SUGGESTED_WORKERS)
     if cpu_bound and load.spare is not None:
         most = min(most, load.spare)

@@ -363,5 +363,5 @@ def test_per_sample_advice_needs_a_batch_a_saving_and_a_count(facts, win):
 
 
 def test_the_batch_size_comes_from_the_epoch_when_the_loader_has_none():
-    f = judge(epoch(**PER_SAMPLE), per_sample_window(ops=64.0), facts=dataclasses.replace(TWO_CPUS, batch_size=None))
+    f = judge(epoch(**PER_SAMPLE), per_sample_window(ops=192.0), facts=dataclasses.replace(TWO_CPUS, batch_size=None))
     assert "per batch of 32, " in f.evidence  # the epoch's 32 samples a batch
