@@ -6,34 +6,10 @@ What ``dataloader_bound`` advises, predicted from the run's facts rather than as
 only where a CPU is free for them (or loading waits on I/O, not on the CPU), where the epoch is long enough
 to repay their start-up, and where the dataset does not depend on state the module changes.
 
-The model, per batch of the epoch (means over the measured batches):
-
-- ``wait`` (W): the data wait; ``compute`` (C): the rest of the step.
-- Loading is **CPU-bound** when the training process used its CPU for at least ``CPU_BOUND`` of the wait
-  (``EpochSummary.loading_cpu_share``, with ``num_workers=0``), or when the workers used at least
-  ``CPU_BOUND`` of the CPUs they could (one each, at most this process's share: ``EpochSummary.worker_cpu``
-  over the epoch's wall time).
-- **Spare CPUs**: this process's share of the CPUs less those its own compute needs (torch's intra-op
-  threads on a CPU run; one thread feeding the GPU on CUDA). Lightning suggests CPUs per device minus one
-  (``suggested_max_num_workers``), the same on a GPU. None are spare on a busy machine: when the training
-  thread waited for a CPU ``CONTENDED`` of the epoch or more (``EpochSummary.cpu_wait_share``), other
-  processes hold the CPUs a worker would need.
-- A batch from a worker costs the training process ``HANDOFF`` to receive (unpickling it, mapping its
-  shared memory), whatever the workers do.
-- One loader's time per batch ``L``: with no workers, the wait itself (``W``); with ``k`` workers that
-  keep the step waiting, ``k * (W - HANDOFF + C)`` (each delivers one batch per ``L``, the step takes one
-  per ``W + C``). With ``k'`` workers, CPU-bound loading delivers a batch every ``L / min(k', spare)``
-  seconds, I/O-bound loading every ``L / k'``; the step then waits ``max(0, L / k' - C) + HANDOFF``:
-  enough workers are ``ceil(L / C)``.
-- **Start-up**: the first batch's wait beyond a steady batch's where something starts there: the workers
-  (paid every epoch unless ``persistent_workers=True``), or a map-style dataset's one-off set-up (opening
-  files on its first item). With no workers, an iterable dataset's first batch, or one of a dataset that
-  reads the module's state, is no start-up: it is the dataset's own code producing the epoch's batches (a
-  generator that runs a rollout before its first ``yield``), and stays in the wait per batch. Workers to add
-  are chosen for the most time saved over the run's epochs (``RunFacts.epochs``) less their start-up, once
-  with persistent workers: ``WORKER_STARTUP_GUESS`` each. None are suggested where that is no saving.
-- An epoch of too few batches is judged with the latest ones (``StageEpoch.pooled_epochs``): the first
-  batches are then one per epoch, and figures "per epoch" are over the pooled batches per epoch.
+The model, per batch of the epoch (means over the measured batches), is :mod:`~lightning_perf.diagnose.loading`'s.
+Workers to add are chosen for the most time saved over the run's epochs (``RunFacts.epochs``) less their
+start-up, once with persistent workers: ``WORKER_STARTUP_GUESS`` each. None are suggested where that is no
+saving.
 
 Where a number is missing or the prediction is no gain, the advice says what to measure instead of what to
 set, and every suggested setting is written as one ``DataLoader(...)`` call, so that it can be applied as is.
@@ -41,23 +17,19 @@ set, and every suggested setting is written as one ``DataLoader(...)`` call, so 
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass
 
+from lightning_perf.diagnose.loading import (
+    CPU_BOUND,
+    HANDOFF,
+    MAX_SUGGESTED_WORKERS,
+    Loading,
+    own_threads,
+)
 from lightning_perf.diagnose.model import RunFacts, StageEpoch
 from lightning_perf.diagnose.rule_helpers import cpus_per_process, on_cuda
-from lightning_perf.diagnose.thresholds import CPU_CONTENTION
 from lightning_perf.units import cpus, ms, percent, plural, seconds_or_ms
 
-# Advice only: the most workers we suggest. Lightning suggests up to the CPUs per device minus one
-# (`suggested_max_num_workers`); beyond about 8 workers returns diminish for most pipelines while each worker
-# holds a copy of the dataset object and `prefetch_factor` batches (our judgment).
-MAX_SUGGESTED_WORKERS = 8
-# Loading is CPU-bound when the loading process (the training process with no workers, else each worker) is
-# on a CPU at least half of the time it loads (our judgment: below that, more of it is waiting, on a disk,
-# the network or a lock, than computing, and more workers overlap the waits whatever the CPU count).
-CPU_BOUND = 0.5
 # The wait is the workers' start-up when the first batch's extra wait is at least half of the epoch's wait.
 STARTUP_DOMINANT = 0.5
 # A worker's start-up, where none was measured: the DataLoader starts its workers one after another, and the
@@ -68,188 +40,8 @@ WORKER_STARTUP_GUESS = 0.1
 # Epochs to weigh the start-up against when the run's count is unknown (our judgment: fits without
 # max_epochs usually run many; ten keeps a guess on the careful side).
 UNKNOWN_EPOCHS = 10
-# What a batch from a worker costs the training process to receive: measured with torch 2.13 on a 2-CPU
-# machine, a batch of 64 small tensors (16 floats, or 1x28x28) took 2.0-2.4 ms through one persistent worker
-# against 0.4-0.5 ms in-process, a 3x64x64 batch (3 MB) 6.1 ms against 0.7 ms (`DataLoader` over a
-# `TensorDataset`, nothing else to do): 1.5-1.9 ms more per small batch, 5.4 ms per 3 MB one. The smaller
-# figure, as a floor: larger batches cost more.
-HANDOFF = 1.5e-3
-# The CPUs are busy with others when the training thread waits for one a tenth of the epoch or more (our
-# judgment: on an idle machine it waits well under 1%; on this project's shared 2-CPU machine, at load 2-5,
-# 20-60%, and no worker setting made a real program faster there): cpu_contention's threshold.
-CONTENDED = CPU_CONTENTION
 # A saving below this (seconds per epoch) is written as none: "at most 0.00 ms" reads as a measurement.
 NO_SAVING = 0.05e-3
-_EPS = 1e-9  # 0.016 / 0.004 is 4.000000000000001: not 5 workers
-
-
-@dataclass(frozen=True, kw_only=True)
-class Loading:
-    """What the epoch says about loading, per measured batch (seconds).
-
-    Attributes:
-        wait: Mean data wait.
-        compute: Mean rest of the step.
-        batches: Measured batches.
-        startup: The part of ``first`` that is start-up (workers starting, a map-style dataset's set-up): all of
-            it or none.
-        cpu_share: The training process's CPU over wall time during the steady waits.
-        worker_cpus: CPUs' worth the workers used over the epoch.
-        spare: CPUs free for workers (at least 0); ``None``: unknown.
-        cpu_wait: The share of the epoch the training thread waited for a CPU; ``None``: unknown.
-        workers: The DataLoader's workers.
-        first: The first batch's wait beyond a steady batch's, summed over ``epochs``.
-        epochs: The epochs pooled (each with its first batch).
-    """
-
-    wait: float
-    compute: float
-    batches: int
-    startup: float
-    cpu_share: float | None
-    worker_cpus: float | None
-    spare: int | None
-    cpu_wait: float | None = None
-    workers: int = 0
-    first: float = 0.0
-    epochs: int = 1
-
-    @property
-    def contended(self) -> bool:
-        """Other processes keep the CPUs busy."""
-        return self.cpu_wait is not None and self.cpu_wait >= CONTENDED - _EPS
-
-    @property
-    def startup_share(self) -> float:
-        """Start-up over the epoch's whole wait."""
-        total = self.wait * self.batches
-        return self.startup / total if total > 0 else 0.0
-
-    @property
-    def first_share(self) -> float:
-        """The first batches' extra wait over the epoch's whole wait, start-up or not."""
-        total = self.wait * self.batches
-        return self.first / total if total > 0 else 0.0
-
-    @property
-    def per_epoch(self) -> float:
-        """Measured batches per epoch (the pooled epochs' mean)."""
-        return self.batches / max(self.epochs, 1)
-
-    def first_wait(self) -> float:
-        """An epoch's first batch's wait (the pooled epochs' mean)."""
-        steady = max(self.wait * self.batches - self.first, 0.0) / max(self.batches, 1)
-        return self.first / max(self.epochs, 1) + steady
-
-    def load_time(self) -> float:
-        """One loader's time per batch: the steady wait without workers, ``k * (W - HANDOFF + C)`` with
-        ``k``."""
-        steady = self.steady_wait()
-        return steady if self.workers < 1 else self.workers * (max(steady - HANDOFF, 0.0) + self.compute)
-
-    def needed(self) -> int:
-        """Workers that would hide the loading behind compute: ``ceil(L / C)``, at least 1."""
-        if self.compute <= 0:
-            return MAX_SUGGESTED_WORKERS
-        return max(1, math.ceil(self.load_time() / self.compute - _EPS))
-
-    def steady_wait(self) -> float:
-        """The mean wait of the batches after the first."""
-        if self.batches <= 1:
-            return self.wait
-        return max(self.wait * self.batches - self.startup, 0.0) / self.batches
-
-    def predicted_wait(self, workers: int, *, cpu_bound: bool) -> float:
-        """The steady wait per batch with ``workers`` workers."""
-        usable = min(workers, self.spare) if cpu_bound and self.spare is not None else workers
-        if usable < 1:
-            return self.steady_wait()
-        return max(0.0, self.load_time() / usable - self.compute) + HANDOFF
-
-
-def loading(ctx: StageEpoch) -> Loading:
-    """The epoch's :class:`Loading`."""
-    epoch, facts = ctx.epoch, ctx.facts
-    n, epochs = max(epoch.measured_batches, 1), max(ctx.pooled_epochs, 1)
-    wait = epoch.data_wait / n
-    first = epoch.first_data_wait  # pooled: the sum of the epochs' first waits
-    others = n - epochs  # batches that were not their epoch's first
-    if first is None:
-        steady = wait
-    elif others > 0:
-        steady = (epoch.data_wait - first) / others
-    else:  # one batch per epoch: pooled, each batch is its epoch's first; alone, it is the epoch
-        steady = 0.0 if epochs > 1 else wait
-    extra = min(max((first or 0.0) - epochs * max(steady, 0.0), 0.0), epoch.data_wait)
-    worker_cpus = (
-        epoch.worker_cpu / epoch.wall_time
-        if epoch.worker_cpu is not None and epoch.wall_time and facts.num_workers
-        else None
-    )
-    load = Loading(
-        wait=wait,
-        compute=max(epoch.step_time - epoch.data_wait, 0.0) / n,
-        batches=n,
-        startup=extra if first_is_startup(facts) else 0.0,
-        cpu_share=epoch.loading_cpu_share,
-        worker_cpus=worker_cpus,
-        spare=spare_cpus(facts),
-        cpu_wait=epoch.cpu_wait_share,
-        workers=facts.num_workers or 0,
-        first=extra,
-        epochs=epochs,
-    )
-    return dataclasses.replace(load, spare=0) if load.contended and load.spare is not None else load
-
-
-def first_is_startup(facts: RunFacts) -> bool:
-    """Whether the first batch's extra wait is start-up: workers starting, or a map-style dataset's one-off
-    set-up; not where no worker starts and the dataset is iterable or reads the module's state (its first
-    ``next()`` is its own code producing the epoch's batches)."""
-    if facts.num_workers is None or facts.num_workers > 0:
-        return True
-    return facts.dataset != "iterable" and not facts.shared_state
-
-
-def spare_cpus(facts: RunFacts) -> int | None:
-    """CPUs of this process's share that its own compute leaves to workers: the share less torch's threads on
-    a CPU run, less one on an accelerator; ``None`` when the CPU count is unknown."""
-    per_process = cpus_per_process(facts)
-    if per_process is None:
-        return None
-    return max(per_process - _own_threads(facts), 0)
-
-
-def _own_threads(facts: RunFacts) -> int:
-    """The CPUs the training process computes on: torch's threads on a CPU run, one feeding an accelerator."""
-    return (facts.torch_threads or 1) if facts.device == "cpu" else 1
-
-
-def loading_evidence(load: Loading, facts: RunFacts) -> list[str]:
-    """The measurements the advice rests on, as evidence."""
-    parts = []
-    if load.first_share >= 0.01 and load.batches > 1:
-        waited = (
-            f"the first batch waited {ms(load.first_wait())}"
-            if load.epochs <= 1
-            else f"the first batches of the last {load.epochs} epochs waited {ms(load.first_wait())} each on average"
-        )
-        parts.append(
-            f"{waited} (start-up {percent(load.startup_share)} of the wait)"
-            if load.startup > 0
-            else f"{waited} ({percent(load.first_share)} of the wait, the dataset's own code: no worker starts there)"
-        )
-    if load.cpu_share is not None:
-        parts.append(
-            f"the training process used or waited for a CPU {percent(min(load.cpu_share, 1.0))} of the sampled waits"
-        )
-    if load.worker_cpus is not None and facts.num_workers:
-        parts.append(f"the {facts.num_workers} workers used {cpus(load.worker_cpus)}")
-    if load.contended:
-        parts.append(f"the training thread waited for a CPU {percent(load.cpu_wait or 0.0)} of the epoch")
-    if load.spare is not None:
-        parts.append(f"{load.spare} CPU{'s' if load.spare != 1 else ''} free for workers")
-    return parts
 
 
 @dataclass(frozen=True)
@@ -260,10 +52,13 @@ class LoaderAdvice:
         lines: The advice, sentence groups in order (empty strings are dropped by the finding).
         predicted_gain: ``False`` where no change is predicted to shorten the wait (the advice then says what
             to measure): the finding is then no more than information.
+        elsewhere: The advice is to look outside the DataLoader (the windows show it small, and nothing of the
+            DataLoader's own, its workers or their start-up, explains the wait): the title then says so.
     """
 
     lines: list[str]
     predicted_gain: bool = True
+    elsewhere: bool = False
 
 
 def loader_advice(ctx: StageEpoch, load: Loading, *, elsewhere: bool = False) -> LoaderAdvice:
@@ -276,16 +71,17 @@ def loader_advice(ctx: StageEpoch, load: Loading, *, elsewhere: bool = False) ->
 
     Notes:
         In this order, the first that applies: a dataset sharing state with the module (workers would load
-        stale data); workers oversubscribing a busy machine; a first batch whose start-up is most of the
-        wait; windows that show the wait is not the DataLoader's (what else to look at); then workers to add,
-        raise or lower, or what to measure.
+        stale data); workers oversubscribing a busy machine; more workers than CPUs (torch warns of it too:
+        they take turns with the training process whatever else the epoch shows, so this holds from epoch to
+        epoch); a first batch whose start-up is most of the wait; windows that show the wait is not the
+        DataLoader's (what else to look at); then workers to add, raise or lower, or what to measure.
     """
     facts = ctx.facts
     if facts.shared_state:
         return LoaderAdvice(_shared_state_advice(ctx, load))
-    advice = _oversubscribed_advice(ctx, load) or _startup_advice(ctx, load)
+    advice = _oversubscribed_advice(ctx, load) or too_many_workers(ctx, load) or _startup_advice(ctx, load)
     if not advice and elsewhere:
-        return LoaderAdvice([ELSEWHERE])
+        return LoaderAdvice([ELSEWHERE], elsewhere=True)
     gain = True
     if not advice and facts.num_workers:
         advice = _with_workers(ctx, load)
@@ -312,7 +108,7 @@ ELSEWHERE = (
 def _oversubscribed_advice(ctx: StageEpoch, load: Loading) -> list[str]:
     """Workers and the training process's threads taking turns on too few CPUs of a busy machine."""
     facts = ctx.facts
-    workers, per_process, own = facts.num_workers or 0, cpus_per_process(facts), _own_threads(facts)
+    workers, per_process, own = facts.num_workers or 0, cpus_per_process(facts), own_threads(facts)
     if not (workers and load.contended and per_process is not None and workers + own > per_process):
         return []
     return [
@@ -327,6 +123,39 @@ def _oversubscribed_advice(ctx: StageEpoch, load: Loading) -> list[str]:
             else ""
         ),
         cheaper_samples(ctx),
+    ]
+
+
+def too_many_workers(ctx: StageEpoch, load: Loading) -> list[str]:
+    """More workers than this process's CPUs, unless they wait on I/O (mostly idle while the training process is
+    idle too during the wait): lowered to the free CPUs (at least 1) where they compute or their use is unknown, to
+    none where they are mostly idle while the training process is busy in the wait (receiving a batch costs it
+    more than loading it)."""
+    facts = ctx.facts
+    workers, per_process = facts.num_workers or 0, cpus_per_process(facts)
+    if per_process is None or workers <= per_process:
+        return []
+    capacity = min(workers, per_process)  # one CPU per worker, at most this process's share
+    idle = load.worker_cpus is not None and load.worker_cpus / capacity < CPU_BOUND
+    busy_here = load.cpu_share is not None and load.cpu_share >= CPU_BOUND
+    if idle and load.cpu_share is not None and not busy_here:
+        return []  # waiting on a disk or the network: more workers overlap more waits (_with_workers)
+    target = 0 if idle else min(max(load.spare or 0, 1), per_process)
+    why = (
+        f" They are mostly idle ({cpus(load.worker_cpus or 0)} in all) while the training process is busy during"
+        " the wait: loading costs less than receiving batches from them."
+        if idle
+        else " More than the free CPUs only add memory and start-up."
+    )
+    startup = (
+        f" Starting them takes {ms(load.startup / load.epochs)} before each epoch's first batch."
+        if load.startup_share >= 0.1 and facts.persistent_workers is False
+        else ""
+    )
+    return [
+        f"Set `DataLoader(num_workers={target})`: {workers} workers on {per_process} CPUs (torch warns of more"
+        f" workers than CPUs too) take turns on them with the training process.{why}{startup}",
+        "" if idle else cheaper_samples(ctx),
     ]
 
 
@@ -470,13 +299,6 @@ def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     named, are = plural(workers, "worker"), "is" if workers == 1 else "are"
     capacity = min(workers, per_process or workers)  # one CPU per worker, at most this process's share
     cpu_bound = load.worker_cpus / capacity >= CPU_BOUND if load.worker_cpus is not None else None
-    if per_process is not None and workers > per_process and cpu_bound is not False:
-        target = max(load.spare or 0, 1)
-        return [
-            f"Set `DataLoader(num_workers={target})`: {workers} workers on {per_process} CPUs take turns on them"
-            " (and with the training process), so more than the free CPUs only add memory and start-up.",
-            cheaper_samples(ctx),
-        ]
     if cpu_bound is False:
         if load.cpu_share is not None and load.cpu_share >= CPU_BOUND:
             return [

@@ -9,7 +9,8 @@ copy to it).
 from __future__ import annotations
 
 from lightning_perf.diagnose.contention import busy_note, busy_share, idle_time
-from lightning_perf.diagnose.loader_advice import CPU_BOUND, loader_advice, loading, loading_evidence
+from lightning_perf.diagnose.loader_advice import loader_advice
+from lightning_perf.diagnose.loading import CPU_BOUND, loading, loading_evidence
 from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch
 from lightning_perf.diagnose.rule_helpers import below, finding, in_window, on_cuda, reaches, stage_name, strongest
 from lightning_perf.diagnose.sample_loading import per_sample_advice, per_sample_evidence, per_sample_loading
@@ -58,7 +59,8 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            its predicted saving.
         6. Where no change is predicted to help (workers would not pay, and no per-sample work is seen), the
            finding is ``info``: it says what was measured and what to check, not that something must change.
-        7. Where the windows show the DataLoader's own spans to be a small part of the step, the gap between
+        7. Where the windows show the DataLoader's own spans to be a small part of the step, and nothing of the
+           DataLoader's own explains the wait (more workers than CPUs, the workers' start-up), the gap between
            batches is Lightning's loop, the hooks and the batch's transfer, not data: the title says "between
            batches, outside the DataLoader", the advice what else runs there, and it is at most a warning.
         8. On a busy machine (``cpu_contention``), the severity is set by the part of the wait spent off the CPU,
@@ -96,8 +98,8 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     evidence.append(loader_facts(facts))
     evidence.extend(loading_evidence(load, facts))
     per_sample = None if facts.shared_state else per_sample_loading(ctx, load.steady_wait())
-    elsewhere = bool(ctx.windows) and best is None and per_sample is None
-    advice = loader_advice(ctx, load, elsewhere=elsewhere)
+    advice = loader_advice(ctx, load, elsewhere=bool(ctx.windows) and best is None and per_sample is None)
+    elsewhere = advice.elsewhere  # nothing of the DataLoader's own (its workers, their start-up) explains it
     lines = advice.lines
     title = f"{stage_name(ctx.stage)} waits for data {percent(fraction)} of the time"
     if per_sample is not None:

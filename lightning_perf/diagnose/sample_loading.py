@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_perf.diagnose.loader_advice import CPU_BOUND
+from lightning_perf.diagnose.loading import CPU_BOUND
 from lightning_perf.diagnose.model import StageEpoch
 from lightning_perf.diagnose.rule_helpers import strongest
 from lightning_perf.records import TraceSummary

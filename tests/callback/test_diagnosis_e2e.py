@@ -249,7 +249,7 @@ def test_one_batch_epochs_are_judged_over_the_stages_recent_batches(tmp_path):
     assert all(f.severity == "info" for f in early), early  # from fewer than 8 batches: never louder
     late = [f for f in perf.findings_for("train", epoch=11) if f.id == "dataloader_bound"]
     assert late, perf.findings_for("train", epoch=11)  # found, from enough batches
-    assert all("over 8 batches" in f.evidence for f in late), late  # the last 8 epochs' batches, together
+    assert all("over the last 8 epochs, 8 batches" in f.evidence for f in late), late  # pooled, and said so
 
 
 def test_with_a_progress_bar_the_epoch_line_starts_a_line_of_its_own(tmp_path, capfd):

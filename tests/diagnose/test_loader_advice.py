@@ -9,7 +9,7 @@ import re
 import pytest
 
 from advice import settings
-from lightning_perf.diagnose.loader_advice import loading, spare_cpus
+from lightning_perf.diagnose.loading import loading, spare_cpus
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import RULES
 from lightning_perf.diagnose.thresholds import Thresholds

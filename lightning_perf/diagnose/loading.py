@@ -1,0 +1,233 @@
+"""
+DataLoader loading model
+========================
+
+What an epoch says about its loading, per batch (means over the measured batches), for
+:mod:`~lightning_perf.diagnose.loader_advice` to predict from (:class:`Loading`, :func:`loading`):
+
+- ``wait`` (W): the data wait; ``compute`` (C): the rest of the step.
+- Loading is **CPU-bound** when the training process used its CPU for at least ``CPU_BOUND`` of the wait
+  (``EpochSummary.loading_cpu_share``, with ``num_workers=0``), or when the workers used at least
+  ``CPU_BOUND`` of the CPUs they could (one each, at most this process's share: ``EpochSummary.worker_cpu``
+  over the epoch's wall time).
+- **Spare CPUs**: this process's share of the CPUs less those its own compute needs (torch's intra-op
+  threads on a CPU run; one thread feeding the GPU on CUDA). Lightning suggests CPUs per device minus one
+  (``suggested_max_num_workers``), the same on a GPU. None are spare on a busy machine: when the training
+  thread waited for a CPU ``CONTENDED`` of the epoch or more (``EpochSummary.cpu_wait_share``), other
+  processes hold the CPUs a worker would need.
+- A batch from a worker costs the training process ``HANDOFF`` to receive (unpickling it, mapping its
+  shared memory), whatever the workers do.
+- One loader's time per batch ``L``: with no workers, the wait itself (``W``); with ``k`` workers that
+  keep the step waiting, ``k * (W - HANDOFF + C)`` (each delivers one batch per ``L``, the step takes one
+  per ``W + C``). With ``k'`` workers, CPU-bound loading delivers a batch every ``L / min(k', spare)``
+  seconds, I/O-bound loading every ``L / k'``; the step then waits ``max(0, L / k' - C) + HANDOFF``:
+  enough workers are ``ceil(L / C)``.
+- **Start-up**: the first batch's wait beyond a steady batch's where something starts there: the workers
+  (paid every epoch unless ``persistent_workers=True``), or a map-style dataset's one-off set-up (opening
+  files on its first item). With no workers, an iterable dataset's first batch, or one of a dataset that
+  reads the module's state, is no start-up: it is the dataset's own code producing the epoch's batches (a
+  generator that runs a rollout before its first ``yield``), and stays in the wait per batch.
+- An epoch of too few batches is judged with the latest ones (``StageEpoch.pooled_epochs``): the first
+  batches are then one per epoch, and figures "per epoch" are over the pooled batches per epoch.
+
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from lightning_perf.diagnose.model import RunFacts, StageEpoch
+from lightning_perf.diagnose.rule_helpers import cpus_per_process
+from lightning_perf.diagnose.thresholds import CPU_CONTENTION
+from lightning_perf.units import cpus, ms, percent
+
+# Advice only: the most workers we suggest. Lightning suggests up to the CPUs per device minus one
+# (`suggested_max_num_workers`); beyond about 8 workers returns diminish for most pipelines while each worker
+# holds a copy of the dataset object and `prefetch_factor` batches (our judgment).
+MAX_SUGGESTED_WORKERS = 8
+# Loading is CPU-bound when the loading process (the training process with no workers, else each worker) is
+# on a CPU at least half of the time it loads (our judgment: below that, more of it is waiting, on a disk,
+# the network or a lock, than computing, and more workers overlap the waits whatever the CPU count).
+CPU_BOUND = 0.5
+# What a batch from a worker costs the training process to receive: measured with torch 2.13 on a 2-CPU
+# machine, a batch of 64 small tensors (16 floats, or 1x28x28) took 2.0-2.4 ms through one persistent worker
+# against 0.4-0.5 ms in-process, a 3x64x64 batch (3 MB) 6.1 ms against 0.7 ms (`DataLoader` over a
+# `TensorDataset`, nothing else to do): 1.5-1.9 ms more per small batch, 5.4 ms per 3 MB one. The smaller
+# figure, as a floor: larger batches cost more.
+HANDOFF = 1.5e-3
+# The CPUs are busy with others when the training thread waits for one a tenth of the epoch or more (our
+# judgment: on an idle machine it waits well under 1%; on this project's shared 2-CPU machine, at load 2-5,
+# 20-60%, and no worker setting made a real program faster there): cpu_contention's threshold.
+CONTENDED = CPU_CONTENTION
+EPS = 1e-9  # 0.016 / 0.004 is 4.000000000000001: not 5 workers
+
+
+@dataclass(frozen=True, kw_only=True)
+class Loading:
+    """What the epoch says about loading, per measured batch (seconds).
+
+    Attributes:
+        wait: Mean data wait.
+        compute: Mean rest of the step.
+        batches: Measured batches.
+        startup: The part of ``first`` that is start-up (workers starting, a map-style dataset's set-up): all of
+            it or none.
+        cpu_share: The training process's CPU over wall time during the steady waits.
+        worker_cpus: CPUs' worth the workers used over the epoch.
+        spare: CPUs free for workers (at least 0); ``None``: unknown.
+        cpu_wait: The share of the epoch the training thread waited for a CPU; ``None``: unknown.
+        workers: The DataLoader's workers.
+        first: The first batch's wait beyond a steady batch's, summed over ``epochs``.
+        epochs: The epochs pooled (each with its first batch).
+    """
+
+    wait: float
+    compute: float
+    batches: int
+    startup: float
+    cpu_share: float | None
+    worker_cpus: float | None
+    spare: int | None
+    cpu_wait: float | None = None
+    workers: int = 0
+    first: float = 0.0
+    epochs: int = 1
+
+    @property
+    def contended(self) -> bool:
+        """Other processes keep the CPUs busy."""
+        return self.cpu_wait is not None and self.cpu_wait >= CONTENDED - EPS
+
+    @property
+    def startup_share(self) -> float:
+        """Start-up over the epoch's whole wait."""
+        total = self.wait * self.batches
+        return self.startup / total if total > 0 else 0.0
+
+    @property
+    def first_share(self) -> float:
+        """The first batches' extra wait over the epoch's whole wait, start-up or not."""
+        total = self.wait * self.batches
+        return self.first / total if total > 0 else 0.0
+
+    @property
+    def per_epoch(self) -> float:
+        """Measured batches per epoch (the pooled epochs' mean)."""
+        return self.batches / max(self.epochs, 1)
+
+    def first_wait(self) -> float:
+        """An epoch's first batch's wait (the pooled epochs' mean)."""
+        steady = max(self.wait * self.batches - self.first, 0.0) / max(self.batches, 1)
+        return self.first / max(self.epochs, 1) + steady
+
+    def load_time(self) -> float:
+        """One loader's time per batch: the steady wait without workers, ``k * (W - HANDOFF + C)`` with
+        ``k``."""
+        steady = self.steady_wait()
+        return steady if self.workers < 1 else self.workers * (max(steady - HANDOFF, 0.0) + self.compute)
+
+    def needed(self) -> int:
+        """Workers that would hide the loading behind compute: ``ceil(L / C)``, at least 1."""
+        if self.compute <= 0:
+            return MAX_SUGGESTED_WORKERS
+        return max(1, math.ceil(self.load_time() / self.compute - EPS))
+
+    def steady_wait(self) -> float:
+        """The mean wait of the batches after the first."""
+        if self.batches <= 1:
+            return self.wait
+        return max(self.wait * self.batches - self.startup, 0.0) / self.batches
+
+    def predicted_wait(self, workers: int, *, cpu_bound: bool) -> float:
+        """The steady wait per batch with ``workers`` workers."""
+        usable = min(workers, self.spare) if cpu_bound and self.spare is not None else workers
+        if usable < 1:
+            return self.steady_wait()
+        return max(0.0, self.load_time() / usable - self.compute) + HANDOFF
+
+
+def loading(ctx: StageEpoch) -> Loading:
+    """The epoch's :class:`Loading`."""
+    epoch, facts = ctx.epoch, ctx.facts
+    n, epochs = max(epoch.measured_batches, 1), max(ctx.pooled_epochs, 1)
+    wait = epoch.data_wait / n
+    first = epoch.first_data_wait  # pooled: the sum of the epochs' first waits
+    others = n - epochs  # batches that were not their epoch's first
+    if first is None:
+        steady = wait
+    elif others > 0:
+        steady = (epoch.data_wait - first) / others
+    else:  # one batch per epoch: pooled, each batch is its epoch's first; alone, it is the epoch
+        steady = 0.0 if epochs > 1 else wait
+    extra = min(max((first or 0.0) - epochs * max(steady, 0.0), 0.0), epoch.data_wait)
+    worker_cpus = (
+        epoch.worker_cpu / epoch.wall_time
+        if epoch.worker_cpu is not None and epoch.wall_time and facts.num_workers
+        else None
+    )
+    load = Loading(
+        wait=wait,
+        compute=max(epoch.step_time - epoch.data_wait, 0.0) / n,
+        batches=n,
+        startup=extra if first_is_startup(facts) else 0.0,
+        cpu_share=epoch.loading_cpu_share,
+        worker_cpus=worker_cpus,
+        spare=spare_cpus(facts),
+        cpu_wait=epoch.cpu_wait_share,
+        workers=facts.num_workers or 0,
+        first=extra,
+        epochs=epochs,
+    )
+    return dataclasses.replace(load, spare=0) if load.contended and load.spare is not None else load
+
+
+def first_is_startup(facts: RunFacts) -> bool:
+    """Whether the first batch's extra wait is start-up: workers starting, or a map-style dataset's one-off
+    set-up; not where no worker starts and the dataset is iterable or reads the module's state (its first
+    ``next()`` is its own code producing the epoch's batches)."""
+    if facts.num_workers is None or facts.num_workers > 0:
+        return True
+    return facts.dataset != "iterable" and not facts.shared_state
+
+
+def spare_cpus(facts: RunFacts) -> int | None:
+    """CPUs of this process's share that its own compute leaves to workers: the share less torch's threads on
+    a CPU run, less one on an accelerator; ``None`` when the CPU count is unknown."""
+    per_process = cpus_per_process(facts)
+    if per_process is None:
+        return None
+    return max(per_process - own_threads(facts), 0)
+
+
+def own_threads(facts: RunFacts) -> int:
+    """The CPUs the training process computes on: torch's threads on a CPU run, one feeding an accelerator."""
+    return (facts.torch_threads or 1) if facts.device == "cpu" else 1
+
+
+def loading_evidence(load: Loading, facts: RunFacts) -> list[str]:
+    """The measurements the advice rests on, as evidence."""
+    parts = []
+    if load.first_share >= 0.01 and load.batches > 1:
+        waited = (
+            f"the first batch waited {ms(load.first_wait())}"
+            if load.epochs <= 1
+            else f"the first batches of the last {load.epochs} epochs waited {ms(load.first_wait())} each on average"
+        )
+        parts.append(
+            f"{waited} (start-up {percent(load.startup_share)} of the wait)"
+            if load.startup > 0
+            else f"{waited} ({percent(load.first_share)} of the wait, the dataset's own code: no worker starts there)"
+        )
+    if load.cpu_share is not None:
+        parts.append(
+            f"the training process used or waited for a CPU {percent(min(load.cpu_share, 1.0))} of the sampled waits"
+        )
+    if load.worker_cpus is not None and facts.num_workers:
+        parts.append(f"the {facts.num_workers} workers used {cpus(load.worker_cpus)}")
+    if load.contended:
+        parts.append(f"the training thread waited for a CPU {percent(load.cpu_wait or 0.0)} of the epoch")
+    if load.spare is not None:
+        parts.append(f"{load.spare} CPU{'s' if load.spare != 1 else ''} free for workers")
+    return parts
