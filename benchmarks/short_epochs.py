@@ -8,7 +8,8 @@ epochs of a few batches), as a function of the epoch index. Whatever the callbac
 checkpoint) is paid every few batches here; if that work grows with the history, late epochs cost more
 than early ones.
 
-A tiny MLP (Linear(16, 32) + ReLU + Linear(32, 1), batch 4, ``--batches`` batches per epoch, training only)
+A tiny MLP (Linear(16, 32) + ReLU + Linear(32, 1), batch 4, ``--batches`` batches per epoch, and
+``--val-batches`` validation batches after each (default 0: training only; Lightning's bug_report_model has 1))
 runs ``--epochs`` epochs with the Trainer settings a new user has: the default logger (TensorBoard) and the
 default ``ModelCheckpoint`` (a checkpoint every epoch); only the progress bar and the model summary are off.
 torch runs on one thread. The same fit runs in these configurations, one after another in each round:
@@ -24,22 +25,26 @@ torch runs on one thread. The same fit runs in these configurations, one after a
 A timing callback reads ``time.perf_counter()`` at every ``on_train_epoch_start`` and at ``on_train_end``:
 epoch ``i`` lasts from its start to the next one's, so it includes every epoch-end hook, the checkpoint and
 the logger. PerfCallback's own hooks and its ``state_dict`` (called for every checkpoint) are timed too,
-by wrapping them on the instance.
+by wrapping them on the instance, in CPU time of the training thread (``time.thread_time``): what they cost
+whatever else runs on a shared machine.
 
 Run it from the repository root::
 
     python benchmarks/short_epochs.py                  # 500 epochs x 4 configurations: about 2 minutes
     python benchmarks/short_epochs.py --quick          # 60 epochs, a smoke run
     python benchmarks/short_epochs.py --epochs 1000 --batches 4 --rounds 2
+    python benchmarks/short_epochs.py --epochs 200 --val-batches 1 --configs ab --rounds 3   # bug_report_model's
 
 Reading the output:
 
 * ``fit``: wall time of ``trainer.fit`` and its ratio to (a)'s in the same round.
 * ``extra per epoch``: median epoch time in a band of epochs minus (a)'s median in the same band, same
-  round (e.g. epochs 40-59 and the last 20). Flat from band to band: a constant per-epoch cost; growing:
+  round (e.g. epochs 1-20, 40-59 and the last 20). Flat from band to band: a constant per-epoch cost; growing:
   work that grows with the history.
-* ``in PerfCallback``: median per epoch of the time spent inside its hooks and ``state_dict`` in the band;
-  the rest of the extra is what its outputs cost others (the checkpoint's size, the logger's files).
+* ``in PerfCallback``: median per epoch of the training thread's CPU time inside its hooks and ``state_dict``
+  in the band; the rest of the extra is what its outputs cost others (the checkpoint's size, the logger's
+  files and event-writer thread), and on a shared machine, the others' load. Its ``mean`` over the run holds
+  the epoch ends that rewrote ``perf_report.json`` and its page too.
 * ``last .ckpt`` / ``perf_report.json``: sizes at the end of the run; ``console lines``: the lines of
   PerfCallback's messages to Lightning's console logger or stdout (``lightning-perf |``: the per-epoch head
   lines among them; the rest are its findings and advice), and ``warnings``: the warnings it raised.
@@ -94,11 +99,11 @@ CONFIGS: dict[str, tuple[str, Callable[[], PerfCallback] | None]] = {
 
 
 class Tiny(pl.LightningModule):
-    """A two-layer MLP on ``num_batches`` batches of random in-memory data, SGD."""
+    """A two-layer MLP on ``num_batches`` batches of random in-memory data (and ``val_batches`` to validate on), SGD."""
 
-    def __init__(self, num_batches: int) -> None:
+    def __init__(self, num_batches: int, val_batches: int = 0) -> None:
         super().__init__()
-        self.num_batches = num_batches
+        self.num_batches, self.val_batches = num_batches, val_batches
         self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -110,11 +115,20 @@ class Tiny(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
+
     def train_dataloader(self) -> DataLoader:
-        g = torch.Generator().manual_seed(0)
-        n = self.num_batches * BATCH_SIZE
-        data = TensorDataset(torch.randn(n, 16, generator=g), torch.randn(n, 1, generator=g))
-        return DataLoader(data, batch_size=BATCH_SIZE)
+        return _loader(self.num_batches)
+
+    def val_dataloader(self) -> DataLoader:
+        return _loader(max(self.val_batches, 1))
+
+
+def _loader(batches: int) -> DataLoader:
+    g, n = torch.Generator().manual_seed(0), batches * BATCH_SIZE
+    return DataLoader(TensorDataset(torch.randn(n, 16, generator=g), torch.randn(n, 1, generator=g)), BATCH_SIZE)
 
 
 class EpochTimer(Callback):
@@ -150,11 +164,11 @@ def time_hooks(perf: PerfCallback, timer: EpochTimer) -> dict[str, dict[int, flo
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent[name][max(timer.epoch, 0)] += time.perf_counter() - t0
+                spent[name][max(timer.epoch, 0)] += time.thread_time() - t0
 
         return timed
 
@@ -209,7 +223,7 @@ class Run:
         return total
 
 
-def run_once(config: str, epochs: int, batches: int) -> Run:
+def run_once(config: str, epochs: int, batches: int, val_batches: int = 0) -> Run:
     """A fresh Trainer and model of ``config``, in a fresh directory."""
     torch.manual_seed(0)
     timer = EpochTimer()
@@ -234,11 +248,12 @@ def run_once(config: str, epochs: int, batches: int) -> Run:
                 accelerator="cpu",
                 devices=1,
                 max_epochs=epochs,
+                limit_val_batches=val_batches,  # 0: no validation
                 callbacks=callbacks,
                 enable_progress_bar=False,
                 enable_model_summary=False,  # with rich installed, a table on stdout in every fit
             )
-            model = Tiny(batches)
+            model = Tiny(batches, val_batches)
             busy0, cpu0, t0 = cpu_busy_seconds(), time.process_time(), time.perf_counter()
             trainer.fit(model)
             busy1, cpu1, t1 = cpu_busy_seconds(), time.process_time(), time.perf_counter()
@@ -271,10 +286,10 @@ def run_once(config: str, epochs: int, batches: int) -> Run:
 
 
 def bands(epochs: int) -> list[range]:
-    """Bands of epochs: around epoch 50 (or a quarter of the run), evenly spaced ones, and the last."""
+    """Bands of epochs: the first (from 1), around epoch 50 (or a quarter of the run), evenly spaced, the last."""
     width = max(4, min(20, epochs // 10))
     early = min(50, epochs // 4)
-    starts = [early - width // 2] + [epochs * k // 4 - width // 2 for k in (1, 2, 3)] + [epochs - width]
+    starts = [1, early - width // 2] + [epochs * k // 4 - width // 2 for k in (1, 2, 3)] + [epochs - width]
     out: list[range] = []
     for s in sorted({max(1, s) for s in starts}):  # epoch 0 carries the run's own start-up
         band = range(s, min(s + width, epochs))
@@ -369,9 +384,13 @@ def print_summary(rounds: list[dict[str, Run]], epochs: int) -> None:
         ratios = [r[c].fit_seconds / r["a"].fit_seconds for r in rounds]
         e = [(band_median(r[c].epochs, early) - band_median(r["a"].epochs, early)) * 1e3 for r in rounds]
         l_ = [(band_median(r[c].epochs, late) - band_median(r["a"].epochs, late)) * 1e3 for r in rounds]
+        cb_e = [band_median(r[c].in_callback, early) * 1e3 for r in rounds]
+        cb_l = [band_median(r[c].in_callback, late) * 1e3 for r in rounds]
+        cb_mean = [statistics.mean(r[c].in_callback.get(i, 0.0) for i in range(1, epochs)) * 1e3 for r in rounds]
         print(
             f"  ({c}) {CONFIGS[c][0]:<42} fit {_range(fits, '.1f')} s, x{_range(ratios, '.2f')};"
-            f" extra/epoch {_range(e, '.1f')} ms -> {_range(l_, '.1f')} ms"
+            f" extra/epoch {_range(e, '.1f')} ms -> {_range(l_, '.1f')} ms; in PerfCallback (CPU)"
+            f" {_range(cb_e, '.2f')} ms -> {_range(cb_l, '.2f')} ms, mean {_range(cb_mean, '.2f')} ms"
         )
     print()
 
@@ -388,6 +407,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--epochs", type=int, default=500, help="epochs per fit (default: 500)")
     parser.add_argument("--batches", type=int, default=4, help="batches per epoch (default: 4)")
+    parser.add_argument("--val-batches", type=int, default=0, help="validation batches per epoch (default: 0)")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of all configurations (default: 1)")
     parser.add_argument("--configs", default="".join(CONFIGS), help="which configurations, e.g. 'ab' (default: abcd)")
     parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK_EPOCHS} epochs")
@@ -410,14 +430,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"torch {torch.__version__}, lightning {lightning.__version__}, CPUs: {os.cpu_count()}, torch threads: 1")
     print(
         f"model: Linear(16, 32) + ReLU + Linear(32, 1), batch {BATCH_SIZE}, {args.batches} batches x"
-        f" {args.epochs} epochs; default logger and ModelCheckpoint; {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
+        f" {args.epochs} epochs, {args.val_batches} validation batch(es) each; default logger and ModelCheckpoint;"
+        f" {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
     )
     print()
     configs = [c for c in CONFIGS if c in args.configs]
     start = time.perf_counter()
     rounds = []
     for r in range(args.rounds):
-        runs = {c: run_once(c, args.epochs, args.batches) for c in configs}
+        runs = {c: run_once(c, args.epochs, args.batches, args.val_batches) for c in configs}
         print_round(r, runs, args.epochs)
         rounds.append(runs)
     print_summary(rounds, args.epochs)
