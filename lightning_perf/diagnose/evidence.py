@@ -29,7 +29,9 @@ def from_too_few_batches(findings: Sequence[Finding], ctx: StageEpoch, t: Thresh
     measured = ctx.epoch.measured_batches
     if measured >= t.evidence_batches:
         return list(findings)
-    batches = f"{measured} measured batch{'' if measured == 1 else 'es'}"
+    batches = f"{measured} measured batch{'' if measured == 1 else 'es'}" + (
+        f" of the last {ctx.pooled_epochs} epochs" if ctx.pooled_epochs > 1 else ""
+    )
     note = f"from {batches} only (a warning needs {t.evidence_batches}); "
     return [
         dataclasses.replace(f, severity="info", evidence=note + f.evidence)

@@ -202,7 +202,7 @@ def _shared_state_advice(ctx: StageEpoch, load: Loading) -> list[str]:
     facts = ctx.facts
     state = f"The dataset reads state the LightningModule holds ({facts.shared_state})"
     first = (
-        f", {percent(load.first_share)} of it in each epoch's first batch ({ms(load.first_wait())})"
+        f", {percent(load.first_share)} of it in each epoch's first batch, which waited {ms(load.first_wait())}"
         if not load.startup and load.first_share >= STARTUP_DOMINANT
         else ""
     )
