@@ -24,9 +24,12 @@ Notes:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from lightning_perf.records import WindowRecord
 
 
 @dataclass(frozen=True)
@@ -150,3 +153,46 @@ def window_cost(close_seconds: float, step_times: Sequence[float], batches: Sequ
     recorded batches, and those after its close while its trace was processed) beyond the stage's ``median``
     step."""
     return max(close_seconds, 0.0) + excess_time(step_times, batches, median)
+
+
+def window_costs(
+    windows: Sequence[WindowRecord],
+    step_times: Sequence[float],
+    ours: Sequence[int],
+    median: float,
+    *,
+    warmup: int,
+    waited: float = 0.0,
+) -> tuple[list[WindowRecord], float]:
+    """A stage epoch's windows with their ``cost_seconds``, and the cost of the epoch's other batches of ours (the
+    FLOP count's) beyond the ``median`` step.
+
+    Args:
+        windows: The epoch's windows.
+        step_times: The epoch's step times, every batch.
+        ours: The batches the profiling slowed: in a window (warm-up, recorded), counted, or after a close
+            while a trace was processed.
+        median: The epoch's median step over its other batches.
+        warmup: The batches a window warms up on before its first recorded one (they are its too).
+        waited: Seconds the epoch's end waited for the windows' processing: the last window's.
+
+    Notes:
+        A batch of ours belongs to the last window that started (warm-up included) at or before it; one before
+        every window is the other cost.
+    """
+    ordered = sorted(windows, key=lambda w: w.first_batch)
+    starts = [w.first_batch - warmup for w in ordered]
+    batches: list[list[int]] = [[] for _ in ordered]
+    other: list[int] = []
+    for b in ours:
+        owner = next((i for i in reversed(range(len(ordered))) if starts[i] <= b), None)
+        (other if owner is None else batches[owner]).append(b)
+    costed = [
+        dataclasses.replace(
+            w,
+            cost_seconds=window_cost(w.close_seconds, step_times, mine, median)
+            + (max(waited, 0.0) if i == len(ordered) - 1 else 0.0),
+        )
+        for i, (w, mine) in enumerate(zip(ordered, batches, strict=True))
+    ]
+    return costed, excess_time(step_times, other, median)

@@ -12,8 +12,9 @@ results_view.ResultsView`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
@@ -40,6 +41,7 @@ from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.flop_count import run_peak_flops
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
+from lightning_perf.hooks.profiling_cost import profiling_report
 from lightning_perf.hooks.rank_staging import RankStaging
 from lightning_perf.hooks.results_view import ResultsView
 from lightning_perf.hooks.run_setup import (
@@ -100,6 +102,11 @@ class PerfCallback(StageHooks, ResultsView):
             Default (``None``): the environment variable ``LIGHTNING_PERF_STRICT`` (``1`` = strict), else off.
         peak_flops: The device's peak FLOP/s for the run's dtype, what MFU divides by; default (``None``): the
             dense datasheet figure for the device (:func:`lightning_perf.peak_flops`), where it is known.
+        profile_budget: The share of the run's wall time the profiling may cost (its windows' profiled batches,
+            closes and processing, and the FLOP count: :mod:`lightning_perf.budget`). Each stage's first window
+            opens as planned; a later one only while the measured cost so far leaves room. ``None``: every
+            planned window opens. Default (``"auto"``): ``0.02`` with the default schedule, and ``None`` with a
+            ``schedule`` or ``batches`` of your own (which keep their meaning unless you set a budget too).
 
     Raises:
         ValueError: At construction, listing every invalid argument with its value and what is allowed.
@@ -146,6 +153,7 @@ class PerfCallback(StageHooks, ResultsView):
         max_trace_mb: float = DEFAULT_MAX_TRACE_MB,
         strict: bool | None = None,
         peak_flops: float | None = None,
+        profile_budget: float | Literal["auto"] | None = "auto",
     ) -> None:
         self.config = PerfConfig.build(
             schedule=schedule,
@@ -168,13 +176,17 @@ class PerfCallback(StageHooks, ResultsView):
             max_trace_mb=max_trace_mb,
             strict=strict,
             peak_flops=peak_flops,
+            profile_budget=profile_budget,
         )
         if (warning := schedule_warning(self.config.schedule)) is not None:
             rank_zero_warn(warning)
         self._policy = ErrorPolicy(self.config.strict)
         self._epochs = EpochReporter(self.config, BatchSizer(batch_size_fn), self._policy)
         self._staging = RankStaging(self._policy)
-        self._profiler_windows = ProfilerWindows(self.config, self._policy, self._staging, self._epochs.add_window)
+        budget = self._epochs.budget
+        self._profiler_windows = ProfilerWindows(
+            self.config, self._policy, self._staging, self._epochs.add_window, budget
+        )
         self._control = WindowControl(
             make_plan(self.config),
             max_windows=self.config.max_windows,
@@ -184,6 +196,7 @@ class PerfCallback(StageHooks, ResultsView):
             warn=self._policy.warn_once,
             info=self._policy.info_once,
             chosen=batches is not None or schedule not in (None, DEFAULT_SCHEDULE),
+            budget=budget,
         )
         self._policy.drop = self._control.drop
         self._stages = self._epochs.stages  # what the per-batch hooks touch, one lookup away
@@ -225,6 +238,7 @@ class PerfCallback(StageHooks, ResultsView):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         refuse_other_profilers(trainer)
+        self._epochs.budget.call_started(time.perf_counter())
         charted = charted_stages(stage, self.config.stages, ran={e.stage for e in self.epochs})
         places = output_places(trainer, self.config.dirpath, self._report_file, charted)  # all None: fast_dev_run
         self.dirpath, self.tensorboard_logdir = places.dirpath, places.tensorboard_logdir
@@ -272,7 +286,8 @@ class PerfCallback(StageHooks, ResultsView):
         self._save_all(trainer, wait=wait, interrupted=interrupted)
         self._policy.safely(None, self._epochs.close_outputs)
         windows = max(len(self.windows) - self._windows_at_setup, 0)
-        if message := where_to_look(windows, self.dirpath, self.tensorboard_logdir, self.page_path):
+        cost = self._epochs.budget.cost(time.perf_counter())
+        if message := where_to_look(windows, self.dirpath, self.tensorboard_logdir, self.page_path, cost):
             rank_zero_info(message)
 
     def _save_all(self, trainer: pl.Trainer, *, wait: float, interrupted: bool) -> None:
@@ -286,6 +301,8 @@ class PerfCallback(StageHooks, ResultsView):
         self._policy.safely(None, self._staging.close)
         if interrupted:
             self._policy.safely(None, self._epochs.end_interrupted, trainer, self._positions)
+        self._epochs.budget.call_ended(time.perf_counter())  # the call's time, its windows' processing included
+        self._epochs.run_info["profiling"] = profiling_report(self._epochs.budget)
         self._policy.safely(None, self._epochs.write_report, trainer, now=True)
 
     # ------------------------------------------------------------------ stage events (see StageHooks)
@@ -368,12 +385,12 @@ class PerfCallback(StageHooks, ResultsView):
         if stage not in self.config.stages:
             return
         self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.close(stage, shortened=True)))
-        self._profiler_windows.join()  # the epoch's windows are written and in self.windows before anything reads them
+        waited = self._profiler_windows.join()  # the epoch's windows are written and in self.windows before reading
         st = self._stages[stage]
         st.in_epoch = False
         summary: EpochSummary | None = None
         try:
-            summary = self._epochs.measure(stage, self._positions[stage].epoch)
+            summary = self._epochs.measure(stage, self._positions[stage].epoch, waited=waited)
         except Exception as err:
             self._policy.fail(stage, err)
         windows = self._epochs.window_summaries(stage, summary.epoch) if summary else ()

@@ -28,6 +28,7 @@ from lightning_perf.validation import (
     integer,
     is_int,
     number,
+    one_of,
     problems_message,
 )
 
@@ -54,6 +55,12 @@ DEFAULT_MAX_WINDOWS = 5
 # window of a large model on a busy GPU is tens of MB; 256 leaves room for longer windows and stacks while
 # keeping every trace openable in TensorBoard's trace viewer and Perfetto (both load the whole file).
 DEFAULT_MAX_TRACE_MB = 256.0
+
+
+# Default profiling budget: the share of a run's wall time its profiler windows and FLOP count may cost
+# (lightning_perf.budget). Our judgment, for a callback cheap enough to leave on: issue 26's target is 1.03x of a
+# bare fit over a long run, and the epochs' own bookkeeping takes some of that.
+DEFAULT_PROFILE_BUDGET = 0.02
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +170,10 @@ _VERBOSE = Kind("0 (silent), 1 (warnings and critical) or 2 (everything)", lambd
 _MAX_TRACE_MB = number(above=0).said("a number of MB > 0")
 _STRICT = Kind("True, False or None (from the environment)", lambda v: v is None or isinstance(v, bool))
 _PEAK_FLOPS = number(above=0).said("a number of FLOP/s > 0").or_none("None (from the device's datasheet)")
+_PROFILE_BUDGET = one_of(
+    number(above=0, at_most=1).said("a share of the run's time (> 0 and <= 1)"),
+    choice(["auto"], "'auto'"),
+).or_none("None (no budget)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +202,7 @@ class PerfConfig:
     max_trace_mb: float = declared(_MAX_TRACE_MB, DEFAULT_MAX_TRACE_MB)
     strict: bool | None = declared(_STRICT, None)
     peak_flops: float | None = declared(_PEAK_FLOPS, None)
+    profile_budget: float | None = None  # resolved by build: "auto" is a number or None
 
     @classmethod
     def build(cls, **kwargs: Any) -> PerfConfig:
@@ -224,6 +236,9 @@ class PerfConfig:
                     problems.append(f"thresholds: {err}")
 
         ranks = _indices("ranks", kwargs.get("ranks"), _RANKS, problems)
+        budget = kwargs.get("profile_budget", "auto")
+        if (problem := _PROFILE_BUDGET.problem("profile_budget", budget)) is not None:
+            problems.append(problem)
 
         if problems:
             raise ValueError(problems_message("PerfCallback", problems))
@@ -249,7 +264,18 @@ class PerfConfig:
             max_trace_mb=float(kwargs.get("max_trace_mb", DEFAULT_MAX_TRACE_MB)),
             strict=kwargs.get("strict"),
             peak_flops=None if kwargs.get("peak_flops") is None else float(kwargs["peak_flops"]),
+            profile_budget=_budget(budget, kwargs["schedule"], batches),
         )
+
+
+def _budget(value: float | str | None, schedule: Any, batches: tuple[int, ...] | None) -> float | None:
+    """The profiling budget: ``"auto"`` is :data:`DEFAULT_PROFILE_BUDGET` with the default plan, and none with a
+    plan the user chose (a ``schedule`` or ``batches`` of their own keeps its meaning: every planned window
+    opens, unless they set a budget too)."""
+    if value != "auto":
+        return None if value is None else float(value)
+    chosen = batches is not None or schedule not in (None, DEFAULT_SCHEDULE)
+    return None if chosen else DEFAULT_PROFILE_BUDGET
 
 
 def _listed(value: Any) -> Any:

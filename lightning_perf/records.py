@@ -58,6 +58,9 @@ class WindowRecord:
             recorded, in bytes (``None`` without CUDA).
         cpu_wait: Seconds the training thread waited for a CPU while the window recorded (a busy machine);
             ``None`` where not measured (not Linux, reports written before it was).
+        cost_seconds: What the window cost the run, measured at its epoch's end (:mod:`lightning_perf.budget`):
+            ``close_seconds``, its warm-up and recorded batches and those while its trace was processed beyond
+            the stage's median step, and any wait for its processing at the epoch's end; ``None`` until then.
         operators: The window's operators, in no particular order.
         summary: What the window's trace shows, per step (the input of the trace-level rules).
     """
@@ -75,6 +78,7 @@ class WindowRecord:
     cuda_max_allocated: int | None = None
     cuda_max_reserved: int | None = None
     cpu_wait: float | None = None
+    cost_seconds: float | None = None
     operators: tuple[OperatorStat, ...] = field(default=(), repr=False)
     summary: TraceSummary | None = field(default=None, repr=False)
 

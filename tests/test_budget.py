@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_perf.budget import ProfilingBudget, excess_time, window_cost
+from lightning_perf.budget import ProfilingBudget, excess_time, window_cost, window_costs
 
 
 def test_without_a_budget_every_window_opens():
@@ -71,3 +71,30 @@ def test_a_windows_cost_is_its_close_and_its_batches_beyond_the_median():
     assert excess_time(steps, [2, 3, 4, 5], 0.1) == pytest.approx(0.2 + 0.15 + 0.1)  # 5 is faster: none
     assert window_cost(0.4, steps, [2, 3, 4, 5, 99], 0.1) == pytest.approx(0.85)  # an index past the end: none
     assert window_cost(0.4, steps, [], 0.1) == 0.4
+
+
+def test_an_epochs_cost_goes_to_the_window_each_batch_follows():
+    from lightning_perf.records import WindowRecord
+
+    def window(first: int, last: int, close: float) -> WindowRecord:
+        return WindowRecord(
+            stage="train",
+            epoch=0,
+            first_batch=first,
+            last_batch=last,
+            name=f"w{first}",
+            trace_path="",
+            step=0,
+            device="cpu",
+            close_seconds=close,
+        )
+
+    steps = [0.1, 0.5, 0.1, 0.2, 0.3, 0.3, 0.2, 0.1, 0.1, 0.2, 0.3, 0.1]
+    # batch 1: the FLOP count; window A warms up at 3, records 4-5, batch 6 after its close; window B 9-10
+    costed, other = window_costs(
+        [window(9, 10, 0.05), window(4, 5, 0.1)], steps, [1, 3, 4, 5, 6, 8, 9, 10], 0.1, warmup=1, waited=0.02
+    )
+    assert other == pytest.approx(0.4)
+    a, b = costed
+    assert a.name == "w4" and a.cost_seconds == pytest.approx(0.1 + 0.1 + 0.2 + 0.2 + 0.1)
+    assert b.name == "w9" and b.cost_seconds == pytest.approx(0.05 + 0.1 + 0.2 + 0.02)  # the wait: the last's

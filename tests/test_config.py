@@ -52,6 +52,9 @@ BAD_ARGUMENTS = [
     ({"max_trace_mb": True}, r"max_trace_mb must be a number of MB > 0, got True \(boolean\)"),
     ({"peak_flops": 0}, r"peak_flops must be a number of FLOP/s > 0 or None .*, got 0 \(integer\)"),
     ({"peak_flops": "312e12"}, r"peak_flops must be a number of FLOP/s > 0 or None .*, got '312e12' \(string\)"),
+    ({"profile_budget": 0}, r"profile_budget must be a share of the run's time \(> 0 and <= 1\) or 'auto' or None"),
+    ({"profile_budget": 1.5}, r"profile_budget must be .*, got 1.5"),
+    ({"profile_budget": "off"}, r"profile_budget must be .*, got 'off' \(string\)"),
     ({"strict": "yes"}, r"strict must be True, False or None \(from the environment\), got 'yes' \(string\)"),
 ]
 
@@ -125,3 +128,13 @@ def test_stages_keep_canonical_order_and_accept_a_single_string():
 
 def test_batches_are_sorted_and_deduplicated():
     assert PerfCallback(batches=[7, 3, 3, 4]).config.batches == (3, 4, 7)
+
+
+def test_the_profile_budget_applies_to_the_default_plan_unless_set():
+    from lightning_perf.config import DEFAULT_PROFILE_BUDGET
+
+    assert PerfCallback().config.profile_budget == DEFAULT_PROFILE_BUDGET
+    assert PerfCallback(batches=[3]).config.profile_budget is None  # a plan of the user's keeps its meaning ...
+    assert PerfCallback(schedule={"active": 2}).config.profile_budget is None
+    assert PerfCallback(schedule={"active": 2}, profile_budget=0.1).config.profile_budget == 0.1  # ... unless set
+    assert PerfCallback(profile_budget=None).config.profile_budget is None

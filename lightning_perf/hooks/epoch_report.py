@@ -24,6 +24,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_perf import __version__
+from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.batch import BatchSizer
 from lightning_perf.collect.cpu import EpochCpu
 from lightning_perf.collect.flops import BatchFlops
@@ -39,6 +40,7 @@ from lightning_perf.diagnosis_context import epoch_context, run_facts
 from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.flop_count import FlopCounting, uncounted_warning
+from lightning_perf.hooks.profiling_cost import cost_epoch, profiling_report
 from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.layout import page_path
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary, StepSplit, TraceSummary, WindowRecord
@@ -161,6 +163,7 @@ class EpochReporter:
         self._report: ReportFile | None = None  # on rank zero, from the first write on
         self.flops = FlopCounting(batch_size)  # the training batches' FLOP counts, per sample as the epoch counts them
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
+        self.budget = ProfilingBudget(config.profile_budget)  # what the profiling costs, against its budget
 
     def report(self) -> dict[str, Any]:
         """Everything measured so far, as written to ``perf_report.json``."""
@@ -246,8 +249,9 @@ class EpochReporter:
         steps = set(clock.after_close) | set(compiled.steps if compiled is not None else ())
         return [profiled or i in steps for i, profiled in enumerate(clock.profiled)]
 
-    def measure(self, stage: str, epoch: int, *, interrupted: bool = False) -> EpochSummary:
-        """The stage epoch's summary from its batches, added to :attr:`epochs`."""
+    def measure(self, stage: str, epoch: int, *, interrupted: bool = False, waited: float = 0.0) -> EpochSummary:
+        """The stage epoch's summary from its batches, added to :attr:`epochs`, and what its profiling cost
+        (``waited``: the seconds its end waited for its windows' processing)."""
         st = self.stages[stage]
         clock = st.clock
         rss = host_rss()
@@ -286,6 +290,18 @@ class EpochReporter:
         if interrupted:
             summary = dataclasses.replace(summary, interrupted=True)
         self.epochs.append(summary)
+        cost_epoch(
+            self.budget,
+            self.windows,
+            stage=stage,
+            epoch=epoch,
+            clock=clock,
+            compiled=compiled,
+            median=summary.step_time_p50,
+            warmup=self.config.schedule.warmup,
+            waited=waited,
+        )
+        self.run_info["profiling"] = profiling_report(self.budget)
         return summary
 
     def flops_batch_start(self, batch: Any, batch_idx: int) -> bool:

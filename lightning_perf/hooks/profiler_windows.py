@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.memory import CudaPeaks
 from lightning_perf.collect.profiler import ProfilerWindow, torch_profiler_active
 from lightning_perf.config import PerfConfig
@@ -37,18 +38,25 @@ class ProfilerWindows:
             ``max_trace_mb``, a trace torch exported as invalid JSON, repaired).
         staging: Where a trace written under its staged name waits for the other ranks.
         add: Takes each window's record, on the worker's thread, in the order the windows closed.
+        budget: Charged each close's stall and each wait for the windows' processing.
 
     The callback calls :meth:`prepare` at setup, :meth:`join` before anything reads the records, and :meth:`end`
     at the end of each Trainer call.
     """
 
     def __init__(
-        self, config: PerfConfig, policy: ErrorPolicy, staging: RankStaging, add: Callable[[WindowRecord], None]
+        self,
+        config: PerfConfig,
+        policy: ErrorPolicy,
+        staging: RankStaging,
+        add: Callable[[WindowRecord], None],
+        budget: ProfilingBudget,
     ) -> None:
         self._config = config
         self._policy = policy
         self._staging = staging
         self._add = add
+        self._budget = budget
         self._options = WindowOptions.of(config)
         self._worker = WindowWorker()  # waits for the closed windows off the training thread, in order
         self._window_process = WindowProcess()  # writes and summarizes them, off the training process's GIL
@@ -102,6 +110,7 @@ class ProfilerWindows:
             cuda=cuda,
             started=started,
         )
+        self._budget.charge(closed.record.close_seconds)
         if self._staged:
             self._staging.stage(closed.written_path, closed.record.trace_path)
         self._worker.submit(self._process, closed)
@@ -112,10 +121,15 @@ class ProfilerWindows:
         """A saved window is still being written and summarized (by the window process, or its thread here)."""
         return self._worker.busy
 
-    def join(self) -> None:
+    def join(self) -> float:
         """Waits until every window saved so far is written and added; a window the worker failed to write goes
-        to the error policy here, on the caller's thread (:meth:`WindowWorker.join`)."""
+        to the error policy here, on the caller's thread (:meth:`WindowWorker.join`). The seconds it waited (a
+        cost of the windows', charged to the budget)."""
+        busy, started = self._worker.busy, time.perf_counter()
         self._worker.join(on_error=self._failed)
+        waited = time.perf_counter() - started if busy else 0.0
+        self._budget.charge(waited)
+        return waited
 
     def end(self) -> None:
         """A Trainer call ends: :meth:`join`, then the window process is let go (the next window starts another)."""

@@ -17,6 +17,9 @@ Notes:
        not (still warming up) is dropped, and planned again after validation.
     4. A window still open when its stage's epoch ends is saved there, marked ``shortened``.
     5. A window that recorded nothing is dropped and does not count against ``max_windows``.
+    6. With a :class:`~lightning_perf.budget.ProfilingBudget`, a stage's first window opens as planned and a later
+       one only where the budget allows it when it would open; a planned window it does not open is skipped
+       whole (not opened part-way at its next batch), with a note once per stage.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.window import Window, WindowState
 from lightning_perf.schedule import Action, WindowPlan
+from lightning_perf.units import limit, percent
 
 #: ``(key, message)``: a message to show once per key (see :class:`~lightning_perf.hooks.error_policy.ErrorPolicy`).
 Say = Callable[[str, str], None]
@@ -119,6 +125,8 @@ class WindowControl:
         chosen: The user chose the plan (a schedule or batches of their own): an epoch too short for it, or a
             window the epoch's end cuts short, is a warning; with the default plan, a note (a small validation
             set is no fault of the user's).
+        budget: Whether a stage's later windows may open (``None``: all that are planned).
+        clock: Seconds, monotonic, for the budget.
 
     The caller sets :attr:`records` (whether this process records windows at all) and calls, for each stage:
     :meth:`epoch_start`, then :meth:`before_batch`; per batch :meth:`batch_started` (only while a window of the
@@ -146,6 +154,8 @@ class WindowControl:
         warn: Say,
         info: Say,
         chosen: bool = True,
+        budget: ProfilingBudget | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.plan = plan
         self.max_windows = max_windows
@@ -157,6 +167,9 @@ class WindowControl:
         self._warn = warn
         self._info = info
         self._unmet = warn if chosen else info  # the plan could not be kept: said as the plan's chooser expects
+        self.budget = budget
+        self._clock = clock
+        self._denied: tuple[str, int, int] | None = None  # (stage, epoch, batch) the budget last kept closed
 
     def epoch_start(self, stage: str, num_batches: float, *, epoch: int | None = None, first_batch: int = 0) -> None:
         """A stage epoch of ``num_batches`` starts: epoch ``epoch``, or (``None``) the stage's next (validation
@@ -319,10 +332,14 @@ class WindowControl:
             )
 
     def _open(self, stage: str, pos: StagePosition) -> OpenWindow | None:
+        if pos.windows_used > 0 and not self._within_budget(stage, pos):
+            return None
         window = self._new_window(stage, pos.epoch)
         if window is None:
             return None
         self.open = OpenWindow(window=window, stage=stage, epoch=pos.epoch)
+        if self.budget is not None:
+            self.budget.opened()
         pos.windows_used += 1
         if pos.windows_used == self.max_windows:
             self._info(
@@ -331,3 +348,28 @@ class WindowControl:
                 f" {stage} traces in this run.",
             )
         return self.open
+
+    def _within_budget(self, stage: str, pos: StagePosition) -> bool:
+        """Whether the budget lets a later window of ``stage`` open at its current batch; a planned window it
+        kept closed at its first batch stays closed at the next ones."""
+        if self.budget is None:
+            return True
+        if self._denied == (stage, pos.epoch, pos.batch - 1) and (
+            self.plan.action(pos.batch - 1, pos.num_batches) is not Action.RECORD_AND_SAVE  # not the next window
+        ):
+            self._denied = (stage, pos.epoch, pos.batch)
+            return False
+        now = self._clock()
+        if self.budget.allows(now):
+            return True
+        self._denied = (stage, pos.epoch, pos.batch)
+        self.budget.skipped()
+        cost = self.budget.cost(now)
+        self._info(
+            f"budget:{stage}",
+            f"PerfCallback: a planned {stage} window was skipped to keep profiling within"
+            f" profile_budget={limit(cost.budget or 0.0)} of the run's time (so far {percent(cost.share or 0.0, 1)},"
+            f" {cost.windows} window{'s' if cost.windows != 1 else ''}); later ones open as the run makes room."
+            " Pass `profile_budget=None` to open every planned window.",
+        )
+        return False

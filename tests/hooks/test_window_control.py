@@ -6,10 +6,12 @@ callback/test_lifecycle.py."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
 
+from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.window import WindowState
 from lightning_perf.config import STAGES, Schedule
 from lightning_perf.hooks.window_control import WindowControl, WindowToSave
@@ -96,6 +98,9 @@ class Driver:
     warned: dict[str, str] = field(default_factory=dict)
     noted: dict[str, str] = field(default_factory=dict)
     step: int = 0  # what the stage's step axis says when a window starts recording
+    budget: ProfilingBudget | None = None
+    now: float = 0.0  # the budget's clock ...
+    clock: Callable[[], float] | None = None  # ... unless this is given
 
     def __post_init__(self) -> None:
         schedule = Schedule(**self.schedule)
@@ -108,6 +113,8 @@ class Driver:
             started=lambda stage, context: context.step,
             warn=lambda key, message: self.warned.setdefault(key, message),
             info=lambda key, message: self.noted.setdefault(key, message),
+            budget=self.budget,
+            clock=self.clock or (lambda: self.now),
         )
 
     def _new_window(self, stage: str, epoch: int) -> FakeWindow | None:
@@ -471,3 +478,39 @@ def test_dropping_a_failed_stages_window_stops_it_and_leaves_other_stages_alone(
 
 def test_the_controller_imports_neither_lightning_nor_torch():
     assert heavy_modules_loaded_by("lightning_perf.hooks.window_control") == []
+
+
+# ------------------------------------------------------------------ the profiling budget
+
+
+def test_a_stages_first_window_opens_as_planned_and_later_ones_within_the_budget():
+    budget = ProfilingBudget(0.05)
+    budget.call_started(0.0)
+    d = Driver(budget=budget)
+    d.now = 1.0
+    d.epoch("train", 10)  # the stage's first window: opens whatever it costs
+    budget.charge(1.0)  # ... 1 s: 1 + 1 <= 0.05 * (t + 1) from t = 39 s
+    d.now = 20.0
+    d.epoch("train", 10)
+    d.epoch("validate", 10)  # another stage's first window: opens
+    assert [(s.stage, s.epoch) for s in d.saved] == [("train", 0), ("validate", 0)]
+    assert budget.cost(d.now).skipped == 1 and "profile_budget=5%" in d.noted["budget:train"]
+    d.now = 40.0
+    d.epoch("train", 10)
+    assert [(s.stage, s.epoch) for s in d.saved][-1] == ("train", 2) and budget.cost(d.now).windows == 3
+
+
+def test_a_window_the_budget_kept_closed_is_skipped_whole():
+    budget = ProfilingBudget(0.05)
+    budget.call_started(0.0)
+    asked = iter([0.0, 0.0])  # the second window opens; the third is asked at its warm-up batch ...
+    d = Driver(
+        budget=budget,
+        schedule={"skip_first": 0, "warmup": 1, "active": 2, "repeat": 2},
+        clock=lambda: next(asked, 1_000.0),  # ... and there is room again from its next batch
+    )
+    d.epoch("train", 6)  # windows at batches 1-2 and 4-5
+    budget.charge(10.0)
+    d.epoch("train", 6)  # the first kept closed whole; the second opens
+    assert [(s.epoch, s.first) for s in d.saved] == [(0, 1), (0, 4), (1, 4)]
+    assert budget.cost(1_000.0).skipped == 1
