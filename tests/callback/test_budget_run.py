@@ -1,0 +1,58 @@
+"""The profiling budget in a real Trainer run (issue 26): a stage's first window opens as planned, a later one
+only while the measured cost leaves room, said once; a plan of the user's keeps its meaning; the report and the
+console's last line carry the run's profiling share. The budget's own logic: tests/test_budget.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from lightning_perf import PerfCallback
+from models import TinyModel, trainer
+
+
+def fit(tmp_path, callback: PerfCallback, epochs: int = 4) -> dict:
+    # Epochs of 16 batches of a millisecond or two: a window (its close, its profiled batches, its processing) costs
+    # far more than 2% of such a run.
+    trainer(tmp_path, [callback], max_epochs=epochs, limit_val_batches=0).fit(TinyModel(n=64, batch_size=4))
+    with open(callback.report_path) as f:
+        return json.load(f)
+
+
+def test_later_windows_wait_for_the_budget_and_the_skip_is_said_once(tmp_path, caplog):
+    callback = PerfCallback(stages=["train"])
+    with caplog.at_level(logging.INFO):
+        report = fit(tmp_path, callback)
+    assert [w["epoch"] for w in report["windows"]] == [0]  # the first opens as planned; no room after it
+    profiling = report["run"]["profiling"]
+    assert profiling["budget"] == 0.02 and profiling["windows"] == 1 and profiling["skipped"] == 3
+    assert profiling["seconds"] > 0 and profiling["share"] == pytest.approx(
+        profiling["seconds"] / profiling["run_seconds"]
+    )
+    cost = report["windows"][0]["cost_seconds"]
+    assert cost >= report["windows"][0]["close_seconds"] > 0 and cost <= profiling["seconds"]
+    messages = [r.getMessage() for r in caplog.records]
+    skipped = [m for m in messages if "window was skipped to keep profiling within profile_budget=2%" in m]
+    assert len(skipped) == 1, skipped
+    ends = [m for m in messages if "lightning-perf: report" in m]
+    assert ends and ends[-1].splitlines()[-1].startswith("lightning-perf: profiling cost ")
+    assert "1 window; 3 skipped for the budget (2%)" in ends[-1].splitlines()[-1]
+
+
+def test_a_schedule_of_the_users_opens_every_planned_window(tmp_path):
+    report = fit(tmp_path, PerfCallback(stages=["train"], schedule={"skip_first": 2, "active": 2}))
+    assert [w["epoch"] for w in report["windows"]] == [0, 1, 2, 3]
+    assert report["run"]["profiling"]["budget"] is None and report["run"]["profiling"]["skipped"] == 0
+
+
+def test_a_schedule_of_the_users_with_a_budget_keeps_to_it(tmp_path):
+    report = fit(tmp_path, PerfCallback(stages=["train"], batches=[3, 4], profile_budget=0.01))
+    assert [w["epoch"] for w in report["windows"]] == [0] and report["run"]["profiling"]["skipped"] == 3
+
+
+def test_a_generous_budget_opens_every_planned_window(tmp_path):
+    report = fit(tmp_path, PerfCallback(stages=["train"], profile_budget=1.0))
+    assert [w["epoch"] for w in report["windows"]] == [0, 1, 2, 3]
+    assert all(w["cost_seconds"] >= w["close_seconds"] for w in report["windows"])
