@@ -2,6 +2,7 @@
 ``compare``, through ``main()`` and as a console script."""
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -39,6 +40,7 @@ def test_report_prints_epochs_and_findings(runs, capsys):
     out = capsys.readouterr().out
     assert "perf_report.json" in out and "lightning-perf | train epoch 1 |" in out
     assert "dataloader_bound" in out and "->" in out and "num_workers" in out  # the finding's advice
+    assert re.search(r"\n  profiling cost \d+\.\d% of this run \(.+ of .+\), 2 windows\n", out), out
 
 
 def test_report_json_is_the_report(runs, capsys):

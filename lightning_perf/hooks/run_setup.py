@@ -21,10 +21,10 @@ from lightning_perf import layout
 from lightning_perf.budget import ProfilingCost
 from lightning_perf.collect.packages import lightning_classes
 from lightning_perf.collect.profiler import torch_profiler_active
+from lightning_perf.report.findings import profiling_line
 from lightning_perf.report.json_report import REPORT_FILENAME
 from lightning_perf.report.metrics import charts_layout
 from lightning_perf.report.outputs import Outputs
-from lightning_perf.units import limit, percent, plural, seconds_or_ms
 
 
 def refuse_other_profilers(trainer: pl.Trainer) -> None:
@@ -178,20 +178,6 @@ def where_to_look(
         lines.append(f"  View them: tensorboard --logdir {tensorboard_logdir}")
     if page is not None and os.path.exists(page):
         lines.append(f"lightning-perf: report (opens offline in a browser): {page}")
-    if lines and cost is not None and (line := cost_line(cost)):
+    if lines and cost is not None and (line := profiling_line(cost)):
         lines.append(line)
     return "\n".join(lines)
-
-
-def cost_line(cost: ProfilingCost) -> str | None:
-    """``"lightning-perf: profiling cost 2.8% of this run (0.41 s of 14.6 s), 3 windows; 2 skipped for the
-    budget (2%)"``; ``None`` before the run has wall time."""
-    if cost.share is None:
-        return None
-    line = (
-        f"lightning-perf: profiling cost {percent(cost.share, 1)} of this run ({seconds_or_ms(cost.seconds)} of"
-        f" {seconds_or_ms(cost.run_seconds)}), {plural(cost.windows, 'window')}"
-    )
-    if cost.skipped:
-        line += f"; {cost.skipped} skipped for the budget ({limit(cost.budget or 0.0)})"
-    return line

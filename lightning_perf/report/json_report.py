@@ -62,6 +62,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeGuard
 
+from lightning_perf.budget import ProfilingCost
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.layout import REPORT_SCHEMA_VERSION, write_atomically
 from lightning_perf.records import (
@@ -250,6 +251,20 @@ def report_uncounted_ops(run: Mapping[str, Any]) -> list[tuple[str, int]]:
     counts = run.get("flops")
     entries = counts.get("uncounted") if isinstance(counts, Mapping) else None
     return [(op, int(calls)) for op, calls in _named_numbers(entries)]
+
+
+def report_profiling(run: Mapping[str, Any]) -> ProfilingCost | None:
+    """:class:`~lightning_perf.budget.ProfilingCost` from a report's ``run.profiling``; ``None`` where the report
+    has none (written before it was) or of another shape (``run.profiling`` is not part of the checked schema)."""
+    values = run.get("profiling")
+    if not isinstance(values, Mapping):
+        return None
+    numbers = [values.get(name) for name in ("seconds", "run_seconds", "windows", "skipped")]
+    budget = values.get("budget")
+    if not all(_is_number(n) for n in numbers) or not (budget is None or _is_number(budget)):
+        return None
+    seconds, run_seconds, windows, skipped = numbers
+    return ProfilingCost(budget, float(seconds), float(run_seconds), int(windows), int(skipped))  # type: ignore[arg-type]
 
 
 def _named_numbers(entries: Any) -> list[tuple[str, float]]:

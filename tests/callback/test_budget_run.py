@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 
@@ -39,6 +40,8 @@ def test_later_windows_wait_for_the_budget_and_the_skip_is_said_once(tmp_path, c
     ends = [m for m in messages if "lightning-perf: report" in m]
     assert ends and ends[-1].splitlines()[-1].startswith("lightning-perf: profiling cost ")
     assert "1 window; 3 skipped for the budget (2%)" in ends[-1].splitlines()[-1]
+    with open(callback.page_path, encoding="utf-8") as f:
+        assert re.search(r"its cost to the run \(close, slowed batches, processing\)</td><td>[\d.]+ m?s</td>", f.read())
 
 
 def test_a_schedule_of_the_users_opens_every_planned_window(tmp_path):

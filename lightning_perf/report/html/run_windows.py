@@ -39,6 +39,8 @@ def _facts(w: WindowRecord) -> list[tuple[str, str]]:
     if w.shortened:
         rows.append(("shortened", "the epoch ended before the window recorded all its planned batches"))
     rows.append(("the loop paused at its close", seconds_or_ms(w.close_seconds)))
+    if w.cost_seconds is not None:
+        rows.append(("its cost to the run (close, slowed batches, processing)", seconds_or_ms(w.cost_seconds)))
     for value, name in ((w.cuda_max_allocated, "CUDA max allocated"), (w.cuda_max_reserved, "CUDA max reserved")):
         if value is not None:
             rows.append((name, mib(value)))

@@ -1,0 +1,128 @@
+"""
+What the default PerfCallback costs a real model's run, short and long
+======================================================================
+
+Issue 26's acceptance: a multi-module model of the TemporalFusionTransformer's shape
+(:mod:`forecaster`: variable selection networks of gated residual blocks, LSTM encoder and decoder, attention,
+dozens of small modules) fit for 4 short epochs and for 40, each bare and with a default ``PerfCallback()``
+(its profiling budget, ``profile_budget="auto"``: 2% with the default schedule), alternating in one process,
+each run a fresh seeded model and Trainer (TensorBoard logger, validation every epoch). A first uncounted run
+of each takes the imports and first calls.
+
+    fit ratio = median over rounds of (fit with PerfCallback() / the bare fit of the same round)
+
+and, from the callback's report (``run.profiling``), the windows that opened, those the budget skipped, and
+the profiling share it measured itself. Targets: <= 1.05x for the short run, <= 1.03x for the long one.
+
+Run it from the repository root::
+
+    python benchmarks/profiling_budget.py                 # 3 rounds of each: about 6 min on 2 idle cores
+    python benchmarks/profiling_budget.py --rounds 5 --epochs 4 40
+
+``other load`` is the CPU the machine's other processes used meanwhile (``/proc/stat``), in CPUs: above a tenth
+of a CPU the ratios are disturbed, and only ranges that agree across rounds are to be trusted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import lightning
+import lightning.pytorch as pl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from forecaster import Forecaster, loaders
+from lightning_perf import PerfCallback
+from machine import cpu_busy_seconds
+
+
+def fit(epochs: int, perf: bool) -> tuple[float, dict | None]:
+    """One fit's wall time, and the callback's ``run.profiling`` with its windows (``None`` bare)."""
+    lightning.seed_everything(0, verbose=False)
+    model = Forecaster()
+    train, val = loaders()
+    callback = PerfCallback(verbose=0) if perf else None
+    with tempfile.TemporaryDirectory() as root:
+        trainer = pl.Trainer(
+            default_root_dir=root,
+            accelerator="cpu",
+            devices=1,
+            max_epochs=epochs,
+            callbacks=[callback] if callback else [],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            num_sanity_val_steps=0,
+        )
+        gc.collect()
+        start = time.perf_counter()
+        trainer.fit(model, train, val)
+        wall = time.perf_counter() - start
+        if callback is None or callback.report_path is None:
+            return wall, None
+        with open(callback.report_path) as f:
+            report = json.load(f)
+        return wall, {**report["run"]["profiling"], "opened": [(w["stage"], w["epoch"]) for w in report["windows"]]}
+
+
+def _own_cpu() -> float:
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, nargs="+", default=[4, 40])
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    fit(1, False)
+    fit(1, True)
+    for epochs in args.epochs:
+        ratios, bares, perfs, shares = [], [], [], []
+        last: dict | None = None
+        busy_before, clock_before, ours_before = cpu_busy_seconds(), time.perf_counter(), _own_cpu()
+        for _ in range(args.rounds):
+            bare, _ = fit(epochs, False)
+            with_perf, last = fit(epochs, True)
+            bares.append(bare)
+            perfs.append(with_perf)
+            ratios.append(with_perf / bare)
+            if last is not None and last["share"] is not None:
+                shares.append(last["share"])
+        busy_after, clock_after = cpu_busy_seconds(), time.perf_counter()
+        other = None
+        if busy_before is not None and busy_after is not None:
+            own = _own_cpu() - ours_before  # this process and its children (the window process)
+            other = max(busy_after - busy_before - own, 0.0) / (clock_after - clock_before)
+        print(f"{epochs} epochs x 30 batches, {args.rounds} rounds")
+        print(f"  bare fit          {statistics.median(bares):7.2f} s  ({min(bares):.2f}..{max(bares):.2f})")
+        print(f"  PerfCallback()    {statistics.median(perfs):7.2f} s  ({min(perfs):.2f}..{max(perfs):.2f})")
+        print(f"  ratio             {statistics.median(ratios):7.3f}x ({min(ratios):.3f}..{max(ratios):.3f})")
+        if last is not None:
+            print(
+                f"  its own measure   {statistics.median(shares) * 100:.1f}% of the run profiling;"
+                f" windows {last['opened']}, skipped {last['skipped']}"
+            )
+        if other is not None:
+            print(f"  other load        about {other:.2f} CPUs")
+
+
+if __name__ == "__main__":
+    main()
