@@ -2,8 +2,8 @@
 ``compare``, through ``main()`` and as a console script."""
 
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
