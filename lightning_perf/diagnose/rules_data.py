@@ -52,8 +52,9 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         3. Points at the window whose DataLoader spans take the largest share of the step, when that share
            reaches ``dataloader_warning`` too.
         4. Advice is predicted from the run's facts (:mod:`~lightning_perf.diagnose.loader_advice`): free
-           CPUs, CPU-bound or waiting loading, the workers' start-up, and a dataset that shares state with
-           the module. When the windows show the wait is not the DataLoader's, it says where else to look.
+           CPUs, more workers than CPUs, CPU-bound or waiting loading, the workers' start-up, and a dataset that
+           shares state with the module. When the windows show the wait is not the DataLoader's, it says where
+           else to look.
         5. Where a window shows the dataset making torch calls sample by sample in the training process
            (:mod:`~lightning_perf.diagnose.sample_loading`), the advice leads with loading whole batches, and
            its predicted saving.
