@@ -136,10 +136,11 @@ def too_many_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     if per_process is None or workers <= per_process:
         return []
     capacity = min(workers, per_process)  # one CPU per worker, at most this process's share
-    idle = load.worker_cpus is not None and load.worker_cpus / capacity < CPU_BOUND
+    mostly_idle = load.worker_cpus is not None and load.worker_cpus / capacity < CPU_BOUND
     busy_here = load.cpu_share is not None and load.cpu_share >= CPU_BOUND
-    if idle and load.cpu_share is not None and not busy_here:
+    if mostly_idle and load.cpu_share is not None and not busy_here:
         return []  # waiting on a disk or the network: more workers overlap more waits (_with_workers)
+    idle = mostly_idle and busy_here
     target = 0 if idle else min(max(load.spare or 0, 1), per_process)
     why = (
         f" They are mostly idle ({cpus(load.worker_cpus or 0)} in all) while the training process is busy during"
