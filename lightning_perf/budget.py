@@ -62,6 +62,7 @@ class ProfilingBudget:
 
     Args:
         share: The share of the run's wall time windows may cost; ``None``: no budget.
+        warmup: The batches a window warms up on before its first recorded one (its cost too).
 
     Example::
 
@@ -72,8 +73,9 @@ class ProfilingBudget:
             budget.charge(0.4)
     """
 
-    def __init__(self, share: float | None) -> None:
+    def __init__(self, share: float | None, warmup: int = 1) -> None:
         self.share = share
+        self.warmup = warmup
         self._closed_calls = 0.0  # wall seconds of the Trainer calls that ended
         self._call_started: float | None = None
         self._seconds = 0.0

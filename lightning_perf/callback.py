@@ -41,7 +41,6 @@ from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.flop_count import run_peak_flops
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
-from lightning_perf.hooks.profiling_cost import profiling_report
 from lightning_perf.hooks.rank_staging import RankStaging
 from lightning_perf.hooks.results_view import ResultsView
 from lightning_perf.hooks.run_setup import (
@@ -102,11 +101,8 @@ class PerfCallback(StageHooks, ResultsView):
             Default (``None``): the environment variable ``LIGHTNING_PERF_STRICT`` (``1`` = strict), else off.
         peak_flops: The device's peak FLOP/s for the run's dtype, what MFU divides by; default (``None``): the
             dense datasheet figure for the device (:func:`lightning_perf.peak_flops`), where it is known.
-        profile_budget: The share of the run's wall time the profiling may cost (its windows' profiled batches,
-            closes and processing, and the FLOP count: :mod:`lightning_perf.budget`). Each stage's first window
-            opens as planned; a later one only while the measured cost so far leaves room. ``None``: every
-            planned window opens. Default (``"auto"``): ``0.02`` with the default schedule, and ``None`` with a
-            ``schedule`` or ``batches`` of your own (which keep their meaning unless you set a budget too).
+        profile_budget: The share of the run's time profiling may cost (:mod:`lightning_perf.budget`); ``None``:
+            none. ``"auto"``: ``0.02`` with the default schedule, ``None`` with a ``schedule`` or ``batches`` of yours.
 
     Raises:
         ValueError: At construction, listing every invalid argument with its value and what is allowed.
@@ -183,9 +179,8 @@ class PerfCallback(StageHooks, ResultsView):
         self._policy = ErrorPolicy(self.config.strict)
         self._epochs = EpochReporter(self.config, BatchSizer(batch_size_fn), self._policy)
         self._staging = RankStaging(self._policy)
-        budget = self._epochs.budget
         self._profiler_windows = ProfilerWindows(
-            self.config, self._policy, self._staging, self._epochs.add_window, budget
+            self.config, self._policy, self._staging, self._epochs.add_window, self._epochs.budget
         )
         self._control = WindowControl(
             make_plan(self.config),
@@ -195,8 +190,8 @@ class PerfCallback(StageHooks, ResultsView):
             started=self._epochs.window_started,
             warn=self._policy.warn_once,
             info=self._policy.info_once,
-            chosen=batches is not None or schedule not in (None, DEFAULT_SCHEDULE),
-            budget=budget,
+            chosen=self.config.chosen_plan,
+            budget=self._epochs.budget,
         )
         self._policy.drop = self._control.drop
         self._stages = self._epochs.stages  # what the per-batch hooks touch, one lookup away
@@ -263,10 +258,7 @@ class PerfCallback(StageHooks, ResultsView):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The optimizers exist from here (configured after setup): optimizer_heavy advises what would change.
-        def keep() -> None:
-            self._epochs.run_info["optimizer_info"] = self._epochs.call_plan["optimizer_info"] = optimizer_info(trainer)
-
-        self._policy.safely(None, keep)
+        self._policy.safely(None, lambda: self._epochs.keep_optimizer_info(optimizer_info(trainer)))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -285,9 +277,8 @@ class PerfCallback(StageHooks, ResultsView):
         self._policy.safely(None, self._epochs.compile.uninstall)
         self._save_all(trainer, wait=wait, interrupted=interrupted)
         self._policy.safely(None, self._epochs.close_outputs)
-        windows = max(len(self.windows) - self._windows_at_setup, 0)
-        cost = self._epochs.budget.cost(time.perf_counter())
-        if message := where_to_look(windows, self.dirpath, self.tensorboard_logdir, self.page_path, cost):
+        saved = max(len(self.windows) - self._windows_at_setup, 0)
+        if message := where_to_look(saved, self.dirpath, self.tensorboard_logdir, self.page_path, self._epochs.budget):
             rank_zero_info(message)
 
     def _save_all(self, trainer: pl.Trainer, *, wait: float, interrupted: bool) -> None:
@@ -301,8 +292,7 @@ class PerfCallback(StageHooks, ResultsView):
         self._policy.safely(None, self._staging.close)
         if interrupted:
             self._policy.safely(None, self._epochs.end_interrupted, trainer, self._positions)
-        self._epochs.budget.call_ended(time.perf_counter())  # the call's time, its windows' processing included
-        self._epochs.run_info["profiling"] = profiling_report(self._epochs.budget)
+        self._epochs.end_call()  # the call's time, its windows' processing included, counts in the run's
         self._policy.safely(None, self._epochs.write_report, trainer, now=True)
 
     # ------------------------------------------------------------------ stage events (see StageHooks)

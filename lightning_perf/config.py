@@ -203,6 +203,8 @@ class PerfConfig:
     strict: bool | None = declared(_STRICT, None)
     peak_flops: float | None = declared(_PEAK_FLOPS, None)
     profile_budget: float | None = None  # resolved by build: "auto" is a number or None
+    #: The user chose the plan (a ``schedule`` or ``batches`` of their own), not the default schedule.
+    chosen_plan: bool = False
 
     @classmethod
     def build(cls, **kwargs: Any) -> PerfConfig:
@@ -236,7 +238,10 @@ class PerfConfig:
                     problems.append(f"thresholds: {err}")
 
         ranks = _indices("ranks", kwargs.get("ranks"), _RANKS, problems)
+        chosen = batches is not None or kwargs["schedule"] not in (None, DEFAULT_SCHEDULE)
         budget = kwargs.get("profile_budget", "auto")
+        if budget == "auto" and chosen:  # a plan of the user's keeps its meaning: every window planned opens
+            budget = None
         if (problem := _PROFILE_BUDGET.problem("profile_budget", budget)) is not None:
             problems.append(problem)
 
@@ -264,18 +269,9 @@ class PerfConfig:
             max_trace_mb=float(kwargs.get("max_trace_mb", DEFAULT_MAX_TRACE_MB)),
             strict=kwargs.get("strict"),
             peak_flops=None if kwargs.get("peak_flops") is None else float(kwargs["peak_flops"]),
-            profile_budget=_budget(budget, kwargs["schedule"], batches),
+            profile_budget=None if budget is None else DEFAULT_PROFILE_BUDGET if budget == "auto" else float(budget),
+            chosen_plan=chosen,
         )
-
-
-def _budget(value: float | str | None, schedule: Any, batches: tuple[int, ...] | None) -> float | None:
-    """The profiling budget: ``"auto"`` is :data:`DEFAULT_PROFILE_BUDGET` with the default plan, and none with a
-    plan the user chose (a ``schedule`` or ``batches`` of their own keeps its meaning: every planned window
-    opens, unless they set a budget too)."""
-    if value != "auto":
-        return None if value is None else float(value)
-    chosen = batches is not None or schedule not in (None, DEFAULT_SCHEDULE)
-    return None if chosen else DEFAULT_PROFILE_BUDGET
 
 
 def _listed(value: Any) -> Any:

@@ -36,7 +36,7 @@ more than a bounded queue ahead (any ``.item()``, logging or the caching allocat
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -155,6 +155,14 @@ class StepClock:
     @property
     def batches(self) -> int:
         return len(self.compute)
+
+    def left_out(self, compiled: Iterable[int] = ()) -> list[bool]:
+        """Per batch of the epoch, whether it is left out of the epoch's times: it ran in a profiler window or was
+        counted (:attr:`profiled`); like those, a batch that ``compiled`` (torch.compile: its step holds seconds
+        of compiling, a one-off cost the compile numbers report), and a batch after a window's close, which holds
+        what the close left behind (:attr:`after_close`)."""
+        steps = set(self.after_close) | set(compiled)
+        return [profiled or i in steps for i, profiled in enumerate(self.profiled)]
 
     def loading_cpu_share(self) -> float | None:
         """The process's CPU seconds over wall seconds in the sampled data waits; ``None`` without any."""

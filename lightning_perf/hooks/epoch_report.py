@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,6 +122,19 @@ def with_cpu_use(record: WindowRecord) -> TraceSummary:
     return dataclasses.replace(summary, cpu_wait_time=record.cpu_wait / summary.steps)
 
 
+def window_summaries(
+    windows: Sequence[WindowRecord], stage: str, epoch: int, *, latest: bool = False
+) -> tuple[TraceSummary, ...]:
+    """The trace summaries of the stage epoch's ``windows``, with what the training thread did per step while each
+    recorded (:func:`with_cpu_use`); ``latest``: where the epoch has none, the stage's latest earlier window
+    (under a profiling budget most epochs have none, and their findings still rest on what one showed)."""
+    mine = [w for w in windows if w.stage == stage and w.summary]
+    own = [w for w in mine if w.epoch == epoch]
+    if not own and latest:
+        own = [w for w in mine if w.epoch < epoch][-1:]
+    return tuple(with_cpu_use(w) for w in own)
+
+
 class EpochReporter:
     """Measures each stage epoch, diagnoses it and reports it, and keeps what the run has measured.
 
@@ -163,7 +177,9 @@ class EpochReporter:
         self._report: ReportFile | None = None  # on rank zero, from the first write on
         self.flops = FlopCounting(batch_size)  # the training batches' FLOP counts, per sample as the epoch counts them
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
-        self.budget = ProfilingBudget(config.profile_budget)  # what the profiling costs, against its budget
+        self.budget = ProfilingBudget(
+            config.profile_budget, config.schedule.warmup
+        )  # what the profiling costs, against its budget
 
     def report(self) -> dict[str, Any]:
         """Everything measured so far, as written to ``perf_report.json``."""
@@ -182,16 +198,24 @@ class EpochReporter:
         """A saved window's record, in the order the windows closed."""
         self.windows.append(record)
 
+    def keep_optimizer_info(self, info: Any) -> None:
+        """The run's optimizers, once they exist (``optimizer_heavy`` advises what would change)."""
+        self.run_info["optimizer_info"] = self.call_plan["optimizer_info"] = info
+
+    def end_call(self) -> None:
+        """A Trainer call ends: its wall time counts in the run's, and the report's ``run.profiling`` says so."""
+        self.budget.call_ended(time.perf_counter())
+        self.run_info["profiling"] = profiling_report(self.budget)
+
     def close_outputs(self) -> None:
         """Closes what :attr:`outputs` opened (at the end of a Trainer call). The loggers are Lightning's to
         flush: it finalizes (and so saves) each of them right after the callbacks' teardown."""
         if self.outputs is not None:
             self.outputs.close()
 
-    def window_summaries(self, stage: str, epoch: int) -> tuple[TraceSummary, ...]:
-        """The trace summaries of the stage epoch's windows, with what the training thread did per step while each
-        recorded (:func:`with_cpu_use`)."""
-        return tuple(with_cpu_use(w) for w in self.windows if w.stage == stage and w.epoch == epoch and w.summary)
+    def window_summaries(self, stage: str, epoch: int, *, latest: bool = False) -> tuple[TraceSummary, ...]:
+        """See :func:`window_summaries`, over the windows saved so far."""
+        return window_summaries(self.windows, stage, epoch, latest=latest)
 
     def start_epoch(self, stage: str, trainer: pl.Trainer, waited: float) -> None:
         """A stage epoch starts: its memory peaks, its DataLoader's settings (once), its CPU use. ``waited``:
@@ -240,15 +264,6 @@ class EpochReporter:
         if rss is not None:
             st.host_rss_peak = max(rss, st.host_rss_peak or 0)
 
-    def left_out(self, stage: str, compiled: CompileStats | None) -> list[bool]:
-        """Per batch of the stage's epoch, whether it is left out of the epoch's times: it ran in a profiler window
-        or was counted (``StepClock.profiled``); like those, a batch that compiled (torch.compile: its step holds
-        seconds of compiling, a one-off cost the compile numbers report), and the batch after a window's close,
-        which holds what the close left behind (``StepClock.after_close``)."""
-        clock = self.stages[stage].clock
-        steps = set(clock.after_close) | set(compiled.steps if compiled is not None else ())
-        return [profiled or i in steps for i, profiled in enumerate(clock.profiled)]
-
     def measure(self, stage: str, epoch: int, *, interrupted: bool = False, waited: float = 0.0) -> EpochSummary:
         """The stage epoch's summary from its batches, added to :attr:`epochs`, and what its profiling cost
         (``waited``: the seconds its end waited for its windows' processing)."""
@@ -259,7 +274,7 @@ class EpochReporter:
         compiled = self.compile.take(stage)
         if compiled is not None:
             self.compile_stats[(stage, epoch)] = compiled
-        left_out = self.left_out(stage, compiled)
+        left_out = clock.left_out(compiled.steps if compiled is not None else ())
         summary = summarize_epoch(
             stage=stage,
             epoch=epoch,
@@ -290,17 +305,7 @@ class EpochReporter:
         if interrupted:
             summary = dataclasses.replace(summary, interrupted=True)
         self.epochs.append(summary)
-        cost_epoch(
-            self.budget,
-            self.windows,
-            stage=stage,
-            epoch=epoch,
-            clock=clock,
-            compiled=compiled,
-            median=summary.step_time_p50,
-            warmup=self.config.schedule.warmup,
-            waited=waited,
-        )
+        cost_epoch(self.budget, self.windows, stage, epoch, clock, compiled, summary.step_time_p50, waited)
         self.run_info["profiling"] = profiling_report(self.budget)
         return summary
 
@@ -457,17 +462,18 @@ class EpochReporter:
                 train_s + epoch_time(summary),
                 val_s + sum(epoch_time(v) for v in validation),
             )
+        compiled = self.compile_stats.get((stage, summary.epoch))
         context = epoch_context(
             summary,
             history=tuple(st.history),
-            windows=self.window_summaries(stage, summary.epoch),
+            windows=self.window_summaries(stage, summary.epoch, latest=True),
             validation=validation,
             facts=run_facts({**self.run_info, **self.call_plan}, stage),
             data_wait=st.clock.data_wait,
             compute=st.clock.compute,
-            profiled=self.left_out(stage, self.compile_stats.get((stage, summary.epoch))),
+            profiled=st.clock.left_out(compiled.steps if compiled is not None else ()),
             ranks=ranks,
-            compile=self.compile_stats.get((stage, summary.epoch)),
+            compile=compiled,
             evidence_batches=self.config.thresholds.evidence_batches,
             fit_seconds=fit_seconds,
         )

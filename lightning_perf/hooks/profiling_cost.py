@@ -23,19 +23,18 @@ from lightning_perf.records import CompileStats, WindowRecord
 def cost_epoch(
     budget: ProfilingBudget,
     windows: list[WindowRecord],
-    *,
     stage: str,
     epoch: int,
     clock: StepClock,
     compiled: CompileStats | None,
     median: float,
-    warmup: int,
     waited: float,
 ) -> None:
     """Sets the ``cost_seconds`` of the stage epoch's records in ``windows`` (in place) and charges the epoch's
     batches of ours (run profiled, counted, or after a close while a trace was processed; not those that
     compiled: torch.compile's) beyond the epoch's ``median`` step to ``budget``; ``waited``: the epoch's end
-    waited that long for its windows' processing."""
+    waited that long for its windows' processing. A window's warm-up batches are its own
+    (``budget.warmup``)."""
     compiling = set(compiled.steps) if compiled is not None else set()
     ours = sorted({i for i, profiled in enumerate(clock.profiled) if profiled} | set(clock.after_close) - compiling)
     steps = [wait + work for wait, work in zip(clock.data_wait, clock.compute, strict=False)]
@@ -43,7 +42,7 @@ def cost_epoch(
     mine = [i for i, w in enumerate(windows) if w.stage == stage and w.epoch == epoch]
     if not mine:
         return
-    costed, _ = window_costs([windows[i] for i in mine], steps, ours, median, warmup=warmup, waited=waited)
+    costed, _ = window_costs([windows[i] for i in mine], steps, ours, median, warmup=budget.warmup, waited=waited)
     by_name = {w.name: w for w in costed}
     for i in mine:
         windows[i] = by_name[windows[i].name]

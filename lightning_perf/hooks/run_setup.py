@@ -10,6 +10,7 @@ torch profiler at a time), where its output goes (:func:`output_places`), and wh
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_perf import layout
-from lightning_perf.budget import ProfilingCost
+from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.packages import lightning_classes
 from lightning_perf.collect.profiler import torch_profiler_active
 from lightning_perf.report.findings import profiling_line
@@ -168,16 +169,16 @@ def where_to_look(
     dirpath: str | None,
     tensorboard_logdir: str | None,
     page: str | None,
-    cost: ProfilingCost | None = None,
+    budget: ProfilingBudget | None = None,
 ) -> str:
     """The lines a Trainer call's end prints: the ``windows`` it saved and how to view them, the run's HTML
-    report where it was written, and last what the profiling has cost the run (``cost``); empty when none."""
+    report where it was written, and last what the profiling has cost the run (``budget``); empty when none."""
     lines = []
     if windows:
         lines.append(f"lightning-perf: {windows} profiler window(s) saved under {dirpath}")
         lines.append(f"  View them: tensorboard --logdir {tensorboard_logdir}")
     if page is not None and os.path.exists(page):
         lines.append(f"lightning-perf: report (opens offline in a browser): {page}")
-    if lines and cost is not None and (line := profiling_line(cost)):
+    if lines and budget is not None and (line := profiling_line(budget.cost(time.perf_counter()))):
         lines.append(line)
     return "\n".join(lines)
