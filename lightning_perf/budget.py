@@ -127,11 +127,12 @@ class ProfilingBudget:
             skipped=self._skipped,
         )
 
-    def state_dict(self) -> dict[str, float]:
-        """Plain values, for a checkpoint: a resumed fit goes on with what the run has spent."""
+    def state_dict(self, now: float) -> dict[str, float]:
+        """Plain values at ``now``, for a checkpoint: a resumed fit goes on with what the run has spent, and the
+        time it has run."""
         return {
             "seconds": self._seconds,
-            "run_seconds": self._closed_calls,
+            "run_seconds": self.elapsed(now),
             "windows": self._windows,
             "skipped": self._skipped,
         }

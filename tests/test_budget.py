@@ -60,8 +60,10 @@ def test_a_resumed_run_goes_on_with_what_it_spent():
     budget.charge(1.0)
     budget.call_ended(10.0)
     resumed = ProfilingBudget(0.03)
-    resumed.load_state_dict(budget.state_dict())
+    resumed.load_state_dict(budget.state_dict(50.0))
     assert resumed.cost(0.0) == budget.cost(0.0)
+    budget.call_started(60.0)  # a checkpoint inside a call holds the time the call has run so far
+    assert budget.state_dict(62.0)["run_seconds"] == pytest.approx(12.0)
     resumed.load_state_dict({})  # an older checkpoint
     assert resumed.cost(0.0).seconds == 0.0
 

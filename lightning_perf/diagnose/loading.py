@@ -81,6 +81,8 @@ class Loading:
         workers: The DataLoader's workers.
         first: The first batch's wait beyond a steady batch's, summed over ``epochs``.
         epochs: The epochs pooled (each with its first batch).
+        all_batches: Every batch of the pooled epochs, measured or not (a window's, those after its close): what
+            workers would load, and so what a saving per epoch counts; ``None``: the measured ones.
     """
 
     wait: float
@@ -94,6 +96,7 @@ class Loading:
     workers: int = 0
     first: float = 0.0
     epochs: int = 1
+    all_batches: int | None = None
 
     @property
     def contended(self) -> bool:
@@ -114,8 +117,8 @@ class Loading:
 
     @property
     def per_epoch(self) -> float:
-        """Measured batches per epoch (the pooled epochs' mean)."""
-        return self.batches / max(self.epochs, 1)
+        """Batches per epoch (the pooled epochs' mean), measured or not: a saving per batch applies to all."""
+        return (self.all_batches or self.batches) / max(self.epochs, 1)
 
     def first_wait(self) -> float:
         """An epoch's first batch's wait (the pooled epochs' mean)."""
@@ -179,6 +182,7 @@ def loading(ctx: StageEpoch) -> Loading:
         workers=facts.num_workers or 0,
         first=extra,
         epochs=epochs,
+        all_batches=max(epoch.batches, n),
     )
     return dataclasses.replace(load, spare=0) if load.contended and load.spare is not None else load
 

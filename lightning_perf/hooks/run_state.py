@@ -13,6 +13,7 @@ loads.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -47,6 +48,7 @@ def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter) 
         },
         "windows": [window_dict(w, with_analysis=False) for w in reporter.windows],
         "report_path": reporter.report_path,
+        "profiling": reporter.budget.state_dict(time.perf_counter()),
     }
 
 
@@ -81,6 +83,7 @@ def load_state_dict(
             st.history.clear()
             st.history.extend(from_values(EpochSummary, e) for e in saved.get("history", []))
     reporter.windows = [from_values(WindowRecord, w) for w in state.get("windows", [])]
+    reporter.budget.load_state_dict(state.get("profiling", {}))  # a resumed fit goes on with what the run spent
     reporter.epochs, reporter.findings_by_epoch, reporter.ranks, reporter.compile_stats = [], {}, {}, {}
     reporter.step_splits = {}
     if "epochs" in state:  # version 1

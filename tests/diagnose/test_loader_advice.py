@@ -365,3 +365,15 @@ def test_per_sample_advice_needs_a_batch_a_saving_and_a_count(facts, win):
 def test_the_batch_size_comes_from_the_epoch_when_the_loader_has_none():
     f = judge(epoch(**PER_SAMPLE), per_sample_window(ops=192.0), facts=dataclasses.replace(TWO_CPUS, batch_size=None))
     assert "per batch of 32, " in f.evidence  # the epoch's 32 samples a batch
+
+
+def test_a_saving_per_epoch_counts_every_batch_not_only_the_measured_ones():
+    # A sleeping dataset (I/O) of 24 batches, 14 of them left out (a window, the batches while it was processed):
+    # workers would load all 24; counting the 10 measured ones predicted no gain over 3 epochs (found on our own
+    # e2e test, which flipped between critical and info from run to run).
+    facts = dataclasses.replace(CPU, cpu_count=2, torch_threads=2, epochs=3)
+    measured = epoch(wait=0.023, compute=0.003, batches=10, loading_cpu_share=0.36)
+    every = dataclasses.replace(measured, batches=24, profiled_batches=14)
+    assert loading(StageEpoch(epoch=every, facts=facts)).per_epoch == 24
+    f = judge(every, facts=facts)
+    assert f.severity == "critical" and "Set `DataLoader(num_workers=" in f.advice, f

@@ -45,6 +45,8 @@ def test_resuming_from_an_end_of_epoch_checkpoint_continues_windows_and_history(
     assert all(w["summary"] is not None and w["operators"] for w in report["windows"])
     assert [e["epoch"] for e in report["stages"]["train"]["epochs"] if "steps" in e] == [0, 1, 2, 3]
     assert os.path.isfile(resumed.page_path)
+    # The profiling cost goes on from what the first fit had spent by its checkpoint (its 2 windows).
+    assert report["run"]["profiling"]["windows"] == 3
 
 
 def test_resuming_mid_epoch_does_not_repeat_a_finished_window(tmp_path):
