@@ -87,7 +87,7 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     if ctx.epoch.other_cpu_load is not None:
         evidence.append(
             f"other processes on the machine used {ctx.epoch.other_cpu_load:.1f} CPUs meanwhile"
-            + ("" if load is not None else f" (too short to tell from none: {LOAD_NOTE})")
+            + ("" if load is not None else f" (too short to tell from none: {TICKS_NOTE})")
         )
     busy = load is not None and load >= OUTSIDE_LOAD
     oversubscribed = cpus is not None and threads + workers > cpus
@@ -263,7 +263,8 @@ OUTSIDE_LOAD = 0.5
 # 1.5-1.7 CPUs, and its cpu_contention said "the machine is busy". Judged only where that error leaves the
 # measure on one side of OUTSIDE_LOAD (on 2 CPUs: from about 0.16 s of wall time).
 LOAD_TICK = 0.01
-LOAD_NOTE = "the epoch was too short: other processes' CPU time is counted in 10 ms ticks"
+TICKS_NOTE = "other processes' CPU time is counted in 10 ms ticks"
+LOAD_NOTE = f"the epoch was too short: {TICKS_NOTE}"
 UNMEASURED = "other processes' CPU time was not measured"
 # Where the wait is the run's own (or cannot be told to come from outside), a mean wait per batch below this is
 # information only: fewer threads then cost more than the wait. Measured on 2 idle CPUs, Lightning's
