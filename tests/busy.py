@@ -7,7 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 # Starts the burner and exits at once: the burner is then no child of the test's process (it is reparented),
 # as another user's program beside a run would be; the callback counts its own children's CPU as the run's.
@@ -33,3 +34,22 @@ def cpu_burners(n: int | None = None) -> Iterator[None]:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def others_cpus(run: Callable[[], object]) -> float:
+    """The CPUs' worth the machine's other processes used while ``run()`` ran (all of ``/proc/stat``, less this
+    process and its children): whatever CPUs this process's threads were pinned to meanwhile."""
+
+    def machine() -> float:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+        return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+    def own() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    start, mine, wall = machine(), own(), time.perf_counter()
+    run()
+    wall = time.perf_counter() - wall
+    return max(machine() - start - (own() - mine), 0.0) / wall

@@ -50,12 +50,12 @@ def test_a_well_tuned_run_gets_no_warning(tmp_path, one_thread):
     # which step_time_unstable rightly reports. (cpu_threads then says so, as `info`.)
     callback = PerfCallback(schedule=WINDOW)
     trainer(tmp_path, [callback], max_epochs=2, log_every_n_steps=50).fit(Tuned())
-    waited = {(e.stage, e.epoch): e.cpu_wait_share or 0.0 for e in callback.epochs}
     for stage in ("train", "validate"):
         # On a busy machine (other processes beside the suite) the machine itself is the one warning, and it is
-        # earned: that epoch's thread waited for a CPU a tenth of the time or more.
+        # earned: the thread waited for a CPU a tenth of the time or more (over the epoch, or over its latest
+        # epochs where it had too few batches of its own).
         busy = [f for f in callback.findings_for(stage) if f.id == "cpu_contention"]
-        assert all(waited[(f.stage, f.epoch)] >= 0.1 for f in busy), busy
+        assert all(int(re.search(r"waited for a CPU (\d+)%", f.title)[1]) >= 10 for f in busy), busy
         bad = [f for f in callback.findings_for(stage) if f.severity != "info" and f.id != "cpu_contention"]
         assert not bad, bad
     diagnosed = sorted((e["stage"], e["epoch"]) for s in callback.report["stages"].values() for e in s["epochs"])
