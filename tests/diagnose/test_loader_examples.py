@@ -181,17 +181,7 @@ def test_transforming_samples_one_by_one_is_worth_batching_with_its_least_saving
 # workers starting), the others about 3 ms, against 24-28 ms of compute; one window saw 11% of a step in the
 # DataLoader, the next 2%. The same seed gave three advices (num_workers=0, persistent_workers=True, "look outside
 # the DataLoader"), one under the title "outside the DataLoader". num_workers=0 made the fit 10.2 s from 13.6 s.
-GAN = RunFacts(
-    device="cpu",
-    cpu_count=2,
-    torch_threads=2,
-    num_workers=16,
-    pin_memory=True,
-    persistent_workers=False,
-    batch_size=32,
-    dataset="map",
-    epochs=3,
-)
+GAN = dataclasses.replace(BACKBONE, num_workers=16, pin_memory=True, epochs=3)
 
 
 def gan_epoch(epoch: int, first: float, others: float, compute: float, workers_cpus: float) -> EpochSummary:

@@ -9,6 +9,7 @@ import random
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from clocks import FakeClock
 from lightning_perf import PerfCallback
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.report.findings import ShownFindings, changed, console_report
@@ -22,14 +23,6 @@ def _finding(title: str, severity: str = "warning", id: str = "dataloader_bound"
 
 
 # ------------------------------------------------------------------ the report's time budget
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_report_is_rewritten_only_when_the_time_since_the_last_write_pays_for_it(tmp_path):

@@ -4,18 +4,11 @@ at most every :data:`REWRITE_MIN_SECONDS`, and always at a Trainer call's end or
 import json
 import time
 
+from clocks import FakeClock
 from lightning_perf import PerfCallback
 from lightning_perf.report import json_report
 from lightning_perf.report.json_report import REWRITE_MIN_SECONDS, ReportFile
 from models import TinyModel, trainer
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_cheap_report_is_rewritten_at_most_every_min_interval(tmp_path):
