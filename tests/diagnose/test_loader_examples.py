@@ -129,17 +129,7 @@ def test_pooled_savings_per_epoch_are_over_one_epochs_batches():
 # read 0.61-0.93 ms per batch in the DataLoader; unprofiled, `__next__` took 0.32 ms in the program (median), and
 # 0.20 ms alone against 0.09-0.13 ms with a `__getitems__` indexing both tensors at once: about 0.1 ms a batch,
 # 2% of a 4.8 ms step. Applied, the advice gave 1.738 s against 1.736 s.
-BACKBONE = RunFacts(
-    device="cpu",
-    cpu_count=2,
-    torch_threads=2,
-    num_workers=0,
-    pin_memory=False,
-    persistent_workers=False,
-    batch_size=32,
-    dataset="map",
-    epochs=2,
-)
+BACKBONE = dataclasses.replace(PPO, batch_size=32, dataset="map", shared_state=None, epochs=2)
 
 
 def backbone_window(stage: str, dataloader_time: float, step_time: float) -> TraceSummary:
