@@ -89,7 +89,7 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             f"other processes on the machine used {ctx.epoch.other_cpu_load:.1f} CPUs meanwhile"
             + ("" if load is not None else f" (too short to tell from none: {TICKS_NOTE})")
         )
-    busy = load is not None and load >= OUTSIDE_LOAD
+    busy = load is not None and load >= outside_threshold(share)
     oversubscribed = cpus is not None and threads + workers > cpus
     if oversubscribed:
         assert cpus is not None
@@ -129,14 +129,22 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     )
 
 
+def outside_threshold(share: float) -> float:
+    """The other processes' load (CPUs) from which the wait is theirs: :data:`OUTSIDE_LOAD`, or less where they
+    used at least as many CPUs as the training thread waited for (``share`` of the epoch), down to
+    :data:`OUTSIDE_FLOOR`."""
+    return min(OUTSIDE_LOAD, max(share, OUTSIDE_FLOOR))
+
+
 def outside_load(ctx: StageEpoch) -> float | None:
     """The CPUs' worth the machine's other processes used during the epoch, where the measure can tell it from
-    :data:`OUTSIDE_LOAD` (see :data:`LOAD_TICK`); else ``None``."""
+    :func:`outside_threshold` (see :data:`LOAD_TICK`); else ``None``."""
     load, wall, cpus = ctx.epoch.other_cpu_load, ctx.epoch.wall_time, ctx.facts.cpu_count or 1
     if load is None or not wall:
         return None
     error = 2 * LOAD_TICK * cpus / wall  # each CPU's count, read twice, is off by up to a tick each time
-    return load if load - error >= OUTSIDE_LOAD or load + error < OUTSIDE_LOAD else None
+    threshold = outside_threshold(ctx.epoch.cpu_wait_share or 0.0)
+    return load if load - error >= threshold or load + error < threshold else None
 
 
 _OUTSIDE_ADVICE = (
@@ -258,6 +266,11 @@ def idle_time(seconds: float, busy: float) -> float:
 # Other processes are idle when they used less than half a CPU over the epoch (our judgment: on this project's
 # idle 2-CPU machine, 0.0-0.1 CPUs; beside two CPU burners, 1.9-2.0): the wait is then the run's own doing.
 OUTSIDE_LOAD = 0.5
+# ... or less, down to this, where they used at least as many CPUs as the training thread waited for: beside two
+# CPU burners on 2 CPUs, Lightning's PPO example (2 torch threads, a Python rollout) left the burners 0.4 CPUs,
+# its thread waited 19% of the epoch, and it was titled "the run's own threads crowd it". An idle machine's other
+# processes used 0.0-0.1 CPUs (our judgment between them).
+OUTSIDE_FLOOR = 0.25
 # /proc/stat counts each CPU's time in ticks of 1/USER_HZ = 10 ms (proc(5)), so over a short epoch the other
 # processes' load is known to +-2 ticks per CPU over its wall time: a 16 ms validation epoch on 2 idle CPUs read
 # 1.5-1.7 CPUs, and its cpu_contention said "the machine is busy". Judged only where that error leaves the
