@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import pathlib
+import re
 import time
 
 import numpy as np
@@ -587,7 +588,9 @@ def test_a_real_compiled_model_s_trace_shows_its_compiled_code_and_guard_checks(
         torch._dynamo.reset()
     trace = load(path)
     names = {e["name"] for e in trace["traceEvents"]}
-    assert {"TorchDynamo Cache Lookup", "Torch-Compiled Region: 0/0", "CompiledFunctionBackward"} <= names
+    assert {"TorchDynamo Cache Lookup", "CompiledFunctionBackward"} <= names
+    # "Torch-Compiled Region: F/N": frame F's N-th compiled version, numbered on from the process's earlier compiles
+    assert any(re.fullmatch(r"Torch-Compiled Region: \d+/\d+", name) for name in names), sorted(names)
     s = summarize_trace(trace, window="compiled")
     assert s.steps == 2
     assert 0 < s.guard_time < s.compiled_time < s.host_op_time <= s.step_time
