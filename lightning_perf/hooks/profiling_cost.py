@@ -36,7 +36,7 @@ def cost_epoch(
     waited that long for its windows' processing. A window's warm-up batches are its own
     (``budget.warmup``)."""
     compiling = set(compiled.steps) if compiled is not None else set()
-    ours = sorted({i for i, profiled in enumerate(clock.profiled) if profiled} | set(clock.after_close) - compiling)
+    ours = sorted(({i for i, profiled in enumerate(clock.profiled) if profiled} | set(clock.after_close)) - compiling)
     steps = [wait + work for wait, work in zip(clock.data_wait, clock.compute, strict=False)]
     budget.charge(excess_time(steps, ours, median))
     mine = [i for i, w in enumerate(windows) if w.stage == stage and w.epoch == epoch]
