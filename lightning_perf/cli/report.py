@@ -18,8 +18,9 @@ from typing import Any
 from lightning_perf.cli.inputs import EXIT_OK, REPORT_PAGE, find_reports, html_output, one_report, write_page
 from lightning_perf.readers import load_report
 from lightning_perf.records import EpochSummary
-from lightning_perf.report.findings import console_report, profiling_line
+from lightning_perf.report.findings import console_report
 from lightning_perf.report.json_report import report_epochs, report_profiling, report_top_modules, report_uncounted_ops
+from lightning_perf.report.profiling import profiling_line
 from lightning_perf.units import flops, flops_rate, percent
 
 TOP_MODULES_SHOWN = 5  # of the report's run.flops.by_module, on `report`'s line of modules by FLOPs share

@@ -83,13 +83,13 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f"the process runs {plural(threads, 'torch thread' if facts.device == 'cpu' else 'thread')} and"
         f" {plural(workers, 'DataLoader worker')}",
     ]
-    load = outside_load(ctx)
+    outside = load_is_outside(ctx)  # None: cannot tell
     if ctx.epoch.other_cpu_load is not None:
         evidence.append(
             f"other processes on the machine used {ctx.epoch.other_cpu_load:.1f} CPUs meanwhile"
-            + ("" if load is not None else f" (too short to tell from none: {TICKS_NOTE})")
+            + ("" if outside is not None else f" (too short to tell from none: {TICKS_NOTE})")
         )
-    busy = load is not None and load >= outside_threshold(share)
+    busy = outside is True
     oversubscribed = cpus is not None and threads + workers > cpus
     if oversubscribed:
         assert cpus is not None
@@ -106,7 +106,7 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             _OUTSIDE_ADVICE.format(threads=plural(threads + workers, "busy thread"), cpus=plural(cpus or 1, "CPU"))
         ]
     else:
-        unknown = None if load is not None else LOAD_NOTE if ctx.epoch.other_cpu_load is not None else UNMEASURED
+        unknown = None if outside is not None else LOAD_NOTE if ctx.epoch.other_cpu_load is not None else UNMEASURED
         advice = [_own_threads_advice(threads, workers, facts.device, unknown=unknown)]
     waited = share * (wall or 0.0) / max(ctx.epoch.batches, 1)
     if not busy and not oversubscribed and wall and waited < OWN_MIN_WAIT:
@@ -116,7 +116,7 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         "the machine is busy"
         if busy
         else "the run's own threads crowd it"
-        if oversubscribed or load is not None
+        if oversubscribed or outside is not None
         else ""
     )
     return finding(
@@ -129,22 +129,18 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     )
 
 
-def outside_threshold(share: float) -> float:
-    """The other processes' load (CPUs) from which the wait is theirs: :data:`OUTSIDE_LOAD`, or less where they
-    used at least as many CPUs as the training thread waited for (``share`` of the epoch), down to
-    :data:`OUTSIDE_FLOOR`."""
-    return min(OUTSIDE_LOAD, max(share, OUTSIDE_FLOOR))
-
-
-def outside_load(ctx: StageEpoch) -> float | None:
-    """The CPUs' worth the machine's other processes used during the epoch, where the measure can tell it from
-    :func:`outside_threshold` (see :data:`LOAD_TICK`); else ``None``."""
+def load_is_outside(ctx: StageEpoch) -> bool | None:
+    """Whether the epoch's wait for a CPU is the machine's other processes' doing: they used :data:`OUTSIDE_LOAD`
+    CPUs or more, or at least as many CPUs as the training thread waited for, from :data:`OUTSIDE_FLOOR`.
+    ``None`` where the measure cannot tell (not measured, or too short for its ticks: :data:`LOAD_TICK`)."""
     load, wall, cpus = ctx.epoch.other_cpu_load, ctx.epoch.wall_time, ctx.facts.cpu_count or 1
     if load is None or not wall:
         return None
     error = 2 * LOAD_TICK * cpus / wall  # each CPU's count, read twice, is off by up to a tick each time
-    threshold = outside_threshold(ctx.epoch.cpu_wait_share or 0.0)
-    return load if load - error >= threshold or load + error < threshold else None
+    threshold = min(OUTSIDE_LOAD, max(ctx.epoch.cpu_wait_share or 0.0, OUTSIDE_FLOOR))
+    if load - error >= threshold:
+        return True
+    return False if load + error < threshold else None
 
 
 _OUTSIDE_ADVICE = (

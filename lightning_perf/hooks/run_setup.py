@@ -22,10 +22,10 @@ from lightning_perf import layout
 from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.packages import lightning_classes
 from lightning_perf.collect.profiler import torch_profiler_active
-from lightning_perf.report.findings import profiling_line
 from lightning_perf.report.json_report import REPORT_FILENAME
 from lightning_perf.report.metrics import charts_layout
 from lightning_perf.report.outputs import Outputs
+from lightning_perf.report.profiling import profiling_line
 
 
 def refuse_other_profilers(trainer: pl.Trainer) -> None:

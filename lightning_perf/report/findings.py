@@ -15,10 +15,9 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 
-from lightning_perf.budget import ProfilingCost
 from lightning_perf.diagnose.model import SEVERITIES, Finding
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary
-from lightning_perf.units import count, duration, flops_rate, limit, mib, ms, percent, plural, seconds_or_ms
+from lightning_perf.units import count, duration, flops_rate, mib, ms, percent, plural
 
 CLEAN = "no bottleneck found"
 _SHOWN = {0: (), 1: ("warning", "critical"), 2: ("info", "warning", "critical")}
@@ -308,18 +307,3 @@ def findings_markdown(
         cells = [f.severity, f"**{f.title}** (`{f.id}`)", f.evidence, f.advice, f"`{f.window}`" if f.window else ""]
         lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def profiling_line(cost: ProfilingCost) -> str | None:
-    """The run's profiling cost on one line (a Trainer call's last, and ``lightning-perf report``'s):
-    ``"lightning-perf: profiling cost 2.8% of this run (0.41 s of 14.6 s), 3 windows; 2 skipped for the budget
-    (2%)"``; ``None`` before the run has wall time."""
-    if cost.share is None:
-        return None
-    line = (
-        f"lightning-perf: profiling cost {percent(cost.share, 1)} of this run ({seconds_or_ms(cost.seconds)} of"
-        f" {seconds_or_ms(cost.run_seconds)}), {plural(cost.windows, 'window')}"
-    )
-    if cost.skipped:
-        line += f"; {cost.skipped} skipped for the budget ({limit(cost.budget or 0.0)})"
-    return line
