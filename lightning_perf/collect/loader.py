@@ -11,6 +11,9 @@ What decides whether DataLoader workers would help, besides the DataLoader's own
   that is a method of the module) would give each worker a stale copy: workers would silently train on old
   data. An iterable dataset also runs whole in every worker unless it splits itself by
   ``torch.utils.data.get_worker_info()``.
+- :func:`dataset_origin`: the dataset's class, and the installed library that defines it (pytorch-forecasting's
+  ``TimeSeriesDataSet``, a torchvision dataset): its ``__getitem__`` is then not the user's to rewrite, and the
+  advice for per-sample loading changes.
 
 How busy the CPUs and the workers were is :mod:`lightning_perf.collect.cpu`'s.
 """
@@ -18,7 +21,9 @@ How busy the CPUs and the workers were is :mod:`lightning_perf.collect.cpu`'s.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from torch.utils.data import IterableDataset
@@ -28,6 +33,11 @@ from torch.utils.data import IterableDataset
 SEARCH_DEPTH = 3
 # Values that cannot carry state the module changes, and objects too common to mean sharing.
 _IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), range, frozenset)
+# Where installed packages live (pip, venv, conda, Debian's python3-* packages); a project installed in
+# editable mode stays in its own folder, and is the user's.
+_INSTALLED = frozenset({"site-packages", "dist-packages"})
+# torch's wrappers whose items come from the dataset they wrap (``random_split``'s ``Subset``).
+_WRAPPERS = ("torch.utils.data.",)
 
 
 def dataset_facts(dataloader: Any, module: Any) -> dict[str, Any]:
@@ -46,7 +56,31 @@ def dataset_facts(dataloader: Any, module: Any) -> dict[str, Any]:
     if dataset is None:
         return {"dataset": None, "shared_state": None}
     kind = "iterable" if isinstance(dataset, IterableDataset) else "map"
-    return {"dataset": kind, "shared_state": shared_state(dataset, module)}
+    return {"dataset": kind, "shared_state": shared_state(dataset, module), **dataset_origin(dataset)}
+
+
+def dataset_origin(dataset: Any) -> dict[str, Any]:
+    """The class whose ``__getitem__`` makes the samples, through torch's wrappers (``Subset``), and the installed
+    library that defines it.
+
+    Returns:
+        ``{"dataset_class": str, "dataset_library": str | None}``: the class's name, and the top-level package of
+        its module when that module's file is an installed package's (under ``site-packages`` or
+        ``dist-packages``); ``None`` for the user's own code (a script, a project, an editable install).
+    """
+    for _ in range(SEARCH_DEPTH):
+        inner = getattr(dataset, "dataset", None)
+        if inner is None or not type(dataset).__module__.startswith(_WRAPPERS):
+            break
+        dataset = inner
+    cls = type(dataset)
+    module = sys.modules.get(cls.__module__)
+    path = getattr(module, "__file__", None)
+    installed = path is not None and not _INSTALLED.isdisjoint(Path(path).parts)
+    return {
+        "dataset_class": cls.__qualname__,
+        "dataset_library": cls.__module__.partition(".")[0] if installed else None,
+    }
 
 
 def shared_state(dataset: Any, module: Any) -> str | None:

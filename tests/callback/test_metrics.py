@@ -177,6 +177,8 @@ def test_perf_report_json_parses_after_every_epoch_and_has_its_schema(tmp_path):
         "drop_last": False,
         "dataset": "map",
         "shared_state": None,
+        "dataset_class": "SleepyDataset",
+        "dataset_library": None,  # the test's own class
     }
     assert run["max_epochs"] == 3
     epoch = report["stages"]["train"]["epochs"][0]

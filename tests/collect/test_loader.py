@@ -14,6 +14,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset
 
+from installed import WINDOWLIB, installed_package
 from lightning_perf.collect.cpu import CpuDemand, children_cpu_seconds
 from lightning_perf.collect.loader import dataset_facts
 from lightning_perf.collect.loops import LoopStartTimer
@@ -45,16 +46,18 @@ def test_a_dataset_the_module_holds_is_not_shared_state():
     module.train_set = TensorDataset(torch.zeros(4, 2))  # `self.train_set = ...; DataLoader(self.train_set)`
     module.transform = lambda x: x  # read-only callables are shared as a rule
     module.train_set.transform = module.transform
-    assert dataset_facts(DataLoader(module.train_set), module) == {"dataset": "map", "shared_state": None}
+    facts = dataset_facts(DataLoader(module.train_set), module)
+    assert (facts["dataset"], facts["shared_state"]) == ("map", None)
 
 
 def test_shared_objects_bound_methods_and_the_module_itself_are_named():
     module = Module()
     module.buffer = Buffer()
-    assert dataset_facts(DataLoader(Stream(module.buffer)), module) == {
-        "dataset": "iterable",
-        "shared_state": "`dataset.source` is the LightningModule's `buffer`",
-    }
+    facts = dataset_facts(DataLoader(Stream(module.buffer)), module)
+    assert (facts["dataset"], facts["shared_state"]) == (
+        "iterable",
+        "`dataset.source` is the LightningModule's `buffer`",
+    )
     method = dataset_facts(DataLoader(Stream(module.generate)), module)["shared_state"]
     assert method == "`dataset.source` is the LightningModule's method `generate`"
     wrapped = Subset(Stream(functools.partial(print, module)), [0])  # two levels down, through a partial
@@ -62,6 +65,16 @@ def test_shared_objects_bound_methods_and_the_module_itself_are_named():
         dataset_facts(DataLoader(wrapped), module)["shared_state"]
         == "`dataset.dataset.source.args[0]` is the LightningModule"
     )
+
+
+def test_a_dataset_is_the_users_unless_an_installed_package_defines_it(tmp_path):
+    own = dataset_facts(DataLoader(Subset(Stream(None), [0])), None)  # through random_split's Subset
+    assert (own["dataset_class"], own["dataset_library"]) == ("Stream", None)
+    tensors = dataset_facts(DataLoader(TensorDataset(torch.zeros(4, 2))), None)
+    assert (tensors["dataset_class"], tensors["dataset_library"]) == ("TensorDataset", "torch")
+    with installed_package(tmp_path, "windowlib", WINDOWLIB) as windowlib:
+        facts = dataset_facts(DataLoader(Subset(windowlib.Windows(8), [1, 2])), None)
+    assert (facts["dataset_class"], facts["dataset_library"]) == ("Windows", "windowlib")
 
 
 def test_the_workers_cpu_time_is_read_from_proc():
