@@ -370,6 +370,38 @@ class CompileStats:
     steps: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, kw_only=True)
+class ModelMemory:
+    """What a module's parameters, gradients and optimizer state hold, in bytes, each storage counted once.
+
+    Built by :func:`lightning_perf.collect.model_memory.model_memory`.
+
+    Attributes:
+        device: The parameters' device type (``"cuda"``, ``"cpu"``; ``"mixed"``; ``None`` without parameters).
+        parameters: Parameter bytes by dtype name (``"float32"``, ``"bfloat16"``).
+        trainable: Bytes of parameters that require gradients.
+        frozen: Bytes of parameters that do not.
+        gradients: Bytes of the ``.grad`` tensors that exist.
+        optimizer_state: Optimizer state bytes by entry name (``"exp_avg"``, ``"momentum_buffer"``, ``"step"``).
+        master_copies: Bytes of parameters an optimizer steps that are not the module's (fp32 master weights).
+        optimizers: The optimizers' class names.
+    """
+
+    device: str | None
+    parameters: Mapping[str, int]
+    trainable: int
+    frozen: int
+    gradients: int
+    optimizer_state: Mapping[str, int]
+    master_copies: int
+    optimizers: tuple[str, ...]
+
+    @property
+    def held(self) -> int:
+        """Everything counted: parameters, gradients, optimizer state and master copies."""
+        return self.trainable + self.frozen + self.gradients + sum(self.optimizer_state.values()) + self.master_copies
+
+
 @dataclass(frozen=True)
 class StepSplit:
     """An epoch's step time per batch, split into data wait and compute, as the report keeps it for its chart.

@@ -41,6 +41,11 @@ def test_report_prints_epochs_and_findings(runs, capsys):
     assert "perf_report.json" in out and "lightning-perf | train epoch 1 |" in out
     assert "dataloader_bound" in out and "->" in out and "num_workers" in out  # the finding's advice
     assert re.search(r"\n  profiling cost \d+\.\d% of this run \(.+ of .+\), 2 windows\n", out), out
+    # What the model holds (issue 24): TinyModel's 3 hidden layers of 1024 and SGD, on the CPU.
+    assert re.search(r"\n  memory at training epoch 1: parameters 8\.\d MiB \(float32\), gradients 8\.\d MiB,", out), (
+        out
+    )
+    assert "optimizer state 0 B (SGD, no state)" in out
 
 
 def test_report_json_is_the_report(runs, capsys):

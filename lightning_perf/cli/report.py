@@ -19,7 +19,14 @@ from lightning_perf.cli.inputs import EXIT_OK, REPORT_PAGE, find_reports, html_o
 from lightning_perf.readers import load_report
 from lightning_perf.records import EpochSummary
 from lightning_perf.report.findings import console_report
-from lightning_perf.report.json_report import report_epochs, report_profiling, report_top_modules, report_uncounted_ops
+from lightning_perf.report.json_report import (
+    report_epochs,
+    report_memory,
+    report_profiling,
+    report_top_modules,
+    report_uncounted_ops,
+)
+from lightning_perf.report.memory import memory_line
 from lightning_perf.report.profiling import profiling_line
 from lightning_perf.units import flops, flops_rate, percent
 
@@ -53,6 +60,8 @@ def _print_reports(reports: list[tuple[str, dict[str, Any]]], *, verbose: int) -
         )
         for line in _run_flops_lines(run):
             print(f"  {line}")
+        if (memory := report_memory(run)) is not None:
+            print(f"  {memory_line(memory).removeprefix('lightning-perf: ')}")
         for epoch in report_epochs(report):
             text = console_report(
                 epoch.summary, epoch.findings, verbose=verbose, ranks=epoch.ranks, compile=epoch.compile

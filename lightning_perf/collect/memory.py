@@ -86,3 +86,13 @@ class CudaPeaks:
 
     def _raw(self) -> tuple[int, int]:
         return torch.cuda.max_memory_allocated(self.device), torch.cuda.max_memory_reserved(self.device)
+
+
+def device_use(device: torch.device) -> tuple[int, int, int] | None:
+    """The CUDA allocator's reserved bytes, the device's bytes in use (by every process and the driver) and its
+    size, read together; ``None`` where they cannot be read."""
+    try:
+        free, total = torch.cuda.mem_get_info(device)
+        return torch.cuda.memory_reserved(device), total - free, total
+    except Exception:  # no CUDA, or the driver refused: these figures are optional
+        return None

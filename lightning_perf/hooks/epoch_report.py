@@ -40,7 +40,8 @@ from lightning_perf.diagnose.rules_step import epoch_time
 from lightning_perf.diagnosis_context import epoch_context, run_facts
 from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
-from lightning_perf.hooks.flop_count import FlopCounting, uncounted_warning
+from lightning_perf.hooks.flop_count import FlopCounting, keep_count
+from lightning_perf.hooks.memory_tracking import MemoryTracking
 from lightning_perf.hooks.profiling_cost import cost_epoch, profiling_report
 from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.layout import page_path
@@ -177,6 +178,7 @@ class EpochReporter:
         self._report: ReportFile | None = None  # on rank zero, from the first write on
         self.flops = FlopCounting(batch_size)  # the training batches' FLOP counts, per sample as the epoch counts them
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
+        self.memory = MemoryTracking()  # what the model holds, counted at each training epoch's end
         self.budget = ProfilingBudget(
             config.profile_budget, config.schedule.warmup
         )  # what the profiling costs, against its budget
@@ -330,27 +332,8 @@ class EpochReporter:
             self._policy.fail("train", err)
 
     def flops_counted(self, record: BatchFlops) -> None:
-        """A training batch's FLOPs were counted: the run's counts and top modules go in the report; where
-        no peak is known, one note says how to give it."""
-        kept = self.run_info.get("flops", {})  # the shares are of the first counted batch
-        uncounted = dict(kept.get("uncounted", []))
-        for op, calls in record.uncounted:
-            uncounted[op] = max(calls, uncounted.get(op, 0))
-        self.run_info["flops"] = {
-            "by_module": kept.get("by_module", [[name, flops] for name, flops in record.by_module]),
-            "forward": kept.get("forward", record.forward),
-            "counted": [{"flops": c.flops, "samples": c.samples} for c in self.flops.counts],
-            "uncounted": [[op, calls] for op, calls in uncounted.items()],
-        }
-        if message := uncounted_warning(record):
-            self._policy.warn_once("flops_uncounted", message)
-        if self.run_info.get("peak_flops") is None:
-            self._policy.info_once(
-                "peak_flops",
-                f"PerfCallback: FLOPs are counted, but no peak FLOP/s is known for {self.run_info.get('device_name')}"
-                f" ({self.run_info.get('precision')}), so MFU is not computed: pass `PerfCallback(peak_flops=...)`,"
-                " the device's peak FLOP/s for the run's dtype.",
-            )
+        """A training batch's FLOPs were counted (:func:`~lightning_perf.hooks.flop_count.keep_count`)."""
+        keep_count(self.run_info, self.flops.counts, record, self._policy)
 
     def report_epoch(self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...]) -> None:
         """Diagnoses the epoch (rank zero) and reports it: scalars, the findings' and ranks' texts, the console,
@@ -378,7 +361,15 @@ class EpochReporter:
             )
             if ranks:
                 self.outputs.add_text(RANKS_TAG.format(stage=stage), ranks_markdown(summary, ranks), step)
+        memory = None
+        if stage == "train" and trainer.state.fn == TrainerFn.FITTING:
+            try:
+                memory = self.memory.measure(trainer, summary, self.run_info)
+            except Exception as err:
+                self._policy.fail(None, err)
         if trainer.is_global_zero:
+            if memory and self.config.verbose:
+                say(trainer, memory)
             if summary.batches:
                 self._keep_step_split(summary)
             fresh, unchanged = self._shown.split(stage, findings)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning_perf.collect.flops import BatchFlopCounter, BatchFlops
+from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.peak_table import dtype_for, peak_flops
 from lightning_perf.summarize.flops import FlopCount
 
@@ -58,6 +59,30 @@ def uncounted_warning(record: BatchFlops) -> str | None:
         f"PerfCallback: the FLOP count leaves out {named}{more}: torch's FlopCounterMode has no formula for them,"
         " so they count 0, and FLOPs per batch, FLOP/s and MFU are lower bounds."
     )
+
+
+def keep_count(run_info: dict[str, Any], counts: list[FlopCount], record: BatchFlops, policy: ErrorPolicy) -> None:
+    """A training batch's FLOPs were counted: the run's counts and top modules go in ``run_info["flops"]``; the ops
+    left out are warned of once; where no peak is known, one note says how to give it."""
+    kept = run_info.get("flops", {})  # the shares are of the first counted batch
+    uncounted = dict(kept.get("uncounted", []))
+    for op, calls in record.uncounted:
+        uncounted[op] = max(calls, uncounted.get(op, 0))
+    run_info["flops"] = {
+        "by_module": kept.get("by_module", [[name, flops] for name, flops in record.by_module]),
+        "forward": kept.get("forward", record.forward),
+        "counted": [{"flops": c.flops, "samples": c.samples} for c in counts],
+        "uncounted": [[op, calls] for op, calls in uncounted.items()],
+    }
+    if message := uncounted_warning(record):
+        policy.warn_once("flops_uncounted", message)
+    if run_info.get("peak_flops") is None:
+        policy.info_once(
+            "peak_flops",
+            f"PerfCallback: FLOPs are counted, but no peak FLOP/s is known for {run_info.get('device_name')}"
+            f" ({run_info.get('precision')}), so MFU is not computed: pass `PerfCallback(peak_flops=...)`,"
+            " the device's peak FLOP/s for the run's dtype.",
+        )
 
 
 class FlopCounting:

@@ -36,6 +36,7 @@ from lightning_perf.report.html.compile_html import compile_html
 from lightning_perf.report.html.document import Cell, Section, esc, number_cell, page, table
 from lightning_perf.report.html.findings_html import STAGE_ORDER, findings_html, grouped, severity_counts
 from lightning_perf.report.html.flops_html import flops_html
+from lightning_perf.report.html.memory_html import memory_html
 from lightning_perf.report.html.run_charts import charts_html
 from lightning_perf.report.html.run_windows import anchor, shown_windows, windows_html
 from lightning_perf.report.json_report import ReportEpoch, report_epochs, window_record
@@ -258,6 +259,8 @@ def run_page(report: Mapping[str, Any], *, source: str | None = None, charts: bo
     summaries = {stage: [e.summary for e in epochs] for stage, epochs in stages.items() if epochs}
     if (flops := flops_html(run, summaries, rank_zero=world_size > 1, charts=charts)) is not None:
         sections.append(Section("flops", "FLOPs and MFU", flops))
+    if (memory := memory_html(run, charts=charts)) is not None:
+        sections.append(Section("memory", "What fills memory", memory))
     if (compiled := compile_html(stages)) is not None:
         sections.append(Section("compile", "torch.compile", compiled))
     subtitle = " · ".join(part for part in (source, generated, _device(run, world_size)) if part)

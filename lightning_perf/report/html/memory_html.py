@@ -1,0 +1,77 @@
+"""
+Memory on the run page
+======================
+
+What fills memory (``run.memory``, :func:`lightning_perf.summarize.memory.memory_report`): one stacked bar of
+the parts, the device's free memory last where it is known, and a table of the same bytes with the optimizer
+state by entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lightning_perf.report.html.document import Cell, chart, esc, number_cell, table
+from lightning_perf.report.json_report import report_memory
+from lightning_perf.summarize.memory import memory_parts
+from lightning_perf.units import MIB, percent, signed_size
+
+# One colour per part, in the order they stack; free memory is drawn pale.
+MEMORY_COLOURS = {
+    "parameters": "#1f77b4",
+    "gradients": "#ff7f0e",
+    "optimizer state": "#2ca02c",
+    "master copies": "#9467bd",
+    "activations and temporaries": "#d62728",
+    "allocator overhead": "#8c564b",
+    "outside the allocator": "#7f7f7f",
+    "free": "#e5e5e5",
+}
+
+
+def memory_figure(parts: list[tuple[str, int]]) -> dict[str, Any]:
+    """One horizontal bar stacking the parts (MiB)."""
+    total = sum(value for _, value in parts) or 1
+    data = [
+        {
+            "type": "bar",
+            "orientation": "h",
+            "name": name,
+            "y": ["memory"],
+            "x": [round(value / MIB, 3)],
+            "marker": {"color": MEMORY_COLOURS.get(name, "#888888")},
+            "hovertemplate": f"{esc(name)}: {esc(signed_size(value))} ({percent(value / total, 1)})<extra></extra>",
+        }
+        for name, value in parts
+    ]
+    layout = {
+        "title": {"text": "What fills memory"},
+        "barmode": "stack",
+        "xaxis": {"title": {"text": "MiB"}},
+        "yaxis": {"visible": False},
+    }
+    return {"data": data, "layout": layout}
+
+
+def memory_html(run: Mapping[str, Any], *, charts: bool = True) -> str | None:
+    """The run page's memory section; ``None`` where the report has no ``run.memory``."""
+    memory = report_memory(run)
+    if memory is None:
+        return None
+    parts = memory_parts(dict(memory))
+    total = sum(value for _, value in parts)
+    rows: list[list[Cell | str]] = [
+        [Cell(name), number_cell(value, signed_size(value)), number_cell(value, percent(value / total, 1))]
+        for name, value in parts
+    ]
+    entries = memory["optimizer_state"].get("by_entry") or {}
+    state = ", ".join(f"{esc(str(k))} {esc(signed_size(v))}" for k, v in entries.items())
+    optimizers = ", ".join(esc(str(name)) for name in memory["optimizers"]) or "no optimizer"
+    where = "" if memory.get("activations") is not None else " Activations are measured on CUDA only."
+    note = (
+        f'<p class="note">Counted at the end of training epoch {esc(str(memory.get("epoch")))}, on'
+        f" {esc(str(memory.get('device')))}; optimizer state of {optimizers}{': ' + state if state else ''}.{where}</p>"
+    )
+    bar = chart(memory_figure(parts), height=220) if charts and parts else ""
+    return bar + table(["part", "bytes", "share"], rows, numeric=[False, True, True]) + note

@@ -1,0 +1,89 @@
+"""
+What fills memory
+=================
+
+The run's memory breakdown (``run.memory`` in ``perf_report.json``) from what the model holds
+(:class:`~lightning_perf.records.ModelMemory`) and, on CUDA, the allocator's and the device's figures: plain
+arithmetic, tested with plain numbers.
+
+- **activations and temporaries**: the training epoch's peak allocated less what the model holds (on CUDA, where
+  the peak is measured; the model's parts are counted whole, though gradients are freed between steps under
+  ``zero_grad(set_to_none=True)``: at the backward's peak, where the activations meet the gradients, they are
+  all there);
+- **allocator overhead**: reserved less allocated at the peak (the caching allocator's fragmentation and cache);
+- **outside the allocator**: what the device has in use less what the allocator reserved (the CUDA context,
+  NCCL buffers, other processes), from ``torch.cuda.mem_get_info``;
+- **free**: the device's size less what it has in use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_perf.records import ModelMemory
+
+
+def memory_report(
+    model: ModelMemory,
+    *,
+    epoch: int,
+    peak_allocated: int | None = None,
+    peak_reserved: int | None = None,
+    reserved_now: int | None = None,
+    device_used: int | None = None,
+    device_total: int | None = None,
+) -> dict[str, Any]:
+    """``run.memory``: the model's parts, and where the device's figures are given, the rest.
+
+    Args:
+        model: What the model holds.
+        epoch: The training epoch it was counted at.
+        peak_allocated, peak_reserved: The epoch's CUDA allocator peaks (``None`` off CUDA).
+        reserved_now, device_used, device_total: The allocator's reserved bytes, the device's bytes in use and its
+            size, read together (``None`` off CUDA).
+    """
+    on_device = model.device == "cuda"
+    activations = overhead = outside = free = None
+    if on_device and peak_allocated is not None:
+        activations = max(peak_allocated - model.held, 0)
+        if peak_reserved is not None:
+            overhead = max(peak_reserved - peak_allocated, 0)
+    if device_used is not None and device_total is not None:
+        free = max(device_total - device_used, 0)
+        if reserved_now is not None:
+            outside = max(device_used - reserved_now, 0)
+    return {
+        "epoch": epoch,
+        "device": model.device,
+        "parameters": {
+            "total": model.trainable + model.frozen,
+            "trainable": model.trainable,
+            "frozen": model.frozen,
+            "by_dtype": dict(model.parameters),
+        },
+        "gradients": model.gradients,
+        "optimizer_state": {"total": sum(model.optimizer_state.values()), "by_entry": dict(model.optimizer_state)},
+        "master_copies": model.master_copies,
+        "optimizers": list(model.optimizers),
+        "activations": activations,
+        "allocator_overhead": overhead,
+        "outside_allocator": outside,
+        "device_total": device_total,
+        "free": free,
+    }
+
+
+def memory_parts(memory: dict[str, Any]) -> list[tuple[str, int]]:
+    """The breakdown's parts in the order they stack, those with bytes only: parameters, gradients, optimizer
+    state, master copies, activations, allocator overhead, outside the allocator, free."""
+    parts = [
+        ("parameters", memory["parameters"]["total"]),
+        ("gradients", memory["gradients"]),
+        ("optimizer state", memory["optimizer_state"]["total"]),
+        ("master copies", memory["master_copies"]),
+        ("activations and temporaries", memory["activations"]),
+        ("allocator overhead", memory["allocator_overhead"]),
+        ("outside the allocator", memory["outside_allocator"]),
+        ("free", memory["free"]),
+    ]
+    return [(name, value) for name, value in parts if value]
