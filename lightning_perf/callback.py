@@ -339,8 +339,8 @@ class PerfCallback(StageHooks, ResultsView):
             return
         st = self._stages[stage]
         st.clock.batch_end(outputs, keep_loss=self.config.log_loss and stage != "predict")
-        if self._flops.active:
-            self._epochs.flops_batch_end()
+        if self._epochs.batch_due:  # a FLOP count to keep, the model's memory to count
+            self._epochs.batch_ended(stage, trainer)
         st.total_batches += 1
         # Inline try blocks, not policy.safely(): free in CPython 3.11 when nothing raises, and no bound-method or
         # argument-tuple allocation on every batch.

@@ -178,7 +178,9 @@ class EpochReporter:
         self._report: ReportFile | None = None  # on rank zero, from the first write on
         self.flops = FlopCounting(batch_size)  # the training batches' FLOP counts, per sample as the epoch counts them
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
-        self.memory = MemoryTracking()  # what the model holds, counted at each training epoch's end
+        self.memory = MemoryTracking()  # what the model holds, counted after each training epoch's first batch
+        #: A batch's end has work to do (:meth:`batch_ended`): a plain attribute, read after every batch.
+        self.batch_due = False
         self.budget = ProfilingBudget(
             config.profile_budget, config.schedule.warmup
         )  # what the profiling costs, against its budget
@@ -233,6 +235,8 @@ class EpochReporter:
             settings = dataloader_settings(loader)
             dataloaders[stage] = settings and {**settings, **dataset_facts(loader, trainer.lightning_module)}
         st.cpu.start(already=waited, workers=bool((dataloaders[stage] or {}).get("num_workers")))
+        if stage == "train":
+            self.memory.due = self.batch_due = True
 
     def window_started(self, stage: str, trainer: pl.Trainer) -> int:
         """A profiler window starts recording (the window controller's ``started``): its CUDA peaks start;
@@ -315,11 +319,20 @@ class EpochReporter:
         """Offers a training batch for counting (:class:`~lightning_perf.hooks.flop_count.FlopCounting`);
         whether it is being counted. A failure goes to the error policy: the batch is not counted."""
         try:
-            return self.flops.batch_start(batch, batch_idx)
+            self.batch_due = self.flops.batch_start(batch, batch_idx) or self.batch_due
+            return self.flops.active
         except Exception as err:
             self.flops.cancel()
             self._policy.fail("train", err)
             return False
+
+    def batch_ended(self, stage: str, trainer: pl.Trainer) -> None:
+        """A batch that :attr:`batch_due` marked has ended: its FLOP count is kept, the model's memory counted."""
+        if self.flops.active:
+            self.flops_batch_end()
+        if stage == "train" and self.memory.due:
+            self._policy.safely(None, self.memory.count, trainer)
+        self.batch_due = self.flops.active
 
     def flops_batch_end(self) -> None:
         """The training batch being counted has ended: its count is kept (:meth:`flops_counted`)."""
@@ -362,9 +375,9 @@ class EpochReporter:
             if ranks:
                 self.outputs.add_text(RANKS_TAG.format(stage=stage), ranks_markdown(summary, ranks), step)
         memory = None
-        if stage == "train" and trainer.state.fn == TrainerFn.FITTING:
+        if stage == "train":
             try:
-                memory = self.memory.measure(trainer, summary, self.run_info)
+                memory = self.memory.report(trainer, summary, self.run_info)
             except Exception as err:
                 self._policy.fail(None, err)
         if trainer.is_global_zero:

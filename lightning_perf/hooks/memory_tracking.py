@@ -2,11 +2,13 @@
 Memory tracking
 ===============
 
-When the callback counts what the model holds (:func:`~lightning_perf.collect.model_memory.model_memory`): at
-each training epoch's end, where the gradients and the optimizer state of the last step still exist (Lightning
-zeroes the gradients at the start of the next step). It walks the parameters and the optimizer state once an
-epoch, never per batch. The report's ``run.memory`` is the latest count; the console says it the first time and
-whenever the model's part changes (a new optimizer, layers frozen or unfrozen).
+When the callback counts what the model holds (:func:`~lightning_perf.collect.model_memory.model_memory`): after
+each training epoch's first batch, where that step's gradients and the optimizer state exist (Lightning sets the
+gradients to ``None`` before the next step's backward, and before every validation run: an epoch's end is too
+late). It walks the parameters and the optimizer state once an epoch, never on other batches. At the epoch's
+end the count joins the epoch's CUDA peaks in ``run.memory``; the console says it the first time and whenever the
+model's part changes (a new optimizer, layers frozen or unfrozen). Under gradient accumulation the first batch
+has not stepped the optimizer yet: its state shows from the next epoch's count.
 """
 
 from __future__ import annotations
@@ -23,15 +25,25 @@ from lightning_perf.summarize.memory import memory_report
 
 
 class MemoryTracking:
-    """The model's memory, counted at each training epoch's end."""
+    """The model's memory, counted after each training epoch's first batch and reported at the epoch's end."""
 
     def __init__(self) -> None:
-        self.last: ModelMemory | None = None
+        self.due = False  # the epoch's first training batch is still to be counted
+        self.model: ModelMemory | None = None  # the latest count
+        self._said: ModelMemory | None = None
 
-    def measure(self, trainer: pl.Trainer, summary: EpochSummary, run_info: dict[str, Any]) -> str | None:
-        """Counts the model's memory after the training epoch ``summary``, puts it in ``run_info["memory"]``, and
-        returns the console's line where it is new or changed (``None`` where it is as before)."""
-        model = model_memory(trainer.lightning_module, trainer.optimizers)
+    def count(self, trainer: pl.Trainer) -> None:
+        """Counts what the model holds now (after a training batch: its gradients and the optimizer state exist)."""
+        self.due = False
+        self.model = model_memory(trainer.lightning_module, trainer.optimizers)
+
+    def report(self, trainer: pl.Trainer, summary: EpochSummary, run_info: dict[str, Any]) -> str | None:
+        """Puts the latest count, with the training epoch ``summary``'s CUDA peaks, in ``run_info["memory"]``;
+        returns the console's line where the model's part is new or changed (``None`` where it is as before or
+        nothing was counted)."""
+        model = self.model
+        if model is None:
+            return None
         device = trainer.strategy.root_device
         use = device_use(device) if device.type == "cuda" else None
         run_info["memory"] = memory = memory_report(
@@ -43,6 +55,5 @@ class MemoryTracking:
             device_used=use[1] if use else None,
             device_total=use[2] if use else None,
         )
-        changed = model != self.last
-        self.last = model
+        changed, self._said = model != self._said, model
         return memory_line(memory) if changed else None

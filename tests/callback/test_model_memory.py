@@ -34,6 +34,13 @@ class Tied(pl.LightningModule):
         h = self.low(self.frozen(h).bfloat16()).float()
         return nn.functional.cross_entropy(self.head(h), tokens)
 
+    def validation_step(self, batch, batch_idx):
+        # Lightning sets the gradients to None before every validation run: they are counted before it.
+        return self.training_step(batch, batch_idx)
+
+    def val_dataloader(self):
+        return self.train_dataloader()
+
     def configure_optimizers(self):
         if self.optimizer == "adam":
             return torch.optim.Adam(self.parameters(), lr=1e-3)
