@@ -37,7 +37,7 @@ from lightning_perf.config import (
     schedule_warning,
 )
 from lightning_perf.hooks import run_state
-from lightning_perf.hooks.epoch_report import EpochReporter
+from lightning_perf.hooks.epoch_report import EpochReporter, window_summaries
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.flop_count import run_peak_flops
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
@@ -268,6 +268,7 @@ class PerfCallback(StageHooks, ResultsView):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # Interrupted (an exception, Ctrl-C, SIGTERM): save what is open, so the traces and the report stay valid.
         # Lightning calls no callback's teardown after this: the call ends here too.
+        self._policy.safely(None, self._epochs.failed, trainer, exception, self._positions)  # an OOM's diagnosis
         self._end(trainer, wait=EXCEPTION_WAIT_SECONDS, interrupted=True)
 
     def _end(self, trainer: pl.Trainer, *, wait: float, interrupted: bool = False) -> None:
@@ -383,7 +384,7 @@ class PerfCallback(StageHooks, ResultsView):
             summary = self._epochs.measure(stage, self._positions[stage].epoch, waited=waited)
         except Exception as err:
             self._policy.fail(stage, err)
-        windows = self._epochs.window_summaries(stage, summary.epoch) if summary else ()
+        windows = window_summaries(self._epochs.windows, stage, summary.epoch) if summary else ()
         ranks = self._staging.gather(stage, summary, windows, global_zero=trainer.is_global_zero)  # on every rank
         self._policy.safely(stage, self._staging.publish)
         if summary is not None:

@@ -40,15 +40,22 @@ from lightning_perf.diagnose.rules_step import epoch_time
 from lightning_perf.diagnosis_context import epoch_context, run_facts
 from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
+from lightning_perf.hooks.failure import out_of_memory
 from lightning_perf.hooks.flop_count import FlopCounting, keep_count
 from lightning_perf.hooks.memory_tracking import MemoryTracking
 from lightning_perf.hooks.profiling_cost import cost_epoch, profiling_report
 from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.layout import page_path
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary, StepSplit, TraceSummary, WindowRecord
-from lightning_perf.report.findings import ShownFindings, console_report, findings_markdown, ranks_markdown
+from lightning_perf.report.findings import (
+    ShownFindings,
+    console_report,
+    finding_lines,
+    findings_markdown,
+    ranks_markdown,
+)
 from lightning_perf.report.html import run_page
-from lightning_perf.report.json_report import REWRITE_MIN_SECONDS, ReportFile, keeps_step_split, report_dict
+from lightning_perf.report.json_report import REWRITE_MIN_SECONDS, ReportFile, keep_step_split, report_dict
 from lightning_perf.report.metrics import batch_metrics, epoch_metrics
 from lightning_perf.report.outputs import Outputs
 from lightning_perf.summarize.flops import epoch_flops
@@ -179,6 +186,7 @@ class EpochReporter:
         self.flops = FlopCounting(batch_size)  # the training batches' FLOP counts, per sample as the epoch counts them
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
         self.memory = MemoryTracking()  # what the model holds, counted after each training epoch's first batch
+        self.oom: Finding | None = None  # an out-of-memory error's finding, until its epoch is reported
         #: A batch's end has work to do (:meth:`batch_ended`): a plain attribute, read after every batch.
         self.batch_due = False
         self.budget = ProfilingBudget(
@@ -216,10 +224,6 @@ class EpochReporter:
         flush: it finalizes (and so saves) each of them right after the callbacks' teardown."""
         if self.outputs is not None:
             self.outputs.close()
-
-    def window_summaries(self, stage: str, epoch: int, *, latest: bool = False) -> tuple[TraceSummary, ...]:
-        """See :func:`window_summaries`, over the windows saved so far."""
-        return window_summaries(self.windows, stage, epoch, latest=latest)
 
     def start_epoch(self, stage: str, trainer: pl.Trainer, waited: float) -> None:
         """A stage epoch starts: its memory peaks, its DataLoader's settings (once), its CPU use. ``waited``:
@@ -384,7 +388,9 @@ class EpochReporter:
             if memory and self.config.verbose:
                 say(trainer, memory)
             if summary.batches:
-                self._keep_step_split(summary)
+                clock, steps = st.clock, compiled.steps if compiled else ()
+                split = step_split(clock.data_wait, clock.compute, profiled=clock.profiled, compiled=steps)
+                keep_step_split(self.step_splits, stage, summary.epoch, split)
             fresh, unchanged = self._shown.split(stage, findings)
             first = not st.history  # the stage's first epoch in this process shows its per-rank table
             message = console_report(
@@ -401,18 +407,11 @@ class EpochReporter:
             self.write_report(trainer, now=not st.history)
         # (validate, test and predict run one epoch of their stage: their Trainer call's end writes the report)
 
-    def _keep_step_split(self, summary: EpochSummary) -> None:
-        """Keeps the epoch's per-batch step split for the report, and drops the stage's earlier ones that the
-        report does not keep for good (:func:`~lightning_perf.report.json_report.keeps_step_split`: a batch the
-        profiler ran on marks an epoch with a window)."""
-        stage, clock = summary.stage, self.stages[summary.stage].clock
-        compiled = self.compile_stats.get((stage, summary.epoch))
-        for (s, epoch), split in list(self.step_splits.items()):
-            if s == stage and epoch != summary.epoch and not keeps_step_split(epoch, bool(split.profiled)):
-                del self.step_splits[(s, epoch)]
-        self.step_splits[(stage, summary.epoch)] = step_split(
-            clock.data_wait, clock.compute, profiled=clock.profiled, compiled=compiled.steps if compiled else ()
-        )
+    def failed(self, trainer: pl.Trainer, exception: BaseException, positions: Mapping[str, StagePosition]) -> None:
+        """An exception ends the call: an out-of-memory error's diagnosis (:func:`~lightning_perf.hooks.failure.
+        out_of_memory`) goes in the report and the failing epoch's findings."""
+        running = {stage: st.in_epoch for stage, st in self.stages.items()}
+        self.oom = out_of_memory(trainer, exception, running, positions, self.memory, self.cuda_peaks, self.run_info)
 
     def end_interrupted(self, trainer: pl.Trainer, positions: Mapping[str, StagePosition]) -> None:
         """Summarizes, diagnoses and reports the stage epochs an interruption stopped (this rank's own numbers:
@@ -429,6 +428,8 @@ class EpochReporter:
                 summary = self.measure(stage, pos.epoch, interrupted=True)
                 self.report_epoch(summary, trainer, ())
                 st.history.append(summary)
+        if self.oom is not None and trainer.is_global_zero:  # no epoch of its stage had a batch to report
+            say(trainer, "\n".join(["lightning-perf:", *finding_lines([self.oom], verbose=2)]))
 
     def write_report(self, trainer: pl.Trainer, *, now: bool) -> None:
         """Rewrites ``perf_report.json`` at :attr:`report_path` and the HTML page beside it (rank zero): ``now``,
@@ -470,7 +471,7 @@ class EpochReporter:
         context = epoch_context(
             summary,
             history=tuple(st.history),
-            windows=self.window_summaries(stage, summary.epoch, latest=True),
+            windows=window_summaries(self.windows, stage, summary.epoch, latest=True),
             validation=validation,
             facts=run_facts({**self.run_info, **self.call_plan}, stage),
             data_wait=st.clock.data_wait,
@@ -482,6 +483,8 @@ class EpochReporter:
             fit_seconds=fit_seconds,
         )
         findings = diagnose(context, self.config.thresholds, on_error=self._policy.rule_failed)
+        if self.oom is not None and (self.oom.stage, self.oom.epoch) == (stage, summary.epoch):
+            findings, self.oom = [self.oom, *findings], None
         self.findings_by_epoch[(stage, summary.epoch)] = findings
         self.findings = findings
         return findings

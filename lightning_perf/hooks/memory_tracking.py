@@ -17,7 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lightning_perf.collect.memory import device_use
+from lightning_perf.collect.memory import CudaMemory, device_use
 from lightning_perf.collect.model_memory import model_memory
 from lightning_perf.records import EpochSummary, ModelMemory
 from lightning_perf.report.memory import memory_line
@@ -37,6 +37,16 @@ class MemoryTracking:
         self.due = False
         self.model = model_memory(trainer.lightning_module, trainer.optimizers)
 
+    def at_failure(
+        self, trainer: pl.Trainer, epoch: int, peaks: CudaMemory | None, run_info: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Counts what the model holds as a run fails (its gradients as far as the step got) and puts it, with the
+        CUDA ``peaks`` of the failing epoch, in ``run_info["memory"]``; returns it."""
+        self.count(trainer)
+        assert self.model is not None
+        run_info["memory"] = memory = self._breakdown(trainer, self.model, epoch, peaks)
+        return memory
+
     def report(self, trainer: pl.Trainer, summary: EpochSummary, run_info: dict[str, Any]) -> str | None:
         """Puts the latest count, with the training epoch ``summary``'s CUDA peaks, in ``run_info["memory"]``;
         returns the console's line where the model's part is new or changed (``None`` where it is as before or
@@ -44,16 +54,27 @@ class MemoryTracking:
         model = self.model
         if model is None:
             return None
+        peaks = None
+        if summary.cuda_max_allocated is not None and summary.cuda_max_reserved is not None:
+            peaks = (summary.cuda_max_allocated, summary.cuda_max_reserved)
+        run_info["memory"] = memory = self._breakdown(trainer, model, summary.epoch, peaks)
+        changed, self._said = model != self._said, model
+        return memory_line(memory) if changed else None
+
+    @staticmethod
+    def _breakdown(
+        trainer: pl.Trainer, model: ModelMemory, epoch: int, peaks: CudaMemory | tuple[int, int] | None
+    ) -> dict[str, Any]:
         device = trainer.strategy.root_device
         use = device_use(device) if device.type == "cuda" else None
-        run_info["memory"] = memory = memory_report(
+        if isinstance(peaks, CudaMemory):
+            peaks = (peaks.max_allocated, peaks.max_reserved)
+        return memory_report(
             model,
-            epoch=summary.epoch,
-            peak_allocated=summary.cuda_max_allocated,
-            peak_reserved=summary.cuda_max_reserved,
+            epoch=epoch,
+            peak_allocated=peaks[0] if peaks else None,
+            peak_reserved=peaks[1] if peaks else None,
             reserved_now=use[0] if use else None,
             device_used=use[1] if use else None,
             device_total=use[2] if use else None,
         )
-        changed, self._said = model != self._said, model
-        return memory_line(memory) if changed else None

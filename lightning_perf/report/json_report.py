@@ -108,6 +108,15 @@ def keeps_step_split(epoch: int, has_window: bool) -> bool:
     return has_window or epoch & (epoch - 1) == 0
 
 
+def keep_step_split(splits: dict[tuple[str, int], StepSplit], stage: str, epoch: int, split: StepSplit) -> None:
+    """Keeps a stage epoch's ``split`` in ``splits`` and drops the stage's earlier ones the report does not keep for
+    good (:func:`keeps_step_split`: a batch the profiler ran on marks an epoch with a window)."""
+    for (s, e), kept in list(splits.items()):
+        if s == stage and e != epoch and not keeps_step_split(e, bool(kept.profiled)):
+            del splits[(s, e)]
+    splits[(stage, epoch)] = split
+
+
 def report_dict(
     *,
     generated_by: str,

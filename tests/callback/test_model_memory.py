@@ -7,6 +7,7 @@ import json
 import logging
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -89,3 +90,53 @@ def test_sgd_without_momentum_has_no_state(tmp_path):
     memory = fit(tmp_path, "sgd")
     assert memory["optimizer_state"] == {"total": 0, "by_entry": {}} and memory["optimizers"] == ["SGD"]
     assert memory["gradients"] == 320 + 288 + 144
+
+
+class RunsOut(Tied):
+    """:class:`Tied` whose training step raises an out-of-memory error at one batch, as CUDA's allocator would."""
+
+    def __init__(self, epoch: int, batch: int) -> None:
+        super().__init__()
+        self.at = (epoch, batch)
+
+    def training_step(self, batch, batch_idx):
+        if (self.current_epoch, batch_idx) == self.at:
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 KiB. GPU 0 has a total capacity of 79.15 GiB of which"
+                " 1.00 KiB is free."
+            )
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize(("epoch", "batch"), [(1, 2), (0, 0)])
+def test_an_out_of_memory_error_leaves_its_diagnosis_and_still_reaches_the_caller(tmp_path, caplog, epoch, batch):
+    callback = PerfCallback(max_windows=0)
+    model = RunsOut(epoch, batch)
+    with caplog.at_level(logging.INFO), pytest.raises(torch.OutOfMemoryError, match="Tried to allocate") as raised:
+        trainer(tmp_path, [callback], max_epochs=3).fit(model)
+    assert raised.type is torch.OutOfMemoryError  # the user's exception, unchanged
+    with open(callback.report_path) as f:
+        report = json.load(f)
+    oom = report["run"]["out_of_memory"]
+    assert (oom["stage"], oom["epoch"], oom["batch"]) == ("train", epoch, batch)
+    assert oom["batch_shapes"] == [[8]] and oom["requested"] == 2048 and oom["free"] == 1024
+    assert oom["error"].startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 KiB.")
+    finding = oom["finding"]
+    assert finding["id"] == "out_of_memory" and finding["severity"] == "critical"
+    assert finding["title"] == f"Training ran out of memory at epoch {epoch}, batch {batch}"
+    # 1 KiB short: neither Adam's second moment (752 B) nor bf16-true's halving of the fp32 parameters and
+    # gradients covers it: nothing is predicted to fit, and each cure has its saving. At the first batch nothing
+    # has stepped the optimizer: there is no state, and no gradient yet.
+    assert "predicted to fit" not in finding["advice"]
+    if batch:
+        assert "(`torch.optim.SGD(..., momentum=0.9)`): about 752 B" in finding["advice"]
+    else:
+        assert '`Trainer(precision="bf16-true")`' in finding["advice"] and "SGD" not in finding["advice"]
+    assert report["run"]["memory"]["parameters"]["total"] == 320 + 288 + 288 + 144
+    if batch:  # the failing epoch had batches: the finding is among its findings, and on its console report
+        epochs = report["stages"]["train"]["epochs"]
+        assert epochs[-1]["interrupted"] and epochs[-1]["findings"][0]["id"] == "out_of_memory"
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert said.count("CRITICAL out_of_memory") == 1 and "ran out of memory" in said, said
+    with open(callback.page_path) as f:
+        assert "ran out of memory" in f.read()

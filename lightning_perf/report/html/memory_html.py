@@ -4,7 +4,7 @@ Memory on the run page
 
 What fills memory (``run.memory``, :func:`lightning_perf.summarize.memory.memory_report`): one stacked bar of
 the parts, the device's free memory last where it is known, and a table of the same bytes with the optimizer
-state by entry.
+state by entry; first, where the run died of an out-of-memory error, its diagnosis (``run.out_of_memory``).
 """
 
 from __future__ import annotations
@@ -74,4 +74,16 @@ def memory_html(run: Mapping[str, Any], *, charts: bool = True) -> str | None:
         f" {esc(str(memory.get('device')))}; optimizer state of {optimizers}{': ' + state if state else ''}.{where}</p>"
     )
     bar = chart(memory_figure(parts), height=220) if charts and parts else ""
-    return bar + table(["part", "bytes", "share"], rows, numeric=[False, True, True]) + note
+    return _out_of_memory(run) + bar + table(["part", "bytes", "share"], rows, numeric=[False, True, True]) + note
+
+
+def _out_of_memory(run: Mapping[str, Any]) -> str:
+    """The run's out-of-memory diagnosis (``run.out_of_memory.finding``), where it died of one."""
+    failure = run.get("out_of_memory")
+    found = failure.get("finding") if isinstance(failure, Mapping) else None
+    if not isinstance(found, Mapping):
+        return ""
+    return (
+        f'<p class="banner">{esc(str(found.get("title", "")))}: {esc(str(found.get("evidence", "")))}</p>'
+        f"<p>{esc(str(found.get('advice', '')))}</p>"
+    )

@@ -1,0 +1,154 @@
+"""
+Out of memory
+=============
+
+``out_of_memory``: the run died of an out-of-memory error. The finding says where (stage, epoch, batch, the
+batch's shapes), what memory held (``run.memory``'s breakdown at the failure), and the cures that shrink the part
+that dominates, each with its predicted saving in bytes, from the breakdown alone:
+
+- **optimizer state**: on several devices, ``FSDPStrategy`` shards parameters, gradients and optimizer state
+  over the ranks (saves ``(1 - 1/N)`` of them); Adam's two moments become one with SGD and momentum (saves the
+  second moment, ``exp_avg_sq``);
+- **fp32 parameters and gradients**: ``precision="bf16-true"`` halves them (``"bf16-mixed"`` does not: it keeps
+  fp32 weights and casts per op);
+- **activations** (measured on CUDA): ``precision="bf16-mixed"`` from fp32 about halves them, as does half the
+  batch with ``accumulate_grad_batches=2`` (the same effective batch); activation checkpointing trades compute
+  for them;
+- **allocator overhead** (reserved but not allocated): ``expandable_segments`` returns up to all of it.
+
+Where the error says how much it tried to allocate and how much was free (CUDA's message does), a cure whose
+saving covers the difference is predicted to fit and comes first. Pure: plain mappings in, a finding out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lightning_perf.diagnose.model import Finding
+from lightning_perf.diagnose.rule_helpers import FP32_PRECISIONS, stage_name
+from lightning_perf.units import signed_size
+
+# The error's message in the evidence, at most this many characters (CUDA's runs to several lines).
+MESSAGE_CHARS = 300
+
+
+def memory_cures(
+    memory: Mapping[str, Any], *, world_size: int = 1, precision: str | None = None
+) -> list[tuple[str, int]]:
+    """The cures for what ``memory`` (``run.memory``) holds, each with its predicted saving in bytes, largest
+    first; none where nothing would shrink."""
+    params, grads = memory["parameters"], memory["gradients"]
+    state = memory["optimizer_state"]
+    held = params["total"] + grads + state["total"] + memory.get("master_copies", 0)
+    cures: list[tuple[str, int]] = []
+    if world_size > 1 and held:
+        cures.append(
+            (
+                f"shard parameters, gradients and optimizer state over the {world_size} ranks with"
+                " `Trainer(strategy=FSDPStrategy(...))` (or `DeepSpeedStrategy(stage=2)` for gradients and state)",
+                held * (world_size - 1) // world_size,
+            )
+        )
+    second = state["by_entry"].get("exp_avg_sq", 0)
+    if second:
+        cures.append(
+            (
+                "an optimizer with one state buffer per parameter instead of Adam's two"
+                " (`torch.optim.SGD(..., momentum=0.9)`)",
+                second,
+            )
+        )
+    fp32 = params["by_dtype"].get("float32", 0)
+    if fp32 and params["total"]:
+        share = fp32 / params["total"]
+        cures.append(
+            (
+                '`Trainer(precision="bf16-true")`: bf16 parameters and gradients (`"bf16-mixed"` keeps fp32 weights)',
+                int((fp32 + grads * share) / 2),
+            )
+        )
+    activations = memory.get("activations")
+    if activations:
+        if precision is None or precision in FP32_PRECISIONS:
+            cures.append(('`Trainer(precision="bf16-mixed")`: activations in bf16', activations // 2))
+        cures.append(
+            (
+                "half the `batch_size` with `Trainer(accumulate_grad_batches=2)` (the same effective batch), or"
+                " activation checkpointing (`torch.utils.checkpoint.checkpoint` around the largest blocks)",
+                activations // 2,
+            )
+        )
+    overhead = memory.get("allocator_overhead")
+    if overhead:
+        cures.append(
+            (
+                "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the environment (fragmentation)",
+                overhead,
+            )
+        )
+    return sorted((cure for cure in cures if cure[1] > 0), key=lambda cure: -cure[1])
+
+
+def out_of_memory_finding(
+    failure: Mapping[str, Any],
+    memory: Mapping[str, Any] | None,
+    *,
+    world_size: int = 1,
+    precision: str | None = None,
+) -> Finding:
+    """The ``out_of_memory`` finding (critical) for a failure record (``run.out_of_memory``: ``stage``, ``epoch``,
+    ``batch``, ``error``, ``batch_shapes``, ``requested`` and ``free`` where the message says) and the memory
+    breakdown at the failure (``None`` where none was counted)."""
+    stage, epoch, batch = failure["stage"], failure["epoch"], failure.get("batch")
+    where = f"epoch {epoch}" + (f", batch {batch}" if batch is not None else "")
+    evidence = [f"{failure['error'][:MESSAGE_CHARS]}"]
+    if failure.get("batch_shapes"):
+        evidence.append("the batch's tensors: " + ", ".join(f"{list(shape)}" for shape in failure["batch_shapes"]))
+    advice: list[str] = []
+    if memory is not None:
+        evidence.append(
+            f"memory held: parameters {signed_size(memory['parameters']['total'])}, gradients"
+            f" {signed_size(memory['gradients'])}, optimizer state {signed_size(memory['optimizer_state']['total'])}"
+            + (
+                f", activations and temporaries {signed_size(memory['activations'])}"
+                if memory.get("activations") is not None
+                else " (activations are measured on CUDA only)"
+            )
+        )
+        short = _shortfall(failure)
+        cures = memory_cures(memory, world_size=world_size, precision=precision)
+        fits = [cure for cure in cures if short is not None and cure[1] >= short]
+        ordered = fits + [cure for cure in cures if cure not in fits]
+        if ordered:
+            advice.append(
+                "Cures, with their predicted savings: "
+                + "; ".join(
+                    f"{text}: about {signed_size(saving)}{' (predicted to fit)' if (text, saving) in fits else ''}"
+                    for text, saving in ordered
+                )
+                + "."
+            )
+        if short is not None:
+            evidence.append(f"it needed {signed_size(short)} more than was free")
+    if not advice:
+        advice.append(
+            "Shrink what the step holds: a smaller `batch_size` with `Trainer(accumulate_grad_batches=N)`,"
+            ' `Trainer(precision="bf16-mixed")`, or activation checkpointing around the largest blocks.'
+        )
+    return Finding(
+        id="out_of_memory",
+        severity="critical",
+        title=f"{stage_name(stage)} ran out of memory at {where}",
+        evidence="; ".join(evidence),
+        advice=" ".join(advice),
+        stage=stage,
+        epoch=epoch,
+    )
+
+
+def _shortfall(failure: Mapping[str, Any]) -> int | None:
+    requested, free = failure.get("requested"), failure.get("free")
+    if requested is None or free is None:
+        return None
+    return max(requested - free, 0)

@@ -1,0 +1,65 @@
+"""``out_of_memory`` and its cures (lightning_perf.diagnose.out_of_memory), with plain numbers: no trainer."""
+
+from __future__ import annotations
+
+from lightning_perf.diagnose.out_of_memory import memory_cures, out_of_memory_finding
+
+GIB = 1 << 30
+
+# A 1B-parameter fp32 model with AdamW on an 80 GiB GPU: 4 GiB of parameters, 4 of gradients, 8 of state, 50 of
+# activations, 6 reserved but not allocated.
+MEMORY = {
+    "parameters": {"total": 4 * GIB, "trainable": 4 * GIB, "frozen": 0, "by_dtype": {"float32": 4 * GIB}},
+    "gradients": 4 * GIB,
+    "optimizer_state": {"total": 8 * GIB, "by_entry": {"exp_avg": 4 * GIB, "exp_avg_sq": 4 * GIB}},
+    "master_copies": 0,
+    "optimizers": ["AdamW"],
+    "activations": 50 * GIB,
+    "allocator_overhead": 6 * GIB,
+}
+FAILURE = {
+    "stage": "train",
+    "epoch": 2,
+    "batch": 17,
+    "error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB.",
+    "batch_shapes": [[64, 512], [64]],
+    "requested": 20 * GIB,
+    "free": 2 * GIB,
+}
+
+
+def test_each_cure_saves_what_the_breakdown_predicts():
+    cures = dict(memory_cures(MEMORY, world_size=4, precision="32-true"))
+    assert list(cures.values()) == sorted(cures.values(), reverse=True)
+    fsdp = next(s for text, s in cures.items() if "FSDPStrategy" in text)
+    assert fsdp == 16 * GIB * 3 // 4  # parameters, gradients and state over 4 ranks: 12 GiB
+    assert next(s for text, s in cures.items() if "SGD" in text) == 4 * GIB  # Adam's second moment
+    assert next(s for text, s in cures.items() if "bf16-true" in text) == 4 * GIB  # half of 4 + 4 GiB fp32
+    assert next(s for text, s in cures.items() if "bf16-mixed" in text and "activations" in text) == 25 * GIB
+    assert next(s for text, s in cures.items() if "accumulate_grad_batches=2" in text) == 25 * GIB
+    assert next(s for text, s in cures.items() if "expandable_segments" in text) == 6 * GIB
+    # One device, bf16 already: no sharding, no bf16-mixed; a model with no state and no activations: no cure
+    # that shrinks either.
+    single = memory_cures(MEMORY, world_size=1, precision="bf16-mixed")
+    assert not any("FSDP" in text or 'bf16-mixed")`: activations' in text for text, _ in single)
+    bare = {**MEMORY, "optimizer_state": {"total": 0, "by_entry": {}}, "activations": None, "allocator_overhead": 0}
+    assert [text for text, _ in memory_cures(bare)] == [next(t for t in cures if "bf16-true" in t)]
+
+
+def test_the_finding_says_where_and_puts_the_cures_that_fit_first():
+    f = out_of_memory_finding(FAILURE, MEMORY, world_size=1, precision="32-true")
+    assert (f.id, f.severity, f.stage, f.epoch) == ("out_of_memory", "critical", "train", 2)
+    assert f.title == "Training ran out of memory at epoch 2, batch 17"
+    assert (
+        "the batch's tensors: [64, 512], [64]" in f.evidence and "it needed 18.0 GiB more than was free" in f.evidence
+    )
+    assert "activations and temporaries 50.0 GiB" in f.evidence
+    # 18 GiB short: only the activation cures (25 GiB each) fit; they come first, the others after.
+    cures = f.advice.removeprefix("Cures, with their predicted savings: ").split("; ")
+    assert [c.endswith("(predicted to fit)") for c in cures[:2]] == [True, True], cures
+    assert not any("predicted to fit" in c for c in cures[2:]) and "SGD" in f.advice
+
+
+def test_without_a_breakdown_the_advice_is_the_general_one():
+    f = out_of_memory_finding({**FAILURE, "batch": None, "batch_shapes": []}, None)
+    assert f.title == "Training ran out of memory at epoch 2" and "accumulate_grad_batches" in f.advice
