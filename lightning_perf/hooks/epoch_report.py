@@ -220,8 +220,10 @@ class EpochReporter:
         self.run_info["profiling"] = profiling_report(self.budget)
 
     def close_outputs(self) -> None:
-        """Closes what :attr:`outputs` opened (at the end of a Trainer call). The loggers are Lightning's to
-        flush: it finalizes (and so saves) each of them right after the callbacks' teardown."""
+        """Closes what :attr:`outputs` opened, and puts ``torch.cuda.empty_cache`` back (at the end of a Trainer
+        call). The loggers are Lightning's to flush: it finalizes (and so saves) each of them right after the
+        callbacks' teardown."""
+        self.memory.empty_cache.uninstall()
         if self.outputs is not None:
             self.outputs.close()
 
@@ -240,7 +242,8 @@ class EpochReporter:
             dataloaders[stage] = settings and {**settings, **dataset_facts(loader, trainer.lightning_module)}
         st.cpu.start(already=waited, workers=bool((dataloaders[stage] or {}).get("num_workers")))
         if stage == "train":
-            self.memory.due = self.batch_due = True
+            self.memory.epoch_start()
+            self.batch_due = True
 
     def window_started(self, stage: str, trainer: pl.Trainer) -> int:
         """A profiler window starts recording (the window controller's ``started``): its CUDA peaks start;
@@ -382,6 +385,8 @@ class EpochReporter:
         if stage == "train":
             try:
                 memory = self.memory.report(trainer, summary, self.run_info)
+                if warning := self.memory.empty_cache_warning(summary):
+                    self._policy.warn_once("empty_cache", warning)
             except Exception as err:
                 self._policy.fail(None, err)
         if trainer.is_global_zero:

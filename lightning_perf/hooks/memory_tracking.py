@@ -17,6 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from lightning_perf.collect.empty_cache import EmptyCacheCounter
 from lightning_perf.collect.memory import CudaMemory, device_use
 from lightning_perf.collect.model_memory import model_memory
 from lightning_perf.records import EpochSummary, ModelMemory
@@ -29,8 +30,27 @@ class MemoryTracking:
 
     def __init__(self) -> None:
         self.due = False  # the epoch's first training batch is still to be counted
+        self.empty_cache = EmptyCacheCounter()  # calls of torch.cuda.empty_cache() in the training epoch
         self.model: ModelMemory | None = None  # the latest count
         self._said: ModelMemory | None = None
+
+    def epoch_start(self) -> None:
+        """A training epoch starts: its first batch is to be counted, and its ``empty_cache`` calls."""
+        self.due = True
+        self.empty_cache.install()
+        self.empty_cache.calls = 0
+
+    def empty_cache_warning(self, summary: EpochSummary) -> str | None:
+        """The warning for a training epoch that called ``torch.cuda.empty_cache()`` at least once a batch."""
+        calls, batches = self.empty_cache.calls, summary.batches
+        if batches < 2 or calls < batches:
+            return None
+        return (
+            f"PerfCallback: torch.cuda.empty_cache() was called {calls} times in training epoch {summary.epoch} of"
+            f" {batches} batches: every step. On CUDA each call hands the allocator's cache back to the driver, so"
+            " the next step allocates it again (time), and the reserved memory no longer shows fragmentation."
+            " Remove the call; against fragmentation, set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`."
+        )
 
     def count(self, trainer: pl.Trainer) -> None:
         """Counts what the model holds now (after a training batch: its gradients and the optimizer state exist)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 
 import lightning.pytorch as pl
 import pytest
@@ -140,3 +141,30 @@ def test_an_out_of_memory_error_leaves_its_diagnosis_and_still_reaches_the_calle
     assert said.count("CRITICAL out_of_memory") == 1 and "ran out of memory" in said, said
     with open(callback.page_path) as f:
         assert "ran out of memory" in f.read()
+
+
+class EmptiesCache(Tied):
+    """Calls ``torch.cuda.empty_cache()`` after every step (``every=True``), or once an epoch."""
+
+    def __init__(self, every: bool) -> None:
+        super().__init__()
+        self.every = every
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.every or batch_idx == 0:
+            torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("every", [True, False])
+def test_empty_cache_every_step_is_warned_of_once(tmp_path, every):
+    original = torch.cuda.empty_cache
+    callback = PerfCallback(max_windows=0, verbose=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer(tmp_path, [callback], max_epochs=3).fit(EmptiesCache(every))
+    said = [str(w.message) for w in caught if "empty_cache" in str(w.message)]
+    if every:
+        assert len(said) == 1 and "was called 5 times in training epoch 0 of 5 batches: every step" in said[0], said
+    else:
+        assert said == []
+    assert torch.cuda.empty_cache is original  # put back at the end of the call
