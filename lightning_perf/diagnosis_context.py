@@ -66,6 +66,7 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         peak_flops=run.get("peak_flops"),
         epochs=run.get("max_epochs"),  # a validate, test or predict call plans 1
         compiled_modules=run.get("compiled_modules"),
+        memory=run["memory"] if stage == "train" and isinstance(run.get("memory"), Mapping) else None,
         val_check_steps=run.get("val_check_steps"),
         optimizer=(run.get("optimizer_info") or {}).get("class"),
         optimizer_fused=(run.get("optimizer_info") or {}).get("fused"),

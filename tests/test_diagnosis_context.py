@@ -54,6 +54,7 @@ RUN = {
     "max_epochs": 7,
     "peak_flops": 312e12,
     "compiled_modules": "`LightningModule`",
+    "memory": {"parameters": {"total": 4}, "gradients": 4, "optimizer_state": {"total": 8}, "optimizers": ["SGD"]},
     "dataloaders": {
         "train": {
             "num_workers": 3,
@@ -109,6 +110,7 @@ def test_run_facts_reads_the_run_and_the_stages_dataloader():
         epochs=7,
         peak_flops=312e12,
         compiled_modules="`LightningModule`",
+        memory=RUN["memory"],
     )
     validate = run_facts(RUN, "validate")
     assert (validate.num_workers, validate.pin_memory, validate.batch_size) == (0, False, 128)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from lightning_perf.records import CompileStats, EpochSummary, TraceSummary
 
@@ -44,6 +44,7 @@ class RunFacts:
     optimizer_fused: bool | None = None  # it was built with fused=True (False: not; None: unknown or no such option)
     optimizer_fusable: bool | None = None  # a torch optimizer with a fused implementation (Adam, AdamW, SGD, Adagrad)
     compiled_modules: str | None = None  # the modules `nn.Module.compile()` was called on, named, at setup
+    memory: Mapping[str, Any] | None = None  # run.memory: what fills memory (summarize.memory.memory_report)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,7 @@ from lightning_perf.diagnose.rules_compute import low_mfu
 from lightning_perf.diagnose.rules_data import dataloader_bound, h2d_copy
 from lightning_perf.diagnose.rules_device import cpu_threads, device_idle, host_sync, launch_bound, precision
 from lightning_perf.diagnose.rules_distributed import communication_bound, rank_straggler
-from lightning_perf.diagnose.rules_memory import memory_growth, memory_pressure
+from lightning_perf.diagnose.rules_memory import memory_breakdown, memory_growth, memory_pressure
 from lightning_perf.diagnose.rules_step import framework_overhead, optimizer_heavy, step_time_unstable, validation_heavy
 from lightning_perf.diagnose.thresholds import Thresholds
 
@@ -39,6 +39,7 @@ RULES: dict[str, Rule] = {
         h2d_copy,
         precision,
         memory_pressure,
+        memory_breakdown,
         memory_growth,
         optimizer_heavy,
         validation_heavy,

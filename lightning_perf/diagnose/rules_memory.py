@@ -2,8 +2,9 @@
 Memory rules
 ============
 
-``memory_pressure`` (the GPU's memory is nearly full) and ``memory_growth`` (host or GPU memory rises epoch
-after epoch: a leak).
+``memory_pressure`` (the GPU's memory is nearly full), ``memory_breakdown`` (what fills memory, and the cures
+for its largest part, from ``run.memory``) and ``memory_growth`` (host or GPU memory rises epoch after epoch: a
+leak).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
+from lightning_perf.diagnose.out_of_memory import memory_cures
 from lightning_perf.diagnose.rule_helpers import (
     FP32_PRECISIONS,
     batch_end_hook,
@@ -23,7 +25,7 @@ from lightning_perf.diagnose.rule_helpers import (
 )
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary
-from lightning_perf.units import limit, percent, size
+from lightning_perf.units import limit, percent, signed_size, size
 
 
 def memory_pressure(ctx: StageEpoch, t: Thresholds) -> Finding | None:
@@ -83,6 +85,73 @@ def memory_pressure(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         "memory_pressure",
         severity,
         f"GPU memory {percent(fraction)} full during {stage_name(ctx.stage).lower()}",
+        evidence,
+        advice,
+    )
+
+
+# The parts memory_breakdown names, with the cures (memory_cures) that shrink each: a cure's text names its part.
+_PART_CURES = {
+    "optimizer state": ("FSDPStrategy", "SGD"),
+    "parameters": ("FSDPStrategy", "bf16-true"),
+    "gradients": ("FSDPStrategy", "bf16-true"),
+    "activations and temporaries": ("bf16-mixed", "accumulate_grad_batches"),
+    "allocator overhead": ("expandable_segments",),
+}
+
+
+def memory_breakdown(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """What fills memory in training, and the cures for its largest part with their predicted savings.
+
+    Notes:
+        1. Reads ``run.memory`` (``RunFacts.memory``): the parts the model holds and, on CUDA, the activations and
+           the allocator's overhead.
+        2. Information (``verbose=2`` shows it), a warning where the epoch's peak reserved memory reaches
+           ``memory_tight`` of the device: then the cures are what keeps the next larger batch from an
+           out-of-memory error.
+        3. The largest part's cures first (:func:`~lightning_perf.diagnose.out_of_memory.memory_cures`), then the
+           others, largest saving first.
+    """
+    memory = ctx.facts.memory
+    if ctx.stage != "train" or not memory:
+        return None
+    parts = {
+        "parameters": memory["parameters"]["total"],
+        "gradients": memory["gradients"],
+        "optimizer state": memory["optimizer_state"]["total"],
+        "activations and temporaries": memory.get("activations") or 0,
+        "allocator overhead": memory.get("allocator_overhead") or 0,
+    }
+    total = sum(parts.values())
+    if total <= 0:
+        return None
+    largest = max(parts, key=lambda name: parts[name])
+    epoch = ctx.epoch
+    reserved, capacity = epoch.cuda_max_reserved, epoch.cuda_capacity
+    tight = (
+        reserved is not None and capacity is not None and capacity > 0 and reaches(reserved / capacity, t.memory_tight)
+    )
+    evidence = [", ".join(f"{name} {signed_size(value)}" for name, value in parts.items() if value)]
+    if tight and reserved is not None and capacity is not None:
+        evidence.append(f"peak reserved {size(reserved)} of {size(capacity)} (warning >= {limit(t.memory_tight)})")
+    elif memory.get("activations") is None:
+        evidence.append("activations are measured on CUDA only")
+    cures = memory_cures(memory, world_size=ctx.facts.world_size, precision=ctx.facts.precision)
+    first = [c for c in cures if any(key in c[0] for key in _PART_CURES.get(largest, ()))]
+    ordered = first + [c for c in cures if c not in first]
+    advice = [
+        "What would shrink it, with the predicted savings: "
+        + "; ".join(f"{text}: about {signed_size(saving)}" for text, saving in ordered)
+        + "."
+        if ordered
+        else "Nothing counted here has a cure that shrinks it."
+    ]
+    return finding(
+        ctx,
+        "memory_breakdown",
+        "warning" if tight else "info",
+        f"The largest part of training memory: {largest}, {percent(parts[largest] / total)}"
+        f" ({signed_size(parts[largest])})",
         evidence,
         advice,
     )

@@ -115,6 +115,11 @@ MEMORY_PRESSURE_CRITICAL = 0.97
 # `expandable_segments` is the first thing to try (our judgment; PyTorch's CUDA memory notes describe it).
 MEMORY_FRAGMENTATION = 0.20
 
+# --- memory_breakdown ------------------------------------------------------------------------------------
+# Issue 24: the breakdown's cures are a warning from 85% of the device reserved at the peak (one step of 15% more,
+# a longer sequence or a larger batch, from the 97% where memory_pressure turns critical); below, information.
+MEMORY_TIGHT = 0.85
+
 # --- memory_growth --------------------------------------------------------------------------------------
 # Our judgment: a leak shows as a peak that rises epoch after epoch. Three epochs (two rises) tell a trend
 # from a one-time warm-up step; 10% and 100 MiB together keep allocator and RSS noise out while still
@@ -304,6 +309,7 @@ class Thresholds:
         memory_pressure_warning, memory_pressure_critical: ``memory_pressure``: peak reserved / capacity.
         memory_fragmentation: ``memory_pressure`` advice: (reserved - allocated) / reserved from which the
             advice leads with the allocator's ``expandable_segments``.
+        memory_tight: ``memory_breakdown``: peak reserved / capacity from which its cures are a warning.
         memory_growth_epochs: ``memory_growth``: epochs (this one included) the peak must not fall over.
         memory_growth_fraction, memory_growth_bytes: ``memory_growth``: total rise over those epochs,
             relative and absolute; both must be reached.
@@ -369,6 +375,7 @@ class Thresholds:
     memory_pressure_warning: float = declared(FRACTION, MEMORY_PRESSURE_WARNING)
     memory_pressure_critical: float = declared(FRACTION, MEMORY_PRESSURE_CRITICAL)
     memory_fragmentation: float = declared(FRACTION, MEMORY_FRAGMENTATION)
+    memory_tight: float = declared(FRACTION, MEMORY_TIGHT)
     memory_growth_epochs: int = declared(COUNT, MEMORY_GROWTH_EPOCHS)
     memory_growth_fraction: float = declared(NON_NEGATIVE, MEMORY_GROWTH_FRACTION)
     memory_growth_bytes: int = declared(BYTES, MEMORY_GROWTH_BYTES)

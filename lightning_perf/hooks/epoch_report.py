@@ -363,6 +363,14 @@ class EpochReporter:
         compiled = self.compile_stats.get((stage, summary.epoch))
         if ranks:
             self.ranks[(stage, summary.epoch)] = ranks
+        memory = None
+        if stage == "train":
+            try:
+                memory = self.memory.report(trainer, summary, self.run_info)
+                if warning := self.memory.empty_cache_warning(summary):
+                    self._policy.warn_once("empty_cache", warning)
+            except Exception as err:
+                self._policy.fail(None, err)
         findings = self._diagnose(summary, trainer, ranks) if trainer.is_global_zero else []
         if self._batch_size.failed:
             self._policy.warn_once(
@@ -381,14 +389,6 @@ class EpochReporter:
             )
             if ranks:
                 self.outputs.add_text(RANKS_TAG.format(stage=stage), ranks_markdown(summary, ranks), step)
-        memory = None
-        if stage == "train":
-            try:
-                memory = self.memory.report(trainer, summary, self.run_info)
-                if warning := self.memory.empty_cache_warning(summary):
-                    self._policy.warn_once("empty_cache", warning)
-            except Exception as err:
-                self._policy.fail(None, err)
         if trainer.is_global_zero:
             if memory and self.config.verbose:
                 say(trainer, memory)

@@ -78,8 +78,9 @@ RANK_FIELDS = _fields_of(RankSummary)
 FINDING_FIELDS = _fields_of(Finding, annotations={"severity": "str"})
 WINDOW_FIELDS = _fields_of(WindowRecord, skip=("operators", "summary"))  # as the report writes a window
 TRACE_SUMMARY_FIELDS = _fields_of(TraceSummary)
-RUN_FIELDS = _fields_of(RunFacts, skip=DATALOADER_FACTS)
-DATALOADER_FIELDS = tuple(f for f in _fields_of(RunFacts) if f.name in DATALOADER_FACTS)
+# run.memory is a nested mapping: report.json_report.report_memory checks it where it is read.
+RUN_FIELDS = _fields_of(RunFacts, skip=DATALOADER_FACTS | {"memory"})
+DATALOADER_FIELDS = tuple(f for f in _fields_of(RunFacts, skip=("memory",)) if f.name in DATALOADER_FACTS)
 COMPILE_LISTS = ("break_sites", "recompile_guards", "steps")  # CompileStats' tuples, checked item by item
 COMPILE_FIELDS = _fields_of(CompileStats, skip=COMPILE_LISTS)
 GRAPH_BREAK_FIELDS = _fields_of(GraphBreak)

@@ -321,6 +321,16 @@ def with_stage(context: StageEpoch, stage: str) -> StageEpoch:
 
 
 # Remedies that need a CUDA device (or, `foreach`, pay only there: on CPU it runs the same per-parameter loop).
+# run.memory of a 1B-parameter fp32 model with Adam (summarize.memory.memory_report's shape).
+ADAM_MEMORY = {
+    "parameters": {"total": 4 * GiB, "trainable": 4 * GiB, "frozen": 0, "by_dtype": {"float32": 4 * GiB}},
+    "gradients": 4 * GiB,
+    "optimizer_state": {"total": 8 * GiB, "by_entry": {"exp_avg": 4 * GiB, "exp_avg_sq": 4 * GiB}},
+    "master_copies": 0,
+    "optimizers": ["Adam"],
+    "activations": None,
+    "allocator_overhead": None,
+}
 CUDA_ONLY = (
     "cuda", "gpu", "nccl", "nvidia", "cudnn", "tensor core", "pin_memory=True", "non_blocking",
     "expandable_segments", "foreach=True",
@@ -332,6 +342,7 @@ TRAINING_ONLY = (
     "loss scaler", "gradient_as_bucket_view",
 )  # fmt: skip
 TRAINING_RULES = {
+    "memory_breakdown",
     "optimizer_heavy",
     "validation_heavy",
     "rank_straggler",
@@ -388,6 +399,15 @@ ADVICE_CASES = {
     },
     "memory_pressure": {
         "cuda": [gpu_ctx(gpu_epoch(cuda_max_reserved=79 * GiB, cuda_max_allocated=50 * GiB), facts=FP32_GPU)]
+    },
+    "memory_breakdown": {
+        "cpu": [ctx(facts=facts(CPU, memory=ADAM_MEMORY))],
+        "cuda": [
+            gpu_ctx(
+                gpu_epoch(cuda_max_reserved=70 * GiB, cuda_max_allocated=60 * GiB),
+                facts=facts(FP32_GPU, memory={**ADAM_MEMORY, "activations": 40 * GiB, "allocator_overhead": 10 * GiB}),
+            )
+        ],
     },
     "memory_growth": {
         "cpu": [with_history(1000, 1100, 1200)],
@@ -484,10 +504,31 @@ def test_advice_fits_the_device_and_the_stage(rule_id, device, case, stage):
 def test_catalogue_ids_and_order_are_fixed():
     assert list(RULES) == [
         "cpu_contention", "dataloader_bound", "host_sync", "device_idle", "launch_bound", "h2d_copy", "precision",
-        "memory_pressure", "memory_growth", "optimizer_heavy", "validation_heavy", "framework_overhead",
-        "step_time_unstable", "compile_graph_breaks", "compile_recompiles", "compile_time", "compile_unused",
-        "communication_bound", "rank_straggler", "cpu_threads",
+        "memory_pressure", "memory_breakdown", "memory_growth", "optimizer_heavy", "validation_heavy",
+        "framework_overhead", "step_time_unstable", "compile_graph_breaks", "compile_recompiles", "compile_time",
+        "compile_unused", "communication_bound", "rank_straggler", "cpu_threads",
     ]  # fmt: skip
+
+
+# --- memory_breakdown ---------------------------------------------------------------------------------------
+
+
+def test_memory_breakdown_names_the_largest_part_and_its_cures_first_and_warns_when_memory_is_tight():
+    info = run("memory_breakdown", ctx(facts=facts(CPU, memory=ADAM_MEMORY)))
+    assert (
+        info.severity == "info" and info.title == "The largest part of training memory: optimizer state, 50% (8.0 GiB)"
+    )
+    assert info.advice.startswith("What would shrink it, with the predicted savings: an optimizer with one state")
+    assert "activations are measured on CUDA only" in info.evidence
+    tight = gpu_ctx(
+        gpu_epoch(cuda_max_reserved=70 * GiB, cuda_max_allocated=60 * GiB),
+        facts=facts(FP32_GPU, memory={**ADAM_MEMORY, "activations": 40 * GiB, "allocator_overhead": 10 * GiB}),
+    )
+    f = run("memory_breakdown", tight)
+    assert f.severity == "warning" and "activations and temporaries, 60%" in f.title  # 40 of 66 GiB
+    assert f.advice.startswith('What would shrink it, with the predicted savings: `Trainer(precision="bf16-mixed")`')
+    assert "peak reserved 70.0 GiB of 80.0 GiB (warning >= 85%)" in f.evidence
+    assert run("memory_breakdown", ctx(facts=CPU)) is None  # not counted (validate, test, predict; no training)
 
 
 # --- dataloader_bound: tests/diagnose/test_loader_advice.py---------------------------------------------------

@@ -437,7 +437,9 @@ def test_a_real_run_s_page_in_a_browser(tmp_path):
     rendered = browser.render(path, artifact="run-page", height=3200)
     assert rendered.console == []
     assert list(rendered.charts.values()) == [True] * len(figures)  # every chart drawn
-    assert len(figures) == 2 + 5 + 4 + 1 + 1  # per batch, per epoch, 4 windows' breakdowns, FLOP/s, modules
+    # per batch, per epoch, 4 windows' breakdowns, FLOP/s, modules, what fills memory
+    assert len(figures) == 2 + 5 + 4 + 1 + 1 + 1
+    assert "What fills memory" in rendered.dom and "optimizer state" in rendered.text
     assert '<div class="finding ' in rendered.dom
     assert rendered.dom.count('<table class="sortable"><thead><tr><th class="">Operator</th>') == 4
     assert f"<title>{TITLE}</title>" in rendered.dom  # the label's script did not run
