@@ -12,8 +12,9 @@ that dominates, each with its predicted saving in bytes, from the breakdown alon
 - **fp32 parameters and gradients**: ``precision="bf16-true"`` halves them (``"bf16-mixed"`` does not: it keeps
   fp32 weights and casts per op);
 - **activations** (measured on CUDA): ``precision="bf16-mixed"`` from fp32 about halves them, as does half the
-  batch with ``accumulate_grad_batches=2`` (the same effective batch); activation checkpointing trades compute
-  for them;
+  batch with ``accumulate_grad_batches=2`` (the same effective batch); activation checkpointing around the block
+  that saves the most for the backward (``run.memory.blocks``, counted on the FLOP-counted batch, on any device)
+  frees about that, less its input, trading a second forward through it;
 - **allocator overhead** (reserved but not allocated): ``expandable_segments`` returns up to all of it.
 
 Where the error says how much it tried to allocate and how much was free (CUDA's message does), a cure whose
@@ -74,9 +75,21 @@ def memory_cures(
             cures.append(('`Trainer(precision="bf16-mixed")`: activations in bf16', activations // 2))
         cures.append(
             (
-                "half the `batch_size` with `Trainer(accumulate_grad_batches=2)` (the same effective batch), or"
-                " activation checkpointing (`torch.utils.checkpoint.checkpoint` around the largest blocks)",
+                "half the `batch_size` with `Trainer(accumulate_grad_batches=2)` (the same effective batch)",
                 activations // 2,
+            )
+        )
+    blocks = [(str(name), int(nbytes)) for name, nbytes in memory.get("blocks") or ()]
+    if blocks:
+        name, inside = blocks[0]
+        others = ", ".join(f"`{n}` ({signed_size(b)})" for n, b in blocks[1:])
+        cures.append(
+            (
+                f"activation checkpointing around `{name}`, which saves {signed_size(inside)} a batch for the backward"
+                + (f", and next {others}" if others else "")
+                + " (`torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False)` in place of `module(x)`"
+                " in `forward`)",
+                min(inside, activations) if activations else inside,
             )
         )
     overhead = memory.get("allocator_overhead")

@@ -185,7 +185,7 @@ class EpochReporter:
         self._report: ReportFile | None = None  # on rank zero, from the first write on
         self.flops = FlopCounting(batch_size)  # the training batches' FLOP counts, per sample as the epoch counts them
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
-        self.memory = MemoryTracking()  # what the model holds, counted after each training epoch's first batch
+        self.memory = MemoryTracking(self.flops)  # what the model holds, after each training epoch's first batch
         self.oom: Finding | None = None  # an out-of-memory error's finding, until its epoch is reported
         #: A batch's end has work to do (:meth:`batch_ended`): a plain attribute, read after every batch.
         self.batch_due = False
@@ -336,15 +336,15 @@ class EpochReporter:
     def batch_ended(self, stage: str, trainer: pl.Trainer) -> None:
         """A batch that :attr:`batch_due` marked has ended: its FLOP count is kept, the model's memory counted."""
         if self.flops.active:
-            self.flops_batch_end()
+            self.flops_batch_end(trainer)
         if stage == "train" and self.memory.due:
             self._policy.safely(None, self.memory.count, trainer)
         self.batch_due = self.flops.active
 
-    def flops_batch_end(self) -> None:
+    def flops_batch_end(self, trainer: pl.Trainer) -> None:
         """The training batch being counted has ended: its count is kept (:meth:`flops_counted`)."""
         try:
-            record = self.flops.batch_end()
+            record = self.flops.batch_end(trainer.lightning_module)
             if record is not None:
                 self.flops_counted(record)
         except Exception as err:

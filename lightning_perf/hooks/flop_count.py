@@ -24,6 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torch import nn
+
+from lightning_perf.collect.activations import SavedSizes
 from lightning_perf.collect.flops import BatchFlopCounter, BatchFlops
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.peak_table import dtype_for, peak_flops
@@ -104,6 +107,9 @@ class FlopCounting:
         #: A batch is being counted (a plain attribute: the callback reads it after every batch).
         self.active = False
         self._first_too = False  # offer the epoch's first batch: the last epoch had none after it
+        self._outputs = SavedSizes()  # what the counted batch saves for its backward, by module (the first count)
+        #: The blocks that save the most for the backward, ``(name, bytes)``, from the first count.
+        self.blocks: tuple[tuple[str, int], ...] = ()
 
     def epoch_start(self) -> None:
         """A training epoch starts: its first batch outside a window is offered (Notes 1)."""
@@ -119,11 +125,17 @@ class FlopCounting:
         if not self._counter.wants(batch):
             return False
         self._counter.start(batch)
+        if not self.counts:
+            self._outputs.start()
         self.active = True
         return True
 
-    def batch_end(self) -> BatchFlops | None:
-        """The counted batch's record, when one was being counted."""
+    def batch_end(self, root: nn.Module | None = None) -> BatchFlops | None:
+        """The counted batch's record, when one was being counted; ``root``: the module whose blocks are named
+        (:attr:`blocks`)."""
+        if self._outputs.active and root is not None:
+            self.blocks = self._outputs.stop(root)
+        self._outputs.cancel()
         if not self._counter.active:
             return None
         self.active = False
@@ -134,4 +146,5 @@ class FlopCounting:
     def cancel(self) -> None:
         """Leaves a count under way, if any (an exception, the end of the run)."""
         self.active = False
+        self._outputs.cancel()
         self._counter.cancel()

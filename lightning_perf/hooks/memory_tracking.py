@@ -20,6 +20,7 @@ import lightning.pytorch as pl
 from lightning_perf.collect.empty_cache import EmptyCacheCounter
 from lightning_perf.collect.memory import CudaMemory, device_use
 from lightning_perf.collect.model_memory import model_memory
+from lightning_perf.hooks.flop_count import FlopCounting
 from lightning_perf.records import EpochSummary, ModelMemory
 from lightning_perf.report.memory import memory_line
 from lightning_perf.summarize.memory import memory_report
@@ -28,7 +29,8 @@ from lightning_perf.summarize.memory import memory_report
 class MemoryTracking:
     """The model's memory, counted after each training epoch's first batch and reported at the epoch's end."""
 
-    def __init__(self) -> None:
+    def __init__(self, flops: FlopCounting | None = None) -> None:
+        self._flops = flops  # its counted batch names the blocks that make the most activations
         self.due = False  # the epoch's first training batch is still to be counted
         self.empty_cache = EmptyCacheCounter()  # calls of torch.cuda.empty_cache() in the training epoch
         self.model: ModelMemory | None = None  # the latest count
@@ -64,7 +66,7 @@ class MemoryTracking:
         CUDA ``peaks`` of the failing epoch, in ``run_info["memory"]``; returns it."""
         self.count(trainer)
         assert self.model is not None
-        run_info["memory"] = memory = self._breakdown(trainer, self.model, epoch, peaks)
+        run_info["memory"] = memory = self._breakdown(trainer, self.model, epoch, peaks, self._blocks())
         return memory
 
     def report(self, trainer: pl.Trainer, summary: EpochSummary, run_info: dict[str, Any]) -> str | None:
@@ -77,13 +79,20 @@ class MemoryTracking:
         peaks = None
         if summary.cuda_max_allocated is not None and summary.cuda_max_reserved is not None:
             peaks = (summary.cuda_max_allocated, summary.cuda_max_reserved)
-        run_info["memory"] = memory = self._breakdown(trainer, model, summary.epoch, peaks)
+        run_info["memory"] = memory = self._breakdown(trainer, model, summary.epoch, peaks, self._blocks())
         changed, self._said = model != self._said, model
         return memory_line(memory) if changed else None
 
+    def _blocks(self) -> tuple[tuple[str, int], ...]:
+        return self._flops.blocks if self._flops is not None else ()
+
     @staticmethod
     def _breakdown(
-        trainer: pl.Trainer, model: ModelMemory, epoch: int, peaks: CudaMemory | tuple[int, int] | None
+        trainer: pl.Trainer,
+        model: ModelMemory,
+        epoch: int,
+        peaks: CudaMemory | tuple[int, int] | None,
+        blocks: tuple[tuple[str, int], ...],
     ) -> dict[str, Any]:
         device = trainer.strategy.root_device
         use = device_use(device) if device.type == "cuda" else None
@@ -97,4 +106,5 @@ class MemoryTracking:
             reserved_now=use[0] if use else None,
             device_used=use[1] if use else None,
             device_total=use[2] if use else None,
+            blocks=blocks,
         )

@@ -18,6 +18,7 @@ arithmetic, tested with plain numbers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from lightning_perf.records import ModelMemory
@@ -32,6 +33,7 @@ def memory_report(
     reserved_now: int | None = None,
     device_used: int | None = None,
     device_total: int | None = None,
+    blocks: Sequence[tuple[str, int]] = (),
 ) -> dict[str, Any]:
     """``run.memory``: the model's parts, and where the device's figures are given, the rest.
 
@@ -41,6 +43,8 @@ def memory_report(
         peak_allocated, peak_reserved: The epoch's CUDA allocator peaks (``None`` off CUDA).
         reserved_now, device_used, device_total: The allocator's reserved bytes, the device's bytes in use and its
             size, read together (``None`` off CUDA).
+        blocks: The blocks that save the most for the backward, ``(name, bytes a batch)``
+            (:class:`~lightning_perf.collect.activations.SavedSizes`): the modules to checkpoint.
     """
     on_device = model.device == "cuda"
     activations = overhead = outside = free = None
@@ -70,6 +74,7 @@ def memory_report(
         "outside_allocator": outside,
         "device_total": device_total,
         "free": free,
+        "blocks": [[name, nbytes] for name, nbytes in blocks],
     }
 
 

@@ -63,3 +63,12 @@ def test_the_finding_says_where_and_puts_the_cures_that_fit_first():
 def test_without_a_breakdown_the_advice_is_the_general_one():
     f = out_of_memory_finding({**FAILURE, "batch": None, "batch_shapes": []}, None)
     assert f.title == "Training ran out of memory at epoch 2" and "accumulate_grad_batches" in f.advice
+
+
+def test_checkpointing_names_the_blocks_that_save_the_most():
+    memory = {**MEMORY, "blocks": [["encoder.layers.0", 3 * GIB], ["encoder.layers.1", 3 * GIB]]}
+    cure = next((text, s) for text, s in memory_cures(memory) if "checkpointing" in text)
+    assert cure[0].startswith("activation checkpointing around `encoder.layers.0`, which saves 3.0 GiB a batch")
+    assert "and next `encoder.layers.1` (3.0 GiB)" in cure[0] and cure[1] == 3 * GIB
+    off_cuda = {**memory, "activations": None}  # the saving is the block's, where activations are not measured
+    assert dict(memory_cures(off_cuda))[cure[0]] == 3 * GIB
