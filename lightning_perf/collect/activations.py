@@ -23,9 +23,12 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 BLOCKS = 3
-"""Blocks named: those that save the most."""
-MAX_DEPTH = 3
-"""Blocks at most this deep in the module tree (``encoder.layers.0`` is 3): the granularity one checkpoints at."""
+"""Blocks named: those that save the most, none inside another."""
+MAX_DEPTH = 6
+"""Blocks at most this deep in the module tree (``model.bert.encoder.layer.0`` is 5)."""
+MAX_SHARE = 0.5
+"""A block that saves more than this share of the batch's whole is not named: checkpointed, it recomputes that
+much at once in the backward, so the step's peak barely falls (a wrapper of the whole model, ``model.bert``)."""
 
 
 class SavedSizes:
@@ -35,6 +38,7 @@ class SavedSizes:
         self._bytes: dict[int, int] = {}
         self._seen: set[tuple[str, int]] = set()
         self._stack: list[int] = []
+        self._outside = 0  # saved outside any module (the loss, the step's own code)
         self._exits: contextlib.ExitStack | None = None
 
     @property
@@ -44,7 +48,7 @@ class SavedSizes:
     def start(self) -> None:
         """Starts: what the forward saves from now until :meth:`stop`, on this thread."""
         self.cancel()
-        self._bytes, self._seen, self._stack = {}, set(), []
+        self._bytes, self._seen, self._stack, self._outside = {}, set(), [], 0
         with contextlib.ExitStack() as exits:
             handles: list[RemovableHandle] = [
                 nn.modules.module.register_module_forward_pre_hook(self._enter),
@@ -64,29 +68,41 @@ class SavedSizes:
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         base = tensor._base if tensor._base is not None else tensor
-        if self._stack and not (base.is_leaf and base.requires_grad):  # a parameter (or a view of one): no activation
+        if not (base.is_leaf and base.requires_grad):  # a parameter (or a view of one) is no activation
             storage = tensor.untyped_storage()
             key = (str(tensor.device), storage.data_ptr())
             if key not in self._seen and key[1]:
                 self._seen.add(key)
-                self._bytes[self._stack[-1]] = self._bytes.get(self._stack[-1], 0) + storage.nbytes()
+                if self._stack:
+                    self._bytes[self._stack[-1]] = self._bytes.get(self._stack[-1], 0) + storage.nbytes()
+                else:
+                    self._outside += storage.nbytes()
         return tensor
 
+    @property
+    def total(self) -> int:
+        """Every byte saved for the backward so far (in modules or not): the batch's activations."""
+        return sum(self._bytes.values()) + self._outside
+
     def stop(self, root: nn.Module) -> tuple[tuple[str, int], ...]:
-        """Stops, and returns the :data:`BLOCKS` blocks of ``root`` (modules with children, at most :data:`MAX_DEPTH`
-        deep, not ``root`` itself, not a container of blocks) that saved the most, ``(qualified name, bytes)``,
-        largest first."""
+        """Stops, and returns the :data:`BLOCKS` blocks of ``root`` that saved the most, ``(qualified name, bytes)``,
+        largest first: modules with children, at most :data:`MAX_DEPTH` deep, neither ``root`` nor a container of
+        blocks, at most :data:`MAX_SHARE` of the whole, none inside another named one."""
         self.cancel()
-        sizes = self._bytes
-        blocks: list[tuple[str, int]] = []
+        sizes, total = self._bytes, self.total
+        candidates: list[tuple[str, int]] = []
         for name, module in root.named_modules():
             if not name or name.count(".") >= MAX_DEPTH or not _has_children(module) or _list_of_blocks(module):
                 continue
             saved = sum(sizes.get(id(m), 0) for m in module.modules())
-            if saved > 0:
-                blocks.append((name, saved))
-        blocks.sort(key=lambda block: -block[1])
-        return tuple(blocks[:BLOCKS])
+            if 0 < saved <= MAX_SHARE * total:
+                candidates.append((name, saved))
+        candidates.sort(key=lambda block: -block[1])
+        named: list[tuple[str, int]] = []
+        for name, saved in candidates:
+            if not any(_nested(name, other) for other, _ in named):
+                named.append((name, saved))
+        return tuple(named[:BLOCKS])
 
     def cancel(self) -> None:
         """Removes the hooks, if any: safe to call at any time."""
@@ -108,3 +124,8 @@ def _list_of_blocks(module: nn.Module) -> bool:
     if not isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
         return False
     return sum(1 for child in module.children() if _has_children(child)) >= 2
+
+
+def _nested(name: str, other: str) -> bool:
+    """One of two qualified module names is inside the other (or they are the same)."""
+    return name == other or name.startswith(other + ".") or other.startswith(name + ".")

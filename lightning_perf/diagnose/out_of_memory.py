@@ -69,7 +69,7 @@ def memory_cures(
                 int((fp32 + grads * share) / 2),
             )
         )
-    activations = memory.get("activations")
+    activations = memory.get("activations") or memory.get("activations_saved")
     if activations:
         if precision is None or precision in FP32_PRECISIONS:
             cures.append(('`Trainer(precision="bf16-mixed")`: activations in bf16', activations // 2))

@@ -95,7 +95,8 @@ _PART_CURES = {
     "optimizer state": ("FSDPStrategy", "SGD"),
     "parameters": ("FSDPStrategy", "bf16-true"),
     "gradients": ("FSDPStrategy", "bf16-true"),
-    "activations and temporaries": ("bf16-mixed", "accumulate_grad_batches"),
+    "activations and temporaries": ("bf16-mixed", "accumulate_grad_batches", "checkpointing"),
+    "activations saved for the backward": ("bf16-mixed", "accumulate_grad_batches", "checkpointing"),
     "allocator overhead": ("expandable_segments",),
 }
 
@@ -120,6 +121,7 @@ def memory_breakdown(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         "gradients": memory["gradients"],
         "optimizer state": memory["optimizer_state"]["total"],
         "activations and temporaries": memory.get("activations") or 0,
+        "activations saved for the backward": 0 if memory.get("activations") else memory.get("activations_saved") or 0,
         "allocator overhead": memory.get("allocator_overhead") or 0,
     }
     total = sum(parts.values())
@@ -134,7 +136,7 @@ def memory_breakdown(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     evidence = [", ".join(f"{name} {signed_size(value)}" for name, value in parts.items() if value)]
     if tight and reserved is not None and capacity is not None:
         evidence.append(f"peak reserved {size(reserved)} of {size(capacity)} (warning >= {limit(t.memory_tight)})")
-    elif memory.get("activations") is None:
+    elif memory.get("activations") is None and not memory.get("activations_saved"):
         evidence.append("activations are measured on CUDA only")
     cures = memory_cures(memory, world_size=ctx.facts.world_size, precision=ctx.facts.precision)
     first = [c for c in cures if any(key in c[0] for key in _PART_CURES.get(largest, ()))]

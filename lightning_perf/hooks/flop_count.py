@@ -110,6 +110,8 @@ class FlopCounting:
         self._outputs = SavedSizes()  # what the counted batch saves for its backward, by module (the first count)
         #: The blocks that save the most for the backward, ``(name, bytes)``, from the first count.
         self.blocks: tuple[tuple[str, int], ...] = ()
+        #: The bytes that batch saved for the backward in all (its activations); ``None`` before.
+        self.saved: int | None = None
 
     def epoch_start(self) -> None:
         """A training epoch starts: its first batch outside a window is offered (Notes 1)."""
@@ -134,7 +136,7 @@ class FlopCounting:
         """The counted batch's record, when one was being counted; ``root``: the module whose blocks are named
         (:attr:`blocks`)."""
         if self._outputs.active and root is not None:
-            self.blocks = self._outputs.stop(root)
+            self.blocks, self.saved = self._outputs.stop(root), self._outputs.total
         self._outputs.cancel()
         if not self._counter.active:
             return None

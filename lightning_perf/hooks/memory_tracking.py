@@ -66,7 +66,7 @@ class MemoryTracking:
         CUDA ``peaks`` of the failing epoch, in ``run_info["memory"]``; returns it."""
         self.count(trainer)
         assert self.model is not None
-        run_info["memory"] = memory = self._breakdown(trainer, self.model, epoch, peaks, self._blocks())
+        run_info["memory"] = memory = self._breakdown(trainer, self.model, epoch, peaks, self._activations())
         return memory
 
     def report(self, trainer: pl.Trainer, summary: EpochSummary, run_info: dict[str, Any]) -> str | None:
@@ -79,12 +79,13 @@ class MemoryTracking:
         peaks = None
         if summary.cuda_max_allocated is not None and summary.cuda_max_reserved is not None:
             peaks = (summary.cuda_max_allocated, summary.cuda_max_reserved)
-        run_info["memory"] = memory = self._breakdown(trainer, model, summary.epoch, peaks, self._blocks())
+        run_info["memory"] = memory = self._breakdown(trainer, model, summary.epoch, peaks, self._activations())
         changed, self._said = model != self._said, model
         return memory_line(memory) if changed else None
 
-    def _blocks(self) -> tuple[tuple[str, int], ...]:
-        return self._flops.blocks if self._flops is not None else ()
+    def _activations(self) -> tuple[tuple[tuple[str, int], ...], int | None]:
+        """The blocks that save the most for the backward, and what the counted batch saved in all."""
+        return (self._flops.blocks, self._flops.saved) if self._flops is not None else ((), None)
 
     @staticmethod
     def _breakdown(
@@ -92,7 +93,7 @@ class MemoryTracking:
         model: ModelMemory,
         epoch: int,
         peaks: CudaMemory | tuple[int, int] | None,
-        blocks: tuple[tuple[str, int], ...],
+        activations: tuple[tuple[tuple[str, int], ...], int | None],
     ) -> dict[str, Any]:
         device = trainer.strategy.root_device
         use = device_use(device) if device.type == "cuda" else None
@@ -106,5 +107,6 @@ class MemoryTracking:
             reserved_now=use[0] if use else None,
             device_used=use[1] if use else None,
             device_total=use[2] if use else None,
-            blocks=blocks,
+            blocks=activations[0],
+            saved=activations[1],
         )

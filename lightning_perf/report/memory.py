@@ -47,4 +47,6 @@ def memory_line(memory: Mapping[str, Any]) -> str:
     ]
     if device:
         return line + "; " + ", ".join(device)
+    if memory.get("activations_saved") is not None:
+        return line + f"; activations saved for the backward {signed_size(memory['activations_saved'])} a batch"
     return line + f"; activations are measured on CUDA only (the parameters are on {memory['device'] or 'no device'})"

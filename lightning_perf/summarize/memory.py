@@ -34,6 +34,7 @@ def memory_report(
     device_used: int | None = None,
     device_total: int | None = None,
     blocks: Sequence[tuple[str, int]] = (),
+    saved: int | None = None,
 ) -> dict[str, Any]:
     """``run.memory``: the model's parts, and where the device's figures are given, the rest.
 
@@ -45,6 +46,8 @@ def memory_report(
             size, read together (``None`` off CUDA).
         blocks: The blocks that save the most for the backward, ``(name, bytes a batch)``
             (:class:`~lightning_perf.collect.activations.SavedSizes`): the modules to checkpoint.
+        saved: The bytes the FLOP-counted batch saved for the backward in all: its activations, on any device
+            (the temporaries and the allocator's share are CUDA's ``activations`` only).
     """
     on_device = model.device == "cuda"
     activations = overhead = outside = free = None
@@ -75,18 +78,21 @@ def memory_report(
         "device_total": device_total,
         "free": free,
         "blocks": [[name, nbytes] for name, nbytes in blocks],
+        "activations_saved": saved,
     }
 
 
 def memory_parts(memory: dict[str, Any]) -> list[tuple[str, int]]:
     """The breakdown's parts in the order they stack, those with bytes only: parameters, gradients, optimizer
-    state, master copies, activations, allocator overhead, outside the allocator, free."""
+    state, master copies, activations (CUDA's peak less the rest, else what the counted batch saved for the
+    backward), allocator overhead, outside the allocator, free."""
     parts = [
         ("parameters", memory["parameters"]["total"]),
         ("gradients", memory["gradients"]),
         ("optimizer state", memory["optimizer_state"]["total"]),
         ("master copies", memory["master_copies"]),
         ("activations and temporaries", memory["activations"]),
+        ("activations saved for the backward", None if memory["activations"] else memory.get("activations_saved")),
         ("allocator overhead", memory["allocator_overhead"]),
         ("outside the allocator", memory["outside_allocator"]),
         ("free", memory["free"]),

@@ -227,6 +227,10 @@ def test_checkpointing_the_named_blocks_lowers_the_steps_peak(tmp_path):
     assert [name for name, _ in memory["blocks"]] == ["blocks.0", "blocks.1", "blocks.2"]
     inside = memory["blocks"][0][1]
     assert inside == 512 * (64 + 2 * 512) * 4
+    # In all: the three blocks, the stem's input, the head's input and the loss's two inputs; on the CPU the
+    # activations are what the batch saved.
+    assert memory["activations_saved"] == 3 * inside + 512 * (16 + 64 + 1 + 1) * 4
+    assert memory["activations"] is None
     advice = next(f for f in callback.findings_for("train") if f.id == "memory_breakdown").advice
     assert "activation checkpointing around `blocks.0`, which saves 2.1 MiB a batch for the backward" in advice
     torch.manual_seed(0)

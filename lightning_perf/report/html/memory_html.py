@@ -24,6 +24,7 @@ MEMORY_COLOURS = {
     "optimizer state": "#2ca02c",
     "master copies": "#9467bd",
     "activations and temporaries": "#d62728",
+    "activations saved for the backward": "#d62728",
     "allocator overhead": "#8c564b",
     "outside the allocator": "#7f7f7f",
     "free": "#e5e5e5",
@@ -68,7 +69,14 @@ def memory_html(run: Mapping[str, Any], *, charts: bool = True) -> str | None:
     entries = memory["optimizer_state"].get("by_entry") or {}
     state = ", ".join(f"{esc(str(k))} {esc(signed_size(v))}" for k, v in entries.items())
     optimizers = ", ".join(esc(str(name)) for name in memory["optimizers"]) or "no optimizer"
-    where = "" if memory.get("activations") is not None else " Activations are measured on CUDA only."
+    where = (
+        ""
+        if memory.get("activations") is not None
+        else " Activations: what one training batch saved for the backward (the peak's temporaries are measured on"
+        " CUDA only)."
+        if memory.get("activations_saved") is not None
+        else " Activations are measured on CUDA only."
+    )
     note = (
         f'<p class="note">Counted at the end of training epoch {esc(str(memory.get("epoch")))}, on'
         f" {esc(str(memory.get('device')))}; optimizer state of {optimizers}{': ' + state if state else ''}.{where}</p>"
