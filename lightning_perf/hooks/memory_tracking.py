@@ -19,7 +19,7 @@ import lightning.pytorch as pl
 
 from lightning_perf.collect.empty_cache import EmptyCacheCounter
 from lightning_perf.collect.memory import CudaMemory, device_use
-from lightning_perf.collect.model_memory import model_memory
+from lightning_perf.collect.model_memory import memory_signature, model_memory
 from lightning_perf.hooks.flop_count import FlopCounting
 from lightning_perf.records import EpochSummary, ModelMemory
 from lightning_perf.report.memory import memory_line
@@ -35,6 +35,7 @@ class MemoryTracking:
         self.empty_cache = EmptyCacheCounter()  # calls of torch.cuda.empty_cache() in the training epoch
         self.model: ModelMemory | None = None  # the latest count
         self._said: ModelMemory | None = None
+        self._signature: tuple[Any, ...] | None = None
 
     def epoch_start(self) -> None:
         """A training epoch starts: its first batch is to be counted, and its ``empty_cache`` calls."""
@@ -54,17 +55,21 @@ class MemoryTracking:
             " Remove the call; against fragmentation, set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`."
         )
 
-    def count(self, trainer: pl.Trainer) -> None:
-        """Counts what the model holds now (after a training batch: its gradients and the optimizer state exist)."""
+    def count(self, trainer: pl.Trainer, *, again: bool = False) -> None:
+        """Counts what the model holds now (after a training batch: its gradients and the optimizer state exist),
+        where it may have changed since the last count (:func:`memory_signature`), or ``again``."""
         self.due = False
-        self.model = model_memory(trainer.lightning_module, trainer.optimizers)
+        module, optimizers = trainer.lightning_module, trainer.optimizers
+        signature = memory_signature(module, optimizers)
+        if again or self.model is None or signature != self._signature:
+            self.model, self._signature = model_memory(module, optimizers), signature
 
     def at_failure(
         self, trainer: pl.Trainer, epoch: int, peaks: CudaMemory | None, run_info: dict[str, Any]
     ) -> dict[str, Any]:
         """Counts what the model holds as a run fails (its gradients as far as the step got) and puts it, with the
         CUDA ``peaks`` of the failing epoch, in ``run_info["memory"]``; returns it."""
-        self.count(trainer)
+        self.count(trainer, again=True)
         assert self.model is not None
         run_info["memory"] = memory = self._breakdown(trainer, self.model, epoch, peaks, self._activations())
         return memory

@@ -240,3 +240,26 @@ def test_checkpointing_the_named_blocks_lowers_the_steps_peak(tmp_path):
     # Measured: 8.9 MB -> 7.1 MB, 82% of the named block's 2.2 MB (gradients are allocated during the backward as
     # the activations are freed, so the peak does not fall by every block's worth).
     assert before - after >= 0.6 * inside, (before, after, inside)
+
+
+class Unfrozen(Tied):
+    """:class:`Tied` whose ``body`` trains from epoch 1 only (fine-tuning that unfreezes a layer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body.requires_grad_(False)
+
+    def on_train_epoch_start(self):
+        if self.current_epoch == 1:
+            self.body.requires_grad_(True)
+
+
+def test_the_memory_is_counted_again_and_said_when_layers_are_unfrozen(tmp_path, caplog):
+    callback = PerfCallback(max_windows=0)
+    with caplog.at_level(logging.INFO):
+        trainer(tmp_path, [callback], max_epochs=3).fit(Unfrozen())
+    said = [r.getMessage() for r in caplog.records if "lightning-perf: memory" in r.getMessage()]
+    assert [line.split(":")[1].strip() for line in said] == ["memory at training epoch 0", "memory at training epoch 1"]
+    assert "576 B frozen" in said[0] and "288 B frozen" in said[1]  # body's 288 B unfrozen
+    memory = callback.report["run"]["memory"]
+    assert memory["gradients"] == 320 + 288 + 144 and memory["epoch"] == 2
