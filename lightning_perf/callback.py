@@ -103,6 +103,9 @@ class PerfCallback(StageHooks, ResultsView):
             dense datasheet figure for the device (:func:`lightning_perf.peak_flops`), where it is known.
         profile_budget: The share of the run's time profiling may cost (:mod:`lightning_perf.budget`); ``None``:
             none. ``"auto"``: ``0.02`` with the default schedule, ``None`` with a ``schedule`` or ``batches`` of yours.
+        memory_history: On CUDA, record the allocator's history from the first training epoch (it costs: off by
+            default), and on an out-of-memory error save ``memory_snapshot.pickle`` beside the report (open it at
+            pytorch.org/memory_viz) and name its largest live allocations by call site in the report.
 
     Raises:
         ValueError: At construction, listing every invalid argument with its value and what is allowed.
@@ -150,30 +153,9 @@ class PerfCallback(StageHooks, ResultsView):
         strict: bool | None = None,
         peak_flops: float | None = None,
         profile_budget: float | Literal["auto"] | None = "auto",
+        memory_history: bool = False,
     ) -> None:
-        self.config = PerfConfig.build(
-            schedule=schedule,
-            batches=batches,
-            stages=stages,
-            max_windows=max_windows,
-            dirpath=dirpath,
-            record_shapes=record_shapes,
-            profile_memory=profile_memory,
-            with_stack=with_stack,
-            with_flops=with_flops,
-            row_limit=row_limit,
-            sort_by=sort_by,
-            tensorboard_compat=tensorboard_compat,
-            log_loss=log_loss,
-            batch_size_fn=batch_size_fn,
-            thresholds=thresholds,
-            verbose=verbose,
-            ranks=ranks,
-            max_trace_mb=max_trace_mb,
-            strict=strict,
-            peak_flops=peak_flops,
-            profile_budget=profile_budget,
-        )
+        self.config = PerfConfig.build(**{name: value for name, value in locals().items() if name != "self"})
         if (warning := schedule_warning(self.config.schedule)) is not None:
             rank_zero_warn(warning)
         self._policy = ErrorPolicy(self.config.strict)

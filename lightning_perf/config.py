@@ -203,6 +203,7 @@ class PerfConfig:
     strict: bool | None = declared(_STRICT, None)
     peak_flops: float | None = declared(_PEAK_FLOPS, None)
     profile_budget: float | None = None  # resolved by build: "auto" is a number or None
+    memory_history: bool = declared(_FLAG, False)
     #: The user chose the plan (a ``schedule`` or ``batches`` of their own), not the default schedule.
     chosen_plan: bool = False
 
@@ -271,6 +272,7 @@ class PerfConfig:
             peak_flops=None if kwargs.get("peak_flops") is None else float(kwargs["peak_flops"]),
             profile_budget=None if budget is None else DEFAULT_PROFILE_BUDGET if budget == "auto" else float(budget),
             chosen_plan=chosen,
+            memory_history=kwargs.get("memory_history", False),
         )
 
 

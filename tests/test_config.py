@@ -56,6 +56,7 @@ BAD_ARGUMENTS = [
     ({"profile_budget": 1.5}, r"profile_budget must be .*, got 1.5"),
     ({"profile_budget": "off"}, r"profile_budget must be .*, got 'off' \(string\)"),
     ({"strict": "yes"}, r"strict must be True, False or None \(from the environment\), got 'yes' \(string\)"),
+    ({"memory_history": "on"}, r"memory_history must be True or False, got 'on' \(string\)"),
 ]
 
 

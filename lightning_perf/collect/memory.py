@@ -10,7 +10,9 @@ returns ``None`` where its source does not exist (no ``/proc``, no CUDA), never 
 from __future__ import annotations
 
 import os
+import pickle
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -95,4 +97,34 @@ def device_use(device: torch.device) -> tuple[int, int, int] | None:
         free, total = torch.cuda.mem_get_info(device)
         return torch.cuda.memory_reserved(device), total - free, total
     except Exception:  # no CUDA, or the driver refused: these figures are optional
+        return None
+
+
+# Allocation events the CUDA allocator's history keeps (torch's own default): enough for the allocations alive at
+# an out-of-memory error and the steps before it.
+HISTORY_ENTRIES = 100_000
+
+
+def record_history(enabled: bool) -> bool:
+    """Starts (or stops) the CUDA allocator's history of allocations with their Python stacks
+    (``torch.cuda.memory._record_memory_history``); whether it could."""
+    try:
+        if enabled:
+            torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES)
+        else:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        return True
+    except Exception:  # no CUDA, or a torch without it: the history is optional
+        return False
+
+
+def history_snapshot(path: str) -> dict[str, Any] | None:
+    """Saves the allocator's snapshot (with its history) to ``path``, for pytorch.org/memory_viz, and returns it;
+    ``None`` where it cannot be taken. Host memory only: nothing is allocated on the device."""
+    try:
+        snapshot = torch.cuda.memory._snapshot()
+        with open(path, "wb") as f:
+            pickle.dump(snapshot, f)
+        return snapshot
+    except Exception:
         return None

@@ -223,7 +223,7 @@ class EpochReporter:
         """Closes what :attr:`outputs` opened, and puts ``torch.cuda.empty_cache`` back (at the end of a Trainer
         call). The loggers are Lightning's to flush: it finalizes (and so saves) each of them right after the
         callbacks' teardown."""
-        self.memory.empty_cache.uninstall()
+        self.memory.end()
         if self.outputs is not None:
             self.outputs.close()
 
@@ -242,7 +242,7 @@ class EpochReporter:
             dataloaders[stage] = settings and {**settings, **dataset_facts(loader, trainer.lightning_module)}
         st.cpu.start(already=waited, workers=bool((dataloaders[stage] or {}).get("num_workers")))
         if stage == "train":
-            self.memory.epoch_start()
+            self.memory.epoch_start(history=self.config.memory_history and self.cuda_peaks is not None)
             self.batch_due = True
 
     def window_started(self, stage: str, trainer: pl.Trainer) -> int:
@@ -412,11 +412,11 @@ class EpochReporter:
             self.write_report(trainer, now=not st.history)
         # (validate, test and predict run one epoch of their stage: their Trainer call's end writes the report)
 
-    def failed(self, trainer: pl.Trainer, exception: BaseException, positions: Mapping[str, StagePosition]) -> None:
+    def failed(self, trainer: pl.Trainer, error: BaseException, positions: Mapping[str, StagePosition]) -> None:
         """An exception ends the call: an out-of-memory error's diagnosis (:func:`~lightning_perf.hooks.failure.
         out_of_memory`) goes in the report and the failing epoch's findings."""
-        running = {stage: st.in_epoch for stage, st in self.stages.items()}
-        self.oom = out_of_memory(trainer, exception, running, positions, self.memory, self.cuda_peaks, self.run_info)
+        self.oom = out_of_memory(trainer, error, self.stages, positions, self.memory, self.cuda_peaks, self.run_info)
+        self.memory.oom_snapshot(self.run_info, self.report_path)
 
     def end_interrupted(self, trainer: pl.Trainer, positions: Mapping[str, StagePosition]) -> None:
         """Summarizes, diagnoses and reports the stage epochs an interruption stopped (this rank's own numbers:

@@ -32,17 +32,17 @@ _INNERMOST = ("validate", "test", "predict", "train")
 def out_of_memory(
     trainer: pl.Trainer,
     exception: BaseException,
-    running: Mapping[str, bool],
+    stages: Mapping[str, Any],
     positions: Mapping[str, StagePosition],
     memory: MemoryTracking,
     cuda_peaks: CudaPeaks | None,
     run_info: dict[str, Any],
 ) -> Finding | None:
     """The ``out_of_memory`` finding for ``exception``, its record put in ``run_info``; ``None`` (and nothing
-    recorded) for any other exception. ``running``: whether each stage is inside an epoch."""
+    recorded) for any other exception. ``stages``: each stage's measure (its ``in_epoch``: inside an epoch)."""
     if not is_out_of_memory(exception):
         return None
-    stage = next((s for s in _INNERMOST if running.get(s)), "train")
+    stage = next((s for s in _INNERMOST if s in stages and stages[s].in_epoch), "train")
     position = positions.get(stage)
     epoch = position.epoch if position is not None and position.epoch >= 0 else trainer.current_epoch
     message = str(exception)

@@ -13,17 +13,20 @@ has not stepped the optimizer yet: its state shows from the next epoch's count.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import lightning.pytorch as pl
 
 from lightning_perf.collect.empty_cache import EmptyCacheCounter
-from lightning_perf.collect.memory import CudaMemory, device_use
+from lightning_perf.collect.memory import CudaMemory, device_use, history_snapshot, record_history
 from lightning_perf.collect.model_memory import memory_signature, model_memory
 from lightning_perf.hooks.flop_count import FlopCounting
 from lightning_perf.records import EpochSummary, ModelMemory
 from lightning_perf.report.memory import memory_line
-from lightning_perf.summarize.memory import memory_report
+from lightning_perf.summarize.memory import largest_allocations, memory_report
+
+SNAPSHOT_FILE = "memory_snapshot.pickle"  # beside perf_report.json; open it at pytorch.org/memory_viz
 
 
 class MemoryTracking:
@@ -33,15 +36,36 @@ class MemoryTracking:
         self._flops = flops  # its counted batch names the blocks that make the most activations
         self.due = False  # the epoch's first training batch is still to be counted
         self.empty_cache = EmptyCacheCounter()  # calls of torch.cuda.empty_cache() in the training epoch
+        self.recording = False  # the CUDA allocator's history is on (PerfCallback(memory_history=True))
         self.model: ModelMemory | None = None  # the latest count
         self._said: ModelMemory | None = None
         self._signature: tuple[Any, ...] | None = None
 
-    def epoch_start(self) -> None:
-        """A training epoch starts: its first batch is to be counted, and its ``empty_cache`` calls."""
+    def epoch_start(self, *, history: bool = False) -> None:
+        """A training epoch starts: its first batch is to be counted, and its ``empty_cache`` calls; with
+        ``history``, the CUDA allocator's history is recorded from now (once)."""
         self.due = True
         self.empty_cache.install()
         self.empty_cache.calls = 0
+        if history and not self.recording:
+            self.recording = record_history(True)
+
+    def oom_snapshot(self, run_info: dict[str, Any], report_path: str | None) -> None:
+        """After an out-of-memory error (``run_info["out_of_memory"]``), with the history recorded: the allocator's
+        snapshot saved beside the report (``memory_snapshot.pickle``) and its largest live allocations by call
+        site in the report."""
+        failure = run_info.get("out_of_memory")
+        if not (self.recording and failure is not None and report_path):
+            return
+        path = os.path.join(os.path.dirname(report_path), SNAPSHOT_FILE)
+        if (snapshot := history_snapshot(path)) is not None:
+            failure["snapshot"], failure["largest_allocations"] = path, largest_allocations(snapshot)
+
+    def end(self) -> None:
+        """A Trainer call ends: ``torch.cuda.empty_cache`` is put back, the allocator's history stopped."""
+        self.empty_cache.uninstall()
+        if self.recording:
+            self.recording = not record_history(False)
 
     def empty_cache_warning(self, summary: EpochSummary) -> str | None:
         """The warning for a training epoch that called ``torch.cuda.empty_cache()`` at least once a batch."""

@@ -18,7 +18,7 @@ arithmetic, tested with plain numbers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_perf.records import ModelMemory
@@ -98,3 +98,26 @@ def memory_parts(memory: dict[str, Any]) -> list[tuple[str, int]]:
         ("free", memory["free"]),
     ]
     return [(name, value) for name, value in parts if value]
+
+
+# Frames of these libraries are not a call site of the user's: an allocation is named by the first other frame.
+LIBRARY_FRAMES = ("/torch/", "/lightning/", "/pytorch_lightning/", "/lightning_fabric/", "/lightning_perf/")
+
+
+def largest_allocations(snapshot: Mapping[str, Any], top: int = 5) -> list[list[Any]]:
+    """The live allocations of a CUDA allocator snapshot (``torch.cuda.memory._snapshot()``: segments of blocks,
+    each with its state, size and the Python frames that allocated it), added up by call site: the innermost frame
+    outside torch and Lightning, ``"file:line in function"``; ``[[site, bytes], ...]``, largest first."""
+    sites: dict[str, int] = {}
+    for segment in snapshot.get("segments") or ():
+        for block in segment.get("blocks") or ():
+            if block.get("state") != "active_allocated":
+                continue
+            frames = block.get("frames") or ()
+            own = next(
+                (f for f in frames if not any(lib in str(f.get("filename", "")) for lib in LIBRARY_FRAMES)), None
+            )
+            where = frames[0] if own is None and frames else own
+            site = f"{where.get('filename')}:{where.get('line')} in {where.get('name')}" if where else "unknown"
+            sites[site] = sites.get(site, 0) + int(block.get("size") or 0)
+    return [[site, size] for site, size in sorted(sites.items(), key=lambda item: -item[1])[:top]]

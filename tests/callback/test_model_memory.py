@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_perf import PerfCallback
+from lightning_perf.hooks.memory_tracking import SNAPSHOT_FILE
 from models import trainer
 
 
@@ -112,7 +113,7 @@ class RunsOut(Tied):
 
 @pytest.mark.parametrize(("epoch", "batch"), [(1, 2), (0, 0)])
 def test_an_out_of_memory_error_leaves_its_diagnosis_and_still_reaches_the_caller(tmp_path, caplog, epoch, batch):
-    callback = PerfCallback(max_windows=0)
+    callback = PerfCallback(max_windows=0, memory_history=True)  # CUDA's history: none on the CPU, and no error
     model = RunsOut(epoch, batch)
     with caplog.at_level(logging.INFO), pytest.raises(torch.OutOfMemoryError, match="Tried to allocate") as raised:
         trainer(tmp_path, [callback], max_epochs=3).fit(model)
@@ -122,6 +123,7 @@ def test_an_out_of_memory_error_leaves_its_diagnosis_and_still_reaches_the_calle
     oom = report["run"]["out_of_memory"]
     assert (oom["stage"], oom["epoch"], oom["batch"]) == ("train", epoch, batch)
     assert oom["batch_shapes"] == [[8]] and oom["requested"] == 2048 and oom["free"] == 1024
+    assert "snapshot" not in oom and not (tmp_path / "lightning_logs" / "version_0" / "perf" / SNAPSHOT_FILE).exists()
     assert oom["error"].startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 KiB.")
     finding = oom["finding"]
     assert finding["id"] == "out_of_memory" and finding["severity"] == "critical"

@@ -76,3 +76,24 @@ def test_trace_of_a_cuda_run_shows_runtime_in_the_profiler_tab(tmp_path):
     shares = {c["name"]: c["extra"] for c in profile.overview["performance"][0]["children"]}
     assert shares["Runtime"] > 0 and shares["Kernel"] > 0
     assert sum(r["device_self_duration"] for r in profile.operation_table_by_name["data"]) > 0
+
+
+class RunsOutOfMemory(TinyModel):
+    """Asks the device for far more than it has at epoch 1, batch 2: a real CUDA out-of-memory error."""
+
+    def training_step(self, batch, batch_idx):
+        if (self.current_epoch, batch_idx) == (1, 2):
+            total = torch.cuda.get_device_properties(batch[0].device).total_memory
+            torch.empty(total, dtype=torch.uint8, device=batch[0].device)  # noqa: the allocation that fails
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_cuda_out_of_memory_error_leaves_the_breakdown_the_snapshot_and_the_call_sites(tmp_path):
+    callback = PerfCallback(max_windows=0, memory_history=True)
+    with pytest.raises(torch.OutOfMemoryError):
+        _gpu_trainer(tmp_path, [callback], max_epochs=3).fit(RunsOutOfMemory(n=64, width=1024))
+    oom = callback.report["run"]["out_of_memory"]
+    assert oom["requested"] is not None and oom["free"] is not None and oom["finding"]["severity"] == "critical"
+    assert Path(oom["snapshot"]).is_file() and oom["largest_allocations"]
+    memory = callback.report["run"]["memory"]
+    assert memory["device"] == "cuda" and memory["device_total"] and memory["outside_allocator"] is not None

@@ -67,3 +67,26 @@ def test_off_cuda_only_the_models_parts_are_given():
     assert memory_line(memory).endswith("; activations are measured on CUDA only (the parameters are on cpu)")
     # A peak below what the model holds (its gradients freed when the peak was read) is no negative activation.
     assert memory_report(model(), epoch=0, peak_allocated=GIB)["activations"] == 0
+
+
+def test_the_largest_live_allocations_are_named_by_the_users_call_site():
+    from lightning_perf.summarize.memory import largest_allocations
+
+    user = {"filename": "/home/me/train.py", "line": 42, "name": "forward"}
+    torch_frame = {"filename": "/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py", "line": 125}
+    snapshot = {
+        "segments": [
+            {
+                "blocks": [
+                    {"state": "active_allocated", "size": 3 * GIB, "frames": [torch_frame, user]},
+                    {"state": "active_allocated", "size": GIB, "frames": [user]},
+                    {"state": "inactive", "size": 8 * GIB, "frames": [user]},  # cached, not live
+                    {"state": "active_allocated", "size": 2 * GIB, "frames": [torch_frame]},  # torch's own
+                ]
+            }
+        ]
+    }
+    assert largest_allocations(snapshot) == [
+        ["/home/me/train.py:42 in forward", 4 * GIB],
+        ["/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py:125 in None", 2 * GIB],
+    ]

@@ -88,10 +88,23 @@ def memory_html(run: Mapping[str, Any], *, charts: bool = True) -> str | None:
 def _out_of_memory(run: Mapping[str, Any]) -> str:
     """The run's out-of-memory diagnosis (``run.out_of_memory.finding``), where it died of one."""
     failure = run.get("out_of_memory")
-    found = failure.get("finding") if isinstance(failure, Mapping) else None
-    if not isinstance(found, Mapping):
+    if not isinstance(failure, Mapping) or not isinstance(found := failure.get("finding"), Mapping):
         return ""
+    sites = failure.get("largest_allocations") or []
+    rows: list[list[Cell | str]] = [
+        [Cell(str(site)), number_cell(nbytes, signed_size(int(nbytes)))]
+        for site, nbytes in sites
+        if isinstance(nbytes, (int, float))
+    ]
+    snapshot = failure.get("snapshot")
     return (
         f'<p class="banner">{esc(str(found.get("title", "")))}: {esc(str(found.get("evidence", "")))}</p>'
         f"<p>{esc(str(found.get('advice', '')))}</p>"
+        + (table(["largest live allocations, by call site", "bytes"], rows, numeric=[False, True]) if rows else "")
+        + (
+            f'<p class="note">The allocator\'s snapshot: <code>{esc(str(snapshot))}</code> (open it at'
+            " pytorch.org/memory_viz).</p>"
+            if snapshot
+            else ""
+        )
     )
