@@ -15,8 +15,9 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_perf import PerfCallback
+from lightning_perf.diagnose.out_of_memory import memory_cures
 from lightning_perf.hooks.memory_tracking import SNAPSHOT_FILE
-from models import trainer
+from models import TinyModel, trainer
 
 
 class Tied(pl.LightningModule):
@@ -265,3 +266,32 @@ def test_the_memory_is_counted_again_and_said_when_layers_are_unfrozen(tmp_path,
     assert "576 B frozen" in said[0] and "288 B frozen" in said[1]  # body's 288 B unfrozen
     memory = callback.report["run"]["memory"]
     assert memory["gradients"] == 320 + 288 + 144 and memory["epoch"] == 2
+
+
+class Momentum(Tied):
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def test_the_optimizer_and_precision_cures_applied_save_what_they_predict(tmp_path):
+    callback = PerfCallback(max_windows=0, verbose=0)
+    trainer(tmp_path / "adam", [callback], max_epochs=1).fit(Tied())
+    adam = callback.report["run"]["memory"]
+    cures = dict(memory_cures(adam))
+    predicted = next(s for text, s in cures.items() if "SGD" in text)
+    sgd = fit_memory(tmp_path / "sgd", Momentum())
+    # One momentum buffer instead of two moments (and Adam's step counters): at least the predicted saving.
+    saved = adam["optimizer_state"]["total"] - sgd["optimizer_state"]["total"]
+    assert predicted <= saved <= predicted + 5 * 4, (predicted, saved)
+    # bf16-true halves fp32 parameters and gradients (a model of one dtype: Tied mixes bf16 and fp32 by hand).
+    fp32 = fit_memory(tmp_path / "fp32", TinyModel())
+    predicted = next(s for text, s in memory_cures(fp32) if "bf16-true" in text)
+    bf16 = fit_memory(tmp_path / "bf16", TinyModel(), precision="bf16-true")
+    held = [m["parameters"]["total"] + m["gradients"] for m in (fp32, bf16)]
+    assert held[0] - held[1] == predicted, (held, predicted)
+
+
+def fit_memory(path, model, **kwargs) -> dict:
+    callback = PerfCallback(max_windows=0, verbose=0)
+    trainer(path, [callback], max_epochs=1, **kwargs).fit(model)
+    return callback.report["run"]["memory"]
