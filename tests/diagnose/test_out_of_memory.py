@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 from lightning_perf.diagnose.out_of_memory import memory_cures, out_of_memory_finding
+from summaries import ADAM_MEMORY
 
 GIB = 1 << 30
 
 # A 1B-parameter fp32 model with AdamW on an 80 GiB GPU: 4 GiB of parameters, 4 of gradients, 8 of state, 50 of
 # activations, 6 reserved but not allocated.
-MEMORY = {
-    "parameters": {"total": 4 * GIB, "trainable": 4 * GIB, "frozen": 0, "by_dtype": {"float32": 4 * GIB}},
-    "gradients": 4 * GIB,
-    "optimizer_state": {"total": 8 * GIB, "by_entry": {"exp_avg": 4 * GIB, "exp_avg_sq": 4 * GIB}},
-    "master_copies": 0,
-    "optimizers": ["AdamW"],
-    "activations": 50 * GIB,
-    "allocator_overhead": 6 * GIB,
-}
+MEMORY = {**ADAM_MEMORY, "optimizers": ["AdamW"], "activations": 50 * GIB, "allocator_overhead": 6 * GIB}
 FAILURE = {
     "stage": "train",
     "epoch": 2,

@@ -16,7 +16,7 @@ from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary, GraphBreak, Recompile, TraceSummary
 from lightning_perf.summarize import step_summary
 from purity import heavy_modules_loaded_by
-from summaries import CPU, FP32_GPU, GPU, W1, W2, compile_stats, epoch, gpu_epoch, window
+from summaries import ADAM_MEMORY, CPU, FP32_GPU, GPU, W1, W2, compile_stats, epoch, gpu_epoch, window
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MiB, GiB = 2**20, 2**30
@@ -321,16 +321,6 @@ def with_stage(context: StageEpoch, stage: str) -> StageEpoch:
 
 
 # Remedies that need a CUDA device (or, `foreach`, pay only there: on CPU it runs the same per-parameter loop).
-# run.memory of a 1B-parameter fp32 model with Adam (summarize.memory.memory_report's shape).
-ADAM_MEMORY = {
-    "parameters": {"total": 4 * GiB, "trainable": 4 * GiB, "frozen": 0, "by_dtype": {"float32": 4 * GiB}},
-    "gradients": 4 * GiB,
-    "optimizer_state": {"total": 8 * GiB, "by_entry": {"exp_avg": 4 * GiB, "exp_avg_sq": 4 * GiB}},
-    "master_copies": 0,
-    "optimizers": ["Adam"],
-    "activations": None,
-    "allocator_overhead": None,
-}
 CUDA_ONLY = (
     "cuda", "gpu", "nccl", "nvidia", "cudnn", "tensor core", "pin_memory=True", "non_blocking",
     "expandable_segments", "foreach=True",
