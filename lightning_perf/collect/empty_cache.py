@@ -4,44 +4,58 @@
 
 A run that calls ``torch.cuda.empty_cache()`` every step hands the caching allocator's cache back to the driver
 each time, so the next step pays ``cudaMalloc`` again, and the reserved figures no longer show fragmentation.
-:class:`EmptyCacheCounter` counts the calls: ``torch.cuda.empty_cache`` is wrapped while the callback runs (a
-counter and the original call, nothing else) and put back at the end of the Trainer call. Code that imported the
-function itself (``from torch.cuda import empty_cache``) before is not seen.
+:class:`EmptyCacheCounter` counts the calls: ``torch.cuda.empty_cache`` is replaced while the callback runs by
+:func:`counted_empty_cache` (a module-level counter and the original call, nothing else) and put back at the end
+of the Trainer call. The counter is this module's, so a callback pickled or copied mid-run (libraries do) holds
+plain numbers only, and any copy can put the original back. Code that imported the function itself
+(``from torch.cuda import empty_cache``) before is not seen.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+_original: Callable[[], Any] | None = None  # torch's own, while ours is installed
+_calls = 0
+
+
+def counted_empty_cache() -> Any:
+    """``torch.cuda.empty_cache``, counted."""
+    global _calls
+    _calls += 1
+    return (_original or _torch_empty_cache)()
+
+
+def _torch_empty_cache() -> Any:
+    return torch.cuda.memory.empty_cache()
+
 
 class EmptyCacheCounter:
-    """Counts ``torch.cuda.empty_cache()`` calls while installed."""
+    """Counts ``torch.cuda.empty_cache()`` calls from :meth:`reset` on, while installed."""
 
     def __init__(self) -> None:
-        self.calls = 0
-        self._original: Callable[[], Any] | None = None
-        self._wrapper: Callable[[], Any] | None = None
+        self._from = _calls
+
+    @property
+    def calls(self) -> int:
+        return _calls - self._from
+
+    def reset(self) -> None:
+        self._from = _calls
 
     def install(self) -> None:
-        """Wraps ``torch.cuda.empty_cache`` (once; again after :meth:`uninstall`)."""
-        if self._original is not None:
-            return
-        original = torch.cuda.empty_cache
-
-        @functools.wraps(original)
-        def counted() -> Any:
-            self.calls += 1
-            return original()
-
-        self._original, self._wrapper = original, counted
-        torch.cuda.empty_cache = counted
+        """Puts :func:`counted_empty_cache` in place of ``torch.cuda.empty_cache`` (once)."""
+        global _original
+        if torch.cuda.empty_cache is not counted_empty_cache:
+            _original = torch.cuda.empty_cache
+            torch.cuda.empty_cache = counted_empty_cache
 
     def uninstall(self) -> None:
-        """Puts the original back, unless something replaced our wrapper since (then it stays theirs)."""
-        if self._original is not None and torch.cuda.empty_cache is self._wrapper:
-            torch.cuda.empty_cache = self._original
-        self._original = self._wrapper = None
+        """Puts the original back, unless something replaced ours since (then it stays theirs)."""
+        global _original
+        if torch.cuda.empty_cache is counted_empty_cache and _original is not None:
+            torch.cuda.empty_cache = _original
+            _original = None

@@ -46,7 +46,7 @@ class MemoryTracking:
         ``history``, the CUDA allocator's history is recorded from now (once)."""
         self.due = True
         self.empty_cache.install()
-        self.empty_cache.calls = 0
+        self.empty_cache.reset()
         if history and not self.recording:
             self.recording = record_history(True)
 
