@@ -6,8 +6,9 @@ Out of memory
 batch's shapes), what memory held (``run.memory``'s breakdown at the failure), and the cures that shrink the part
 that dominates, each with its predicted saving in bytes, from the breakdown alone:
 
-- **optimizer state**: on several devices, ``FSDPStrategy`` shards parameters, gradients and optimizer state
-  over the ranks (saves ``(1 - 1/N)`` of them); Adam's two moments become one with SGD and momentum (saves the
+- **optimizer state**: on several GPUs, ``FSDPStrategy`` shards parameters, gradients and optimizer state
+  over the ranks (saves ``(1 - 1/N)`` of them; Lightning refuses FSDP and DeepSpeed on CPUs, so CPU runs are not
+  told to); Adam's two moments become one with SGD and momentum (saves the
   second moment, ``exp_avg_sq``);
 - **fp32 parameters and gradients**: ``precision="bf16-true"`` halves them (``"bf16-mixed"`` does not: it keeps
   fp32 weights and casts per op);
@@ -43,7 +44,7 @@ def memory_cures(
     state = memory["optimizer_state"]
     held = params["total"] + grads + state["total"] + memory.get("master_copies", 0)
     cures: list[tuple[str, int]] = []
-    if world_size > 1 and held:
+    if world_size > 1 and held and memory.get("device") == "cuda":  # Lightning's FSDP and DeepSpeed need GPUs
         cures.append(
             (
                 f"shard parameters, gradients and optimizer state over the {world_size} ranks with"

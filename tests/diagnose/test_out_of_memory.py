@@ -9,7 +9,13 @@ GIB = 1 << 30
 
 # A 1B-parameter fp32 model with AdamW on an 80 GiB GPU: 4 GiB of parameters, 4 of gradients, 8 of state, 50 of
 # activations, 6 reserved but not allocated.
-MEMORY = {**ADAM_MEMORY, "optimizers": ["AdamW"], "activations": 50 * GIB, "allocator_overhead": 6 * GIB}
+MEMORY = {
+    **ADAM_MEMORY,
+    "device": "cuda",
+    "optimizers": ["AdamW"],
+    "activations": 50 * GIB,
+    "allocator_overhead": 6 * GIB,
+}
 FAILURE = {
     "stage": "train",
     "epoch": 2,
@@ -33,6 +39,8 @@ def test_each_cure_saves_what_the_breakdown_predicts():
     assert next(s for text, s in cures.items() if "expandable_segments" in text) == 6 * GIB
     # One device, bf16 already: no sharding, no bf16-mixed; a model with no state and no activations: no cure
     # that shrinks either.
+    # Two CPU processes (gloo): Lightning runs FSDP on GPUs only, so no sharding is advised.
+    assert not any("FSDP" in text for text, _ in memory_cures({**MEMORY, "device": "cpu"}, world_size=2))
     single = memory_cures(MEMORY, world_size=1, precision="bf16-mixed")
     assert not any("FSDP" in text or 'bf16-mixed")`: activations' in text for text, _ in single)
     bare = {**MEMORY, "optimizer_state": {"total": 0, "by_entry": {}}, "activations": None, "allocator_overhead": 0}
