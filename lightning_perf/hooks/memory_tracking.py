@@ -5,7 +5,8 @@ Memory tracking
 When the callback counts what the model holds (:func:`~lightning_perf.collect.model_memory.model_memory`): after
 each training epoch's first batch, where that step's gradients and the optimizer state exist (Lightning sets the
 gradients to ``None`` before the next step's backward, and before every validation run: an epoch's end is too
-late). It walks the parameters and the optimizer state once an epoch, never on other batches. At the epoch's
+late). Once an epoch it reads a cheap signature of them (:func:`~lightning_perf.collect.model_memory.
+memory_signature`) and counts again only where it changed; never on other batches. At the epoch's
 end the count joins the epoch's CUDA peaks in ``run.memory``; the console says it the first time and whenever the
 model's part changes (a new optimizer, layers frozen or unfrozen). Under gradient accumulation the first batch
 has not stepped the optimizer yet: its state shows from the next epoch's count.
