@@ -101,8 +101,11 @@ class PerfCallback(StageHooks, ResultsView):
             Default (``None``): the environment variable ``LIGHTNING_PERF_STRICT`` (``1`` = strict), else off.
         peak_flops: The device's peak FLOP/s for the run's dtype, what MFU divides by; default (``None``): the
             dense datasheet figure for the device (:func:`lightning_perf.peak_flops`), where it is known.
-        profile_budget: The share of the run's time profiling may cost (:mod:`lightning_perf.budget`); ``None``:
-            none. ``"auto"``: ``0.02`` with the default schedule, ``None`` with a ``schedule`` or ``batches`` of yours.
+        profile_budget: The share of the run's wall time the profiling may cost (its windows' profiled batches,
+            closes and processing, and the FLOP count: :mod:`lightning_perf.budget`). Each stage's first window
+            opens as planned; a later one only while the measured cost so far leaves room. ``None``: every
+            planned window opens. Default (``"auto"``): ``0.02`` with the default schedule, and ``None`` with a
+            ``schedule`` or ``batches`` of your own (which keep their meaning unless you set a budget too).
         memory_history: On CUDA, record the allocator's history from the first training epoch (it costs: off by
             default), and on an out-of-memory error save ``memory_snapshot.pickle`` beside the report (open it at
             pytorch.org/memory_viz) and name its largest live allocations by call site in the report.

@@ -29,6 +29,7 @@ from lightning_perf.diagnose.registry import CROSS_RANK_RULES, diagnose
 from lightning_perf.diagnose.thresholds import EVIDENCE_BATCHES, Thresholds
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary, TraceSummary
 from lightning_perf.summarize.events import KinetoTrace
+from lightning_perf.summarize.memory import checked_memory
 from lightning_perf.summarize.ranks import rank_work_times
 from lightning_perf.summarize.steps import percentile, pool_epochs, summarize_epoch
 from lightning_perf.traces import METADATA_KEY
@@ -66,7 +67,7 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         peak_flops=run.get("peak_flops"),
         epochs=run.get("max_epochs"),  # a validate, test or predict call plans 1
         compiled_modules=run.get("compiled_modules"),
-        memory=run["memory"] if stage == "train" and isinstance(run.get("memory"), Mapping) else None,
+        memory=checked_memory(run.get("memory")) if stage == "train" else None,
         val_check_steps=run.get("val_check_steps"),
         optimizer=(run.get("optimizer_info") or {}).get("class"),
         optimizer_fused=(run.get("optimizer_info") or {}).get("fused"),

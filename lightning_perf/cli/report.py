@@ -21,13 +21,13 @@ from lightning_perf.records import EpochSummary
 from lightning_perf.report.findings import console_report
 from lightning_perf.report.json_report import (
     report_epochs,
-    report_memory,
     report_profiling,
     report_top_modules,
     report_uncounted_ops,
 )
 from lightning_perf.report.memory import memory_line
 from lightning_perf.report.profiling import profiling_line
+from lightning_perf.summarize.memory import checked_memory
 from lightning_perf.units import flops, flops_rate, percent
 
 TOP_MODULES_SHOWN = 5  # of the report's run.flops.by_module, on `report`'s line of modules by FLOPs share
@@ -60,7 +60,7 @@ def _print_reports(reports: list[tuple[str, dict[str, Any]]], *, verbose: int) -
         )
         for line in _run_flops_lines(run):
             print(f"  {line}")
-        if (memory := report_memory(run)) is not None:
+        if (memory := checked_memory(run.get("memory"))) is not None:
             print(f"  {memory_line(memory).removeprefix('lightning-perf: ')}")
         for epoch in report_epochs(report):
             text = console_report(

@@ -25,7 +25,7 @@ saving covers the difference is predicted to fit and comes first. Pure: plain ma
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.rule_helpers import FP32_PRECISIONS, stage_name
@@ -35,49 +35,82 @@ from lightning_perf.units import signed_size
 MESSAGE_CHARS = 300
 
 
-def memory_cures(
-    memory: Mapping[str, Any], *, world_size: int = 1, precision: str | None = None
-) -> list[tuple[str, int]]:
+class Cure(NamedTuple):
+    """A change that shrinks memory: what to do, its predicted saving in bytes, and the parts of the breakdown it
+    shrinks (:func:`memory_parts`' names)."""
+
+    text: str
+    saving: int
+    shrinks: tuple[str, ...]
+
+
+_ACTIVATIONS = ("activations and temporaries", "activations saved for the backward")
+
+
+def memory_parts(memory: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """The breakdown's parts in the order they stack, those with bytes only: parameters, gradients, optimizer
+    state, master copies, activations (CUDA's peak less the rest, else what the counted batch saved for the
+    backward), allocator overhead, outside the allocator, free."""
+    activations = memory.get("activations")
+    parts = [
+        ("parameters", memory["parameters"]["total"]),
+        ("gradients", memory["gradients"]),
+        ("optimizer state", memory["optimizer_state"]["total"]),
+        ("master copies", memory.get("master_copies")),
+        ("activations and temporaries", activations),
+        ("activations saved for the backward", None if activations else memory.get("activations_saved")),
+        ("allocator overhead", memory.get("allocator_overhead")),
+        ("outside the allocator", memory.get("outside_allocator")),
+        ("free", memory.get("free")),
+    ]
+    return [(name, value) for name, value in parts if value]
+
+
+def memory_cures(memory: Mapping[str, Any], *, world_size: int = 1, precision: str | None = None) -> list[Cure]:
     """The cures for what ``memory`` (``run.memory``) holds, each with its predicted saving in bytes, largest
     first; none where nothing would shrink."""
     params, grads = memory["parameters"], memory["gradients"]
     state = memory["optimizer_state"]
     held = params["total"] + grads + state["total"] + memory.get("master_copies", 0)
-    cures: list[tuple[str, int]] = []
+    cures: list[Cure] = []
     if world_size > 1 and held and memory.get("device") == "cuda":  # Lightning's FSDP and DeepSpeed need GPUs
         cures.append(
-            (
+            Cure(
                 f"shard parameters, gradients and optimizer state over the {world_size} ranks with"
                 " `Trainer(strategy=FSDPStrategy(...))` (or `DeepSpeedStrategy(stage=2)` for gradients and state)",
                 held * (world_size - 1) // world_size,
+                ("parameters", "gradients", "optimizer state", "master copies"),
             )
         )
     second = state["by_entry"].get("exp_avg_sq", 0)
     if second:
         cures.append(
-            (
+            Cure(
                 "an optimizer with one state buffer per parameter instead of Adam's two"
                 " (`torch.optim.SGD(..., momentum=0.9)`)",
                 second,
+                ("optimizer state",),
             )
         )
     fp32 = params["by_dtype"].get("float32", 0)
     if fp32 and params["total"]:
         share = fp32 / params["total"]
         cures.append(
-            (
+            Cure(
                 '`Trainer(precision="bf16-true")`: bf16 parameters and gradients (`"bf16-mixed"` keeps fp32 weights)',
                 int((fp32 + grads * share) / 2),
+                ("parameters", "gradients"),
             )
         )
     activations = memory.get("activations") or memory.get("activations_saved")
     if activations:
         if precision is None or precision in FP32_PRECISIONS:
-            cures.append(('`Trainer(precision="bf16-mixed")`: activations in bf16', activations // 2))
+            cures.append(Cure('`Trainer(precision="bf16-mixed")`: activations in bf16', activations // 2, _ACTIVATIONS))
         cures.append(
-            (
+            Cure(
                 "half the `batch_size` with `Trainer(accumulate_grad_batches=2)` (the same effective batch)",
                 activations // 2,
+                _ACTIVATIONS,
             )
         )
     blocks = [(str(name), int(nbytes)) for name, nbytes in memory.get("blocks") or ()]
@@ -85,23 +118,25 @@ def memory_cures(
         name, inside = blocks[0]
         others = ", ".join(f"`{n}` ({signed_size(b)})" for n, b in blocks[1:])
         cures.append(
-            (
+            Cure(
                 f"activation checkpointing around `{name}`, which saves {signed_size(inside)} a batch for the backward"
                 + (f", and next {others}" if others else "")
                 + " (`torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False)` in place of `module(x)`"
                 " in `forward`)",
                 min(inside, activations) if activations else inside,
+                _ACTIVATIONS,
             )
         )
     overhead = memory.get("allocator_overhead")
     if overhead:
         cures.append(
-            (
+            Cure(
                 "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the environment (fragmentation)",
                 overhead,
+                ("allocator overhead",),
             )
         )
-    return sorted((cure for cure in cures if cure[1] > 0), key=lambda cure: -cure[1])
+    return sorted((cure for cure in cures if cure.saving > 0), key=lambda cure: -cure.saving)
 
 
 def out_of_memory_finding(
@@ -132,14 +167,14 @@ def out_of_memory_finding(
         )
         short = _shortfall(failure)
         cures = memory_cures(memory, world_size=world_size, precision=precision)
-        fits = [cure for cure in cures if short is not None and cure[1] >= short]
+        fits = [cure for cure in cures if short is not None and cure.saving >= short]
         ordered = fits + [cure for cure in cures if cure not in fits]
         if ordered:
             advice.append(
                 "Cures, with their predicted savings: "
                 + "; ".join(
-                    f"{text}: about {signed_size(saving)}{' (predicted to fit)' if (text, saving) in fits else ''}"
-                    for text, saving in ordered
+                    f"{cure.text}: about {signed_size(cure.saving)}{' (predicted to fit)' if cure in fits else ''}"
+                    for cure in ordered
                 )
                 + "."
             )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
-from lightning_perf.diagnose.out_of_memory import memory_cures
+from lightning_perf.diagnose.out_of_memory import memory_cures, memory_parts
 from lightning_perf.diagnose.rule_helpers import (
     FP32_PRECISIONS,
     batch_end_hook,
@@ -90,15 +90,8 @@ def memory_pressure(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     )
 
 
-# The parts memory_breakdown names, with the cures (memory_cures) that shrink each: a cure's text names its part.
-_PART_CURES = {
-    "optimizer state": ("FSDPStrategy", "SGD"),
-    "parameters": ("FSDPStrategy", "bf16-true"),
-    "gradients": ("FSDPStrategy", "bf16-true"),
-    "activations and temporaries": ("bf16-mixed", "accumulate_grad_batches", "checkpointing"),
-    "activations saved for the backward": ("bf16-mixed", "accumulate_grad_batches", "checkpointing"),
-    "allocator overhead": ("expandable_segments",),
-}
+# What memory_breakdown weighs: the training step's own memory, not what the device has besides.
+_NOT_TRAINING = frozenset({"outside the allocator", "free"})
 
 
 def memory_breakdown(ctx: StageEpoch, t: Thresholds) -> Finding | None:
@@ -116,14 +109,7 @@ def memory_breakdown(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     memory = ctx.facts.memory
     if ctx.stage != "train" or not memory:
         return None
-    parts = {
-        "parameters": memory["parameters"]["total"],
-        "gradients": memory["gradients"],
-        "optimizer state": memory["optimizer_state"]["total"],
-        "activations and temporaries": memory.get("activations") or 0,
-        "activations saved for the backward": 0 if memory.get("activations") else memory.get("activations_saved") or 0,
-        "allocator overhead": memory.get("allocator_overhead") or 0,
-    }
+    parts = {name: value for name, value in memory_parts(memory) if name not in _NOT_TRAINING}
     total = sum(parts.values())
     if total <= 0:
         return None
@@ -139,11 +125,10 @@ def memory_breakdown(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     elif memory.get("activations") is None and not memory.get("activations_saved"):
         evidence.append("activations are measured on CUDA only")
     cures = memory_cures(memory, world_size=ctx.facts.world_size, precision=ctx.facts.precision)
-    first = [c for c in cures if any(key in c[0] for key in _PART_CURES.get(largest, ()))]
-    ordered = first + [c for c in cures if c not in first]
+    ordered = [c for c in cures if largest in c.shrinks] + [c for c in cures if largest not in c.shrinks]
     advice = [
         "What would shrink it, with the predicted savings: "
-        + "; ".join(f"{text}: about {signed_size(saving)}" for text, saving in ordered)
+        + "; ".join(f"{cure.text}: about {signed_size(cure.saving)}" for cure in ordered)
         + "."
         if ordered
         else "Nothing counted here has a cure that shrinks it."

@@ -339,7 +339,7 @@ class EpochReporter:
             self.flops_batch_end(trainer)
         if stage == "train" and self.memory.due:
             self._policy.safely(None, self.memory.count, trainer)
-        self.batch_due = self.flops.active
+        self.batch_due = self.flops.active or self.memory.due
 
     def flops_batch_end(self, trainer: pl.Trainer) -> None:
         """The training batch being counted has ended: its count is kept (:meth:`flops_counted`)."""

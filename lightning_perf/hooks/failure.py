@@ -46,12 +46,13 @@ def out_of_memory(
     position = positions.get(stage)
     epoch = position.epoch if position is not None and position.epoch >= 0 else trainer.current_epoch
     message = str(exception)
+    first_line = message.strip().split("\n", 1)[0]
     requested, free = message_sizes(message)
     record: dict[str, Any] = {
         "stage": stage,
         "epoch": epoch,
         "batch": position.batch if position is not None else None,
-        "error": f"{type(exception).__name__}: {message.strip().splitlines()[0] if message.strip() else ''}",
+        "error": f"{type(exception).__name__}: {first_line}",
         "batch_shapes": batch_shapes(failed_batch(exception)),
         "requested": requested,
         "free": free,

@@ -107,7 +107,7 @@ class FlopCounting:
         #: A batch is being counted (a plain attribute: the callback reads it after every batch).
         self.active = False
         self._first_too = False  # offer the epoch's first batch: the last epoch had none after it
-        self._outputs = SavedSizes()  # what the counted batch saves for its backward, by module (the first count)
+        self._saved = SavedSizes()  # what the counted batch saves for its backward, by module (the first count)
         #: The blocks that save the most for the backward, ``(name, bytes)``, from the first count.
         self.blocks: tuple[tuple[str, int], ...] = ()
         #: The bytes that batch saved for the backward in all (its activations); ``None`` before.
@@ -128,16 +128,16 @@ class FlopCounting:
             return False
         self._counter.start(batch)
         if not self.counts:
-            self._outputs.start()
+            self._saved.start()
         self.active = True
         return True
 
     def batch_end(self, root: nn.Module | None = None) -> BatchFlops | None:
         """The counted batch's record, when one was being counted; ``root``: the module whose blocks are named
         (:attr:`blocks`)."""
-        if self._outputs.active and root is not None:
-            self.blocks, self.saved = self._outputs.stop(root), self._outputs.total
-        self._outputs.cancel()
+        if self._saved.active and root is not None:
+            self.blocks, self.saved = self._saved.stop(root), self._saved.total
+        self._saved.cancel()
         if not self._counter.active:
             return None
         self.active = False
@@ -148,5 +148,5 @@ class FlopCounting:
     def cancel(self) -> None:
         """Leaves a count under way, if any (an exception, the end of the run)."""
         self.active = False
-        self._outputs.cancel()
+        self._saved.cancel()
         self._counter.cancel()

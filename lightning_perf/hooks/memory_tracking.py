@@ -96,7 +96,8 @@ class MemoryTracking:
         CUDA ``peaks`` of the failing epoch, in ``run_info["memory"]``; returns it."""
         self.count(trainer, again=True)
         assert self.model is not None
-        run_info["memory"] = memory = self._breakdown(trainer, self.model, epoch, peaks, self._activations())
+        allocated = (peaks.max_allocated, peaks.max_reserved) if peaks is not None else None
+        run_info["memory"] = memory = self._breakdown(trainer, self.model, epoch, allocated)
         return memory
 
     def report(self, trainer: pl.Trainer, summary: EpochSummary, run_info: dict[str, Any]) -> str | None:
@@ -109,26 +110,18 @@ class MemoryTracking:
         peaks = None
         if summary.cuda_max_allocated is not None and summary.cuda_max_reserved is not None:
             peaks = (summary.cuda_max_allocated, summary.cuda_max_reserved)
-        run_info["memory"] = memory = self._breakdown(trainer, model, summary.epoch, peaks, self._activations())
+        run_info["memory"] = memory = self._breakdown(trainer, model, summary.epoch, peaks)
         changed, self._said = model != self._said, model
         return memory_line(memory) if changed else None
 
-    def _activations(self) -> tuple[tuple[tuple[str, int], ...], int | None]:
-        """The blocks that save the most for the backward, and what the counted batch saved in all."""
-        return (self._flops.blocks, self._flops.saved) if self._flops is not None else ((), None)
-
-    @staticmethod
     def _breakdown(
-        trainer: pl.Trainer,
-        model: ModelMemory,
-        epoch: int,
-        peaks: CudaMemory | tuple[int, int] | None,
-        activations: tuple[tuple[tuple[str, int], ...], int | None],
+        self, trainer: pl.Trainer, model: ModelMemory, epoch: int, peaks: tuple[int, int] | None
     ) -> dict[str, Any]:
+        """:func:`memory_report` of ``model`` with the CUDA ``(allocated, reserved)`` peaks, the device's use now,
+        and what the FLOP-counted batch saved for its backward."""
         device = trainer.strategy.root_device
         use = device_use(device) if device.type == "cuda" else None
-        if isinstance(peaks, CudaMemory):
-            peaks = (peaks.max_allocated, peaks.max_reserved)
+        flops = self._flops
         return memory_report(
             model,
             epoch=epoch,
@@ -137,6 +130,6 @@ class MemoryTracking:
             reserved_now=use[0] if use else None,
             device_used=use[1] if use else None,
             device_total=use[2] if use else None,
-            blocks=activations[0],
-            saved=activations[1],
+            blocks=flops.blocks if flops is not None else (),
+            saved=flops.saved if flops is not None else None,
         )

@@ -78,7 +78,7 @@ RANK_FIELDS = _fields_of(RankSummary)
 FINDING_FIELDS = _fields_of(Finding, annotations={"severity": "str"})
 WINDOW_FIELDS = _fields_of(WindowRecord, skip=("operators", "summary"))  # as the report writes a window
 TRACE_SUMMARY_FIELDS = _fields_of(TraceSummary)
-# run.memory is a nested mapping: report.json_report.report_memory checks it where it is read.
+# run.memory is a nested mapping: summarize.memory.checked_memory checks it where it is read.
 RUN_FIELDS = _fields_of(RunFacts, skip=DATALOADER_FACTS | {"memory"})
 DATALOADER_FIELDS = tuple(f for f in _fields_of(RunFacts, skip=("memory",)) if f.name in DATALOADER_FACTS)
 COMPILE_LISTS = ("break_sites", "recompile_guards", "steps")  # CompileStats' tuples, checked item by item

@@ -276,20 +276,6 @@ def report_profiling(run: Mapping[str, Any]) -> ProfilingCost | None:
     return ProfilingCost(budget, float(seconds), float(run_seconds), int(windows), int(skipped))  # type: ignore[arg-type]
 
 
-def report_memory(run: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """A report's ``run.memory`` (:func:`lightning_perf.summarize.memory.memory_report`); ``None`` where it has none
-    (written before it was, or not a training run) or one of another shape."""
-    memory = run.get("memory")
-    if not isinstance(memory, Mapping):
-        return None
-    parts = (memory.get("parameters"), memory.get("optimizer_state"))
-    if not all(isinstance(part, Mapping) and _is_number(part.get("total")) for part in parts):
-        return None
-    if not _is_number(memory.get("gradients")) or not isinstance(memory.get("optimizers"), list):
-        return None
-    return memory
-
-
 def _named_numbers(entries: Any) -> list[tuple[str, float]]:
     """The ``[name, number]`` pairs of a report's list (``run.flops.by_module``, ``run.flops.uncounted``); entries of
     another shape, or a value that is no list, give nothing (``run.flops`` is not part of the checked schema)."""

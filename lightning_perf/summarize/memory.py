@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_perf.records import ModelMemory
+from lightning_perf.validation import is_int
 
 
 def memory_report(
@@ -82,22 +83,17 @@ def memory_report(
     }
 
 
-def memory_parts(memory: dict[str, Any]) -> list[tuple[str, int]]:
-    """The breakdown's parts in the order they stack, those with bytes only: parameters, gradients, optimizer
-    state, master copies, activations (CUDA's peak less the rest, else what the counted batch saved for the
-    backward), allocator overhead, outside the allocator, free."""
-    parts = [
-        ("parameters", memory["parameters"]["total"]),
-        ("gradients", memory["gradients"]),
-        ("optimizer state", memory["optimizer_state"]["total"]),
-        ("master copies", memory["master_copies"]),
-        ("activations and temporaries", memory["activations"]),
-        ("activations saved for the backward", None if memory["activations"] else memory.get("activations_saved")),
-        ("allocator overhead", memory["allocator_overhead"]),
-        ("outside the allocator", memory["outside_allocator"]),
-        ("free", memory["free"]),
-    ]
-    return [(name, value) for name, value in parts if value]
+def checked_memory(memory: Any) -> Mapping[str, Any] | None:
+    """``memory`` where it has ``run.memory``'s shape (:func:`memory_report`: what the readers and the rules
+    index), else ``None``: a report written before it was, or of another shape."""
+    if not isinstance(memory, Mapping):
+        return None
+    parts = (memory.get("parameters"), memory.get("optimizer_state"))
+    if not all(isinstance(part, Mapping) and is_int(part.get("total")) for part in parts):
+        return None
+    if not is_int(memory.get("gradients")) or not isinstance(memory.get("optimizers"), list):
+        return None
+    return memory
 
 
 # Frames of these libraries are not a call site of the user's: an allocation is named by the first other frame.

@@ -277,7 +277,7 @@ def test_the_optimizer_and_precision_cures_applied_save_what_they_predict(tmp_pa
     callback = PerfCallback(max_windows=0, verbose=0)
     trainer(tmp_path / "adam", [callback], max_epochs=1).fit(Tied())
     adam = callback.report["run"]["memory"]
-    cures = dict(memory_cures(adam))
+    cures = {c.text: c.saving for c in memory_cures(adam)}
     predicted = next(s for text, s in cures.items() if "SGD" in text)
     sgd = fit_memory(tmp_path / "sgd", Momentum())
     # One momentum buffer instead of two moments (and Adam's step counters): at least the predicted saving.
@@ -285,7 +285,7 @@ def test_the_optimizer_and_precision_cures_applied_save_what_they_predict(tmp_pa
     assert predicted <= saved <= predicted + 5 * 4, (predicted, saved)
     # bf16-true halves fp32 parameters and gradients (a model of one dtype: Tied mixes bf16 and fp32 by hand).
     fp32 = fit_memory(tmp_path / "fp32", TinyModel())
-    predicted = next(s for text, s in memory_cures(fp32) if "bf16-true" in text)
+    predicted = next(s for text, s, _ in memory_cures(fp32) if "bf16-true" in text)
     bf16 = fit_memory(tmp_path / "bf16", TinyModel(), precision="bf16-true")
     held = [m["parameters"]["total"] + m["gradients"] for m in (fp32, bf16)]
     assert held[0] - held[1] == predicted, (held, predicted)

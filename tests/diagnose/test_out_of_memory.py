@@ -28,7 +28,7 @@ FAILURE = {
 
 
 def test_each_cure_saves_what_the_breakdown_predicts():
-    cures = dict(memory_cures(MEMORY, world_size=4, precision="32-true"))
+    cures = {c.text: c.saving for c in memory_cures(MEMORY, world_size=4, precision="32-true")}
     assert list(cures.values()) == sorted(cures.values(), reverse=True)
     fsdp = next(s for text, s in cures.items() if "FSDPStrategy" in text)
     assert fsdp == 16 * GIB * 3 // 4  # parameters, gradients and state over 4 ranks: 12 GiB
@@ -40,11 +40,11 @@ def test_each_cure_saves_what_the_breakdown_predicts():
     # One device, bf16 already: no sharding, no bf16-mixed; a model with no state and no activations: no cure
     # that shrinks either.
     # Two CPU processes (gloo): Lightning runs FSDP on GPUs only, so no sharding is advised.
-    assert not any("FSDP" in text for text, _ in memory_cures({**MEMORY, "device": "cpu"}, world_size=2))
+    assert not any("FSDP" in text for text, _, _ in memory_cures({**MEMORY, "device": "cpu"}, world_size=2))
     single = memory_cures(MEMORY, world_size=1, precision="bf16-mixed")
-    assert not any("FSDP" in text or 'bf16-mixed")`: activations' in text for text, _ in single)
+    assert not any("FSDP" in text or 'bf16-mixed")`: activations' in text for text, _, _ in single)
     bare = {**MEMORY, "optimizer_state": {"total": 0, "by_entry": {}}, "activations": None, "allocator_overhead": 0}
-    assert [text for text, _ in memory_cures(bare)] == [next(t for t in cures if "bf16-true" in t)]
+    assert [text for text, _, _ in memory_cures(bare)] == [next(t for t in cures if "bf16-true" in t)]
 
 
 def test_the_finding_says_where_and_puts_the_cures_that_fit_first():
@@ -68,8 +68,8 @@ def test_without_a_breakdown_the_advice_is_the_general_one():
 
 def test_checkpointing_names_the_blocks_that_save_the_most():
     memory = {**MEMORY, "blocks": [["encoder.layers.0", 3 * GIB], ["encoder.layers.1", 3 * GIB]]}
-    cure = next((text, s) for text, s in memory_cures(memory) if "checkpointing" in text)
+    cure = next((text, s) for text, s, _ in memory_cures(memory) if "checkpointing" in text)
     assert cure[0].startswith("activation checkpointing around `encoder.layers.0`, which saves 3.0 GiB a batch")
     assert "and next `encoder.layers.1` (3.0 GiB)" in cure[0] and cure[1] == 3 * GIB
     off_cuda = {**memory, "activations": None}  # the saving is the block's, where activations are not measured
-    assert dict(memory_cures(off_cuda))[cure[0]] == 3 * GIB
+    assert {c.text: c.saving for c in memory_cures(off_cuda)}[cure[0]] == 3 * GIB

@@ -3,9 +3,10 @@ cannot be measured on this machine."""
 
 from __future__ import annotations
 
+from lightning_perf.diagnose.out_of_memory import memory_parts
 from lightning_perf.records import ModelMemory
 from lightning_perf.report.memory import memory_line
-from lightning_perf.summarize.memory import memory_parts, memory_report
+from lightning_perf.summarize.memory import memory_report
 
 GIB = 1 << 30
 

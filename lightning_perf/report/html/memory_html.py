@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lightning_perf.diagnose.out_of_memory import memory_parts
 from lightning_perf.report.html.document import Cell, chart, esc, number_cell, table
-from lightning_perf.report.json_report import report_memory
-from lightning_perf.summarize.memory import memory_parts
+from lightning_perf.summarize.memory import checked_memory
 from lightning_perf.units import MIB, percent, signed_size
 
 # One colour per part, in the order they stack; free memory is drawn pale.
@@ -57,7 +57,7 @@ def memory_figure(parts: list[tuple[str, int]]) -> dict[str, Any]:
 
 def memory_html(run: Mapping[str, Any], *, charts: bool = True) -> str | None:
     """The run page's memory section; ``None`` where the report has no ``run.memory``."""
-    memory = report_memory(run)
+    memory = checked_memory(run.get("memory"))
     if memory is None:
         return None
     parts = memory_parts(dict(memory))
