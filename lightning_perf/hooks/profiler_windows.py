@@ -99,6 +99,7 @@ class ProfilerWindows:
         if to_save is None:
             return False
         started = time.perf_counter()
+        self._window_process.start()  # its start runs beside the export (see WindowProcess.start)
         cuda = self._cuda_peaks.read("window") if self._cuda_peaks is not None else None
         assert self._dirpath is not None
         closed = hand_over(

@@ -7,8 +7,8 @@ read torch's export back, write the trace, summarize it, write the operator tabl
 what a window costs, runs on the child's own GIL: a background thread of the training process would take the
 training process's GIL back whenever the training loop gives it up, which torch does at every operator call.
 
-One child per :class:`WindowProcess`, started by the first window it is given (on the window worker's thread, so
-the training thread does not wait for it) and kept until :meth:`WindowProcess.close`, which the callback calls
+One child per :class:`WindowProcess`, started as the first window closes (:meth:`WindowProcess.start`: the
+training thread does not wait for it) and kept until :meth:`WindowProcess.close`, which the callback calls
 at the end of each Trainer call: one per training process (per rank). It is a fresh interpreter
 (``python -c``, importing only this module; neither torch nor Lightning), not a ``multiprocessing`` child: the
 ``spawn`` and ``forkserver`` start methods run the user's ``__main__`` again in the child (the training script,
@@ -106,6 +106,23 @@ class WindowProcess:
                     self.broken = str(lost)
                     self._stop()
         return process_window(closed, options)  # the export is still there: the child removes it once done
+
+    def start(self) -> None:
+        """Starts the child now, where windows go to it and it is not running, and returns at once: the child's
+        start (a fresh interpreter and its imports, about 0.2 s of one CPU) then runs beside the window's close,
+        whose export keeps the training thread in torch's C++ while the machine's other CPUs wait (on a 2-CPU
+        machine, started later it takes the CPU training's second thread uses). Where it cannot start,
+        :attr:`broken` says why. Never waits: where a window is being processed, the child is there already."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._child is None and self.broken is None and process_enabled():
+                try:
+                    self._start()
+                except ChildLost as lost:
+                    self.broken = str(lost)
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         """Lets the child go (after the window it is processing, if any); the next window starts a new one."""

@@ -91,6 +91,20 @@ def test_a_window_is_processed_in_a_child_process_that_imports_neither_torch_nor
         os.kill(pid, 0)
 
 
+def test_start_begins_the_child_at_once_and_never_waits_for_a_window_in_process(tmp_path, child):
+    child.start()  # what the callback calls as a window's close begins: the child starts beside the export
+    pid = child.pid
+    assert pid is not None and child.broken is None
+    child.start()
+    assert child.pid == pid  # one child
+    closed = closed_window(tmp_path, "w")
+    _check_written(closed, child.process(closed, OPTIONS))
+    assert child.pid == pid  # the window went to the child started before
+    with child._lock:  # a window in the child's hands (the worker's thread holds the lock): no wait, no new child
+        child.start()
+    assert child.pid == pid
+
+
 def test_a_child_that_dies_leaves_the_next_windows_to_this_process(tmp_path, child):
     first = closed_window(tmp_path, "first")
     child.process(first, OPTIONS)
