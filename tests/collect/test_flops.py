@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils.flop_counter import FlopCounterMode
 
 import lightning_perf.collect.flops as flops_module
 from lightning_perf.collect.flops import MAX_COUNTS, BatchFlopCounter, shape_key
@@ -277,3 +278,29 @@ def test_a_compiled_model_counts_as_eager_and_stays_compiled(compiled_first):
     if compiled_first:
         assert dict(counters["frames"]) == frames  # nothing compiled again
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("inference", [False, True], ids=["training", "inference_mode"])
+def test_counts_equal_torchs_own_counter_with_attention_convolutions_and_decompositions(inference):
+    # The counter runs most ops straight through (collect.flops._ShortDispatch); what it counts must not move.
+    # Under inference_mode composite ops (linear, scaled_dot_product_attention) reach the mode and decompose.
+    torch.manual_seed(0)
+    cases = {
+        "attention": (nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2), (4, 16, 32)),
+        "conv": (nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Conv2d(8, 8, 3, groups=2)), (2, 3, 12, 12)),
+        "embedding": (nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(80, 2)), None),
+    }
+    for name, (model, shape) in cases.items():
+        x = torch.randint(0, 50, (4, 10)) if shape is None else torch.randn(shape)
+        with torch.inference_mode(inference):
+            with FlopCounterMode(display=False) as theirs:
+                out = model(x)
+                if not inference:
+                    out.sum().backward()
+            counter = BatchFlopCounter()
+            counter.start(x)
+            out = model(x)
+            if not inference:
+                out.sum().backward()
+            ours = counter.stop()
+        assert ours.total == theirs.get_total_flops() > 0, name
