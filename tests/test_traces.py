@@ -5,14 +5,18 @@ import copy
 import gzip
 import json
 import os
+import shutil
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
 from torch_tb_profiler.consts import WORKER_PATTERN
 from torch_tb_profiler.profiler.data import RunProfileData
 from torch_tb_profiler.profiler.run_generator import RunGenerator
 
-from kineto import load
-from lightning_perf import layout, traces
+from kineto import load, steps
+from lightning_perf import layout, readers, traces
+from lightning_perf.collect.profiler import ProfilerWindow
 from lightning_perf.cli import UsageError, find_traces
 
 
@@ -138,3 +142,55 @@ def test_a_staged_trace_is_gzipped_under_a_name_no_trace_reader_picks_up(tmp_pat
     assert WORKER_PATTERN.match(os.path.basename(final)) and not WORKER_PATTERN.match(os.path.basename(staged))
     with pytest.raises(UsageError, match="holds no Kineto trace"):  # nor the offline CLI
         find_traces([str(tmp_path)])
+
+
+def _export(window_metadata: dict) -> str:
+    """torch's own export of a real window over three DataLoader batches, steps 0, 1 and 2."""
+    window = ProfilerWindow(
+        use_cuda=False,
+        record_shapes=False,
+        profile_memory=False,
+        with_stack=False,
+        with_flops=False,
+        metadata=window_metadata,
+    )
+    loader = iter(DataLoader(TensorDataset(torch.ones(8, 4)), batch_size=2))
+    window.start()
+    for batch in (0, 1, 2):
+        window.begin_step(batch)
+        window.mark_ran(batch)
+        next(loader)[0].matmul(torch.ones(4, 4)).sin()
+        window.end_step()
+    window.stop()
+    return window.export()
+
+
+@pytest.mark.parametrize("tensorboard_compat", [True, False])
+def test_finish_trace_changes_a_window_in_place_as_the_dictionary_path_does(tmp_path, monkeypatch, tensorboard_compat):
+    # The common case changes torch's export event by event (traces._changed_in_place); a cut or a repair goes
+    # through dictionaries. Both must write the same trace and return the same typed one.
+    export = _export({"lightning_perf": {"stage": "train"}})
+    copy_ = str(tmp_path / "copy.json")
+    shutil.copy(export, copy_)
+    in_place = traces.finish_trace(
+        export, str(tmp_path / "a.json.gz"), steps={0, 2}, tensorboard_compat=tensorboard_compat
+    )
+    monkeypatch.setattr(traces, "_changed_in_place", lambda *args: None)
+    as_dicts = traces.finish_trace(
+        copy_, str(tmp_path / "b.json.gz"), steps={0, 2}, tensorboard_compat=tensorboard_compat
+    )
+    written = load(tmp_path / "a.json.gz")
+    assert written == load(tmp_path / "b.json.gz")
+    assert in_place.trace == as_dicts.trace == readers.load_trace(tmp_path / "a.json.gz")
+    assert not os.path.exists(export) and not os.path.exists(copy_)
+    assert steps(written) == [0, 2]  # the span of step 1, not recorded, is dropped
+    loading = [e for e in written["traceEvents"] if traces.is_dataloader_next(e.get("name"))]
+    assert len(loading) == 3
+    assert written["lightning_perf"]["stage"] == "train"  # the window's own notes stay beside the rename's
+    if tensorboard_compat:
+        assert {e["cat"] for e in loading} == {"cpu_op"}
+        assert written["lightning_perf"]["renamed_categories"] == {"user_annotation:enumerate(DataLoader)#*": "cpu_op"}
+    else:
+        assert {e["cat"] for e in loading} == {"user_annotation"} and "renamed_categories" not in written[
+            "lightning_perf"
+        ]

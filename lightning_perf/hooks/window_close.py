@@ -47,7 +47,6 @@ from lightning_perf.collect.window import WindowState
 from lightning_perf.hooks.window_control import WindowToSave
 from lightning_perf.records import WindowRecord
 from lightning_perf.report.markdown import operator_table
-from lightning_perf.summarize.events import as_trace
 from lightning_perf.summarize.operators import default_sort_key, operator_stats, top_operators
 from lightning_perf.summarize.step_summary import summarize_trace
 from lightning_perf.traces import collector_paused, finish_trace
@@ -202,21 +201,22 @@ def process_window(closed: ClosedWindow, options: WindowOptions) -> ProcessedWin
     """
     record = closed.record
     with collector_paused():
-        trace, cut_to, repaired = finish_trace(
+        finished = finish_trace(
             closed.export_path,
             closed.written_path,
             steps=closed.ran,
             tensorboard_compat=options.tensorboard_compat,
             max_bytes=options.max_bytes,
+            shapes=options.record_shapes,
         )
-        typed = as_trace(trace, shapes=options.record_shapes)  # the trace as saved, as the analyses read it
-        del trace
+        typed = finished.trace  # the trace as saved, as the analyses read it
         record = dataclasses.replace(
             record,
             operators=operator_stats(typed, group_by_input_shape=options.record_shapes),
             summary=summarize_trace(typed, window=record.name),
         )
-        del typed
+        cut_to, repaired = finished.cut_to, finished.repaired
+        del typed, finished
     sort_by = options.sort_by or default_sort_key(record.device)
     table = operator_table(
         record, top_operators(record.operators, sort_by=sort_by, row_limit=options.row_limit), sort_by=sort_by
