@@ -408,9 +408,9 @@ class EpochReporter:
             )
             if message:
                 say(trainer, message)
-        if trainer.state.fn == TrainerFn.FITTING:  # a stage's first epoch, at once; then on the budget
+        # Fit: a stage's first epoch now (training's writes its validation's), then on the budget; others: at the end
+        if trainer.state.fn == TrainerFn.FITTING and (stage == "train" or self.stages["train"].history):
             self.write_report(trainer, now=not st.history)
-        # (validate, test and predict run one epoch of their stage: their Trainer call's end writes the report)
 
     def failed(self, trainer: pl.Trainer, error: BaseException, positions: Mapping[str, StagePosition]) -> None:
         """An exception ends the call: an out-of-memory error's diagnosis (:func:`~lightning_perf.hooks.failure.
