@@ -21,3 +21,14 @@ def heavy_modules_loaded_by(module: str) -> list[str]:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def package_modules_loaded_by(module: str) -> list[str]:
+    """Imports ``module`` in a fresh interpreter and lists the modules of ``lightning_perf`` that got loaded."""
+    code = (
+        f"import {module}\n"
+        "import json, sys\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('lightning_perf.'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])

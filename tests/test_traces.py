@@ -16,8 +16,8 @@ from torch_tb_profiler.profiler.run_generator import RunGenerator
 
 from kineto import load, steps
 from lightning_perf import layout, readers, traces
-from lightning_perf.collect.profiler import ProfilerWindow
 from lightning_perf.cli import UsageError, find_traces
+from lightning_perf.collect.profiler import ProfilerWindow
 
 
 def _event(cat, name, ts, dur, **args):

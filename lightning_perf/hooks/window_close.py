@@ -44,16 +44,16 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_perf import layout
 from lightning_perf.collect.window import WindowState
-from lightning_perf.hooks.window_control import WindowToSave
 from lightning_perf.records import WindowRecord
 from lightning_perf.report.markdown import operator_table
 from lightning_perf.summarize.operators import default_sort_key, operator_stats, top_operators
 from lightning_perf.summarize.step_summary import summarize_trace
 from lightning_perf.traces import collector_paused, finish_trace
 
-if TYPE_CHECKING:  # torch's: the window process imports this module and no torch
+if TYPE_CHECKING:  # torch's, and the training side's: the window process imports this module and no more
     from lightning_perf.collect.memory import CudaMemory
     from lightning_perf.config import PerfConfig, SortKey
+    from lightning_perf.hooks.window_control import WindowToSave
 
 
 @dataclass(frozen=True, kw_only=True)

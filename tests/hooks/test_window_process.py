@@ -21,7 +21,7 @@ from lightning_perf.hooks.window_close import ClosedWindow, WindowOptions
 from lightning_perf.hooks.window_process import CHILD_NICENESS, PROCESS_ENV, WindowProcess
 from lightning_perf.records import WindowRecord
 from models import TinyModel, trainer, window_names
-from purity import heavy_modules_loaded_by
+from purity import heavy_modules_loaded_by, package_modules_loaded_by
 
 WINDOW_3 = {"skip_first": 1, "warmup": 1, "active": 3}  # records batches 2, 3, 4 of each epoch
 OPTIONS = WindowOptions(tensorboard_compat=True, max_bytes=2**30, record_shapes=False, sort_by=None, row_limit=10)
@@ -72,6 +72,9 @@ def child():
 
 def test_a_window_is_processed_in_a_child_process_that_imports_neither_torch_nor_lightning(tmp_path, child):
     assert heavy_modules_loaded_by("lightning_perf.hooks.window_process") == ["numpy"]
+    # Nor the training side's modules: the child's start (its imports) is CPU taken from training.
+    loaded = package_modules_loaded_by("lightning_perf.hooks.window_process")
+    assert not {"lightning_perf.config", "lightning_perf.budget", "lightning_perf.hooks.window_control"} & set(loaded)
     first = closed_window(tmp_path, "first")
     _check_written(first, child.process(first, OPTIONS))
     pid = child.pid
