@@ -46,8 +46,23 @@ from lightning_perf import PerfCallback
 from machine import cpu_busy_seconds
 
 
-def fit(epochs: int, perf: bool) -> tuple[float, dict | None]:
-    """One fit's wall time, and the callback's ``run.profiling`` with its windows (``None`` bare)."""
+class StepTimes(pl.Callback):
+    """Each training batch's wall time, from its start hook to its end hook (the callback's close included)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[int, list[float]] = {}
+        self._start = 0.0
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: object) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        self.seconds.setdefault(trainer.current_epoch, []).append(time.perf_counter() - self._start)
+
+
+def fit(epochs: int, perf: bool, steps: StepTimes | None = None) -> tuple[float, dict | None]:
+    """One fit's wall time, and the callback's ``run.profiling`` with its windows (``None`` bare); ``steps``
+    (after the callback) times each training batch."""
     lightning.seed_everything(0, verbose=False)
     model = Forecaster()
     train, val = loaders()
@@ -58,7 +73,7 @@ def fit(epochs: int, perf: bool) -> tuple[float, dict | None]:
             accelerator="cpu",
             devices=1,
             max_epochs=epochs,
-            callbacks=[callback] if callback else [],
+            callbacks=([callback] if callback else []) + ([steps] if steps else []),
             enable_progress_bar=False,
             enable_model_summary=False,
             enable_checkpointing=False,
@@ -72,7 +87,26 @@ def fit(epochs: int, perf: bool) -> tuple[float, dict | None]:
             return wall, None
         with open(callback.report_path) as f:
             report = json.load(f)
-        return wall, {**report["run"]["profiling"], "opened": [(w["stage"], w["epoch"]) for w in report["windows"]]}
+        costs = [(w["name"], w["close_seconds"], w["cost_seconds"]) for w in report["windows"]]
+        return wall, {
+            **report["run"]["profiling"],
+            "opened": [(w["stage"], w["epoch"]) for w in report["windows"]],
+            "costs": costs,
+        }
+
+
+def show_steps(epochs: int) -> None:
+    """``--steps``: a bare fit and one with the callback; training epoch 0's steps of each, and each window's
+    close and cost: where a short run's profiling goes."""
+    for perf in (False, True):
+        steps = StepTimes()
+        wall, profiling = fit(epochs, perf, steps)
+        print(f"{'PerfCallback()' if perf else 'bare'}: fit {wall:.2f} s; epoch 0's steps (ms):")
+        print("  " + " ".join(f"{s * 1000:.0f}" for s in steps.seconds[0]))
+        if profiling is not None:
+            for name, close, cost in profiling["costs"]:
+                print(f"  {name}: close {close * 1000:.0f} ms, cost {cost * 1000:.0f} ms")
+            print(f"  in all: {profiling['seconds']:.2f} s of {profiling['run_seconds']:.2f} s")
 
 
 def _own_cpu() -> float:
@@ -85,6 +119,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, nargs="+", default=[4, 40])
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--steps", action="store_true", help="one fit of the first --epochs each: steps, costs")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -94,6 +129,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     fit(1, False)
     fit(1, True)
+    if args.steps:
+        show_steps(args.epochs[0])
+        return
     for epochs in args.epochs:
         ratios, bares, perfs, shares = [], [], [], []
         last: dict | None = None
