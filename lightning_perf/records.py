@@ -39,6 +39,37 @@ class OperatorStat:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CollectiveStats:
+    """One kind of collective in one process group, over a window (:mod:`lightning_perf.summarize.collectives`).
+
+    Attributes:
+        kind: The ``Collective name`` as Kineto writes it (``allreduce``, ``_allgather_base``...).
+        group: The process group's description (``default_pg``), else its name, else ``""``.
+        ranks: Its ``Group size``.
+        calls: Calls in the window.
+        per_step: Calls per recorded step.
+        bytes: Bytes moved in all (each call's larger of input and output); ``None`` where a dtype is unknown.
+        seconds: Their time in all; ``exposed_seconds``: of it, the time no compute overlapped.
+        on_device: Timed on the device (NCCL kernels), not on the host (gloo).
+        algorithm_bandwidth: ``bytes / seconds``, in bytes per second (``None`` without bytes or time).
+        bus_bandwidth: The algorithm bandwidth times nccl-tests' factor for the kind and ``ranks`` (``None`` for a
+            kind nccl-tests does not define).
+    """
+
+    kind: str
+    group: str
+    ranks: int
+    calls: int
+    per_step: float
+    bytes: int | None
+    seconds: float
+    exposed_seconds: float
+    on_device: bool
+    algorithm_bandwidth: float | None = None
+    bus_bandwidth: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class WindowRecord:
     """One saved profiler window: which batches it recorded, where its trace is, and its operators.
 
@@ -63,6 +94,7 @@ class WindowRecord:
             the stage's median step, and any wait for its processing at the epoch's end; ``None`` until then.
         operators: The window's operators, in no particular order.
         summary: What the window's trace shows, per step (the input of the trace-level rules).
+        collectives: Its collective communication per kind and process group, the most time first.
     """
 
     stage: str
@@ -81,6 +113,7 @@ class WindowRecord:
     cost_seconds: float | None = None
     operators: tuple[OperatorStat, ...] = field(default=(), repr=False)
     summary: TraceSummary | None = field(default=None, repr=False)
+    collectives: tuple[CollectiveStats, ...] = field(default=(), repr=False)
 
     @property
     def num_batches(self) -> int:

@@ -46,6 +46,7 @@ from lightning_perf import layout
 from lightning_perf.collect.window import WindowState
 from lightning_perf.records import WindowRecord
 from lightning_perf.report.markdown import operator_table
+from lightning_perf.summarize.collectives import collective_stats
 from lightning_perf.summarize.operators import default_sort_key, operator_stats, top_operators
 from lightning_perf.summarize.step_summary import summarize_trace
 from lightning_perf.traces import collector_paused, finish_trace
@@ -214,6 +215,7 @@ def process_window(closed: ClosedWindow, options: WindowOptions) -> ProcessedWin
             record,
             operators=operator_stats(typed, group_by_input_shape=options.record_shapes),
             summary=summarize_trace(typed, window=record.name),
+            collectives=collective_stats(typed),
         )
         cut_to, repaired = finished.cut_to, finished.repaired
         del typed, finished

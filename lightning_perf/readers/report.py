@@ -17,6 +17,7 @@ from lightning_perf.diagnose.model import SEVERITIES, Finding, RunFacts
 from lightning_perf.layout import REPORT_SCHEMA_VERSION as SCHEMA_VERSION
 from lightning_perf.readers.files import KINDS, InputError, Invalid, at, check, missing, must, read_json
 from lightning_perf.records import (
+    CollectiveStats,
     CompileStats,
     EpochSummary,
     GraphBreak,
@@ -76,7 +77,7 @@ def _fields_of(
 EPOCH_FIELDS = _fields_of(EpochSummary)
 RANK_FIELDS = _fields_of(RankSummary)
 FINDING_FIELDS = _fields_of(Finding, annotations={"severity": "str"})
-WINDOW_FIELDS = _fields_of(WindowRecord, skip=("operators", "summary"))  # as the report writes a window
+WINDOW_FIELDS = _fields_of(WindowRecord, skip=("operators", "summary", "collectives"))  # as the report writes it
 TRACE_SUMMARY_FIELDS = _fields_of(TraceSummary)
 # run.memory is a nested mapping: summarize.memory.checked_memory checks it where it is read.
 RUN_FIELDS = _fields_of(RunFacts, skip=DATALOADER_FACTS | {"memory"})
@@ -86,6 +87,7 @@ COMPILE_FIELDS = _fields_of(CompileStats, skip=COMPILE_LISTS)
 GRAPH_BREAK_FIELDS = _fields_of(GraphBreak)
 RECOMPILE_FIELDS = _fields_of(Recompile)
 OPERATOR_FIELDS = _fields_of(OperatorStat)
+COLLECTIVE_FIELDS = _fields_of(CollectiveStats)
 
 
 def _check_record(record: Any, fields: Iterable[_Field], where: str, *, fill: bool = True) -> dict[str, Any]:
@@ -140,7 +142,8 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
            ``compiled`` (integers).
         4. ``windows`` is an array of :class:`~lightning_perf.records.WindowRecord` objects, each ``summary``
            null or a :class:`~lightning_perf.records.TraceSummary` object, its ``operators`` (where present) an
-           array of :class:`~lightning_perf.records.OperatorStat` objects.
+           array of :class:`~lightning_perf.records.OperatorStat` objects, its ``collectives`` (where present) an
+           array of :class:`~lightning_perf.records.CollectiveStats` objects.
         5. Numbers are finite. Keys the schema does not name are allowed (a newer writer's additions).
         6. A record's field that has a default in its dataclass may be absent: it is filled in with that
            default (so ``EpochSummary(**fields)`` works on what is returned); one without is required.
@@ -193,6 +196,8 @@ def _checked_report(data: Any) -> dict[str, Any]:
             _check_record(summary, TRACE_SUMMARY_FIELDS, at(where, "summary"))
         for j, operator in enumerate(_list(window, "operators", where, default=[])):
             _check_record(operator, OPERATOR_FIELDS, at(at(where, "operators"), j))
+        for j, collective in enumerate(_list(window, "collectives", where, default=[])):
+            _check_record(collective, COLLECTIVE_FIELDS, at(at(where, "collectives"), j))
     return data
 
 

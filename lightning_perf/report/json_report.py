@@ -26,7 +26,8 @@ interruption (an exception, Ctrl-C, SIGTERM). Its schema (``version`` 1):
                                        "steps": {data_wait: [...], compute: [...], per_bar, profiled: [[first,
                                                  last], ...], compiled: [<batch>, ...]}}, ...]}},
       "windows": [{<WindowRecord fields but operators>, "summary": {<TraceSummary fields>},
-                   "operators": [<OperatorStat fields>, ...]}, ...]
+                   "operators": [<OperatorStat fields>, ...],
+                   "collectives": [<CollectiveStats fields>, ...]}, ...]
     }
 
 An epoch's ``profiled_batches`` are the batches left out of its times, not only the profiled ones, despite the
@@ -66,6 +67,7 @@ from lightning_perf.budget import ProfilingCost
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.layout import REPORT_SCHEMA_VERSION, write_atomically
 from lightning_perf.records import (
+    CollectiveStats,
     CompileStats,
     EpochSummary,
     GraphBreak,
@@ -295,17 +297,18 @@ def _is_number(value: Any) -> TypeGuard[float]:
 def window_dict(window: WindowRecord, *, with_analysis: bool = True) -> dict[str, Any]:
     """A window as plain data: its record, and unless ``with_analysis`` is false its trace summary and its top
     :data:`OPERATOR_ROWS` operators (all of them are in the ``*.operators.md`` file beside the trace)."""
-    entry = {
-        f.name: getattr(window, f.name) for f in dataclasses.fields(window) if f.name not in ("operators", "summary")
-    }
+    entry = {f.name: getattr(window, f.name) for f in dataclasses.fields(window) if f.name not in WINDOW_ANALYSIS}
     if with_analysis:
         entry["summary"] = None if window.summary is None else plain(window.summary)
+        entry["collectives"] = [plain(c) for c in window.collectives]
         top = top_operators(window.operators, sort_by=default_sort_key(window.device), row_limit=OPERATOR_ROWS)
         entry["operators"] = [_scaled(plain(op), 1e-6) for op in top]  # the record's microseconds, as seconds
     return entry
 
 
 _OPERATOR_TIMES = ("self_cpu_time", "cpu_time", "self_device_time", "device_time")
+#: A window's fields that hold what its trace shows (written unless ``with_analysis`` is false).
+WINDOW_ANALYSIS = ("operators", "summary", "collectives")
 
 
 def _scaled(values: dict[str, Any], factor: float) -> dict[str, Any]:
@@ -323,6 +326,7 @@ def window_record(values: Mapping[str, Any]) -> WindowRecord:
             **values,
             "summary": None if summary is None else from_values(TraceSummary, summary),
             "operators": tuple(from_values(OperatorStat, _scaled(op, 1e6)) for op in values.get("operators", ())),
+            "collectives": tuple(from_values(CollectiveStats, c) for c in values.get("collectives", ())),
         },
     )
 

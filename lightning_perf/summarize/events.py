@@ -52,6 +52,15 @@ class CompleteArgs(msgspec.Struct, gc=False, frozen=True):
     correlation: Id = None  # ties a kernel to its runtime call (cudaLaunchKernel)
     flops: Number | None = None
     device: Any = None  # of a kernel
+    # A collective's description, on its NCCL kernels and its record_param_comms operator (summarize.collectives):
+    # read as they come (a value of another type counts as absent there).
+    collective: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dtype: Any = None
+    group_name: Any = msgspec.field(default=None, name="Process Group Name")
+    group_desc: Any = msgspec.field(default=None, name="Process Group Description")
 
 
 class ShapedCompleteArgs(CompleteArgs, gc=False, frozen=True):
