@@ -192,3 +192,8 @@ def flops(value: float) -> str:
 def flops_rate(value: float) -> str:
     """An arithmetic rate: ``4.12e13`` -> ``"41.2 TFLOP/s"``, ``8.12e11`` -> ``"812 GFLOP/s"``."""
     return _three_digits(value, "FLOP/s")
+
+
+def bandwidth(value: float) -> str:
+    """A data rate in SI units, as nccl-tests reports them: ``6.56e9`` -> ``"6.56 GB/s"``."""
+    return _three_digits(value, "B/s")

@@ -575,3 +575,18 @@ def test_compare_finds_a_moved_run_s_traces_or_uses_the_operators_its_report_kep
         assert from_report[name] == pytest.approx(from_trace[name], rel=1e-6), name
     kept = f"(before: {last['name']} (its top {len(last['operators'])} operators, as the report keeps them); after: "
     assert kept in (tmp_path / "compare.html").read_text()
+
+
+def test_analyze_shows_each_traces_collectives_and_puts_them_in_its_json(gpu_trace, capsys):
+    path = str(gpu_trace("a100_nccl_2rank_rank0.json.gz"))
+    assert main(["analyze", path]) == 0
+    out = capsys.readouterr().out
+    assert "collective  group       ranks  calls/step  bytes/call" in out
+    # 5 all-reduces a step of 19.5 MiB on average (the hand count of tests/summarize/test_collectives.py).
+    assert re.search(r"allreduce\s+default_pg\s+2\s+5\s+19\.5 MiB\s+15\.59 ms\s+84%\s+6\.56 GB/s\s+6\.56 GB/s", out)
+    assert main(["analyze", path, "--json"]) == 0
+    (entry,) = [v for k, v in json.loads(capsys.readouterr().out).items() if k.endswith(".json.gz")]
+    assert [(c["kind"], c["calls"], c["bytes"]) for c in entry["collectives"]] == [
+        ("allreduce", 15, 306_684_384),
+        ("broadcast", 6, 638_712),
+    ]

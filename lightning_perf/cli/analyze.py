@@ -32,8 +32,10 @@ from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnosis_context import cross_rank_findings, distributed_info, trace_context, trace_stage
 from lightning_perf.readers import load_trace
 from lightning_perf.records import RankSummary, TraceSummary, share
+from lightning_perf.report.collectives import collectives_table
 from lightning_perf.report.findings import CLEAN, finding_lines, ranks_table, shown_findings
 from lightning_perf.report.html.traces_page import AnalyzedDirectory, AnalyzedTrace, traces_page
+from lightning_perf.summarize.collectives import collective_stats
 from lightning_perf.summarize.events import KinetoTrace
 from lightning_perf.summarize.operators import operator_stats
 from lightning_perf.summarize.ranks import rank_summary_of_trace
@@ -74,9 +76,10 @@ def command_analyze(args: argparse.Namespace) -> int:
         for path in paths:
             trace, summary, findings = analyzed(path, precision=args.precision, world_size=len(paths))
             rank, operators = trace_rank(path, trace), operator_stats(trace) if page_path else ()
+            collectives = collective_stats(trace)
             del trace  # one trace in memory at a time
             # Absolute: the page's commands (tensorboard --logdir, perfetto) must work wherever it is opened.
-            entries.append(AnalyzedTrace(os.path.abspath(path), rank, summary, tuple(findings), operators))
+            entries.append(AnalyzedTrace(os.path.abspath(path), rank, summary, tuple(findings), operators, collectives))
         entries.sort(key=lambda e: e.rank)
         if not args.json:
             print(directory)
@@ -87,9 +90,12 @@ def command_analyze(args: argparse.Namespace) -> int:
                 "rank": entry.rank,
                 "summary": dataclasses.asdict(entry.summary),
                 "findings": [dataclasses.asdict(f) for f in entry.findings],
+                "collectives": [dataclasses.asdict(c) for c in entry.collectives],
             }
             if not args.json:
                 print(f"  rank {entry.rank}: {os.path.basename(entry.path)}: {_summary_line(entry.summary)}")
+                for line in collectives_table(entry.collectives):
+                    print(f"    {line}")
                 _print_findings(entry.findings, args.verbose)
         cross: list[Finding] = []
         distinct = len(entries) > 1 and len({r.rank for r in ranks}) == len(ranks)

@@ -197,3 +197,14 @@ def test_the_rank_exchange_holds_no_rank_but_rank_zero_and_sees_late_gathers_end
     assert zero["last_drain"] == [["again"], 0]
     assert one["last_drain"] == [["again", "never"], 1]  # handed back all the same; one still in flight
     assert one["held"] == []  # and held only until rank zero's close ended it: the process exits cleanly
+
+
+def test_a_ddp_windows_collectives_are_gloos_all_reduces_in_the_report(plain):
+    root, _, _ = plain
+    train = [w for w in _report(root)["windows"] if w["stage"] == "train"]
+    assert train
+    for window in train:
+        # DDP's gradient buckets: gloo all-reduces among the 2 ranks, every recorded step; gloo records no sizes.
+        reduces = [c for c in window["collectives"] if c["kind"] == "all_reduce"]
+        assert len(reduces) == 1 and reduces[0]["ranks"] == 2 and reduces[0]["per_step"] >= 1
+        assert reduces[0]["seconds"] > 0 and reduces[0]["bytes"] is None and not reduces[0]["on_device"]

@@ -121,6 +121,7 @@ def windows_html(
         body = window_body(
             summary=w.summary,
             operators=w.operators,
+            collectives=w.collectives,
             device=w.device,
             trace_path=w.trace_path,
             chart_title=f"{_title(w)}: step breakdown",

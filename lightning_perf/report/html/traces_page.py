@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lightning_perf.diagnose.model import Finding
-from lightning_perf.records import OperatorStat, RankSummary, TraceSummary
+from lightning_perf.records import CollectiveStats, OperatorStat, RankSummary, TraceSummary
 from lightning_perf.report.html.breakdown import step_breakdown
 from lightning_perf.report.html.document import Section, chart, esc, page
 from lightning_perf.report.html.figures import breakdown_figure
@@ -50,6 +50,7 @@ class AnalyzedTrace:
         summary: Its summary.
         findings: The trace-level rules' findings.
         operators: Its operator table (all rows; the page shows the top ones).
+        collectives: Its collectives per kind and process group.
     """
 
     path: str
@@ -57,6 +58,7 @@ class AnalyzedTrace:
     summary: TraceSummary
     findings: tuple[Finding, ...] = ()
     operators: tuple[OperatorStat, ...] = ()
+    collectives: tuple[CollectiveStats, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ def _trace_section(
         findings=f"<h4>Findings</h4>{findings}",
         with_chart=with_chart,
         operator_limit=operators,
+        collectives=trace.collectives,
     )
     head = (
         f"rank {trace.rank}: <code>{esc(name)}</code> · {esc(plural(s.steps, 'step'))} of {esc(duration(s.step_time))}"

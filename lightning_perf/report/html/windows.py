@@ -16,7 +16,8 @@ import os
 import shlex
 from collections.abc import Sequence
 
-from lightning_perf.records import OperatorStat, TraceSummary, share
+from lightning_perf.records import CollectiveStats, OperatorStat, TraceSummary, share
+from lightning_perf.report.collectives import collective_rows
 from lightning_perf.report.html.breakdown import DESCRIPTIONS, HOST_PARTS, host_scale, step_breakdown
 from lightning_perf.report.html.document import Cell, chart, esc, number_cell, table, value_cells
 from lightning_perf.report.html.figures import breakdown_figure
@@ -159,6 +160,7 @@ def window_body(
     device: str,
     trace_path: str,
     chart_title: str,
+    collectives: Sequence[CollectiveStats] = (),
     facts: Sequence[tuple[str, str]] = (),
     findings: str = "",
     with_chart: bool = True,
@@ -167,8 +169,8 @@ def window_body(
     run: str | None = None,
 ) -> str:
     """A window's or a trace's section body: ``facts`` (the window's own: batches, peaks) and the trace's
-    numbers, ``findings`` (HTML built by the caller), the step breakdown, the operator table and how to open
-    the trace."""
+    numbers, ``findings`` (HTML built by the caller), the step breakdown, the collectives, the operator table
+    and how to open the trace."""
     rows = [*facts, *(summary_facts(summary) if summary is not None else ())]
     numbers = table(["what", "value"], [[name, value] for name, value in rows]) if rows else ""
     breakdown = "<h4>Step breakdown</h4>"
@@ -177,6 +179,9 @@ def window_body(
     else:
         breakdown += breakdown_html(summary, title=chart_title, with_chart=with_chart)
     html = findings + f'<div class="grid"><div><h4>Per step</h4>{numbers}</div><div>{breakdown}</div></div>'
+    if rows := collective_rows(collectives):
+        header, *cells = rows
+        html += "<h4>Collectives</h4>" + table(header, cells, numeric=[i >= 2 for i in range(len(header))])
     html += "<h4>Operators</h4>" + operator_table(operators, device=device, limit=operator_limit)
     html += "<h4>Open the trace</h4>" + open_instructions(trace_path, logdir=logdir, run=run)
     return html
