@@ -36,8 +36,9 @@ from lightning_perf.config import (
     Stage,
     schedule_warning,
 )
+from lightning_perf.diagnosis_context import window_summaries
 from lightning_perf.hooks import run_state
-from lightning_perf.hooks.epoch_report import EpochReporter, window_summaries
+from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.flop_count import run_peak_flops
 from lightning_perf.hooks.profiler_windows import ProfilerWindows

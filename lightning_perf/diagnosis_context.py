@@ -19,6 +19,7 @@ nothing of this package but the records and each other).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,7 +28,14 @@ from lightning_perf.config import STAGES
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import CROSS_RANK_RULES, diagnose
 from lightning_perf.diagnose.thresholds import EVIDENCE_BATCHES, Thresholds
-from lightning_perf.records import CompileStats, EpochSummary, RankSummary, TraceSummary
+from lightning_perf.records import (
+    CollectiveStats,
+    CompileStats,
+    EpochSummary,
+    RankSummary,
+    TraceSummary,
+    WindowRecord,
+)
 from lightning_perf.summarize.events import KinetoTrace
 from lightning_perf.summarize.memory import checked_memory
 from lightning_perf.summarize.ranks import rank_work_times
@@ -89,6 +97,7 @@ def epoch_context(
     compile: CompileStats | None = None,
     evidence_batches: int = EVIDENCE_BATCHES,
     fit_seconds: tuple[float, float] | None = None,
+    collectives: Mapping[str, tuple[CollectiveStats, ...]] | None = None,
 ) -> StageEpoch:
     """A measured stage epoch, as the rules see it: an epoch of fewer than ``evidence_batches`` measured batches
     is judged together with the latest epochs of ``history`` (:func:`~lightning_perf.summarize.steps.pool_epochs`)
@@ -110,6 +119,7 @@ def epoch_context(
         evidence_batches: The measured batches the rules judge at the least (``Thresholds.evidence_batches``).
         fit_seconds: For a training epoch, the training and the validation step time of the fit so far, this
             epoch included (``validation_heavy`` judges the fit's share).
+        collectives: Each window's collectives, by the window's name.
 
     Example::
 
@@ -132,6 +142,7 @@ def epoch_context(
         rank_step_times=rank_work_times(ranks) or None,
         compile=compile,
         fit_seconds=fit_seconds,
+        collectives=dict(collectives or {}),
     )
 
 
@@ -166,6 +177,7 @@ def trace_context(
     stage: str = "train",
     precision: str | None = None,
     world_size: int = 1,
+    collectives: tuple[CollectiveStats, ...] = (),
 ) -> StageEpoch:
     """What the rules need from a trace alone.
 
@@ -175,6 +187,7 @@ def trace_context(
         stage: The stage it was recorded in (a trace of ours says which: :func:`trace_stage`).
         precision: Lightning's precision string, which a trace does not tell (enables the precision rule).
         world_size: How many traces (ranks) are analysed together.
+        collectives: The trace's collectives (:func:`~lightning_perf.summarize.collectives.collective_stats`).
 
     Example::
 
@@ -186,7 +199,8 @@ def trace_context(
         precision=precision,
         world_size=max(world_size, int(info.get("world_size") or 1)),
     )
-    return StageEpoch(epoch=_steps(stage, summary.step_time, summary.steps), windows=(summary,), facts=facts)
+    epoch = _steps(stage, summary.step_time, summary.steps)
+    return StageEpoch(epoch=epoch, windows=(summary,), facts=facts, collectives={summary.window: collectives})
 
 
 def ranks_context(ranks: Sequence[RankSummary]) -> StageEpoch:
@@ -224,3 +238,31 @@ def _steps(stage: str, step_time: float, steps: int) -> EpochSummary:
         compute=[step_time] * steps,
         batch_sizes=[None] * steps,
     )
+
+
+def with_cpu_use(record: WindowRecord) -> TraceSummary:
+    """A window's trace summary with the time per step its training thread waited for a CPU
+    (``TraceSummary.cpu_wait_time``: what a busy machine explains)."""
+    summary = record.summary
+    assert summary is not None
+    if record.cpu_wait is None or not summary.steps:
+        return summary
+    return dataclasses.replace(summary, cpu_wait_time=record.cpu_wait / summary.steps)
+
+
+def window_summaries(
+    windows: Sequence[WindowRecord], stage: str, epoch: int, *, latest: bool = False
+) -> tuple[TraceSummary, ...]:
+    """The trace summaries of the stage epoch's ``windows``, with what the training thread did per step while each
+    recorded (:func:`with_cpu_use`); ``latest``: where the epoch has none, the stage's latest earlier window
+    (under a profiling budget most epochs have none, and their findings still rest on what one showed)."""
+    return tuple(with_cpu_use(w) for w in epoch_windows(windows, stage, epoch, latest=latest))
+
+
+def epoch_windows(
+    windows: Sequence[WindowRecord], stage: str, epoch: int, *, latest: bool = False
+) -> list[WindowRecord]:
+    """The stage epoch's summarized ``windows`` (see :func:`window_summaries`)."""
+    mine = [w for w in windows if w.stage == stage and w.summary]
+    own = [w for w in mine if w.epoch == epoch]
+    return own if own or not latest else [w for w in mine if w.epoch < epoch][-1:]

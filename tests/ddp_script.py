@@ -1,7 +1,8 @@
 """A real two-process run for tests/callback/test_distributed.py: ``python ddp_script.py ROOT STRATEGY SCENARIO``.
 
 Scenarios: ``plain``; ``straggler`` (rank 1 sleeps 20 ms every step); ``communication`` (large parameters,
-tiny compute: the gradient all-reduce dominates); ``raises`` (rank 1 raises in its third step);
+tiny compute: the gradient all-reduce dominates); ``sync_every_step`` (12 values logged with ``sync_dist=True``
+every step) and ``sync_every_epoch`` (the same, reduced once per epoch); ``raises`` (rank 1 raises in its third step);
 ``raises_late`` (rank 1 raises at its first epoch end, after PerfCallback's hook, while rank zero waits in the
 reduction its progress bar started); ``orders`` (a metric logged with ``sync_dist=True, prog_bar=True``, and a
 progress bar, a checkpoint and early stopping before and after PerfCallback: one fit per order, in one
@@ -42,6 +43,12 @@ class Scenario(TinyModel):
             raise RuntimeError("rank 1 failed")
         if self.scenario == "communication":
             loss = loss + 0 * sum(p.sum() for p in self.big.parameters())
+        if self.scenario == "sync_every_step":  # 12 values all-reduced every step (Lightning: on_step in training)
+            for k in range(12):
+                self.log(f"m{k}", loss * k, sync_dist=True)
+        if self.scenario == "sync_every_epoch":  # small_collectives' advice applied: reduced once, at the epoch end
+            for k in range(12):
+                self.log(f"m{k}", loss * k, sync_dist=True, on_step=False, on_epoch=True)
         return loss
 
 

@@ -31,7 +31,7 @@ from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnosis_context import cross_rank_findings, distributed_info, trace_context, trace_stage
 from lightning_perf.readers import load_trace
-from lightning_perf.records import RankSummary, TraceSummary, share
+from lightning_perf.records import CollectiveStats, RankSummary, TraceSummary, share
 from lightning_perf.report.collectives import collectives_table
 from lightning_perf.report.findings import CLEAN, finding_lines, ranks_table, shown_findings
 from lightning_perf.report.html.traces_page import AnalyzedDirectory, AnalyzedTrace, traces_page
@@ -74,9 +74,8 @@ def command_analyze(args: argparse.Namespace) -> int:
     for directory, paths in by_dir.items():
         entries = []
         for path in paths:
-            trace, summary, findings = analyzed(path, precision=args.precision, world_size=len(paths))
+            trace, summary, collectives, findings = analyzed(path, precision=args.precision, world_size=len(paths))
             rank, operators = trace_rank(path, trace), operator_stats(trace) if page_path else ()
-            collectives = collective_stats(trace)
             del trace  # one trace in memory at a time
             # Absolute: the page's commands (tensorboard --logdir, perfetto) must work wherever it is opened.
             entries.append(AnalyzedTrace(os.path.abspath(path), rank, summary, tuple(findings), operators, collectives))
@@ -122,10 +121,14 @@ def command_analyze(args: argparse.Namespace) -> int:
 
 def analyzed(
     path: str, *, precision: str | None, world_size: int = 1
-) -> tuple[KinetoTrace, TraceSummary, list[Finding]]:
-    """A trace, its summary and the trace-level rules' findings (of ``world_size`` traces analysed together)."""
+) -> tuple[KinetoTrace, TraceSummary, tuple[CollectiveStats, ...], list[Finding]]:
+    """A trace, its summary, its collectives and the trace-level rules' findings (of ``world_size`` traces
+    analysed together)."""
     trace = load_trace(path, on_repair=say_repaired)
     summary = summarize_trace(trace, window=os.path.basename(path))
+    collectives = collective_stats(trace)
     info = distributed_info(trace)
-    context = trace_context(summary, info, stage=trace_stage(trace), precision=precision, world_size=world_size)
-    return trace, summary, diagnose(context)
+    context = trace_context(
+        summary, info, stage=trace_stage(trace), precision=precision, world_size=world_size, collectives=collectives
+    )
+    return trace, summary, collectives, diagnose(context)

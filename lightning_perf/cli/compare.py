@@ -66,7 +66,7 @@ def command_compare(args: argparse.Namespace) -> int:
 def _side(path: str, args: argparse.Namespace) -> ComparedSide:
     if os.path.isdir(path) or REPORT_PATTERN.match(os.path.basename(path)):
         return _side_of_run(path)
-    trace, summary, findings = analyzed(path, precision=args.precision)
+    trace, summary, _, findings = analyzed(path, precision=args.precision)
     return trace_side(path, summary, findings, operator_stats(trace))
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lightning_perf.records import CompileStats, EpochSummary, TraceSummary
+from lightning_perf.records import CollectiveStats, CompileStats, EpochSummary, TraceSummary
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
@@ -69,6 +69,7 @@ class StageEpoch:
         pooled_epochs: The epochs ``epoch`` sums: more than 1 where an epoch of too few batches is judged with the
             latest ones (:func:`~lightning_perf.summarize.steps.pool_epochs`); its first-batch wait is then the
             sum of theirs.
+        collectives: Each window's collectives, by the window's name (``TraceSummary.window``).
     """
 
     epoch: EpochSummary
@@ -81,6 +82,7 @@ class StageEpoch:
     compile: CompileStats | None = None
     fit_seconds: tuple[float, float] | None = None
     pooled_epochs: int = 1
+    collectives: Mapping[str, tuple[CollectiveStats, ...]] = field(default_factory=dict)
 
     @property
     def stage(self) -> str:

@@ -2,7 +2,8 @@
 Distributed rules
 =================
 
-``communication_bound`` (the step waits for collectives) and ``rank_straggler`` (one rank slows the rest).
+``communication_bound`` (the step waits for collectives), ``small_collectives`` (many small ones a step) and
+``rank_straggler`` (one rank slows the rest).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from lightning_perf.diagnose.rule_helpers import (
     strongest,
 )
 from lightning_perf.diagnose.thresholds import Thresholds
-from lightning_perf.records import share
-from lightning_perf.units import limit, ms, percent, times
+from lightning_perf.records import CollectiveStats, TraceSummary, share
+from lightning_perf.units import limit, ms, percent, signed_size, times
 
 
 def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
@@ -154,3 +155,62 @@ def rank_straggler(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         evidence,
         advice,
     )
+
+
+def small_collectives(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """Many small collectives every step, each paying the link's latency.
+
+    Notes:
+        1. Per window, from its collectives (``StageEpoch.collectives``): a kind is small where its mean message
+           is under ``small_collective_bytes`` or, where the trace gives no sizes (gloo), its mean call takes
+           under ``small_collective_time``.
+        2. Fires, as a warning, where the small ones number ``small_collectives_per_step`` or more per step and
+           take ``small_collectives_share`` of the step, in the window where they take the largest share.
+        3. Advice: Lightning's ``self.log(..., sync_dist=True)`` on every step all-reduces each value (on gloo
+           after a barrier): log once per epoch, or without syncing; one tensor for values of one's own.
+    """
+    best: tuple[TraceSummary, list[CollectiveStats], float, float] | None = None
+    for window in ctx.windows:
+        small = [c for c in ctx.collectives.get(window.window, ()) if _small(c, t)]
+        per_step = sum(c.per_step for c in small)
+        seconds = sum(c.seconds * c.per_step / c.calls for c in small if c.calls)
+        share_ = seconds / window.step_time if window.step_time > 0 else 0.0
+        many = reaches(per_step, t.small_collectives_per_step) and reaches(share_, t.small_collectives_share)
+        if many and (best is None or share_ > best[3]):
+            best = (window, small, per_step, share_)
+    if best is None:
+        return None
+    window, small, per_step, value = best
+    kinds = ", ".join(f"{c.per_step:g} {c.kind}" for c in sorted(small, key=lambda c: -c.per_step))
+    sizes = [c.bytes / c.calls for c in small if c.bytes is not None and c.calls]
+    evidence = [
+        f"{per_step:g} small collectives a step ({kinds}), {percent(value)} of the {ms(window.step_time)} step"
+        f" {in_window(window, len(ctx.windows))} (warning >= {t.small_collectives_per_step} a step and"
+        f" >= {limit(t.small_collectives_share)})",
+        f"the largest mean message {signed_size(round(max(sizes)))}"
+        if sizes
+        else f"each under {ms(t.small_collective_time)} (this trace gives no sizes: gloo records none)",
+    ]
+    advice = [
+        f"Each `self.log(name, value, sync_dist=True)` in `{step_method(ctx.stage)}` all-reduces its value"
+        " across the ranks on every step (on gloo Lightning adds a barrier before each): log it with"
+        " `on_step=False, on_epoch=True` (reduced once, at the epoch's end), or without `sync_dist` for a"
+        " per-step curve (rank zero's own value), or accumulate it in a torchmetrics `Metric`, which syncs once"
+        " in `compute()`.",
+        "Collectives of your own: put the values in one tensor (`torch.stack`) and reduce it once.",
+    ]
+    return finding(
+        ctx,
+        "small_collectives",
+        "warning",
+        f"{stage_name(ctx.stage)} runs {per_step:g} small collectives a step",
+        evidence,
+        advice,
+        window,
+    )
+
+
+def _small(c: CollectiveStats, t: Thresholds) -> bool:
+    if c.bytes is not None and c.calls:
+        return c.bytes / c.calls < t.small_collective_bytes
+    return c.calls > 0 and c.seconds / c.calls < t.small_collective_time

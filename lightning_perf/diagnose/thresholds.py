@@ -204,6 +204,19 @@ COMMUNICATION = 0.15
 # waits for a latency, which bucket or accumulation settings barely change).
 COMMUNICATION_MIN_TIME = 0.5e-3
 
+# --- small_collectives ----------------------------------------------------------------------------------
+# A collective is small where its message is under 1 MiB: nccl-tests' bus bandwidth curves (doc/PERFORMANCE.md)
+# are latency-bound below about 1 MB on NVLink and InfiniBand alike, and NCCL picks its low-latency protocols
+# (LL, LL128) for such sizes. Where the trace gives no sizes (gloo), a call is small where it takes under 2 ms
+# (our judgment: a scalar all-reduce took 0.5-0.8 ms on gloo between 2 processes of this 2-CPU machine, a
+# 25 MiB DDP bucket tens of ms).
+SMALL_COLLECTIVE_BYTES = 2**20
+SMALL_COLLECTIVE_TIME = 2e-3
+# Fires at 8 small collectives a step (our judgment: DDP's gradient buckets are 25 MiB, not small, and a model
+# logs a handful of values: 8 small ones a step is a loop of them) taking 5% of the step.
+SMALL_COLLECTIVES_PER_STEP = 8
+SMALL_COLLECTIVES_SHARE = 0.05
+
 # --- rank_straggler -------------------------------------------------------------------------------------
 # Every rank waits for the slowest at each gradient all-reduce, so one slow rank slows them all (HTA's
 # straggler analysis looks for it in the communication kernels' waits). Our judgment: 1.2x the median over
@@ -333,6 +346,11 @@ class Thresholds:
             epoch, warning after it).
         communication: ``communication_bound``: exposed communication time / step time.
         communication_min_time: ``communication_bound``: and that time reaches this per step (seconds).
+        small_collective_bytes: ``small_collectives``: a collective whose mean message is under this is small.
+        small_collective_time: ``small_collectives``: where the trace gives no sizes (gloo), one whose mean call
+            takes under this (seconds).
+        small_collectives_per_step: ``small_collectives``: fires at this many small collectives per step...
+        small_collectives_share: ``small_collectives``: ...taking this share of the step.
         rank_straggler: ``rank_straggler``: slowest rank's own work per step / median over ranks.
         rank_straggler_cost: ``rank_straggler``: and its excess over the median, as a share of the step.
         rank_straggler_min_time: ``rank_straggler``: and that excess reaches this per step (seconds).
@@ -395,6 +413,10 @@ class Thresholds:
     compile_time: float = declared(FRACTION, COMPILE_TIME)
     communication: float = declared(FRACTION, COMMUNICATION)
     communication_min_time: float = declared(SECONDS, COMMUNICATION_MIN_TIME)
+    small_collective_bytes: int = declared(COUNT, SMALL_COLLECTIVE_BYTES)
+    small_collective_time: float = declared(SECONDS, SMALL_COLLECTIVE_TIME)
+    small_collectives_per_step: int = declared(COUNT, SMALL_COLLECTIVES_PER_STEP)
+    small_collectives_share: float = declared(FRACTION, SMALL_COLLECTIVES_SHARE)
     rank_straggler: float = declared(RATIO, RANK_STRAGGLER)
     rank_straggler_cost: float = declared(FRACTION, RANK_STRAGGLER_COST)
     rank_straggler_min_time: float = declared(SECONDS, RANK_STRAGGLER_MIN_TIME)

@@ -16,7 +16,7 @@ import functools
 import os
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ from lightning_perf.config import STAGES, PerfConfig
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnose.rules_step import epoch_time
-from lightning_perf.diagnosis_context import epoch_context, run_facts
+from lightning_perf.diagnosis_context import epoch_context, epoch_windows, run_facts, with_cpu_use
 from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.failure import out_of_memory
@@ -46,7 +46,7 @@ from lightning_perf.hooks.memory_tracking import MemoryTracking
 from lightning_perf.hooks.profiling_cost import cost_epoch, profiling_report
 from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.layout import page_path
-from lightning_perf.records import CompileStats, EpochSummary, RankSummary, StepSplit, TraceSummary, WindowRecord
+from lightning_perf.records import CompileStats, EpochSummary, RankSummary, StepSplit, WindowRecord
 from lightning_perf.report.findings import (
     ShownFindings,
     console_report,
@@ -118,29 +118,6 @@ def say(trainer: pl.Trainer, message: str) -> None:
         bar.print(message)
     else:
         rank_zero_info(message)
-
-
-def with_cpu_use(record: WindowRecord) -> TraceSummary:
-    """A window's trace summary with the time per step its training thread waited for a CPU
-    (``TraceSummary.cpu_wait_time``: what a busy machine explains)."""
-    summary = record.summary
-    assert summary is not None
-    if record.cpu_wait is None or not summary.steps:
-        return summary
-    return dataclasses.replace(summary, cpu_wait_time=record.cpu_wait / summary.steps)
-
-
-def window_summaries(
-    windows: Sequence[WindowRecord], stage: str, epoch: int, *, latest: bool = False
-) -> tuple[TraceSummary, ...]:
-    """The trace summaries of the stage epoch's ``windows``, with what the training thread did per step while each
-    recorded (:func:`with_cpu_use`); ``latest``: where the epoch has none, the stage's latest earlier window
-    (under a profiling budget most epochs have none, and their findings still rest on what one showed)."""
-    mine = [w for w in windows if w.stage == stage and w.summary]
-    own = [w for w in mine if w.epoch == epoch]
-    if not own and latest:
-        own = [w for w in mine if w.epoch < epoch][-1:]
-    return tuple(with_cpu_use(w) for w in own)
 
 
 class EpochReporter:
@@ -452,12 +429,6 @@ class EpochReporter:
         else:
             self._report.update(self.report)
 
-    def findings_for(self, stage: str, epoch: int | None = None) -> list[Finding]:
-        """The findings of a stage's epoch, or of all its epochs (``epoch=None``), oldest first."""
-        return [
-            f for (s, e), found in self.findings_by_epoch.items() if s == stage and epoch in (None, e) for f in found
-        ]
-
     def _diagnose(self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...]) -> list[Finding]:
         stage = summary.stage
         st = self.stages[stage]
@@ -473,10 +444,12 @@ class EpochReporter:
                 val_s + sum(epoch_time(v) for v in validation),
             )
         compiled = self.compile_stats.get((stage, summary.epoch))
+        shown = epoch_windows(self.windows, stage, summary.epoch, latest=True)
         context = epoch_context(
             summary,
             history=tuple(st.history),
-            windows=window_summaries(self.windows, stage, summary.epoch, latest=True),
+            windows=tuple(with_cpu_use(w) for w in shown),
+            collectives={w.name: w.collectives for w in shown},
             validation=validation,
             facts=run_facts({**self.run_info, **self.call_plan}, stage),
             data_wait=st.clock.data_wait,

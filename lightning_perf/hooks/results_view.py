@@ -44,7 +44,8 @@ class ResultsView:
 
     def findings_for(self, stage: str, epoch: int | None = None) -> list[Finding]:
         """The findings of a stage's epoch, or of all its epochs (``epoch=None``), oldest first."""
-        return self._epochs.findings_for(stage, epoch)
+        by_epoch = self._epochs.findings_by_epoch
+        return [f for (s, e), found in by_epoch.items() if s == stage and epoch in (None, e) for f in found]
 
     @property
     def report_path(self) -> str | None:

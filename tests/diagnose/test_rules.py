@@ -13,7 +13,7 @@ from lightning_perf.diagnose import rules_device
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import RULE_IDS, RULES, diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
-from lightning_perf.records import EpochSummary, GraphBreak, Recompile, TraceSummary
+from lightning_perf.records import CollectiveStats, EpochSummary, GraphBreak, Recompile, TraceSummary
 from lightning_perf.summarize import step_summary
 from purity import heavy_modules_loaded_by
 from summaries import ADAM_MEMORY, CPU, FP32_GPU, GPU, W1, W2, compile_stats, epoch, gpu_epoch, window
@@ -50,6 +50,22 @@ def gw(name: str = W1, **kw) -> TraceSummary:
 def cw(name: str = W1, **kw) -> TraceSummary:
     """A CPU window of 1 s steps: every time given reads as a share of the step."""
     return window(name, **{"step_time": 1.0, **kw})
+
+
+def scalar_reduces(per_step: float, seconds_per_step: float, *, nbytes: int | None = None, steps: int = 3):
+    """A window's all-reduces of ``nbytes`` each (``None``: gloo, no sizes), ``per_step`` a step."""
+    calls = round(per_step * steps)
+    return CollectiveStats(
+        kind="all_reduce",
+        group="default_pg",
+        ranks=2,
+        calls=calls,
+        per_step=per_step,
+        bytes=None if nbytes is None else nbytes * calls,
+        seconds=seconds_per_step * steps,
+        exposed_seconds=seconds_per_step * steps,
+        on_device=nbytes is not None,
+    )
 
 
 def spread(p50: float, p90: float) -> tuple[float, ...]:
@@ -425,6 +441,10 @@ ADVICE_CASES = {
         "cpu": [ctx(None, cw(communication_time=0.3, communication_exposed_time=0.3), facts=facts(world_size=2))],
         "cuda": [gpu_ctx(None, gw(communication_time=0.4, communication_exposed_time=0.3), facts=DDP2)],
     },
+    "small_collectives": {
+        "cpu": [ctx(None, cw(step_time=0.1), facts=facts(world_size=2), collectives={W1: (scalar_reduces(8, 0.008),)})],
+        "cuda": [gpu_ctx(None, gw(), facts=DDP2, collectives={W1: (scalar_reduces(8, 0.08, nbytes=4),)})],
+    },
     "rank_straggler": {
         device: [ctx(facts=facts(run_facts, world_size=2), rank_step_times={0: 0.03, 1: 0.01})]
         for device, run_facts in (("cpu", CPU), ("cuda", GPU))
@@ -496,7 +516,7 @@ def test_catalogue_ids_and_order_are_fixed():
         "cpu_contention", "dataloader_bound", "host_sync", "device_idle", "launch_bound", "h2d_copy", "precision",
         "memory_pressure", "memory_breakdown", "memory_growth", "optimizer_heavy", "validation_heavy",
         "framework_overhead", "step_time_unstable", "compile_graph_breaks", "compile_recompiles", "compile_time",
-        "compile_unused", "communication_bound", "rank_straggler", "cpu_threads",
+        "compile_unused", "communication_bound", "small_collectives", "rank_straggler", "cpu_threads",
     ]  # fmt: skip
 
 
@@ -936,6 +956,30 @@ def test_communication_in_a_trace_counts_without_world_size():
     w = cw(communication_time=0.3, communication_exposed_time=0.3)
     f = run("communication_bound", ctx(None, w))
     assert f is not None and "gloo" in f.advice
+
+
+def test_small_collectives_counts_the_small_ones_a_step_and_advises_logging_once_per_epoch():
+    # 12 scalar all-reduces and 6 barriers a step on gloo (Lightning's sync_dist=True on every step), beside
+    # one 25 MiB gradient bucket that is no small collective.
+    bucket = dataclasses.replace(scalar_reduces(1, 0.02, nbytes=25 * 2**20), kind="allreduce", on_device=False)
+    barriers = dataclasses.replace(scalar_reduces(6, 0.003), kind="barrier")
+    step = cw(step_time=0.1)
+    context = ctx(
+        None, step, facts=facts(world_size=2), collectives={W1: (scalar_reduces(12, 0.006), barriers, bucket)}
+    )
+    f = run("small_collectives", context)
+    assert f.title == "Training runs 18 small collectives a step" and f.window == W1
+    assert "18 small collectives a step (12 all_reduce, 6 barrier), 9% of the 100.00 ms step" in f.evidence
+    assert "gloo records none" in f.evidence
+    assert "on_step=False, on_epoch=True" in f.advice and "sync_dist" in f.advice and "`training_step`" in f.advice
+    # Fewer than 8 a step, or too little of the step: nothing.
+    assert run("small_collectives", ctx(None, step, collectives={W1: (scalar_reduces(7, 0.007),)})) is None
+    assert run("small_collectives", ctx(None, step, collectives={W1: (scalar_reduces(12, 0.004),)})) is None
+    # With sizes (NCCL): small by their bytes, not their time.
+    sized = {W1: (scalar_reduces(10, 0.01, nbytes=4),)}
+    assert "the largest mean message 4 B" in run("small_collectives", ctx(None, step, collectives=sized)).evidence
+    large = {W1: (scalar_reduces(10, 0.01, nbytes=2**20),)}
+    assert run("small_collectives", ctx(None, step, collectives=large)) is None
 
 
 def test_rank_straggler_names_the_slow_rank():

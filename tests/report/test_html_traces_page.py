@@ -28,7 +28,7 @@ def directory_of(paths) -> AnalyzedDirectory:
     """The traces of one directory as ``analyze`` reads them (its steps, without printing)."""
     traces = []
     for path in map(str, paths):
-        trace, summary, findings = analyzed(path, precision=None, world_size=len(paths))
+        trace, summary, _, findings = analyzed(path, precision=None, world_size=len(paths))
         traces.append(AnalyzedTrace(path, trace_rank(path, trace), summary, tuple(findings), operator_stats(trace)))
     traces.sort(key=lambda t: t.rank)
     ranks = tuple(rank_summary_of_trace(t.rank, t.summary) for t in traces)
