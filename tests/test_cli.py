@@ -590,3 +590,19 @@ def test_analyze_shows_each_traces_collectives_and_puts_them_in_its_json(gpu_tra
         ("allreduce", 15, 306_684_384),
         ("broadcast", 6, 638_712),
     ]
+
+
+def test_analyze_jobs_reads_the_traces_in_processes_and_prints_what_a_serial_run_prints(gpu_trace, tmp_path, capsys):
+    for name in ("sampled_128rank_rank0.json.gz", "sampled_128rank_rank1.json.gz", "a100_nccl_2rank_rank0.json.gz"):
+        (tmp_path / ("other" if name.startswith("a100") else "ranks")).mkdir(exist_ok=True)
+        shutil.copy(gpu_trace(name), tmp_path / ("other" if name.startswith("a100") else "ranks") / name)
+    outputs = {}
+    for jobs in ("1", "2"):
+        for form in ([], ["--json"]):
+            assert main(["analyze", str(tmp_path), "--jobs", jobs, *form]) == 0
+            outputs[(jobs, bool(form))] = capsys.readouterr().out
+    assert outputs[("1", False)] == outputs[("2", False)] and outputs[("1", True)] == outputs[("2", True)]
+    assert "across ranks:" in outputs[("2", False)] and "sendrecv" in outputs[("2", False)]
+    with pytest.raises(SystemExit):
+        main(["analyze", str(tmp_path), "--jobs", "0"])
+    assert "--jobs must be a whole number of processes, at least 1; got '0'" in capsys.readouterr().err

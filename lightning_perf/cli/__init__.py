@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument("--json", action="store_true")
     analyze.add_argument("-v", "--verbose", type=int, default=1, choices=(1, 2))
+    analyze.add_argument("-j", "--jobs", type=_jobs, default=1, help="read the traces in this many processes")
     _html_option(analyze, "traces.html", "a page of the traces (step breakdowns, findings, operator tables)")
     analyze.set_defaults(run=command_analyze)
 
@@ -79,6 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
     _html_option(compare, "compare.html", "a page of the two side by side (deltas, findings, operator changes)")
     compare.set_defaults(run=command_compare)
     return parser
+
+
+def _jobs(value: str) -> int:
+    """``--jobs``: a whole number of processes, at least 1."""
+    try:
+        jobs = int(value)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"--jobs must be a whole number of processes, at least 1; got {value!r}")
+    return jobs
 
 
 def _html_option(command: argparse.ArgumentParser, page_name: str, what: str) -> None:

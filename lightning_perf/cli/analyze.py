@@ -4,8 +4,9 @@
 
 The trace-level rules on any Kineto traces, grouped by rank per directory, with the cross-rank findings of a
 directory of ranks; ``--html OUT`` also writes them as a page (:mod:`lightning_perf.report.html.traces_page`),
-with each trace's operator table. One trace is in memory at a time: what a page needs of it (its summary,
-findings and operator rows) is kept, the trace itself is not. Paths are absolute, in ``--json`` and on the
+with each trace's operator table. One trace is in memory at a time (per process): what a page needs of it (its
+summary, findings, collectives and operator rows) is kept, the trace itself is not. ``--jobs N`` reads and
+summarizes the traces in N worker processes, with the same output. Paths are absolute, in ``--json`` and on the
 page (as the directories always were), so that the page's commands to open a trace work wherever it is opened.
 """
 
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from lightning_perf.cli.inputs import (
@@ -72,14 +75,10 @@ def command_analyze(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
     pages: list[AnalyzedDirectory] = []
     for directory, paths in by_dir.items():
-        entries = []
-        for path in paths:
-            trace, summary, collectives, findings = analyzed(path, precision=args.precision, world_size=len(paths))
-            rank, operators = trace_rank(path, trace), operator_stats(trace) if page_path else ()
-            del trace  # one trace in memory at a time
-            # Absolute: the page's commands (tensorboard --logdir, perfetto) must work wherever it is opened.
-            entries.append(AnalyzedTrace(os.path.abspath(path), rank, summary, tuple(findings), operators, collectives))
-        entries.sort(key=lambda e: e.rank)
+        one = functools.partial(
+            analyzed_trace, precision=args.precision, world_size=len(paths), operators=page_path is not None
+        )
+        entries = sorted(_mapped(one, paths, args.jobs), key=lambda e: e.rank)
         if not args.json:
             print(directory)
         ranks: list[RankSummary] = []
@@ -117,6 +116,25 @@ def command_analyze(args: argparse.Namespace) -> int:
     if page_path is not None:
         write_page(traces_page(pages), page_path, quiet_stdout=args.json)
     return EXIT_OK
+
+
+def analyzed_trace(path: str, *, precision: str | None, world_size: int, operators: bool) -> AnalyzedTrace:
+    """One trace as the page and the printout need it (its operator table only where ``operators``); the trace
+    itself is let go: one trace in memory at a time per process."""
+    trace, summary, collectives, findings = analyzed(path, precision=precision, world_size=world_size)
+    rank, table = trace_rank(path, trace), operator_stats(trace) if operators else ()
+    del trace
+    # Absolute: the page's commands (tensorboard --logdir, perfetto) must work wherever it is opened.
+    return AnalyzedTrace(os.path.abspath(path), rank, summary, tuple(findings), table, collectives)
+
+
+def _mapped(one: Callable[[str], AnalyzedTrace], paths: Sequence[str], jobs: int) -> list[AnalyzedTrace]:
+    """``one`` of each path, in order: in ``jobs`` worker processes where there are several paths and jobs (each
+    reads and summarizes its traces on its own CPU and sends back the small results), else here."""
+    if jobs <= 1 or len(paths) <= 1:
+        return [one(path) for path in paths]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(paths))) as pool:
+        return list(pool.map(one, paths, chunksize=max(len(paths) // (4 * jobs), 1)))
 
 
 def analyzed(

@@ -11,7 +11,7 @@ Where they come from:
   no other (compute) kernel overlaps. Kineto describes the collective on the kernel (torch >= 2.1):
   ``Collective name``, ``In msg nelems``, ``Out msg nelems``, ``Group size``, ``dtype`` and the process group's
   name and description; an older trace's kernels are told apart by their names (``ncclKernel_AllReduce_...``:
-  ``allreduce``), with no group and no bytes.
+  ``allreduce``), with no group (the world: ``distributedInfo``'s ``world_size``) and no bytes.
 - Without NCCL kernels (gloo on CPU), each of gloo's own spans on its worker threads (``gloo:all_reduce``) is a
   call, timed by its duration and counted as exposed, as in :mod:`~lightning_perf.summarize.step_summary`;
   the group is the whole world (``distributedInfo``'s ``world_size``). torch 2.13 records no sizes for gloo
@@ -89,15 +89,15 @@ def collective_stats(trace: KinetoTrace) -> tuple[CollectiveStats, ...]:
     steps = max(sum(1 for e in events if step_number(e.name) is not None), 1)
     kernels = [e for e in events if e.cat == "kernel"]
     nccl = [e for e in kernels if COMMUNICATION_KERNEL_MARK in e.name.lower()]
+    ranks = _world_size(trace)  # where a call does not say its group's size
     if nccl:
         compute = union((e.ts, e.ts + e.dur) for e in kernels if COMMUNICATION_KERNEL_MARK not in e.name.lower())
         calls = [
-            _Call(kind, e.args, e.dur, _length(subtract([(e.ts, e.ts + e.dur)], compute)))
+            _Call(kind, e.args, e.dur, _length(subtract([(e.ts, e.ts + e.dur)], compute)), ranks)
             for e in nccl
             if (kind := _kernel_kind(e)) is not None
         ]
         return _grouped(calls, steps, on_device=True)
-    ranks = _world_size(trace)
     calls = [
         _Call(e.name.split(":", 1)[1], None, e.dur, e.dur, ranks)
         for e in events

@@ -123,7 +123,7 @@ def test_gloos_collectives_are_its_worker_threads_spans_in_a_group_of_the_whole_
 def test_an_older_traces_nccl_kernels_are_told_apart_by_their_names(gpu_trace):
     stats = {s.kind: s for s in collective_stats(load_trace(gpu_trace("a100_8rank_rank3.json.gz")))}
     assert {"allreduce", "sendrecv"} <= set(stats)
-    assert all(s.on_device and s.bytes is None and s.seconds > 0 for s in stats.values())
+    assert all(s.on_device and s.bytes is None and s.seconds > 0 and s.ranks == 8 for s in stats.values())
 
 
 def test_a_trace_without_collectives_has_none():
