@@ -10,6 +10,7 @@ what is a finding, and how bad, the rules decide.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import deque
@@ -263,13 +264,34 @@ def _rank_rows(ranks: Sequence[RankSummary]) -> list[list[str]]:
     return rows
 
 
+#: Ranks the console's table lists one by one; beyond, it lists those of :func:`shown_ranks`.
+MAX_RANK_ROWS = 16
+SLOWEST_RANKS = 5
+
+
+def shown_ranks(ranks: Sequence[RankSummary]) -> tuple[list[RankSummary], str | None]:
+    """The ranks a table of ``ranks`` lists, and what they are where it does not list all: up to
+    :data:`MAX_RANK_ROWS`, every one; beyond, by median step, the fastest rank, the median one, the one at the
+    90th percentile and the :data:`SLOWEST_RANKS` slowest (each a real rank: its cells agree)."""
+    if len(ranks) <= MAX_RANK_ROWS:
+        return list(ranks), None
+    by_step = sorted(ranks, key=lambda r: (r.step_time_p50 is None, r.step_time_p50 or 0.0, r.rank))
+    n = len(by_step)
+    picked = {0, n // 2, max(math.ceil(0.9 * n) - 1, 0), *range(n - SLOWEST_RANKS, n)}
+    note = f"{n} ranks; by step p50: the fastest, the median, the 90th percentile and the {SLOWEST_RANKS} slowest"
+    return [by_step[i] for i in sorted(picked)], note
+
+
 def ranks_table(ranks: Sequence[RankSummary]) -> list[str]:
-    """The per-rank table as aligned text lines (empty for a single process)."""
+    """The per-rank table as aligned text lines (empty for a single process); of many ranks, those of
+    :func:`shown_ranks`, under a line saying which."""
     if not ranks:
         return []
-    rows = _rank_rows(ranks)
+    shown, note = shown_ranks(ranks)
+    rows = _rank_rows(shown)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    return [f"({note})", *lines] if note else lines
 
 
 def ranks_markdown(summary: EpochSummary, ranks: Sequence[RankSummary]) -> str:

@@ -236,3 +236,18 @@ def test_pooled_epochs_share_their_cpu_measures_over_their_wall_time():
         pool_epochs([one(0.1, 0.0, 0.1), dataclasses.replace(one(0.1, 0.0, 0.1), other_cpu_load=None)]).other_cpu_load
         is None
     )
+
+
+def test_the_rank_table_of_128_ranks_lists_the_fastest_median_p90_and_slowest_not_128_rows():
+    def rank(r, step):
+        return RankSummary(rank=r, step_time_p50=step, step_time_p90=step, step_time_max=step, data_wait_fraction=0.0,
+                           throughput=10.0, host_rss_peak=None, cuda_max_allocated=None, cuda_max_reserved=None,
+                           communication_share=0.1)  # fmt: skip
+
+    ranks = [rank(r, 0.100 + (0.050 if r == 77 else 0.0) + r * 1e-5) for r in range(128)]  # rank 77 straggles
+    lines = ranks_table(ranks)
+    assert lines[0] == "(128 ranks; by step p50: the fastest, the median, the 90th percentile and the 5 slowest)"
+    listed = [int(line.split()[0]) for line in lines[2:]]
+    # By step p50 (rank 77 last): sorted positions 0, 64, 115 and the last 5.
+    assert listed == [0, 64, 116, 124, 125, 126, 127, 77]
+    assert len(ranks_table(ranks[:16])) == 17  # up to 16 ranks: every one, under its header
