@@ -2,8 +2,9 @@
 
 Scenarios: ``plain``; ``straggler`` (rank 1 sleeps 20 ms every step); ``communication`` (large parameters,
 tiny compute: the gradient all-reduce dominates); ``sync_every_step`` (12 values logged with ``sync_dist=True``
-every step) and ``sync_every_epoch`` (the same, reduced once per epoch); ``raises`` (rank 1 raises in its third step);
-``raises_late`` (rank 1 raises at its first epoch end, after PerfCallback's hook, while rank zero waits in the
+every step) and ``sync_every_epoch`` (the same, reduced once per epoch); ``raises`` (rank 1 raises in its third
+step); ``multinode`` (``num_nodes=2``: the test launches all 4 processes with ``NODE_RANK`` and ``LOCAL_RANK``
+set, as a cluster's launcher would); ``raises_late`` (rank 1 raises at its first epoch end, after PerfCallback's hook, while rank zero waits in the
 reduction its progress bar started); ``orders`` (a metric logged with ``sync_dist=True, prog_bar=True``, and a
 progress bar, a checkpoint and early stopping before and after PerfCallback: one fit per order, in one
 launch; then the first order's callback fits again); ``exchange`` (no Trainer: ``RankExchange`` itself, on
@@ -204,7 +205,8 @@ def main() -> None:
         _fit(root, strategy, [TQDMProgressBar(), perf], perf, scenario, RaisesLate())
         return
     callback = PerfCallback(schedule={"skip_first": 2, "warmup": 1, "active": 2}, stages=["train"])
-    t = trainer(root, [callback], strategy=strategy, devices=2, max_epochs=2, log_every_n_steps=4)
+    nodes = 2 if scenario == "multinode" else 1  # each process launched by the test, as a cluster's launcher would
+    t = trainer(root, [callback], strategy=strategy, devices=2, num_nodes=nodes, max_epochs=2, log_every_n_steps=4)
     t.fit(Scenario(scenario))
     result = {
         "rank": t.global_rank,

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -224,3 +225,48 @@ def test_small_collectives_advice_applied_makes_the_step_faster(tmp_path):
     (every_ids, every_step), (once_ids, once_step) = runs["sync_every_step"], runs["sync_every_epoch"]
     assert "small_collectives" in every_ids and "small_collectives" not in once_ids
     assert once_step < 0.85 * every_step, runs
+
+
+def test_a_multi_node_launch_of_two_nodes_of_two_processes_each(tmp_path):
+    # Lightning's multi-node path on one machine: every process launched as a cluster's launcher would (gloo,
+    # num_nodes=2, MASTER_ADDR, NODE_RANK, LOCAL_RANK); all four in a session of their own, killed on a hang.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "4"}
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(tmp_path), "ddp", "multinode"],
+            env={**base, "NODE_RANK": str(node), "LOCAL_RANK": str(local)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for node in (0, 1)
+        for local in (0, 1)
+    ]
+    try:
+        outputs = [p.communicate(timeout=240) for p in procs]
+    except subprocess.TimeoutExpired:
+        pytest.fail("a multi-node launch still ran after 240 s (a hang?)")
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [err[-2000:] for _, err in outputs]
+    decode = json.JSONDecoder().raw_decode
+    results = sorted(
+        (decode(out, m.end())[0] for out, _ in outputs for m in re.finditer("RESULT ", out)), key=lambda r: r["rank"]
+    )
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    # Each window holds one trace per global rank, named by it; one report, rank zero's, with every rank.
+    windows = {Path(p).parent for r in results for p in r["windows"]}
+    assert windows and all(
+        sorted(p.name for p in w.glob("*.pt.trace.json.gz")) == [f"rank{i}.pt.trace.json.gz" for i in range(4)]
+        for w in windows
+    )
+    report = _report(tmp_path)
+    assert (report["run"]["world_size"], report["run"]["num_nodes"]) == (4, 2)
+    assert all([x["rank"] for x in e["ranks"]] == [0, 1, 2, 3] for e in report["stages"]["train"]["epochs"])
