@@ -4,11 +4,12 @@ Scenarios: ``plain``; ``straggler`` (rank 1 sleeps 20 ms every step); ``communic
 tiny compute: the gradient all-reduce dominates); ``sync_every_step`` (12 values logged with ``sync_dist=True``
 every step) and ``sync_every_epoch`` (the same, reduced once per epoch); ``raises`` (rank 1 raises in its third
 step); ``multinode`` (``num_nodes=2``: the test launches all 4 processes with ``NODE_RANK`` and ``LOCAL_RANK``
-set, as a cluster's launcher would); ``raises_late`` (rank 1 raises at its first epoch end, after PerfCallback's hook, while rank zero waits in the
-reduction its progress bar started); ``orders`` (a metric logged with ``sync_dist=True, prog_bar=True``, and a
-progress bar, a checkpoint and early stopping before and after PerfCallback: one fit per order, in one
-launch; then the first order's callback fits again); ``exchange`` (no Trainer: ``RankExchange`` itself, on
-two processes it spawns). Prints one ``RESULT {...}`` JSON line per rank (and per fit in ``orders``).
+set, as a cluster's launcher would); ``raises_late`` (rank 1 raises at its first epoch end, after
+PerfCallback's hook, while rank zero waits in the reduction its progress bar started); ``orders`` (a metric
+logged with ``sync_dist=True, prog_bar=True``, and a progress bar, a checkpoint and early stopping before and
+after PerfCallback: one fit per order, in one launch; then the first order's callback fits again);
+``exchange`` (no Trainer: ``RankExchange`` itself, on two processes it spawns). Prints one ``RESULT {...}``
+JSON line per rank (and per fit in ``orders``).
 """
 
 import json
