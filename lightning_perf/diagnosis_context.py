@@ -38,7 +38,7 @@ from lightning_perf.records import (
 )
 from lightning_perf.summarize.events import KinetoTrace
 from lightning_perf.summarize.memory import checked_memory
-from lightning_perf.summarize.ranks import rank_work_times
+from lightning_perf.summarize.ranks import rank_waits, rank_work_times
 from lightning_perf.summarize.steps import percentile, pool_epochs, summarize_epoch
 from lightning_perf.traces import METADATA_KEY
 
@@ -140,6 +140,7 @@ def epoch_context(
             for i, (wait, work) in enumerate(zip(data_wait, compute, strict=False))
         ),
         rank_step_times=rank_work_times(ranks) or None,
+        rank_waits=rank_waits(ranks) or None,
         compile=compile,
         fit_seconds=fit_seconds,
         collectives=dict(collectives or {}),
@@ -215,6 +216,7 @@ def ranks_context(ranks: Sequence[RankSummary]) -> StageEpoch:
         epoch=_steps("train", median, 1),
         facts=RunFacts(world_size=len(ranks)),
         rank_step_times=rank_work_times(ranks) or None,
+        rank_waits=rank_waits(ranks) or None,
     )
 
 

@@ -70,6 +70,8 @@ class StageEpoch:
             latest ones (:func:`~lightning_perf.summarize.steps.pool_epochs`); its first-batch wait is then the
             sum of theirs.
         collectives: Each window's collectives, by the window's name (``TraceSummary.window``).
+        rank_waits: Per global rank of a distributed run, the share of its step it spent in collectives with no
+            compute overlapping (from its windows): who waits for whom.
     """
 
     epoch: EpochSummary
@@ -83,6 +85,7 @@ class StageEpoch:
     fit_seconds: tuple[float, float] | None = None
     pooled_epochs: int = 1
     collectives: Mapping[str, tuple[CollectiveStats, ...]] = field(default_factory=dict)
+    rank_waits: Mapping[int, float] | None = None
 
     @property
     def stage(self) -> str:

@@ -9,6 +9,7 @@ Distributed rules
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 
 from lightning_perf.diagnose.model import Finding, StageEpoch
 from lightning_perf.diagnose.rule_helpers import (
@@ -54,6 +55,9 @@ def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f" (warning >= {limit(t.communication)} and >= {ms(t.communication_min_time)} per step)",
         f"world_size={ctx.facts.world_size}",
     ]
+    split = wait_or_transfer(ctx.rank_waits, t)
+    if split is not None:
+        evidence.append(split[1])
     if ctx.stage == "train":
         advice = [
             "Overlap and shrink the gradient all-reduce: `DDPStrategy(gradient_as_bucket_view=True,"
@@ -78,6 +82,8 @@ def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             f"{stage_name(ctx.stage)} synchronizes no gradients: the collectives come from the step itself:"
             f" {'; '.join(sources)}. Gather once per epoch instead of once per batch."
         ]
+    if split is not None and split[0] == "wait":
+        advice.insert(0, "Most of it is waiting for a late rank: make that rank's step as short as the others' first.")
     if on_cuda(ctx):
         advice.append(
             "Check the interconnect: `NCCL_DEBUG=INFO` shows whether NCCL uses NVLink/InfiniBand or falls back"
@@ -131,6 +137,9 @@ def rank_straggler(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f" (warning >= {t.rank_straggler:g}x, and >= {limit(t.rank_straggler_cost)} of the"
         f" {ms(step)} step and >= {ms(t.rank_straggler_min_time)})"
     ]
+    split = wait_or_transfer(ctx.rank_waits, t)
+    if split is not None:
+        evidence.append(split[1])
     machine = (
         "a slower or throttling GPU, other processes: `nvidia-smi`, `top`"
         if on_cuda(ctx)
@@ -214,3 +223,29 @@ def _small(c: CollectiveStats, t: Thresholds) -> bool:
     if c.bytes is not None and c.calls:
         return c.bytes / c.calls < t.small_collective_bytes
     return c.calls > 0 and c.seconds / c.calls < t.small_collective_time
+
+
+def wait_or_transfer(waits: Mapping[int, float] | None, t: Thresholds) -> tuple[str, str] | None:
+    """Whether the ranks' time in collectives is a wait for a late rank (``"wait"``) or the transfer itself
+    (``"transfer"``), and the evidence line that says so; ``None`` for fewer than 2 ranks.
+
+    Notes:
+        1. ``waits``: each rank's share of its step in collectives with no compute overlapping.
+        2. A wait where the shares spread by ``communication_wait_spread`` of their median and 5 points: the
+           ranks that spend more arrive earlier and wait for the one that spends least (under DDP a collective
+           ends on every rank at once). Else every rank spends about the same: the transfer.
+    """
+    if not waits or len(waits) < 2:
+        return None
+    median = statistics.median(waits.values())
+    late, least = min(waits.items(), key=lambda item: (item[1], item[0]))
+    most = max(waits.values())
+    if most - least >= max(t.communication_wait_spread * median, 0.05):
+        return "wait", (
+            f"a wait, not the transfer: the ranks spend {percent(least)}-{percent(most)} of their step in"
+            f" collectives, rank {late} the least: the others arrive earlier and wait for it"
+        )
+    return "transfer", (
+        f"the transfer itself, not a wait: every rank spends {percent(least)}-{percent(most)} of its step in"
+        " collectives (no rank is late)"
+    )

@@ -204,6 +204,13 @@ COMMUNICATION = 0.15
 # waits for a latency, which bucket or accumulation settings barely change).
 COMMUNICATION_MIN_TIME = 0.5e-3
 
+# Who waits for whom: where the ranks' shares of their step in collectives spread by half their median or more
+# (and by 5 points at least), the ranks that spend more are waiting for the one that spends least, a late
+# rank (a wait); where they agree, every rank spends it in the transfer itself, the link (our judgment: DDP's
+# all-reduce ends on every rank at once, so the time a rank spends in it beyond the others' is the time it
+# arrived earlier).
+COMMUNICATION_WAIT_SPREAD = 0.5
+
 # --- small_collectives ----------------------------------------------------------------------------------
 # A collective is small where its message is under 1 MiB: nccl-tests' bus bandwidth curves (doc/PERFORMANCE.md)
 # are latency-bound below about 1 MB on NVLink and InfiniBand alike, and NCCL picks its low-latency protocols
@@ -346,6 +353,9 @@ class Thresholds:
             epoch, warning after it).
         communication: ``communication_bound``: exposed communication time / step time.
         communication_min_time: ``communication_bound``: and that time reaches this per step (seconds).
+        communication_wait_spread: ``communication_bound``, ``rank_straggler``: the ranks' shares of their step
+            in collectives spreading by this share of their median (and 5 points) say a wait for a late rank,
+            else the transfer itself.
         small_collective_bytes: ``small_collectives``: a collective whose mean message is under this is small.
         small_collective_time: ``small_collectives``: where the trace gives no sizes (gloo), one whose mean call
             takes under this (seconds).
@@ -413,6 +423,7 @@ class Thresholds:
     compile_time: float = declared(FRACTION, COMPILE_TIME)
     communication: float = declared(FRACTION, COMMUNICATION)
     communication_min_time: float = declared(SECONDS, COMMUNICATION_MIN_TIME)
+    communication_wait_spread: float = declared(FRACTION, COMMUNICATION_WAIT_SPREAD)
     small_collective_bytes: int = declared(COUNT, SMALL_COLLECTIVE_BYTES)
     small_collective_time: float = declared(SECONDS, SMALL_COLLECTIVE_TIME)
     small_collectives_per_step: int = declared(COUNT, SMALL_COLLECTIVES_PER_STEP)

@@ -75,6 +75,11 @@ def rank_summary_of_trace(rank: int, summary: TraceSummary) -> RankSummary:
     )
 
 
+def rank_waits(ranks: Sequence[RankSummary]) -> dict[int, float]:
+    """Each rank's share of its step spent in collectives with no compute overlapping (where its windows tell)."""
+    return {r.rank: r.communication_share for r in ranks if r.communication_share is not None}
+
+
 def rank_work_times(ranks: Sequence[RankSummary]) -> dict[int, float]:
     """Each rank's own work per step: its median step less the share it waited in collectives (from its
     windows; without them, its median step). Under DDP every rank's step lasts as long as the slowest's, so

@@ -120,6 +120,8 @@ def test_a_rank_that_sleeps_every_step_is_named_a_straggler(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     stragglers = [f for f in results[0]["findings"] if f[0] == "rank_straggler"]
     assert stragglers and stragglers[0][2].startswith("Rank 1 is"), results[0]["findings"]
+    # Rank 0 waits in the all-reduce for rank 1: a wait, not the transfer (evidence is the finding's 4th field).
+    assert "a wait, not the transfer" in stragglers[0][3] and "rank 1 the least" in stragglers[0][3]
     assert results[1]["findings"] == []  # findings are rank zero's
 
 

@@ -995,6 +995,26 @@ def test_rank_straggler_names_the_slow_rank():
     assert zero.title.startswith("Rank 0") and "rank_zero_only" in zero.advice
 
 
+def test_time_in_collectives_is_told_a_wait_for_a_late_rank_or_the_transfer_itself():
+    waiting = ctx(facts=facts(world_size=4), rank_step_times={0: 0.010, 1: 0.011, 2: 0.010, 3: 0.020},
+                  rank_waits={0: 0.45, 1: 0.40, 2: 0.44, 3: 0.05})  # fmt: skip
+    f = run("rank_straggler", waiting)
+    assert (
+        "a wait, not the transfer: the ranks spend 5%-45% of their step in collectives, rank 3 the least: the"
+        " others arrive earlier and wait for it" in f.evidence
+    )
+    window = cw(communication_time=0.4, communication_exposed_time=0.4)
+    same = {0: 0.40, 1: 0.38, 2: 0.41, 3: 0.39}
+    f = run("communication_bound", ctx(None, window, facts=facts(world_size=4), rank_waits=same))
+    assert "the transfer itself, not a wait: every rank spends 38%-41% of its step in collectives" in f.evidence
+    assert "waiting for a late rank" not in f.advice
+    late = {0: 0.40, 1: 0.38, 2: 0.41, 3: 0.10}
+    f = run("communication_bound", ctx(None, window, facts=facts(world_size=4), rank_waits=late))
+    assert "rank 3 the least" in f.evidence and f.advice.startswith("Most of it is waiting for a late rank")
+    alone = run("communication_bound", ctx(None, window, facts=facts(world_size=2)))
+    assert "a wait" not in alone.evidence and "the transfer itself" not in alone.evidence  # ranks unknown
+
+
 def test_rank_straggler_ignores_an_excess_too_small_to_cost_the_step():
     # 1.25x the median, but 2 ms of a 40 ms step: the ranks' own work is a small residual beside communication.
     quiet = ctx(epoch(step_time_p50=0.040), facts=facts(world_size=2), rank_step_times={0: 0.008, 1: 0.012})
