@@ -20,7 +20,12 @@ from lightning_perf.diagnose.rules_compile import compile_graph_breaks, compile_
 from lightning_perf.diagnose.rules_compute import low_mfu
 from lightning_perf.diagnose.rules_data import dataloader_bound, h2d_copy
 from lightning_perf.diagnose.rules_device import cpu_threads, device_idle, host_sync, launch_bound, precision
-from lightning_perf.diagnose.rules_distributed import communication_bound, rank_straggler, small_collectives
+from lightning_perf.diagnose.rules_distributed import (
+    communication_bound,
+    low_bus_bandwidth,
+    rank_straggler,
+    small_collectives,
+)
 from lightning_perf.diagnose.rules_memory import memory_breakdown, memory_growth, memory_pressure
 from lightning_perf.diagnose.rules_step import framework_overhead, optimizer_heavy, step_time_unstable, validation_heavy
 from lightning_perf.diagnose.thresholds import Thresholds
@@ -51,6 +56,7 @@ RULES: dict[str, Rule] = {
         compile_unused,
         communication_bound,
         small_collectives,
+        low_bus_bandwidth,
         rank_straggler,
         cpu_threads,
     )

@@ -2,8 +2,9 @@
 Distributed rules
 =================
 
-``communication_bound`` (the step waits for collectives), ``small_collectives`` (many small ones a step) and
-``rank_straggler`` (one rank slows the rest).
+``communication_bound`` (the step waits for collectives), ``small_collectives`` (many small ones a step),
+``low_bus_bandwidth`` (large ones far below the link's bandwidth) and ``rank_straggler`` (one rank slows the
+rest).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
+from lightning_perf.diagnose.links import Link, node_link
 from lightning_perf.diagnose.model import Finding, StageEpoch
 from lightning_perf.diagnose.rule_helpers import (
     finding,
@@ -23,7 +25,7 @@ from lightning_perf.diagnose.rule_helpers import (
 )
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import CollectiveStats, TraceSummary, share
-from lightning_perf.units import limit, ms, percent, signed_size, times
+from lightning_perf.units import bandwidth, limit, ms, percent, signed_size, times
 
 
 def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
@@ -248,4 +250,62 @@ def wait_or_transfer(waits: Mapping[int, float] | None, t: Thresholds) -> tuple[
     return "transfer", (
         f"the transfer itself, not a wait: every rank spends {percent(least)}-{percent(most)} of its step in"
         " collectives (no rank is late)"
+    )
+
+
+def low_bus_bandwidth(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """Large collectives run far below the link's bandwidth.
+
+    Notes:
+        1. Per window, the collectives whose bus bandwidth is known (sized NCCL kernels) and whose mean message
+           reaches ``low_bus_bandwidth_min_bytes``, where bandwidth, not latency, sets their time.
+        2. The link: ``Thresholds.link_bandwidth`` where given, else, in a run of one node, the table's for the
+           device (:func:`~lightning_perf.diagnose.links.node_link`); unknown (several nodes, a device the table
+           does not name): no finding.
+        3. Fires, as a warning, where the slowest such collective's bus bandwidth is below ``low_bus_bandwidth``
+           of the link's peak per direction.
+        4. A collective kernel's time includes waiting for the other ranks to arrive, so a late rank lowers it
+           too: the advice says to rule that out first (``rank_straggler``, ``communication_bound``'s wait).
+    """
+    if t.link_bandwidth is not None:
+        link = Link("the link", t.link_bandwidth, "Thresholds.link_bandwidth")
+    elif ctx.facts.num_nodes <= 1 and (known := node_link(ctx.facts.device_name)) is not None:
+        link = known
+    else:
+        return None
+    found: list[tuple[float, CollectiveStats, TraceSummary]] = []
+    for window in ctx.windows:
+        for c in ctx.collectives.get(window.window, ()):
+            large = c.bytes is not None and c.calls and c.bytes / c.calls >= t.low_bus_bandwidth_min_bytes
+            if large and c.bus_bandwidth is not None:
+                found.append((c.bus_bandwidth / link.bandwidth, c, window))
+    if not found:
+        return None
+    value, slowest, window = min(found, key=lambda item: item[0])
+    if value >= t.low_bus_bandwidth:
+        return None
+    per_call = (slowest.bytes or 0) / slowest.calls
+    evidence = [
+        f"{slowest.kind} ({slowest.group or 'its group'}, {slowest.ranks} ranks): {signed_size(round(per_call))} a call"
+        f" at a bus bandwidth of {bandwidth(slowest.bus_bandwidth or 0.0)}, {percent(value)} of {link.name}'s"
+        f" {bandwidth(link.bandwidth)} per direction {in_window(window, len(ctx.windows))} (warning <"
+        f" {limit(t.low_bus_bandwidth)} on calls of >= {signed_size(t.low_bus_bandwidth_min_bytes)})",
+        f"the link's peak: {link.source}",
+    ]
+    advice = [
+        "Rule out a late rank first: a collective kernel's time includes waiting for the other ranks (see"
+        " `rank_straggler`, and whether `communication_bound` calls it a wait).",
+        "Then the transport: `NCCL_DEBUG=INFO` says which one NCCL uses (NVLink/P2P, SHM, InfiniBand, or `NET/Socket`,"
+        " TCP); `nvidia-smi topo -m` shows how the GPUs are linked; `NCCL_P2P_DISABLE=1` or `NCCL_IB_DISABLE=1` left"
+        " in the environment forces a slower path. Give the real link's rate as"
+        " `Thresholds(link_bandwidth=...)` where this table's is not yours.",
+    ]
+    return finding(
+        ctx,
+        "low_bus_bandwidth",
+        "warning",
+        f"{stage_name(ctx.stage)}'s {slowest.kind} runs at {percent(value)} of {link.name}'s bandwidth",
+        evidence,
+        advice,
+        window,
     )

@@ -25,7 +25,10 @@ from lightning_perf.validation import (
     declared,
     field_problems,
     kinds_of,
+    number,
 )
+
+LINK_RATE = number(above=0).said("a number of bytes per second > 0")
 
 # --- dataloader_bound -----------------------------------------------------------------------------------
 # torch-tb-profiler's Overview recommends "set num_workers" when the DataLoader takes more than 5% of the
@@ -204,23 +207,26 @@ COMMUNICATION = 0.15
 # waits for a latency, which bucket or accumulation settings barely change).
 COMMUNICATION_MIN_TIME = 0.5e-3
 
-# Who waits for whom: where the ranks' shares of their step in collectives spread by half their median or more
-# (and by 5 points at least), the ranks that spend more are waiting for the one that spends least, a late
-# rank (a wait); where they agree, every rank spends it in the transfer itself, the link (our judgment: DDP's
-# all-reduce ends on every rank at once, so the time a rank spends in it beyond the others' is the time it
-# arrived earlier).
+# Who waits for whom (our judgment): a collective ends on every rank at once, so ranks whose shares of the step
+# in it spread by half their median (and 5 points) are waiting for the one that spends least; else the transfer.
 COMMUNICATION_WAIT_SPREAD = 0.5
 
+# --- low_bus_bandwidth -----------------------------------------------------------------------------------
+# Judged on calls of 16 MiB or more, where nccl-tests' bus bandwidth curves (doc/PERFORMANCE.md) reach their
+# plateau; fires below a quarter of the link's peak per direction (our judgment: nccl-tests reach 70-90% of
+# NVLink's and InfiniBand's peak at such sizes; PCIe or TCP sockets in their place run 5-20x slower). The
+# link's peak: diagnose/links.py's table for one node's GPUs (LINK_BANDWIDTH None), else the user's.
+LOW_BUS_BANDWIDTH = 0.25
+LOW_BUS_BANDWIDTH_MIN_BYTES = 16 * 2**20
+LINK_BANDWIDTH = None
+
 # --- small_collectives ----------------------------------------------------------------------------------
-# A collective is small where its message is under 1 MiB: nccl-tests' bus bandwidth curves (doc/PERFORMANCE.md)
-# are latency-bound below about 1 MB on NVLink and InfiniBand alike, and NCCL picks its low-latency protocols
-# (LL, LL128) for such sizes. Where the trace gives no sizes (gloo), a call is small where it takes under 2 ms
-# (our judgment: a scalar all-reduce took 0.5-0.8 ms on gloo between 2 processes of this 2-CPU machine, a
-# 25 MiB DDP bucket tens of ms).
+# Small: under 1 MiB a call, where nccl-tests' bus bandwidth curves (doc/PERFORMANCE.md) are latency-bound and
+# NCCL picks its low-latency protocols; without sizes (gloo), under 2 ms a call (our judgment: a scalar
+# all-reduce took 0.5-0.8 ms between 2 gloo processes here, a 25 MiB DDP bucket tens of ms). Fires at 8 a step
+# taking 5% of it (our judgment: DDP's 25 MiB buckets are not small; 8 small ones a step is a loop of them).
 SMALL_COLLECTIVE_BYTES = 2**20
 SMALL_COLLECTIVE_TIME = 2e-3
-# Fires at 8 small collectives a step (our judgment: DDP's gradient buckets are 25 MiB, not small, and a model
-# logs a handful of values: 8 small ones a step is a loop of them) taking 5% of the step.
 SMALL_COLLECTIVES_PER_STEP = 8
 SMALL_COLLECTIVES_SHARE = 0.05
 
@@ -353,14 +359,16 @@ class Thresholds:
             epoch, warning after it).
         communication: ``communication_bound``: exposed communication time / step time.
         communication_min_time: ``communication_bound``: and that time reaches this per step (seconds).
-        communication_wait_spread: ``communication_bound``, ``rank_straggler``: the ranks' shares of their step
-            in collectives spreading by this share of their median (and 5 points) say a wait for a late rank,
-            else the transfer itself.
+        communication_wait_spread: ``communication_bound``, ``rank_straggler``: ranks' collective shares spread
+            by this share of their median (and 5 points): a wait for a late rank, else the transfer.
+        low_bus_bandwidth: ``low_bus_bandwidth``: a large collective's bus bandwidth / the link's peak below this.
+        low_bus_bandwidth_min_bytes: ``low_bus_bandwidth``: large: at least this many bytes a call.
+        link_bandwidth: ``low_bus_bandwidth``: the link's peak per direction (bytes/s); ``None``: the table's
+            (:mod:`lightning_perf.diagnose.links`), which knows one node's GPUs, not a network.
         small_collective_bytes: ``small_collectives``: a collective whose mean message is under this is small.
-        small_collective_time: ``small_collectives``: where the trace gives no sizes (gloo), one whose mean call
-            takes under this (seconds).
-        small_collectives_per_step: ``small_collectives``: fires at this many small collectives per step...
-        small_collectives_share: ``small_collectives``: ...taking this share of the step.
+        small_collective_time: ``small_collectives``: without sizes (gloo), a mean call under this is (seconds).
+        small_collectives_per_step, small_collectives_share: ``small_collectives``: fires at this many small
+            collectives per step taking this share of the step.
         rank_straggler: ``rank_straggler``: slowest rank's own work per step / median over ranks.
         rank_straggler_cost: ``rank_straggler``: and its excess over the median, as a share of the step.
         rank_straggler_min_time: ``rank_straggler``: and that excess reaches this per step (seconds).
@@ -424,7 +432,10 @@ class Thresholds:
     communication: float = declared(FRACTION, COMMUNICATION)
     communication_min_time: float = declared(SECONDS, COMMUNICATION_MIN_TIME)
     communication_wait_spread: float = declared(FRACTION, COMMUNICATION_WAIT_SPREAD)
-    small_collective_bytes: int = declared(COUNT, SMALL_COLLECTIVE_BYTES)
+    low_bus_bandwidth: float = declared(FRACTION, LOW_BUS_BANDWIDTH)
+    low_bus_bandwidth_min_bytes: int = declared(BYTES, LOW_BUS_BANDWIDTH_MIN_BYTES)
+    link_bandwidth: float | None = declared(LINK_RATE.or_none("None (the table's)"), LINK_BANDWIDTH)
+    small_collective_bytes: int = declared(BYTES, SMALL_COLLECTIVE_BYTES)
     small_collective_time: float = declared(SECONDS, SMALL_COLLECTIVE_TIME)
     small_collectives_per_step: int = declared(COUNT, SMALL_COLLECTIVES_PER_STEP)
     small_collectives_share: float = declared(FRACTION, SMALL_COLLECTIVES_SHARE)

@@ -10,11 +10,15 @@ import re
 import pytest
 
 from lightning_perf.diagnose import rules_device
+from lightning_perf.diagnose.links import node_link
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import RULE_IDS, RULES, diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.diagnosis_context import trace_context
+from lightning_perf.readers import load_trace
 from lightning_perf.records import CollectiveStats, EpochSummary, GraphBreak, Recompile, TraceSummary
 from lightning_perf.summarize import step_summary
+from lightning_perf.summarize.collectives import collective_stats
 from purity import heavy_modules_loaded_by
 from summaries import ADAM_MEMORY, CPU, FP32_GPU, GPU, W1, W2, compile_stats, epoch, gpu_epoch, window
 
@@ -66,6 +70,15 @@ def scalar_reduces(per_step: float, seconds_per_step: float, *, nbytes: int | No
         exposed_seconds=seconds_per_step * steps,
         on_device=nbytes is not None,
     )
+
+
+def slow_reduce(per_call: int, bus_bandwidth: float, *, calls: int = 3) -> CollectiveStats:
+    """A window's all-reduces of ``per_call`` bytes at ``bus_bandwidth`` (bytes/s) among 2 ranks."""
+    return CollectiveStats(
+        kind="allreduce", group="default_pg", ranks=2, calls=calls, per_step=1.0, bytes=per_call * calls,
+        seconds=per_call * calls / bus_bandwidth, exposed_seconds=0.0, on_device=True,
+        algorithm_bandwidth=bus_bandwidth, bus_bandwidth=bus_bandwidth,
+    )  # fmt: skip
 
 
 def spread(p50: float, p90: float) -> tuple[float, ...]:
@@ -445,6 +458,7 @@ ADVICE_CASES = {
         "cpu": [ctx(None, cw(step_time=0.1), facts=facts(world_size=2), collectives={W1: (scalar_reduces(8, 0.008),)})],
         "cuda": [gpu_ctx(None, gw(), facts=DDP2, collectives={W1: (scalar_reduces(8, 0.08, nbytes=4),)})],
     },
+    "low_bus_bandwidth": {"cuda": [gpu_ctx(None, gw(), facts=DDP2, collectives={W1: (slow_reduce(32 * 2**20, 1.0),)})]},
     "rank_straggler": {
         device: [ctx(facts=facts(run_facts, world_size=2), rank_step_times={0: 0.03, 1: 0.01})]
         for device, run_facts in (("cpu", CPU), ("cuda", GPU))
@@ -516,7 +530,8 @@ def test_catalogue_ids_and_order_are_fixed():
         "cpu_contention", "dataloader_bound", "host_sync", "device_idle", "launch_bound", "h2d_copy", "precision",
         "memory_pressure", "memory_breakdown", "memory_growth", "optimizer_heavy", "validation_heavy",
         "framework_overhead", "step_time_unstable", "compile_graph_breaks", "compile_recompiles", "compile_time",
-        "compile_unused", "communication_bound", "small_collectives", "rank_straggler", "cpu_threads",
+        "compile_unused", "communication_bound", "small_collectives", "low_bus_bandwidth", "rank_straggler",
+        "cpu_threads",
     ]  # fmt: skip
 
 
@@ -1013,6 +1028,56 @@ def test_time_in_collectives_is_told_a_wait_for_a_late_rank_or_the_transfer_itse
     assert "rank 3 the least" in f.evidence and f.advice.startswith("Most of it is waiting for a late rank")
     alone = run("communication_bound", ctx(None, window, facts=facts(world_size=2)))
     assert "a wait" not in alone.evidence and "the transfer itself" not in alone.evidence  # ranks unknown
+
+
+@pytest.mark.parametrize(
+    ("name", "link"),
+    [
+        ("NVIDIA A100-SXM4-80GB", "NVLink 3"),
+        ("NVIDIA A100-PG509-200", "NVLink 3"),  # HGX's SXM4 board, as HTA's 2-rank trace names it
+        ("NVIDIA A100-PCIE-40GB", "PCIe 4.0 x16"),
+        ("NVIDIA H100 80GB HBM3", "NVLink 4"),
+        ("NVIDIA H100 PCIe", "PCIe 5.0 x16"),
+        ("NVIDIA H200", "NVLink 4"),
+        ("Tesla V100-SXM2-32GB", "NVLink 2"),
+        ("NVIDIA GeForce RTX 4090", None),
+        (None, None),
+    ],
+)
+def test_the_link_table_names_a_nodes_link_by_its_gpu(name, link):
+    found = node_link(name)
+    assert (found.name if found else None) == link
+
+
+def test_low_bus_bandwidth_judges_large_collectives_against_the_nodes_link():
+    a100 = facts(GPU, world_size=2, device_name="NVIDIA A100-SXM4-80GB")
+    slow = {W1: (slow_reduce(20 * 2**20, 6.56e9),)}
+    f = run("low_bus_bandwidth", gpu_ctx(None, gw(), facts=a100, collectives=slow))
+    assert f.title == "Training's allreduce runs at 2% of NVLink 3's bandwidth" and f.window == W1
+    assert (
+        "allreduce (default_pg, 2 ranks): 20.0 MiB a call at a bus bandwidth of 6.56 GB/s, 2% of NVLink 3's 300 GB/s"
+        " per direction" in f.evidence
+    )
+    assert "NCCL_DEBUG=INFO" in f.advice and "late rank" in f.advice
+    fast = {W1: (slow_reduce(20 * 2**20, 200e9),)}
+    assert run("low_bus_bandwidth", gpu_ctx(None, gw(), facts=a100, collectives=fast)) is None
+    small = {W1: (slow_reduce(2**20, 1e9),)}  # latency-bound: not judged
+    assert run("low_bus_bandwidth", gpu_ctx(None, gw(), facts=a100, collectives=small)) is None
+    # Several nodes: the network's rate, which no trace names, must be given.
+    nodes = facts(a100, num_nodes=2, world_size=16)
+    assert run("low_bus_bandwidth", gpu_ctx(None, gw(), facts=nodes, collectives=slow)) is None
+    given = run("low_bus_bandwidth", gpu_ctx(None, gw(), facts=nodes, collectives=slow), link_bandwidth=100e9)
+    assert given.title == "Training's allreduce runs at 6% of the link's bandwidth"
+    assert "6% of the link's 100 GB/s per direction" in given.evidence
+
+
+def test_low_bus_bandwidth_on_the_real_two_rank_a100_trace(gpu_trace):
+    path = gpu_trace("a100_nccl_2rank_rank0.json.gz")
+    trace = load_trace(path)
+    summary = step_summary.summarize_trace(trace, window="w")
+    context = trace_context(summary, {}, collectives=collective_stats(trace))
+    (f,) = [f for f in diagnose(context) if f.id == "low_bus_bandwidth"]
+    assert "19.5 MiB a call at a bus bandwidth of 6.56 GB/s, 2% of NVLink 3's 300 GB/s" in f.evidence
 
 
 def test_rank_straggler_ignores_an_excess_too_small_to_cost_the_step():
