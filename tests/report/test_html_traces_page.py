@@ -12,13 +12,11 @@ import pytest
 
 import browser
 from html_pages import assert_self_contained, figures_in
-from lightning_perf.cli.analyze import analyzed
-from lightning_perf.cli.inputs import trace_rank
+from lightning_perf.cli.analyze import analyzed_trace
 from lightning_perf.diagnosis_context import cross_rank_findings
 from lightning_perf.records import OperatorStat
-from lightning_perf.report.html import AnalyzedDirectory, AnalyzedTrace, traces_page
+from lightning_perf.report.html import AnalyzedDirectory, traces_page
 from lightning_perf.report.html.traces_page import CHART_TRACES, MIN_TRACE_OPERATORS, TITLE
-from lightning_perf.summarize.operators import operator_stats
 from lightning_perf.summarize.ranks import rank_summary_of_trace
 
 EVIL = "<script>document.title='pwned'</script>"
@@ -26,10 +24,7 @@ EVIL = "<script>document.title='pwned'</script>"
 
 def directory_of(paths) -> AnalyzedDirectory:
     """The traces of one directory as ``analyze`` reads them (its steps, without printing)."""
-    traces = []
-    for path in map(str, paths):
-        trace, summary, _, findings = analyzed(path, precision=None, world_size=len(paths))
-        traces.append(AnalyzedTrace(path, trace_rank(path, trace), summary, tuple(findings), operator_stats(trace)))
+    traces = [analyzed_trace(str(path), precision=None, world_size=len(paths), operators=True) for path in paths]
     traces.sort(key=lambda t: t.rank)
     ranks = tuple(rank_summary_of_trace(t.rank, t.summary) for t in traces)
     if len(traces) < 2 or len({r.rank for r in ranks}) < len(ranks):
@@ -127,3 +122,12 @@ def test_the_traces_page_in_a_browser(gpu_dirs, tmp_path):
     assert '<div class="finding ' in rendered.dom and "Across ranks" in rendered.text
     assert f"<title>{TITLE}</title>" in rendered.dom  # the operator's script did not run
     assert EVIL in rendered.text  # shown as text
+
+
+def test_a_trace_with_collectives_shows_their_table_and_one_steps_communication(gpu_trace, tmp_path):
+    path = tmp_path / "a100_nccl_2rank_rank0.json.gz"
+    shutil.copy(gpu_trace(path.name), path)
+    html = traces_page([directory_of([path])])
+    assert "<h4>Collectives</h4>" in html and "<td>allreduce</td><td>default_pg</td>" in html
+    assert "Per step: communication 15.6 ms, of it 2.44 ms overlapped with compute and <b>13.2 ms exposed</b>" in html
+    assert "One step's communication" in html  # the bar's title, in its figure's JSON

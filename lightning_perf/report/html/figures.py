@@ -38,12 +38,19 @@ MAX_EPOCH_POINTS = 500
 first and the latest kept (500 points are still a smooth line at a chart's width; a 100,000-epoch run's
 figures stay as small as a 500-epoch run's)."""
 
+# The parts of a step's communication bar (report.html.windows.communication_html).
+EXPOSED_COMMUNICATION = "communication, exposed"
+OVERLAPPED_COMMUNICATION = "communication, overlapped with compute"
+NO_COMMUNICATION = "no communication"
 PART_COLOURS = {
     DEVICE_BUSY: "#286ec8",
     COMMUNICATION: "#7b3fb5",
     DATA_LOADING: "#e6781e",
     CPU_EXECUTION: "#2e9e5b",
     OTHER: "#9aa3b2",
+    EXPOSED_COMMUNICATION: "#7b3fb5",
+    OVERLAPPED_COMMUNICATION: "#c3a5e0",
+    NO_COMMUNICATION: "#d5d9e0",
 }
 STAGE_COLOURS = {"train": "#286ec8", "validate": "#e6781e", "test": "#2e9e5b", "predict": "#7b3fb5"}
 """One colour per stage in the per-epoch charts; the line's dash tells the series of a stage apart."""

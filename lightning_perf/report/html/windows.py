@@ -20,7 +20,12 @@ from lightning_perf.records import CollectiveStats, OperatorStat, TraceSummary, 
 from lightning_perf.report.collectives import collective_rows
 from lightning_perf.report.html.breakdown import DESCRIPTIONS, HOST_PARTS, host_scale, step_breakdown
 from lightning_perf.report.html.document import Cell, chart, esc, number_cell, table, value_cells
-from lightning_perf.report.html.figures import breakdown_figure
+from lightning_perf.report.html.figures import (
+    EXPOSED_COMMUNICATION,
+    NO_COMMUNICATION,
+    OVERLAPPED_COMMUNICATION,
+    breakdown_figure,
+)
 from lightning_perf.report.json_report import OPERATOR_ROWS
 from lightning_perf.report.markdown import OPERATOR_COLUMNS
 from lightning_perf.summarize.operators import default_sort_key, top_operators
@@ -153,6 +158,26 @@ def open_instructions(trace_path: str, *, logdir: str | None = None, run: str | 
     )
 
 
+def communication_html(summary: TraceSummary, *, with_chart: bool = True) -> str:
+    """One step's time by communication: exposed (no compute overlapping it), overlapped with compute, and
+    without any; a sentence and, ``with_chart``, a stacked bar. Empty where the trace shows no communication."""
+    total, exposed = summary.communication_time, summary.communication_exposed_time
+    if total is None or exposed is None or summary.step_time <= 0:
+        return ""
+    overlapped = max(total - exposed, 0.0)
+    rest = max(summary.step_time - exposed - overlapped, 0.0)
+    html = (
+        f"<p>Per step: communication {esc(duration(total))}, of it {esc(duration(overlapped))} overlapped with compute"
+        f" and <b>{esc(duration(exposed))} exposed</b> ({esc(percent(exposed / summary.step_time))} of the"
+        f" {esc(duration(summary.step_time))} step, which waits for it).</p>"
+    )
+    if with_chart:
+        parts = [(EXPOSED_COMMUNICATION, exposed), (OVERLAPPED_COMMUNICATION, overlapped), (NO_COMMUNICATION, rest)]
+        figure = breakdown_figure([("step", parts)], title="One step's communication")
+        html += chart(figure, height=figure["layout"]["height"])
+    return html
+
+
 def window_body(
     *,
     summary: TraceSummary | None,
@@ -182,6 +207,7 @@ def window_body(
     if rows := collective_rows(collectives):
         header, *cells = rows
         html += "<h4>Collectives</h4>" + table(header, cells, numeric=[i >= 2 for i in range(len(header))])
+        html += communication_html(summary, with_chart=with_chart) if summary is not None else ""
     html += "<h4>Operators</h4>" + operator_table(operators, device=device, limit=operator_limit)
     html += "<h4>Open the trace</h4>" + open_instructions(trace_path, logdir=logdir, run=run)
     return html
