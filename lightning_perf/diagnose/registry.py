@@ -22,6 +22,7 @@ from lightning_perf.diagnose.rules_data import dataloader_bound, h2d_copy
 from lightning_perf.diagnose.rules_device import cpu_threads, device_idle, host_sync, launch_bound, precision
 from lightning_perf.diagnose.rules_distributed import (
     communication_bound,
+    fsdp_all_gathers,
     low_bus_bandwidth,
     rank_straggler,
     small_collectives,
@@ -57,6 +58,7 @@ RULES: dict[str, Rule] = {
         communication_bound,
         small_collectives,
         low_bus_bandwidth,
+        fsdp_all_gathers,
         rank_straggler,
         cpu_threads,
     )

@@ -3,8 +3,8 @@ Distributed rules
 =================
 
 ``communication_bound`` (the step waits for collectives), ``small_collectives`` (many small ones a step),
-``low_bus_bandwidth`` (large ones far below the link's bandwidth) and ``rank_straggler`` (one rank slows the
-rest).
+``low_bus_bandwidth`` (large ones far below the link's bandwidth), ``fsdp_all_gathers`` (FSDP's parameter
+gathers in the open) and ``rank_straggler`` (one rank slows the rest).
 """
 
 from __future__ import annotations
@@ -309,3 +309,73 @@ def low_bus_bandwidth(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         advice,
         window,
     )
+
+
+def fsdp_all_gathers(ctx: StageEpoch, t: Thresholds) -> Finding | None:
+    """FSDP's all-gathers wait in the open: the step waits for each unit's parameters.
+
+    Notes:
+        1. FSDP's pattern, per window: all-gathers (before each unit's forward and again before its backward) and
+           reduce-scatters (after its backward), at least as many all-gathers as reduce-scatters, both every step.
+        2. Fires, as a warning, where the all-gathers' exposed time (no compute overlapping them) takes
+           ``communication`` of the step and ``communication_min_time`` per step, as ``communication_bound``.
+        3. Advice from what the trace shows: prefetching (``forward_prefetch``, ``backward_prefetch``) and
+           ``limit_all_gathers``; larger units where the all-gathers are many and small (the wrapping policy);
+           ``sharding_strategy="SHARD_GRAD_OP"`` (parameters kept from forward to backward: one all-gather per
+           unit instead of two) where memory allows.
+    """
+    if ctx.stage != "train":  # only training reduce-scatters gradients: the pattern, and the advice, are its
+        return None
+    best: tuple[float, TraceSummary, list[CollectiveStats], list[CollectiveStats]] | None = None
+    for window in ctx.windows:
+        stats = ctx.collectives.get(window.window, ())
+        gathers = [c for c in stats if "allgather" in _plain(c.kind)]
+        scatters = [c for c in stats if "reducescatter" in _plain(c.kind)]
+        gathered, scattered = sum(c.per_step for c in gathers), sum(c.per_step for c in scatters)
+        if not scatters or gathered < scattered or scattered < 1 or window.step_time <= 0:
+            continue
+        exposed = sum(c.exposed_seconds * c.per_step / c.calls for c in gathers if c.calls)
+        share_ = exposed / window.step_time
+        waits = reaches(exposed, t.communication_min_time) and reaches(share_, t.communication)
+        if waits and (best is None or share_ > best[0]):
+            best = (share_, window, gathers, scatters)
+    if best is None:
+        return None
+    value, window, gathers, scatters = best
+    gathered, scattered = sum(c.per_step for c in gathers), sum(c.per_step for c in scatters)
+    sizes = [c.bytes / c.calls for c in gathers if c.bytes is not None and c.calls]
+    evidence = [
+        f"FSDP's pattern: {gathered:g} all-gathers and {scattered:g} reduce-scatters a step"
+        f" {in_window(window, len(ctx.windows))}; the all-gathers' exposed time {percent(value)} of the"
+        f" {ms(window.step_time)} step (warning >= {limit(t.communication)} and >= {ms(t.communication_min_time)})",
+    ]
+    if sizes:
+        evidence.append(f"{signed_size(round(statistics.mean(sizes)))} an all-gather on average")
+    advice = [
+        "Start each unit's all-gather before it is needed: `FSDPStrategy(forward_prefetch=True,"
+        " backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True)` (`from"
+        " torch.distributed.fsdp import BackwardPrefetch`; `limit_all_gathers` keeps the prefetches from filling"
+        " memory)."
+    ]
+    if gathered >= 4 * max(scattered, 1) or (sizes and statistics.mean(sizes) < t.small_collective_bytes):
+        advice.append(
+            "The all-gathers are many and small: wrap larger units, `FSDPStrategy(auto_wrap_policy={YourBlock})`"
+            " with the model's repeated block (a transformer layer), not every `nn.Linear`."
+        )
+    advice.append(
+        "Where memory allows, `FSDPStrategy(sharding_strategy='SHARD_GRAD_OP')` keeps each unit's parameters"
+        " from its forward to its backward: one all-gather per unit a step instead of two."
+    )
+    return finding(
+        ctx,
+        "fsdp_all_gathers",
+        "warning",
+        f"{stage_name(ctx.stage)} waits for FSDP's all-gathers {percent(value)} of each step",
+        evidence,
+        advice,
+        window,
+    )
+
+
+def _plain(kind: str) -> str:
+    return kind.replace("_", "").lower()

@@ -81,6 +81,23 @@ def slow_reduce(per_call: int, bus_bandwidth: float, *, calls: int = 3) -> Colle
     )  # fmt: skip
 
 
+def fsdp(*, exposed: float, units: int = 12, gather_bytes: int = 64 * 2**20, steps: int = 3):
+    """A window of FSDP's collectives for ``units`` units: two all-gathers and a reduce-scatter per unit a step,
+    the all-gathers ``exposed`` seconds a step in the open (of twice that in all)."""
+
+    def stats(kind: str, per_step: int, seconds: float, exposed_seconds: float) -> CollectiveStats:
+        return CollectiveStats(
+            kind=kind, group="default_pg", ranks=8, calls=per_step * steps, per_step=float(per_step),
+            bytes=gather_bytes * per_step * steps, seconds=seconds * steps, exposed_seconds=exposed_seconds * steps,
+            on_device=True,
+        )  # fmt: skip
+
+    return (
+        stats("_allgather_base", 2 * units, 2 * exposed, exposed),
+        stats("_reduce_scatter_base", units, 0.1, 0.01),
+    )
+
+
 def spread(p50: float, p90: float) -> tuple[float, ...]:
     """11 step times whose median is ``p50`` and whose p90 is ``p90`` (the 10th of 11, exactly)."""
     return (p50,) * 9 + (p90, p90)
@@ -361,6 +378,7 @@ TRAINING_ONLY = (
     "loss scaler", "gradient_as_bucket_view",
 )  # fmt: skip
 TRAINING_RULES = {
+    "fsdp_all_gathers",
     "memory_breakdown",
     "optimizer_heavy",
     "validation_heavy",
@@ -458,6 +476,7 @@ ADVICE_CASES = {
         "cpu": [ctx(None, cw(step_time=0.1), facts=facts(world_size=2), collectives={W1: (scalar_reduces(8, 0.008),)})],
         "cuda": [gpu_ctx(None, gw(), facts=DDP2, collectives={W1: (scalar_reduces(8, 0.08, nbytes=4),)})],
     },
+    "fsdp_all_gathers": {"cuda": [gpu_ctx(None, gw(), facts=DDP2, collectives={W1: fsdp(exposed=0.3)})]},
     "low_bus_bandwidth": {"cuda": [gpu_ctx(None, gw(), facts=DDP2, collectives={W1: (slow_reduce(32 * 2**20, 1.0),)})]},
     "rank_straggler": {
         device: [ctx(facts=facts(run_facts, world_size=2), rank_step_times={0: 0.03, 1: 0.01})]
@@ -530,8 +549,8 @@ def test_catalogue_ids_and_order_are_fixed():
         "cpu_contention", "dataloader_bound", "host_sync", "device_idle", "launch_bound", "h2d_copy", "precision",
         "memory_pressure", "memory_breakdown", "memory_growth", "optimizer_heavy", "validation_heavy",
         "framework_overhead", "step_time_unstable", "compile_graph_breaks", "compile_recompiles", "compile_time",
-        "compile_unused", "communication_bound", "small_collectives", "low_bus_bandwidth", "rank_straggler",
-        "cpu_threads",
+        "compile_unused", "communication_bound", "small_collectives", "low_bus_bandwidth", "fsdp_all_gathers",
+        "rank_straggler", "cpu_threads",
     ]  # fmt: skip
 
 
@@ -1078,6 +1097,24 @@ def test_low_bus_bandwidth_on_the_real_two_rank_a100_trace(gpu_trace):
     context = trace_context(summary, {}, collectives=collective_stats(trace))
     (f,) = [f for f in diagnose(context) if f.id == "low_bus_bandwidth"]
     assert "19.5 MiB a call at a bus bandwidth of 6.56 GB/s, 2% of NVLink 3's 300 GB/s" in f.evidence
+
+
+def test_fsdp_all_gathers_in_the_open_get_prefetching_and_wrapping_advice():
+    f = run("fsdp_all_gathers", gpu_ctx(None, gw(), facts=DDP2, collectives={W1: fsdp(exposed=0.3)}))
+    assert f.title == "Training waits for FSDP's all-gathers 30% of each step" and f.window == W1
+    assert "FSDP's pattern: 24 all-gathers and 12 reduce-scatters a step" in f.evidence
+    assert "64.0 MiB an all-gather on average" in f.evidence
+    assert "forward_prefetch=True" in f.advice and "BackwardPrefetch.BACKWARD_PRE" in f.advice
+    assert "limit_all_gathers=True" in f.advice and "SHARD_GRAD_OP" in f.advice
+    assert "auto_wrap_policy" not in f.advice  # 64 MiB units are not small
+    small = run(
+        "fsdp_all_gathers", gpu_ctx(None, gw(), facts=DDP2, collectives={W1: fsdp(exposed=0.3, gather_bytes=2**16)})
+    )
+    assert "auto_wrap_policy={YourBlock}" in small.advice
+    # Hidden all-gathers, or DDP's all-reduces alone: nothing.
+    assert run("fsdp_all_gathers", gpu_ctx(None, gw(), facts=DDP2, collectives={W1: fsdp(exposed=0.05)})) is None
+    ddp = {W1: (slow_reduce(32 * 2**20, 1e9),)}
+    assert run("fsdp_all_gathers", gpu_ctx(None, gw(), facts=DDP2, collectives=ddp)) is None
 
 
 def test_rank_straggler_ignores_an_excess_too_small_to_cost_the_step():
