@@ -47,6 +47,15 @@ LINKS: tuple[tuple[str, Link], ...] = (
 )
 
 
+#: InfiniBand per port and direction (InfiniBand Trade Association's roadmap: EDR 100, HDR 200, NDR 400, XDR 800
+#: Gb/s), for a run of several nodes, whose NICs no trace names: pass one as ``Thresholds(link_bandwidth=...)``,
+#: times the NICs a node's GPUs share (``INFINIBAND["NDR"].bandwidth * 8`` for eight NDR ports a node).
+INFINIBAND = {
+    generation: Link(f"InfiniBand {generation}", gbit * 1e9 / 8, f"IBTA: {generation} {gbit} Gb/s per port")
+    for generation, gbit in (("EDR", 100), ("HDR", 200), ("NDR", 400), ("XDR", 800))
+}
+
+
 def node_link(device_name: str | None) -> Link | None:
     """The link between the GPUs of one node named ``device_name``; ``None`` where the table does not know it."""
     if not device_name:

@@ -297,8 +297,9 @@ def low_bus_bandwidth(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         " `rank_straggler`, and whether `communication_bound` calls it a wait).",
         "Then the transport: `NCCL_DEBUG=INFO` says which one NCCL uses (NVLink/P2P, SHM, InfiniBand, or `NET/Socket`,"
         " TCP); `nvidia-smi topo -m` shows how the GPUs are linked; `NCCL_P2P_DISABLE=1` or `NCCL_IB_DISABLE=1` left"
-        " in the environment forces a slower path. Give the real link's rate as"
-        " `Thresholds(link_bandwidth=...)` where this table's is not yours.",
+        " in the environment forces a slower path; across nodes, `NET/Socket` means TCP in place of InfiniBand."
+        " Give the real link's rate as `Thresholds(link_bandwidth=...)` where this table's is not yours"
+        " (`lightning_perf.diagnose.links.INFINIBAND` has the InfiniBand rates).",
     ]
     return finding(
         ctx,

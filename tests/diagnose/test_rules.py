@@ -10,7 +10,7 @@ import re
 import pytest
 
 from lightning_perf.diagnose import rules_device
-from lightning_perf.diagnose.links import node_link
+from lightning_perf.diagnose.links import INFINIBAND, node_link
 from lightning_perf.diagnose.model import Finding, RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import RULE_IDS, RULES, diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
@@ -1066,6 +1066,12 @@ def test_time_in_collectives_is_told_a_wait_for_a_late_rank_or_the_transfer_itse
 def test_the_link_table_names_a_nodes_link_by_its_gpu(name, link):
     found = node_link(name)
     assert (found.name if found else None) == link
+
+
+def test_infiniband_rates_are_per_port_and_direction():
+    assert {name: link.bandwidth for name, link in INFINIBAND.items()} == {
+        "EDR": 12.5e9, "HDR": 25e9, "NDR": 50e9, "XDR": 100e9,
+    }  # fmt: skip
 
 
 def test_low_bus_bandwidth_judges_large_collectives_against_the_nodes_link():
