@@ -29,13 +29,13 @@ This module imports neither torch nor lightning.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from lightning_perf.records import CollectiveStats
 from lightning_perf.summarize.events import Complete, KinetoTrace
-from lightning_perf.summarize.intervals import Interval, subtract, union
+from lightning_perf.summarize.intervals import length_within, union
 from lightning_perf.summarize.kernels import COMMUNICATION_KERNEL_MARK
 from lightning_perf.traces import step_number
 
@@ -93,7 +93,7 @@ def collective_stats(trace: KinetoTrace) -> tuple[CollectiveStats, ...]:
     if nccl:
         compute = union((e.ts, e.ts + e.dur) for e in kernels if COMMUNICATION_KERNEL_MARK not in e.name.lower())
         calls = [
-            _Call(kind, e.args, e.dur, _length(subtract([(e.ts, e.ts + e.dur)], compute)), ranks)
+            _Call(kind, e.args, e.dur, e.dur - length_within(compute, [(e.ts, e.ts + e.dur)]), ranks)
             for e in nccl
             if (kind := _kernel_kind(e)) is not None
         ]
@@ -129,10 +129,6 @@ def _world_size(trace: KinetoTrace) -> int:
     info = trace.distributedInfo
     size = info.get("world_size") if isinstance(info, dict) else None
     return size if isinstance(size, int) and size >= 1 else 1
-
-
-def _length(intervals: Sequence[Interval]) -> float:
-    return sum(end - start for start, end in intervals)
 
 
 def _grouped(calls: list[_Call], steps: int, *, on_device: bool) -> tuple[CollectiveStats, ...]:
