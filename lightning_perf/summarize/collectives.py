@@ -85,9 +85,19 @@ def message_bytes(args: Any) -> int | None:
 
 def collective_stats(trace: KinetoTrace) -> tuple[CollectiveStats, ...]:
     """The window's collectives per kind and process group, the most time first (see the module docstring)."""
-    events = [e for e in trace.traceEvents if isinstance(e, Complete)]
-    steps = max(sum(1 for e in events if step_number(e.name) is not None), 1)
-    kernels = [e for e in events if e.cat == "kernel"]
+    kernels: list[Complete] = []
+    spans: list[Complete] = []  # gloo's
+    steps = 0
+    for e in trace.traceEvents:  # one pass: a window's trace holds tens of thousands of operators
+        if not isinstance(e, Complete):
+            continue
+        if e.cat == "kernel":
+            kernels.append(e)
+        elif e.name.startswith(_BACKEND_PREFIXES) and e.cat != "gpu_user_annotation":
+            spans.append(e)
+        elif e.cat == "user_annotation" and step_number(e.name) is not None:
+            steps += 1
+    steps = max(steps, 1)
     nccl = [e for e in kernels if COMMUNICATION_KERNEL_MARK in e.name.lower()]
     ranks = _world_size(trace)  # where a call does not say its group's size
     if nccl:
@@ -98,11 +108,7 @@ def collective_stats(trace: KinetoTrace) -> tuple[CollectiveStats, ...]:
             if (kind := _kernel_kind(e)) is not None
         ]
         return _grouped(calls, steps, on_device=True)
-    calls = [
-        _Call(e.name.split(":", 1)[1], None, e.dur, e.dur, ranks)
-        for e in events
-        if e.name.startswith(_BACKEND_PREFIXES) and e.cat != "gpu_user_annotation"
-    ]
+    calls = [_Call(e.name.split(":", 1)[1], None, e.dur, e.dur, ranks) for e in spans]
     return _grouped(calls, steps, on_device=False)
 
 
