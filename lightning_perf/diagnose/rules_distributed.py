@@ -180,18 +180,22 @@ def small_collectives(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         3. Advice: Lightning's ``self.log(..., sync_dist=True)`` on every step all-reduces each value (on gloo
            after a barrier): log once per epoch, or without syncing; one tensor for values of one's own.
     """
-    best: tuple[TraceSummary, list[CollectiveStats], float, float] | None = None
-    for window in ctx.windows:
-        small = [c for c in ctx.collectives.get(window.window, ()) if _small(c, t)]
-        per_step = sum(c.per_step for c in small)
-        seconds = sum(c.seconds * c.per_step / c.calls for c in small if c.calls)
-        share_ = seconds / window.step_time if window.step_time > 0 else 0.0
-        many = reaches(per_step, t.small_collectives_per_step) and reaches(share_, t.small_collectives_share)
-        if many and (best is None or share_ > best[3]):
-            best = (window, small, per_step, share_)
+
+    def small_in(window: TraceSummary) -> list[CollectiveStats]:
+        return [c for c in ctx.collectives.get(window.window, ()) if _small(c, t)]
+
+    def share_of_step(window: TraceSummary) -> float | None:
+        small = small_in(window)
+        share_ = _per_step(small, exposed=False) / window.step_time if window.step_time > 0 else 0.0
+        many = reaches(sum(c.per_step for c in small), t.small_collectives_per_step)
+        return share_ if many and reaches(share_, t.small_collectives_share) else None
+
+    best = strongest(ctx.windows, share_of_step)
     if best is None:
         return None
-    window, small, per_step, value = best
+    window, value = best
+    small = small_in(window)
+    per_step = sum(c.per_step for c in small)
     kinds = ", ".join(f"{c.per_step:g} {c.kind}" for c in sorted(small, key=lambda c: -c.per_step))
     sizes = [c.bytes / c.calls for c in small if c.bytes is not None and c.calls]
     evidence = [
@@ -327,22 +331,26 @@ def fsdp_all_gathers(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     """
     if ctx.stage != "train":  # only training reduce-scatters gradients: the pattern, and the advice, are its
         return None
-    best: tuple[float, TraceSummary, list[CollectiveStats], list[CollectiveStats]] | None = None
-    for window in ctx.windows:
+
+    def pattern(window: TraceSummary) -> tuple[list[CollectiveStats], list[CollectiveStats]]:
         stats = ctx.collectives.get(window.window, ())
         gathers = [c for c in stats if "allgather" in _plain(c.kind)]
-        scatters = [c for c in stats if "reducescatter" in _plain(c.kind)]
+        return gathers, [c for c in stats if "reducescatter" in _plain(c.kind)]
+
+    def exposed_share(window: TraceSummary) -> float | None:
+        gathers, scatters = pattern(window)
         gathered, scattered = sum(c.per_step for c in gathers), sum(c.per_step for c in scatters)
-        if not scatters or gathered < scattered or scattered < 1 or window.step_time <= 0:
-            continue
-        exposed = sum(c.exposed_seconds * c.per_step / c.calls for c in gathers if c.calls)
-        share_ = exposed / window.step_time
-        waits = reaches(exposed, t.communication_min_time) and reaches(share_, t.communication)
-        if waits and (best is None or share_ > best[0]):
-            best = (share_, window, gathers, scatters)
+        if scattered < 1 or gathered < scattered or window.step_time <= 0:
+            return None
+        exposed = _per_step(gathers, exposed=True)
+        waits = reaches(exposed, t.communication_min_time) and reaches(exposed / window.step_time, t.communication)
+        return exposed / window.step_time if waits else None
+
+    best = strongest(ctx.windows, exposed_share)
     if best is None:
         return None
-    value, window, gathers, scatters = best
+    window, value = best
+    gathers, scatters = pattern(window)
     gathered, scattered = sum(c.per_step for c in gathers), sum(c.per_step for c in scatters)
     sizes = [c.bytes / c.calls for c in gathers if c.bytes is not None and c.calls]
     evidence = [
@@ -376,6 +384,11 @@ def fsdp_all_gathers(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         advice,
         window,
     )
+
+
+def _per_step(stats: list[CollectiveStats], *, exposed: bool) -> float:
+    """The collectives' time per step (seconds), all of it or its exposed part."""
+    return sum((c.exposed_seconds if exposed else c.seconds) * c.per_step / c.calls for c in stats if c.calls)
 
 
 def _plain(kind: str) -> str:
