@@ -69,3 +69,17 @@ def test_a_fit_of_many_short_epochs_rewrites_its_report_within_the_bound(tmp_pat
         report = json.load(f)
     assert len(report["stages"]["train"]["epochs"]) == 40
     assert len(report["stages"]["validate"]["epochs"]) == 40
+
+
+def test_a_fit_that_measures_validation_only_writes_its_report_at_the_first_validation_end(tmp_path, monkeypatch):
+    # Validation inside training's first epoch leaves the write to that epoch's end; where training is not
+    # measured (stages=["validate"]), no training epoch end writes it: validation's first end does, at once.
+    written = []
+    write = json_report.write_json_atomically
+    monkeypatch.setattr(
+        json_report, "write_json_atomically", lambda data, path: (written.append(data), write(data, path))
+    )
+    callback = PerfCallback(stages=["validate"])
+    trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=2, limit_val_batches=2).fit(TinyModel(n=8, val_n=4))
+    first = written[0]
+    assert [e["epoch"] for e in first["stages"]["validate"]["epochs"]] == [0]  # written at validation's first end
