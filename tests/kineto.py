@@ -1,10 +1,13 @@
-"""Reading our traces back in tests: plain JSON, as Perfetto or HTA would see it."""
+"""Reading our traces back in tests: plain JSON, as Perfetto or HTA would see it; and recording a real window to
+read (:func:`recorded_window`)."""
 
 from __future__ import annotations
 
 import gzip
 import json
 from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from lightning_perf import traces
 
@@ -38,3 +41,26 @@ def events_in_step(trace: dict, step: int) -> list[dict]:
         and (e.get("pid"), e.get("tid")) == (span.get("pid"), span.get("tid"))
         and start <= e["ts"] <= end
     ]
+
+
+def recorded_window(batches: Iterable[int], step: Callable[[int], Any], metadata: dict | None = None) -> Any:
+    """A real CPU profiler window (:class:`~lightning_perf.collect.profiler.ProfilerWindow`) that recorded
+    ``step(batch)`` in each of ``batches``' spans, stopped: ready for ``export()``."""
+    from lightning_perf.collect.profiler import ProfilerWindow  # torch: only for the tests that record
+
+    window = ProfilerWindow(
+        use_cuda=False,
+        record_shapes=False,
+        profile_memory=False,
+        with_stack=False,
+        with_flops=False,
+        metadata=metadata or {},
+    )
+    window.start()
+    for batch in batches:
+        window.begin_step(batch)
+        window.mark_ran(batch)
+        step(batch)
+        window.end_step()
+    window.stop()
+    return window

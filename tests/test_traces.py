@@ -14,10 +14,9 @@ from torch_tb_profiler.consts import WORKER_PATTERN
 from torch_tb_profiler.profiler.data import RunProfileData
 from torch_tb_profiler.profiler.run_generator import RunGenerator
 
-from kineto import load, steps
+from kineto import load, recorded_window, steps
 from lightning_perf import layout, readers, traces
 from lightning_perf.cli import UsageError, find_traces
-from lightning_perf.collect.profiler import ProfilerWindow
 
 
 def _event(cat, name, ts, dur, **args):
@@ -146,23 +145,10 @@ def test_a_staged_trace_is_gzipped_under_a_name_no_trace_reader_picks_up(tmp_pat
 
 def _export(window_metadata: dict) -> str:
     """torch's own export of a real window over three DataLoader batches, steps 0, 1 and 2."""
-    window = ProfilerWindow(
-        use_cuda=False,
-        record_shapes=False,
-        profile_memory=False,
-        with_stack=False,
-        with_flops=False,
-        metadata=window_metadata,
-    )
     loader = iter(DataLoader(TensorDataset(torch.ones(8, 4)), batch_size=2))
-    window.start()
-    for batch in (0, 1, 2):
-        window.begin_step(batch)
-        window.mark_ran(batch)
-        next(loader)[0].matmul(torch.ones(4, 4)).sin()
-        window.end_step()
-    window.stop()
-    return window.export()
+    return recorded_window(
+        (0, 1, 2), lambda _: next(loader)[0].matmul(torch.ones(4, 4)).sin(), window_metadata
+    ).export()
 
 
 @pytest.mark.parametrize("tensorboard_compat", [True, False])

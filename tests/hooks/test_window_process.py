@@ -13,9 +13,8 @@ import textwrap
 import pytest
 import torch
 
-from kineto import load, steps
+from kineto import load, recorded_window, steps
 from lightning_perf import PerfCallback
-from lightning_perf.collect.profiler import ProfilerWindow
 from lightning_perf.hooks import window_process
 from lightning_perf.hooks.window_close import ClosedWindow, WindowOptions
 from lightning_perf.hooks.window_process import CHILD_NICENESS, PROCESS_ENV, WindowProcess
@@ -30,16 +29,7 @@ NOT_HERE = "processed in the training process"
 
 def closed_window(tmp_path, name: str) -> ClosedWindow:
     """A real profiler window over two batches of a few operators, stopped and exported."""
-    window = ProfilerWindow(
-        use_cuda=False, record_shapes=False, profile_memory=False, with_stack=False, with_flops=False, metadata={}
-    )
-    window.start()
-    for batch in (0, 1):
-        window.begin_step(batch)
-        window.mark_ran(batch)
-        torch.ones(8, 8).matmul(torch.ones(8, 8)).sin()
-        window.end_step()
-    window.stop()
+    window = recorded_window((0, 1), lambda _: torch.ones(8, 8).matmul(torch.ones(8, 8)).sin())
     os.makedirs(tmp_path / name)
     trace_path = str(tmp_path / name / "rank0.pt.trace.json.gz")
     record = WindowRecord(
