@@ -47,6 +47,7 @@ from lightning_perf.report.comparison import (
     run_side,
     trace_side,
 )
+from lightning_perf.report.findings import aligned
 from lightning_perf.report.json_report import window_record
 from lightning_perf.summarize.operators import operator_stats
 from lightning_perf.units import change, duration_us
@@ -106,11 +107,8 @@ def _print_comparison(before: ComparedSide, after: ComparedSide, args: argparse.
     else:
         rows = [(m.name, m.text(m.before), m.text(m.after), m.change) for m in metrics]
         print(f"before: {before.label}\nafter:  {after.label}\n")
-        table = [("", "before", "after", "change"), *rows]
-        widths = [max(len(r[i]) for r in table) for i in range(4)]
-        for row in table:
-            cells = zip(row, widths, strict=True)
-            print("  " + "  ".join(c.ljust(w) if i in (0, 3) else c.rjust(w) for i, (c, w) in enumerate(cells)))
+        for line in aligned([("", "before", "after", "change"), *rows], left=(0, 3)):
+            print("  " + line)
         print(
             f"  (same: within run-to-run noise, a change under {NOISE_RATIO:.0%}; a share's, in percentage points,"
             f" under {NOISE_POINTS * 100:g} pp)\n"

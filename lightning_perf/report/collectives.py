@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lightning_perf.records import CollectiveStats
+from lightning_perf.report.findings import aligned
 from lightning_perf.units import bandwidth, duration_us, percent, signed_size
 
 HEADER = ("collective", "group", "ranks", "calls/step", "bytes/call", "time/step", "exposed", "algbw", "busbw")
@@ -42,14 +43,6 @@ def collective_rows(stats: Sequence[CollectiveStats]) -> list[tuple[str, ...]]:
 
 
 def collectives_table(stats: Sequence[CollectiveStats]) -> list[str]:
-    """The table as aligned text lines: the first two columns to the left, the numbers to the right."""
+    """The table as aligned text lines: the kind and the group to the left, the numbers to the right."""
     rows = collective_rows(stats)
-    if not rows:
-        return []
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
-    return ["  ".join(_aligned(row, widths)) for row in rows]
-
-
-def _aligned(row: Sequence[str], widths: Sequence[int]) -> list[str]:
-    """The first two cells (names) to the left, the others (numbers) to the right."""
-    return [cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
+    return aligned(rows, left=(0, 1)) if rows else []

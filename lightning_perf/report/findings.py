@@ -14,7 +14,7 @@ import math
 import re
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from lightning_perf.diagnose.model import SEVERITIES, Finding
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary
@@ -264,6 +264,17 @@ def _rank_rows(ranks: Sequence[RankSummary]) -> list[list[str]]:
     return rows
 
 
+def aligned(rows: Sequence[Sequence[str]], *, left: Container[int] = ()) -> list[str]:
+    """Text rows as a console table: each column as wide as its widest cell, two spaces between columns, the
+    cells of the columns in ``left`` aligned to the left (names), the others to the right (numbers)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))] if rows else []
+    lines = []
+    for row in rows:
+        cells = zip(row, widths, strict=True)
+        lines.append("  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(cells)))
+    return lines
+
+
 #: Ranks the console's table lists one by one; beyond, it lists those of :func:`shown_ranks`.
 MAX_RANK_ROWS = 16
 SLOWEST_RANKS = 5
@@ -288,9 +299,7 @@ def ranks_table(ranks: Sequence[RankSummary]) -> list[str]:
     if not ranks:
         return []
     shown, note = shown_ranks(ranks)
-    rows = _rank_rows(shown)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines = aligned(_rank_rows(shown))
     return [f"({note})", *lines] if note else lines
 
 
