@@ -8,7 +8,7 @@ by the callback as an epoch ends and by ``lightning-perf analyze`` from saved tr
 - :func:`run_facts`: the run's facts for one stage, from the run-info dict (``perf_report.json``'s ``"run"``).
 - :func:`epoch_context`: a measured stage epoch: its summary, history, windows, per-batch times and ranks.
 - :func:`trace_context`: one trace alone, its steps as an epoch, the run's facts as far as it tells them
-  (:func:`distributed_info`, :func:`trace_stage`).
+  (:func:`~lightning_perf.summarize.events.distributed_info`, :func:`trace_stage`).
 - :func:`ranks_context` and :func:`cross_rank_findings`: the ranks of one window, each known from its trace
   (:func:`~lightning_perf.summarize.ranks.rank_summary_of_trace`), for the cross-rank rules.
 
@@ -158,12 +158,6 @@ def _recent(summary: EpochSummary, history: Sequence[EpochSummary], batches: int
     return pooled
 
 
-def distributed_info(trace: KinetoTrace | Mapping[str, Any]) -> dict[str, Any]:
-    """A trace's ``distributedInfo`` (rank, world size, backend), or ``{}``."""
-    info = trace.distributedInfo if isinstance(trace, KinetoTrace) else trace.get("distributedInfo")
-    return info if isinstance(info, dict) else {}
-
-
 def trace_stage(trace: KinetoTrace | Mapping[str, Any]) -> str:
     """The stage a trace of ours was recorded in (its ``lightning_perf`` metadata), else ``"train"``."""
     notes = trace.lightning_perf if isinstance(trace, KinetoTrace) else trace.get(METADATA_KEY)
@@ -184,7 +178,8 @@ def trace_context(
 
     Args:
         summary: The trace's summary; its steps make the epoch (each as long as their mean, no data wait).
-        info: The trace's :func:`distributed_info`; its world size counts when larger than ``world_size``.
+        info: The trace's :func:`~lightning_perf.summarize.events.distributed_info`; its world size counts when
+            larger than ``world_size``.
         stage: The stage it was recorded in (a trace of ours says which: :func:`trace_stage`).
         precision: Lightning's precision string, which a trace does not tell (enables the precision rule).
         world_size: How many traces (ranks) are analysed together.

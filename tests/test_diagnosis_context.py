@@ -15,7 +15,6 @@ from lightning_perf.diagnose.registry import CROSS_RANK_RULES, RULES, diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.diagnosis_context import (
     cross_rank_findings,
-    distributed_info,
     epoch_context,
     ranks_context,
     run_facts,
@@ -23,7 +22,7 @@ from lightning_perf.diagnosis_context import (
     trace_stage,
 )
 from lightning_perf.records import RankSummary
-from lightning_perf.summarize.events import KinetoTrace
+from lightning_perf.summarize.events import KinetoTrace, distributed_info
 from lightning_perf.summarize.ranks import (
     FIELDS,
     rank_summaries,

@@ -32,14 +32,14 @@ from lightning_perf.cli.inputs import (
 )
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.diagnosis_context import cross_rank_findings, distributed_info, trace_context, trace_stage
+from lightning_perf.diagnosis_context import cross_rank_findings, trace_context, trace_stage
 from lightning_perf.readers import load_trace
 from lightning_perf.records import CollectiveStats, RankSummary, TraceSummary, share
 from lightning_perf.report.collectives import collectives_table
 from lightning_perf.report.findings import CLEAN, finding_lines, ranks_table, shown_findings
 from lightning_perf.report.html.traces_page import AnalyzedDirectory, AnalyzedTrace, traces_page
 from lightning_perf.summarize.collectives import collective_stats
-from lightning_perf.summarize.events import KinetoTrace
+from lightning_perf.summarize.events import KinetoTrace, distributed_info
 from lightning_perf.summarize.operators import operator_stats
 from lightning_perf.summarize.ranks import rank_summary_of_trace
 from lightning_perf.summarize.step_summary import summarize_trace

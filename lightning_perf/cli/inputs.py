@@ -14,10 +14,9 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lightning_perf.diagnosis_context import distributed_info
 from lightning_perf.layout import write_atomically
 from lightning_perf.readers import InputError
-from lightning_perf.summarize.events import KinetoTrace
+from lightning_perf.summarize.events import KinetoTrace, distributed_info
 from lightning_perf.units import signed_size
 
 EXIT_OK, EXIT_SLOWER, EXIT_BAD_INPUT = 0, 1, 2

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_perf.records import CollectiveStats
-from lightning_perf.summarize.events import Complete, KinetoTrace
+from lightning_perf.summarize.events import Complete, KinetoTrace, distributed_info
 from lightning_perf.summarize.intervals import length_within, union
 from lightning_perf.summarize.kernels import COMMUNICATION_KERNEL_MARK
 from lightning_perf.traces import step_number
@@ -132,8 +132,7 @@ def _kernel_kind(kernel: Complete) -> str | None:
 
 
 def _world_size(trace: KinetoTrace) -> int:
-    info = trace.distributedInfo
-    size = info.get("world_size") if isinstance(info, dict) else None
+    size = distributed_info(trace).get("world_size")
     return size if isinstance(size, int) and size >= 1 else 1
 
 

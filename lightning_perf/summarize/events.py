@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import msgspec
 
-__all__ = ["Complete", "Instant", "KinetoTrace", "ShapedKinetoTrace", "as_trace", "decode_trace"]
+__all__ = ["Complete", "Instant", "KinetoTrace", "ShapedKinetoTrace", "as_trace", "decode_trace", "distributed_info"]
 
 Number = int | float
 Id = int | float | str | None  # pid, tid, External id: Kineto writes integers, other Chrome traces strings
@@ -162,3 +162,9 @@ def as_trace(trace: KinetoTrace | Mapping[str, Any], *, shapes: bool = False) ->
     if isinstance(trace, KinetoTrace):
         return trace
     return msgspec.convert(trace, ShapedKinetoTrace if shapes else KinetoTrace)
+
+
+def distributed_info(trace: KinetoTrace | Mapping[str, Any]) -> dict[str, Any]:
+    """A trace's ``distributedInfo`` (rank, world size, backend), or ``{}``."""
+    info = trace.distributedInfo if isinstance(trace, KinetoTrace) else trace.get("distributedInfo")
+    return info if isinstance(info, dict) else {}

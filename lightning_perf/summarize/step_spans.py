@@ -21,7 +21,7 @@ from typing import Any
 from lightning_perf.summarize.events import Complete
 from lightning_perf.summarize.index import TS_OF, Thread, TraceIndex
 from lightning_perf.summarize.intervals import Interval, inside, length_within, union
-from lightning_perf.traces import DATALOADER_PREFIX, DATALOADER_SUFFIX
+from lightning_perf.traces import is_dataloader_next
 
 OPTIMIZER_STEP_PREFIX = "Optimizer.step#"  # torch.optim's record_function around every optimizer.step()
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"  # one per backward node the autograd engine runs
@@ -58,7 +58,7 @@ _NOT_OPS = _DATALOADER | _OPTIMIZER  # annotations by name, whatever their categ
 
 def _name_flags(name: str) -> int:
     flags = 0
-    if name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX):
+    if is_dataloader_next(name):
         flags |= _DATALOADER
     elif name.startswith(OPTIMIZER_STEP_PREFIX):
         flags |= _OPTIMIZER

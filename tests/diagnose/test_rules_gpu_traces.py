@@ -8,7 +8,8 @@ from kineto import load
 from lightning_perf import traces
 from lightning_perf.diagnose.model import StageEpoch
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.diagnosis_context import distributed_info, trace_context
+from lightning_perf.diagnosis_context import trace_context
+from lightning_perf.summarize.events import distributed_info
 from lightning_perf.summarize.step_summary import summarize_trace
 
 # file: (what it shows, the finding ids (severity) it must yield). Shares are of the mean step.

@@ -13,13 +13,14 @@ import pytest
 from html_pages import assert_self_contained, figures_in
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.diagnosis_context import distributed_info, trace_context, trace_stage
+from lightning_perf.diagnosis_context import trace_context, trace_stage
 from lightning_perf.readers import load_report, load_trace
 from lightning_perf.records import OperatorStat
 from lightning_perf.report.comparison import ComparedSide, operator_changes, run_side, trace_side
 from lightning_perf.report.html.compare_page import BAR_COLOURS, CHART_OPERATORS, OPERATOR_ROWS, SAME, compare_page
 from lightning_perf.report.html.figures import MAX_EPOCH_POINTS
 from lightning_perf.report.json_report import report_dict, write_json_atomically
+from lightning_perf.summarize.events import distributed_info
 from lightning_perf.summarize.operators import operator_stats
 from lightning_perf.summarize.step_summary import summarize_trace
 from lightning_perf.summarize.steps import summarize_epoch
