@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import warnings
+from typing import Any
 
 import lightning
 import lightning.pytorch as pl
@@ -60,12 +61,26 @@ class StepTimes(pl.Callback):
         self.seconds.setdefault(trainer.current_epoch, []).append(time.perf_counter() - self._start)
 
 
-def fit(epochs: int, perf: bool, steps: StepTimes | None = None) -> tuple[float, dict | None]:
+def build(model_name: str) -> tuple[pl.LightningModule, Any, Any, dict[str, Any]]:
+    """A fresh model, its training and validation loaders, and its Trainer's own arguments: ``forecaster`` (this
+    project's model of the TFT's shape: 30 batches an epoch) or ``tft`` (pytorch-forecasting's
+    TemporalFusionTransformer itself, as issue 26 measured it: 30 batches an epoch; needs pytorch-forecasting)."""
+    if model_name == "tft":
+        from downstream_libraries import forecasting_case
+
+        case = forecasting_case(series=8)
+        model, train, val = case.build()
+        return model, train, val, {**case.trainer_kwargs, "limit_train_batches": 30}
+    return Forecaster(), *loaders(), {}
+
+
+def fit(
+    epochs: int, perf: bool, steps: StepTimes | None = None, model_name: str = "forecaster"
+) -> tuple[float, dict | None]:
     """One fit's wall time, and the callback's ``run.profiling`` with its windows (``None`` bare); ``steps``
     (after the callback) times each training batch."""
     lightning.seed_everything(0, verbose=False)
-    model = Forecaster()
-    train, val = loaders()
+    model, train, val, trainer_kwargs = build(model_name)
     callback = PerfCallback(verbose=0) if perf else None
     with tempfile.TemporaryDirectory() as root:
         trainer = pl.Trainer(
@@ -78,6 +93,7 @@ def fit(epochs: int, perf: bool, steps: StepTimes | None = None) -> tuple[float,
             enable_model_summary=False,
             enable_checkpointing=False,
             num_sanity_val_steps=0,
+            **trainer_kwargs,
         )
         gc.collect()
         start = time.perf_counter()
@@ -95,12 +111,12 @@ def fit(epochs: int, perf: bool, steps: StepTimes | None = None) -> tuple[float,
         }
 
 
-def show_steps(epochs: int) -> None:
+def show_steps(epochs: int, model_name: str) -> None:
     """``--steps``: a bare fit and one with the callback; training epoch 0's steps of each, and each window's
     close and cost: where a short run's profiling goes."""
     for perf in (False, True):
         steps = StepTimes()
-        wall, profiling = fit(epochs, perf, steps)
+        wall, profiling = fit(epochs, perf, steps, model_name)
         print(f"{'PerfCallback()' if perf else 'bare'}: fit {wall:.2f} s; epoch 0's steps (ms):")
         print("  " + " ".join(f"{s * 1000:.0f}" for s in steps.seconds[0]))
         if profiling is not None:
@@ -120,6 +136,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, nargs="+", default=[4, 40])
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--steps", action="store_true", help="one fit of the first --epochs each: steps, costs")
+    parser.add_argument("--model", choices=["forecaster", "tft"], default="forecaster")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -127,21 +144,23 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-    fit(1, False)
-    fit(1, True)
+    fit(1, False, model_name=args.model)
+    fit(1, True, model_name=args.model)
     if args.steps:
-        show_steps(args.epochs[0])
+        show_steps(args.epochs[0], args.model)
         return
     for epochs in args.epochs:
         ratios, bares, perfs, shares = [], [], [], []
         last: dict | None = None
         busy_before, clock_before, ours_before = cpu_busy_seconds(), time.perf_counter(), _own_cpu()
-        for _ in range(args.rounds):
-            bare, _ = fit(epochs, False)
-            with_perf, last = fit(epochs, True)
-            bares.append(bare)
-            perfs.append(with_perf)
-            ratios.append(with_perf / bare)
+        for round_ in range(args.rounds):
+            walls = {}
+            for perf in (False, True) if round_ % 2 == 0 else (True, False):  # ABBA: a steady drift cancels
+                walls[perf], profiling = fit(epochs, perf, model_name=args.model)
+                last = profiling or last
+            bares.append(walls[False])
+            perfs.append(walls[True])
+            ratios.append(walls[True] / walls[False])
             if last is not None and last["share"] is not None:
                 shares.append(last["share"])
         busy_after, clock_after = cpu_busy_seconds(), time.perf_counter()
@@ -153,6 +172,7 @@ def main() -> None:
         print(f"  bare fit          {statistics.median(bares):7.2f} s  ({min(bares):.2f}..{max(bares):.2f})")
         print(f"  PerfCallback()    {statistics.median(perfs):7.2f} s  ({min(perfs):.2f}..{max(perfs):.2f})")
         print(f"  ratio             {statistics.median(ratios):7.3f}x ({min(ratios):.3f}..{max(ratios):.3f})")
+        print(f"  ratio of totals   {sum(perfs) / sum(bares):7.3f}x (ABBA order: even rounds cancel a steady drift)")
         if last is not None:
             print(
                 f"  its own measure   {statistics.median(shares) * 100:.1f}% of the run profiling;"

@@ -356,6 +356,7 @@ class PerfCallback(StageHooks, ResultsView):
         st.clock.restart(after_close=closed or processing)
         if st.cpu.paused and not closed and control.open is None and not processing:
             st.cpu.resume()
+            self._profiler_windows.settle()
 
     @override
     def _epoch_end(self, stage: str, trainer: pl.Trainer) -> None:
@@ -377,6 +378,11 @@ class PerfCallback(StageHooks, ResultsView):
             self._policy.safely(stage, self._epochs.report_epoch, summary, trainer, ranks)
             st.history.append(summary)
         self._control.epoch_end(stage)
+
+    @override
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        if self._flops.active and pl_module.automatic_optimization:  # the count ends with the backward (flops Notes 3)
+            self._epochs.flops_batch_end(trainer)
 
     @override
     def _validation_start(self, trainer: pl.Trainer) -> None:

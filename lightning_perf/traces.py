@@ -291,21 +291,24 @@ def _changed_in_place(
     events = trace.traceEvents
     last: dict[int, int] = {}
     spans: list[int] = []
+    renames: list[tuple[int, Complete, str]] = []
     for i, event in enumerate(events):
-        if isinstance(event, Complete) and (step := step_number(event.name)) is not None:
+        # Operators, most of the events, are neither step spans (user annotations) nor renamed: passed at once.
+        if not isinstance(event, Complete) or event.cat == "cpu_op":
+            continue
+        if (step := step_number(event.name)) is not None:
             spans.append(i)
             if step in steps:
                 last[step] = i
+        if tensorboard_compat and (category := _tensorboard_category(event.cat, event.name)) is not None:
+            renames.append((i, event, category))
     dropped = set(spans) - set(last.values())
     renamed: dict[str, str] = {}
-    for i, event in enumerate(events):
-        if not tensorboard_compat:
-            break
-        if isinstance(event, Complete) and (category := _tensorboard_category(event.cat, event.name)) is not None:
-            as_dict = msgspec.json.decode(texts[i])
-            _rename(as_dict, category, renamed)
-            texts[i] = msgspec.Raw(msgspec.json.encode(as_dict))
-            event.cat = category
+    for i, event, category in renames:
+        as_dict = msgspec.json.decode(texts[i])
+        _rename(as_dict, category, renamed)
+        texts[i] = msgspec.Raw(msgspec.json.encode(as_dict))
+        event.cat = category
     if renamed:
         notes = msgspec.json.decode(top[METADATA_KEY]) if METADATA_KEY in top else {}
         top[METADATA_KEY] = msgspec.Raw(msgspec.json.encode({**notes, "renamed_categories": renamed}))

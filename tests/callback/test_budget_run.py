@@ -8,9 +8,12 @@ import json
 import logging
 import re
 
+import lightning.pytorch as pl
 import pytest
+import torch
 
 from lightning_perf import PerfCallback
+from lightning_perf.collect.threads import usable_cpus
 from models import TinyModel, trainer
 
 
@@ -59,3 +62,42 @@ def test_a_generous_budget_opens_every_planned_window(tmp_path):
     report = fit(tmp_path, PerfCallback(stages=["train"], profile_budget=1.0))
     assert [w["epoch"] for w in report["windows"]] == [0, 1, 2, 3]
     assert all(w["cost_seconds"] >= w["close_seconds"] for w in report["windows"])
+
+
+class ThreadsSeen(pl.Callback):
+    """torch's thread count at each training batch's start, by epoch and batch."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, int], int] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.seen[trainer.current_epoch, batch_idx] = torch.get_num_threads()
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_training_leaves_a_cpu_to_the_window_process_while_it_works(tmp_path, deterministic):
+    # On a machine whose CPUs torch's threads all take, a parallel operator waits for the thread the window process
+    # displaces (collect/threads.py): training runs one thread fewer from a window's close until its processing is
+    # done, but records each window, and ends, with its own count. Not where algorithms are deterministic.
+    cpus = usable_cpus()
+    if cpus < 2:
+        pytest.skip("one usable CPU: there is no thread to give up")
+    before = torch.get_num_threads()
+    torch.set_num_threads(cpus)
+    seen = ThreadsSeen()
+    # Windows of batch 1 and batch 3, warmed up in batches 0 and 2: batch 2 starts while the first is processed.
+    schedule = {"skip_first": 0, "wait": 0, "warmup": 1, "active": 1, "repeat": 2}
+    try:
+        trainer(
+            tmp_path,
+            [PerfCallback(schedule=schedule, stages=["train"]), seen],
+            limit_val_batches=0,
+            deterministic=deterministic,
+        ).fit(TinyModel(n=64, batch_size=4))
+        after = torch.get_num_threads()
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.set_num_threads(before)
+    lowered = cpus if deterministic else cpus - 1
+    assert [seen.seen[0, b] for b in range(5)] == [cpus, cpus, cpus, cpus, lowered]
+    assert after == cpus

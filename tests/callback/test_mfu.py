@@ -139,3 +139,42 @@ def test_an_lstm_the_counter_cannot_count_is_named_once_and_in_the_report(tmp_pa
         capsys.readouterr().out
     )
     assert "aten.mkldnn_rnn_layer" in pathlib.Path(perf.page_path).read_text()
+
+
+class MatmulInTheStep(torch.optim.SGD):
+    """SGD whose step also multiplies two 8x8 matrices, as Shampoo or Muon do: 1,024 FLOPs a step."""
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        torch.ones(8, 8) @ torch.ones(8, 8)
+        return loss
+
+
+class MatmulStepModel(TinyModel):
+    def configure_optimizers(self):
+        return MatmulInTheStep(self.parameters(), lr=0.1)
+
+
+class ManualMatmulStepModel(MatmulStepModel):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        loss = self._loss(batch, "train")
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+
+
+def test_the_count_ends_where_the_optimizer_step_starts_under_automatic_optimization(tmp_path):
+    # The model's FLOPs, as MFU counts them: the optimizer step's ops (most of a batch's with Adam, none with a
+    # FLOP formula) run uncounted. Manual optimization counts the whole training_step (flops Notes 3).
+    hand = _linear(4, 16, 32, input_grad=False) + _linear(4, 32, 1, input_grad=True)
+    counts = {}
+    for name, model in (("automatic", MatmulStepModel(n=16)), ("manual", ManualMatmulStepModel(n=16))):
+        perf = PerfCallback(**NO_WINDOWS, stages=["train"])
+        trainer(tmp_path / name, [perf], max_epochs=1, limit_val_batches=0).fit(model)
+        counts[name] = perf.epochs[0].flops_per_batch
+    assert counts == {"automatic": hand, "manual": hand + 2 * 8**3}
