@@ -214,9 +214,11 @@ def transformers_case() -> Case:
     return Case("transformers", "transformers", build, lambda b: int(b["input_ids"].shape[0]), epochs=2)
 
 
-def forecasting_case(series: int = 4) -> Case:
-    """pytorch-forecasting's TemporalFusionTransformer on ``series`` synthetic series of 200 steps (4: 16 training
-    batches of 32; 8: 33)."""
+def forecasting_case(
+    series: int = 4, hidden_size: int = 8, hidden_continuous_size: int = 4, batch_size: int = 32
+) -> Case:
+    """pytorch-forecasting's TemporalFusionTransformer on ``series`` synthetic series of 200 steps (131 training
+    samples each: 4 series make 16 batches of 32)."""
     import numpy as np
     import pandas as pd
     from pytorch_forecasting import TemporalFusionTransformer, TimeSeriesDataSet
@@ -246,12 +248,17 @@ def forecasting_case(series: int = 4) -> Case:
         )
         val = TimeSeriesDataSet.from_dataset(train, df, min_prediction_idx=cutoff + 1, stop_randomization=True)
         model = TemporalFusionTransformer.from_dataset(
-            train, hidden_size=8, attention_head_size=1, hidden_continuous_size=4, dropout=0.1, learning_rate=0.03
+            train,
+            hidden_size=hidden_size,
+            attention_head_size=1,
+            hidden_continuous_size=hidden_continuous_size,
+            dropout=0.1,
+            learning_rate=0.03,
         )
         return (
             model,
-            train.to_dataloader(train=True, batch_size=32, num_workers=0),
-            val.to_dataloader(train=False, batch_size=32, num_workers=0),
+            train.to_dataloader(train=True, batch_size=batch_size, num_workers=0),
+            val.to_dataloader(train=False, batch_size=batch_size, num_workers=0),
         )
 
     return Case(
