@@ -68,7 +68,7 @@ class PerfCallback(StageHooks, ResultsView):
         schedule: When to record, as :class:`~lightning_perf.Schedule` or a mapping of its fields
             (``skip_first``, ``wait``, ``warmup``, ``active``, ``repeat``), with the meaning they have in
             ``torch.profiler.schedule``, counted in batches of each stage and restarted every epoch.
-            Default (also for ``None``): ``Schedule()``: skip 5 batches, warm up 1, record 3, once per epoch.
+            Default (also for ``None``): ``Schedule()``: skip 5 batches, warm up 1, record 1, once per epoch.
         batches: Explicit batch indices (within an epoch) to record, each run of consecutive indices one
             window, each preceded by ``schedule.warmup`` warm-up batches. Replaces the cycles of ``schedule``.
         stages: Which of ``"train"``, ``"validate"``, ``"test"``, ``"predict"`` to profile.

@@ -46,13 +46,13 @@ SortKey = Literal[
 ]
 SORT_KEYS: tuple[str, ...] = SortKey.__args__  # type: ignore[attr-defined]
 
-# Default cap on trace windows per stage per run. A window of 3 recorded batches of a mid-sized model is
-# a few MB of gzipped trace on CPU and tens of MB on GPU; 5 per stage keeps a long run's traces in the
-# hundreds of MB at worst, while still covering the first epochs, where most set-up problems show.
+# Default cap on trace windows per stage per run. A window of a mid-sized model's batch is a MB or so of
+# gzipped trace on CPU and several MB on GPU; 5 per stage keeps a long run's traces in the tens of MB, while
+# still covering the first epochs, where most set-up problems show.
 DEFAULT_MAX_WINDOWS = 5
 
 # Default cap on one window's trace, in MB of uncompressed JSON (about a tenth of that gzipped). A 3-batch
-# window of a large model on a busy GPU is tens of MB; 256 leaves room for longer windows and stacks while
+# window of a large model on a busy GPU is tens of MB; 256 leaves room for such windows and stacks while
 # keeping every trace openable in TensorBoard's trace viewer and Perfetto (both load the whole file).
 DEFAULT_MAX_TRACE_MB = 256.0
 
@@ -78,7 +78,11 @@ class Schedule:
         wait: Idle batches at the start of each cycle.
         warmup: Batches the profiler runs without recording before each window; torch recommends at least
             one, because the first profiled batch carries the profiler's own start-up cost.
-        active: Batches recorded in each window.
+        active: Batches recorded in each window. One by default: a window's cost grows with the operator
+            events it records (torch's stop and export take about 2-6 us an event, on the training thread),
+            the always-on timings of every batch show how steps vary, and a budget spreads one-batch windows
+            over the run where a window of several would sample a few neighbouring batches (torchtitan's
+            profiler records one step a window likewise).
         repeat: Cycles per epoch; ``0`` means as many as fit in the epoch.
 
     Raises:
@@ -92,7 +96,7 @@ class Schedule:
     skip_first: int = declared(integer(0), 5)
     wait: int = declared(integer(0), 0)
     warmup: int = declared(integer(0), 1)
-    active: int = declared(integer(1), 3)
+    active: int = declared(integer(1), 1)
     repeat: int = declared(integer(0), 1)
 
     def __post_init__(self) -> None:

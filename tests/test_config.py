@@ -113,7 +113,7 @@ def test_no_warmup_is_legal_but_warned_about():
 
 def test_defaults():
     config = PerfCallback().config
-    assert config.schedule == Schedule(skip_first=5, wait=0, warmup=1, active=3, repeat=1)
+    assert config.schedule == Schedule(skip_first=5, wait=0, warmup=1, active=1, repeat=1)
     assert config.stages == STAGES
     assert config.batches is None
     assert config.max_windows == 5

@@ -161,7 +161,7 @@ def test_print_config_shows_every_option_with_its_default(tmp_path, capsys):
     params = inspect.signature(PerfCallback.__init__).parameters
     names = [name for name in params if name != "self"]
     assert set(init_args) == set(names)
-    assert init_args["schedule"] == dict(skip_first=5, wait=0, warmup=1, active=3, repeat=1)
+    assert init_args["schedule"] == dict(skip_first=5, wait=0, warmup=1, active=1, repeat=1)
     for name in names:
         assert init_args[name] == _expected_dump(params[name].default), name
 

@@ -100,6 +100,13 @@ def test_stage_too_short_gets_no_window_and_one_warning(tmp_path, recwarn):
     assert not list(tmp_path.rglob("*.pt.trace.json*"))  # never a recording of the whole run
 
 
+def test_the_default_window_records_batch_six_alone_in_each_stage(tmp_path):
+    callback = PerfCallback()  # skip 5 batches, warm up on the 6th (index 5), record the next one
+    trainer(tmp_path, [callback], max_epochs=1).fit(TinyModel(n=48, val_n=40))  # 12 training, 10 validation batches
+    assert window_names(callback) == ["train-epoch000-batches0006-0006", "validate-epoch000-batches0006-0006"]
+    assert [steps(load(w.trace_path)) for w in callback.windows] == [[6], [6]]
+
+
 def test_a_small_validation_set_under_the_default_schedule_is_a_note_not_a_warning(tmp_path, recwarn, caplog):
     callback = PerfCallback()  # the default plan: the user asked for no window in particular
     with caplog.at_level("INFO"):
