@@ -24,7 +24,7 @@ Trainers fit the same seeded model on the same data (``lightning.seed_everything
     (a) a bare Trainer;
     (b) ``PerfCallback(batches=[1000000])``: no profiler window ever opens (its FLOP count of the first
         batch still runs), so (b) - (a) is the callback's cost outside windows;
-    (c) ``PerfCallback()``: its defaults (skip 5 batches, warm up 1, record 3, in each epoch).
+    (c) ``PerfCallback()``: its defaults (skip 5 batches, warm up 1, record 1, in each epoch).
 
 A timing callback, first in the callback list, reads ``time.perf_counter()`` at every
 ``on_train_batch_start``; a step is the time from one batch's start to the next's in the same epoch.

@@ -10,7 +10,7 @@ Trainer and model doing ``--steps`` optimizer steps in one epoch:
 
     (a) a bare Trainer;
     (b) ``Trainer(callbacks=[PerfCallback()])``: its default schedule, one window per epoch
-        (skip 5 batches, warm up 1, record 3);
+        (skip 5 batches, warm up 1, record 1);
     (c) ``Trainer(profiler=PyTorchProfiler(...))``: its default schedule
         (``torch.profiler.schedule(wait=1, warmup=1, active=3)``), one window per run.
 

@@ -17,7 +17,7 @@ torch runs on one thread. The same fit runs in these configurations, one after a
     (a) a bare Trainer;
     (b) ``PerfCallback(batches=[100000])``: no profiler window ever opens, so (b) - (a) is the callback's
         per-epoch cost outside windows;
-    (c) ``PerfCallback()``: the default schedule (skip 5 batches, warm up 1, record 3); with 4 batches per
+    (c) ``PerfCallback()``: the default schedule (skip 5 batches, warm up 1, record 1); with 4 batches per
         epoch no window fits, so it behaves as (b) but warns once;
     (d) ``PerfCallback(schedule={"skip_first": 0, "wait": 0, "warmup": 1, "active": 1})``: one window in
         each of the first ``max_windows`` (5) epochs, none after.

@@ -87,16 +87,16 @@ REPORT_FILENAME = "perf_report.json"
 
 # The report holds every epoch, so one rewrite costs more the longer the run (a 1,000-epoch run's report is
 # about 1.4 MB: tens of ms to build and write). Between epoch ends it is rewritten only once the time since
-# the last rewrite is at least 1/REWRITE_TIME_SHARE times what that rewrite cost: at most 1% of the run's
-# wall time, however long the run, and at every epoch end while the report is small (a 10 ms rewrite: once
-# a second at most). The HTML page has a budget of its own, alike (it takes longer: 70-300 ms), so the two
-# together take at most 2%.
-REWRITE_TIME_SHARE = 0.01
-# And at most this often, however cheap the rewrite: a small report costs 1-5 ms, so the share alone let it be
-# rewritten every 0.1-0.5 s, 20 times (and its page 14) in the first 7 s of Lightning's bug_report_model (epochs of
-# 4 + 1 batches, 30 ms), 0.7 ms per epoch, a fifth of the callback's cost there. A run of epochs longer than this
-# still gets a report at every epoch end; an interrupted one gets it at its interruption.
-REWRITE_MIN_SECONDS = 5.0
+# the last rewrite is at least 1/REWRITE_TIME_SHARE times what that rewrite cost: at most 0.25% of the run's
+# wall time, however long the run. The HTML page has a budget of its own, alike (it takes longer: 20-300 ms), so
+# the two together take at most 0.5%: the rewrites are a cost outside the windows, beside the profiling budget's
+# 2%, and at 1% each they took 1-1.5% of a 10-20 s fit of pytorch-forecasting's TFT (issue 26).
+REWRITE_TIME_SHARE = 0.0025
+# And at most this often, however cheap the rewrite: a small report costs 1-5 ms and its page 20-30 ms, so the
+# shares alone let them be rewritten every few seconds. The report is for after the run (TensorBoard's scalars
+# are the live view), and the first epoch end, the end of each Trainer call and an interruption always write it;
+# a run of epochs longer than this still gets it at every epoch end.
+REWRITE_MIN_SECONDS = 30.0
 # A window's operators the report keeps (the HTML report's sortable table): the rows that hold nearly all of a
 # step's time in the traces we have seen (the 50th operator of a ResNet or GPT window holds well under 1%).
 OPERATOR_ROWS = 50

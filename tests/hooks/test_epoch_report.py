@@ -61,12 +61,14 @@ def test_the_page_has_a_budget_of_its_own_so_a_slow_page_leaves_the_report_as_fr
         clock.now += 0.010
         return {"n": clock.now}
 
+    report_due, page_due = 0.010 / REWRITE_TIME_SHARE, 0.100 / REWRITE_TIME_SHARE  # 4 s and 40 s
+    gap = report_due + 1.0
     writes = 0
-    for _ in range(100):  # epoch ends 1.5 s apart, 150 s in all
+    for _ in range(100):  # epoch ends 5 s apart, 500 s in all
         writes += report.update(build)
-        clock.now += 1.5
-    assert writes == 100  # the report at every epoch end (10 ms: due again 1 s later) ...
-    assert 12 <= len(drawn) <= 15  # ... the page every 7th (100 ms: due again 10 s later)
+        clock.now += gap
+    assert writes == 100  # the report at every epoch end (10 ms: due again 4 s later) ...
+    assert 100 * gap / (page_due + 2 * gap) <= len(drawn) <= 100 * gap / page_due + 1  # ... the page every 9th or so
     assert (tmp_path / "report.html").read_text().startswith("<html>")
     report.write({"n": "end"})  # the end of the run writes both
     assert (tmp_path / "report.html").read_text() == "<html>end</html>"

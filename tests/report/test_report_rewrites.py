@@ -7,7 +7,7 @@ import time
 from clocks import FakeClock
 from lightning_perf import PerfCallback
 from lightning_perf.report import json_report
-from lightning_perf.report.json_report import REWRITE_MIN_SECONDS, ReportFile
+from lightning_perf.report.json_report import REWRITE_MIN_SECONDS, REWRITE_TIME_SHARE, ReportFile
 from models import TinyModel, trainer
 
 
@@ -41,11 +41,13 @@ def test_an_expensive_report_keeps_its_time_share_above_the_min_interval(tmp_pat
     report = ReportFile(str(tmp_path / "perf_report.json"), clock=clock, min_interval=5.0)
 
     def build():
-        clock.now += 0.100  # 100 ms: due 10 s later, past the 5 s
+        clock.now += 0.100  # 100 ms: due 0.1 / REWRITE_TIME_SHARE = 40 s later, past the 5 s
         return {}
 
+    due = 0.100 / REWRITE_TIME_SHARE
+    assert due > 5.0
     assert report.update(build)
-    clock.now += 9.0
+    clock.now += due - 1.0
     assert not report.update(build)
     clock.now += 1.1
     assert report.update(build)
