@@ -90,7 +90,7 @@ REPORT_FILENAME = "perf_report.json"
 # the last rewrite is at least 1/REWRITE_TIME_SHARE times what that rewrite cost: at most 0.25% of the run's
 # wall time, however long the run. The HTML page has a budget of its own, alike (it takes longer: 20-300 ms), so
 # the two together take at most 0.5%: the rewrites are a cost outside the windows, beside the profiling budget's
-# 2%, and at 1% each they took 1-1.5% of a 10-20 s fit of pytorch-forecasting's TFT (issue 26).
+# 2%, and at 1% each they took about 1% of a fit of pytorch-forecasting's TFT (issue 26).
 REWRITE_TIME_SHARE = 0.0025
 # And at most this often, however cheap the rewrite: a small report costs 1-5 ms and its page 20-30 ms, so the
 # shares alone let them be rewritten every few seconds. The report is for after the run (TensorBoard's scalars
