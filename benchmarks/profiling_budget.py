@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning
 import lightning.pytorch as pl
@@ -61,6 +61,53 @@ class StepTimes(pl.Callback):
         self.seconds.setdefault(trainer.current_epoch, []).append(time.perf_counter() - self._start)
 
 
+class Split(pl.Callback):
+    """Where a fit's wall time goes, in parts: each hook adds the time since the previous one to its part (placed
+    after the callback, so that the callback's own hooks land in the part that ends with them)."""
+
+    PARTS: ClassVar[dict[str, str]] = {
+        "on_train_batch_start": "between training batches",
+        "on_train_batch_end": "training batches",
+        "on_validation_batch_start": "between validation batches",
+        "on_validation_batch_end": "validation batches",
+        "on_validation_epoch_end": "validation epoch ends",
+        "on_train_epoch_end": "training epoch ends",
+        "on_fit_end": "fit's end",
+    }
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys(self.PARTS.values(), 0.0)
+        self._last = 0.0
+        for hook, part in self.PARTS.items():
+            setattr(self, hook, self._adder(part))
+
+    def on_fit_start(self, *args: object) -> None:
+        self._last = time.perf_counter()
+
+    def _adder(self, part: str) -> Any:
+        def add(*args: object) -> None:
+            now = time.perf_counter()
+            self.seconds[part] += now - self._last
+            self._last = now
+
+        return add
+
+
+def show_split(epochs: int, model_name: str, rounds: int) -> None:
+    """``--split``: bare fits and fits with the callback in ABBA order, each fit's wall time in parts (:class:`Split`);
+    the median of each part, and the difference: what the callback costs outside its own measure too."""
+    parts: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    for round_ in range(rounds):
+        for perf in (False, True) if round_ % 2 == 0 else (True, False):
+            split = Split()
+            wall, _ = fit(epochs, perf, split, model_name)
+            parts[perf].append({**split.seconds, "setup and teardown": wall - sum(split.seconds.values()), "fit": wall})
+    for part in parts[False][0]:
+        bare, perf = (statistics.median(p[part] for p in parts[on]) for on in (False, True))
+        diff = 1000 * (perf - bare)
+        print(f"  {part:28s} bare {bare * 1000:8.1f} ms  PerfCallback() {perf * 1000:8.1f} ms  {diff:+7.1f} ms")
+
+
 def build(model_name: str) -> tuple[pl.LightningModule, Any, Any, dict[str, Any]]:
     """A fresh model, its training and validation loaders, and its Trainer's own arguments: ``forecaster`` (this
     project's model of the TFT's shape: 30 batches an epoch) or ``tft`` (pytorch-forecasting's
@@ -77,10 +124,10 @@ def build(model_name: str) -> tuple[pl.LightningModule, Any, Any, dict[str, Any]
 
 
 def fit(
-    epochs: int, perf: bool, steps: StepTimes | None = None, model_name: str = "forecaster"
+    epochs: int, perf: bool, steps: pl.Callback | None = None, model_name: str = "forecaster"
 ) -> tuple[float, dict | None]:
     """One fit's wall time, and the callback's ``run.profiling`` with its windows (``None`` bare); ``steps``
-    (after the callback) times each training batch."""
+    (after the callback: :class:`StepTimes`, :class:`Split`) times its parts."""
     lightning.seed_everything(0, verbose=False)
     model, train, val, trainer_kwargs = build(model_name)
     callback = PerfCallback(verbose=0) if perf else None
@@ -138,6 +185,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, nargs="+", default=[4, 40])
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--steps", action="store_true", help="one fit of the first --epochs each: steps, costs")
+    parser.add_argument("--split", action="store_true", help="--rounds fits of the first --epochs: wall time by part")
     parser.add_argument("--model", choices=["forecaster", "tft"], default="forecaster")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -150,6 +198,9 @@ def main() -> None:
     fit(1, True, model_name=args.model)
     if args.steps:
         show_steps(args.epochs[0], args.model)
+        return
+    if args.split:
+        show_split(args.epochs[0], args.model, args.rounds)
         return
     for epochs in args.epochs:
         ratios, bares, perfs, shares = [], [], [], []
