@@ -79,7 +79,7 @@ class Schedule:
         warmup: Batches the profiler runs without recording before each window; torch recommends at least
             one, because the first profiled batch carries the profiler's own start-up cost.
         active: Batches recorded in each window. One by default: a window's cost grows with the operator
-            events it records (torch's stop and export take about 2-6 us an event, on the training thread),
+            events it records (torch's stop and export take about 3-6 us an event, on the training thread),
             the always-on timings of every batch show how steps vary, and a budget spreads one-batch windows
             over the run where a window of several would sample a few neighbouring batches (torchtitan's
             profiler records one step a window likewise).
