@@ -93,12 +93,18 @@ class Split(pl.Callback):
         return add
 
 
+def abba(round_: int) -> tuple[bool, bool]:
+    """Whether round ``round_``'s two fits run with the callback, in ABBA order: bare then profiled, then profiled
+    then bare, so that a steady drift of the machine's speed cancels over even rounds."""
+    return (False, True) if round_ % 2 == 0 else (True, False)
+
+
 def show_split(epochs: int, model_name: str, rounds: int) -> None:
     """``--split``: bare fits and fits with the callback in ABBA order, each fit's wall time in parts (:class:`Split`);
     the median of each part, and the difference: what the callback costs outside its own measure too."""
     parts: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     for round_ in range(rounds):
-        for perf in (False, True) if round_ % 2 == 0 else (True, False):
+        for perf in abba(round_):
             split = Split()
             wall, _ = fit(epochs, perf, split, model_name)
             parts[perf].append({**split.seconds, "setup and teardown": wall - sum(split.seconds.values()), "fit": wall})
@@ -208,7 +214,7 @@ def main() -> None:
         busy_before, clock_before, ours_before = cpu_busy_seconds(), time.perf_counter(), _own_cpu()
         for round_ in range(args.rounds):
             walls = {}
-            for perf in (False, True) if round_ % 2 == 0 else (True, False):  # ABBA: a steady drift cancels
+            for perf in abba(round_):
                 walls[perf], profiling = fit(epochs, perf, model_name=args.model)
                 last = profiling or last
             bares.append(walls[False])
