@@ -95,7 +95,8 @@ REWRITE_TIME_SHARE = 0.0025
 # And at most this often, however cheap the rewrite: a small report costs 1-5 ms and its page 20-30 ms, so the
 # shares alone let them be rewritten every few seconds. The report is for after the run (TensorBoard's scalars
 # are the live view), and the first epoch end, the end of each Trainer call and an interruption always write it;
-# a run of epochs longer than this still gets it at every epoch end.
+# a run of epochs longer than this still gets it at every epoch end. The page is first drawn this long after
+# the report's first write (or at the call's end): 20-30 ms that a short run need not pay twice (issue 26).
 REWRITE_MIN_SECONDS = 30.0
 # A window's operators the report keeps (the HTML report's sortable table): the rows that hold nearly all of a
 # step's time in the traces we have seen (the 50th operator of a ResNet or GPT window holds well under 1%).
@@ -342,12 +343,14 @@ class ReportFile:
         min_interval: The fewest seconds between two rewrites of a file by :meth:`update` (:meth:`write` is not
             held back).
         page: Where the page goes and what draws it from the report's data
-            (:func:`lightning_perf.report.html.run_page`); ``None``: no page.
+            (:func:`lightning_perf.report.html.run_page`); ``None``: no page. :meth:`update` first draws it
+            ``min_interval`` seconds after this report file is made (:meth:`write`, at once).
 
     Example::
 
         report = ReportFile("perf/perf_report.json", page=("perf/report.html", run_page))
         report.update(lambda: build_report())  # at an epoch end: each file written only if its budget allows
+                                               # (the first: the report; the page from min_interval on)
         report.write(build_report())  # at the end of the run: both, always
     """
 
@@ -364,8 +367,12 @@ class ReportFile:
         self.page_path = None if page is None else page[0]
         self._draw = None if page is None else page[1]
         self._clock = clock
-        # When each file may be rewritten next: the first update writes both.
-        self._next_due = dict.fromkeys(["report"] if page is None else ["report", "page"], -float("inf"))
+        # When each file may be rewritten next: the first update writes the report; the page waits
+        # ``min_interval`` from now (:data:`REWRITE_MIN_SECONDS`: a short run gets it at its end, and
+        # ``lightning-perf report DIR --html`` draws it from any report).
+        self._next_due = {"report": -float("inf")}
+        if page is not None:
+            self._next_due["page"] = clock() + min_interval
 
     def update(self, build: Callable[[], Mapping[str, Any]]) -> bool:
         """Rewrites the report and the page with ``build()``, each if its budget allows it now (``build`` is not
