@@ -268,6 +268,9 @@ class TraceSummary:
             spans, any thread). ``None`` when the trace holds no such span.
         cpu_wait_time: Time the training thread waited for a CPU while the window recorded, per step (not from
             the trace: the window's ``WindowRecord.cpu_wait``); ``None`` for a trace alone.
+        cpu_forward_peak: Bytes: the most CPU memory a step's forward (up to its backward's first node) allocated
+            above the lowest it had held since the step began, the largest over the steps: its activations and
+            the forward's temporaries. ``None`` without the CPU memory events of ``profile_memory=True``.
     """
 
     window: str
@@ -302,6 +305,7 @@ class TraceSummary:
     compiled_time: float | None = None
     guard_time: float | None = None
     cpu_wait_time: float | None = None
+    cpu_forward_peak: int | None = None
 
 
 def share(part: float | None, window: TraceSummary) -> float | None:

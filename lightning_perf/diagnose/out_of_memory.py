@@ -45,6 +45,8 @@ class Cure(NamedTuple):
 
 
 _ACTIVATIONS = ("activations and temporaries", "activations saved for the backward")
+# Where ``run.memory`` has no activations and temporaries: where they are measured.
+ACTIVATIONS_UNMEASURED = "activations are measured on CUDA, or in a training window with profile_memory=True"
 
 
 def memory_parts(memory: Mapping[str, Any]) -> list[tuple[str, int]]:
@@ -162,7 +164,7 @@ def out_of_memory_finding(
             + (
                 f", activations and temporaries {signed_size(memory['activations'])}"
                 if memory.get("activations") is not None
-                else " (activations are measured on CUDA only)"
+                else f" ({ACTIVATIONS_UNMEASURED})"
             )
         )
         short = _shortfall(failure)

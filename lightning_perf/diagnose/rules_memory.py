@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
-from lightning_perf.diagnose.out_of_memory import memory_cures, memory_parts
+from lightning_perf.diagnose.out_of_memory import ACTIVATIONS_UNMEASURED, memory_cures, memory_parts
 from lightning_perf.diagnose.rule_helpers import (
     FP32_PRECISIONS,
     batch_end_hook,
@@ -123,7 +123,7 @@ def memory_breakdown(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     if tight and reserved is not None and capacity is not None:
         evidence.append(f"peak reserved {size(reserved)} of {size(capacity)} (warning >= {limit(t.memory_tight)})")
     elif memory.get("activations") is None and not memory.get("activations_saved"):
-        evidence.append("activations are measured on CUDA only")
+        evidence.append(ACTIVATIONS_UNMEASURED)
     cures = memory_cures(memory, world_size=ctx.facts.world_size, precision=ctx.facts.precision)
     ordered = [c for c in cures if largest in c.shrinks] + [c for c in cures if largest not in c.shrinks]
     advice = [

@@ -186,6 +186,7 @@ class EpochReporter:
     def add_window(self, record: WindowRecord) -> None:
         """A saved window's record, in the order the windows closed."""
         self.windows.append(record)
+        self.memory.window_saved(record)
 
     def keep_optimizer_info(self, info: Any) -> None:
         """The run's optimizers, once they exist (``optimizer_heavy`` advises what would change)."""

@@ -23,7 +23,7 @@ from lightning_perf.collect.empty_cache import EmptyCacheCounter
 from lightning_perf.collect.memory import CudaMemory, device_use, history_snapshot, record_history
 from lightning_perf.collect.model_memory import memory_signature, model_memory
 from lightning_perf.hooks.flop_count import FlopCounting
-from lightning_perf.records import EpochSummary, ModelMemory
+from lightning_perf.records import EpochSummary, ModelMemory, WindowRecord
 from lightning_perf.report.memory import memory_line
 from lightning_perf.summarize.memory import largest_allocations, memory_report
 
@@ -41,6 +41,8 @@ class MemoryTracking:
         self.model: ModelMemory | None = None  # the latest count
         self._said: ModelMemory | None = None
         self._signature: tuple[Any, ...] | None = None
+        # The training windows' largest CPU forward peak (profile_memory=True) and its window's name.
+        self.forward_peak: tuple[int, str] | None = None
 
     def epoch_start(self, *, history: bool = False) -> None:
         """A training epoch starts: its first batch is to be counted, and its ``empty_cache`` calls; with
@@ -80,6 +82,13 @@ class MemoryTracking:
             " Remove the call; against fragmentation, set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`."
         )
 
+    def window_saved(self, record: WindowRecord) -> None:
+        """A saved window: a training window's CPU forward peak (``profile_memory=True``) measures the activations
+        and temporaries off CUDA, the largest so far."""
+        peak = record.summary.cpu_forward_peak if record.summary is not None else None
+        if record.stage == "train" and peak is not None and (self.forward_peak is None or peak > self.forward_peak[0]):
+            self.forward_peak = (peak, record.name)
+
     def count(self, trainer: pl.Trainer, *, again: bool = False) -> None:
         """Counts what the model holds now (after a training batch: its gradients and the optimizer state exist),
         where it may have changed since the last count (:func:`memory_signature`), or ``again``."""
@@ -118,7 +127,7 @@ class MemoryTracking:
         self, trainer: pl.Trainer, model: ModelMemory, epoch: int, peaks: tuple[int, int] | None
     ) -> dict[str, Any]:
         """:func:`memory_report` of ``model`` with the CUDA ``(allocated, reserved)`` peaks, the device's use now,
-        and what the FLOP-counted batch saved for its backward."""
+        what the FLOP-counted batch saved for its backward, and the training windows' CPU forward peak."""
         device = trainer.strategy.root_device
         use = device_use(device) if device.type == "cuda" else None
         flops = self._flops
@@ -132,4 +141,5 @@ class MemoryTracking:
             device_total=use[2] if use else None,
             blocks=flops.blocks if flops is not None else (),
             saved=flops.saved if flops is not None else None,
+            forward_peak=self.forward_peak,
         )

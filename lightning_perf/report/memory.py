@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lightning_perf.diagnose.out_of_memory import ACTIVATIONS_UNMEASURED
 from lightning_perf.units import signed_size
 
 
@@ -35,8 +36,9 @@ def memory_line(memory: Mapping[str, Any]) -> str:
     )
     if memory["master_copies"]:
         line += f", master copies {signed_size(memory['master_copies'])}"
+    window = memory.get("activations_window")
     device = [
-        f"{name} {signed_size(memory[key])}"
+        f"{name} {signed_size(memory[key])}" + (f" (a step of {window})" if key == "activations" and window else "")
         for name, key in (
             ("activations and temporaries", "activations"),
             ("allocator overhead", "allocator_overhead"),
@@ -49,4 +51,4 @@ def memory_line(memory: Mapping[str, Any]) -> str:
         return line + "; " + ", ".join(device)
     if memory.get("activations_saved") is not None:
         return line + f"; activations saved for the backward {signed_size(memory['activations_saved'])} a batch"
-    return line + f"; activations are measured on CUDA only (the parameters are on {memory['device'] or 'no device'})"
+    return line + f"; {ACTIVATIONS_UNMEASURED} (the parameters are on {memory['device'] or 'no device'})"

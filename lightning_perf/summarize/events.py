@@ -41,6 +41,8 @@ __all__ = ["Complete", "Instant", "KinetoTrace", "ShapedKinetoTrace", "as_trace"
 Number = int | float
 Id = int | float | str | None  # pid, tid, External id: Kineto writes integers, other Chrome traces strings
 MEMORY_EVENT_NAME = "[memory]"  # the instant events of profile_memory=True
+# ``args["Device Type"]`` of a [memory] event: c10::DeviceType's CPU and CUDA.
+CPU_DEVICE_TYPE, CUDA_DEVICE_TYPE = 0, 1
 # Event phases of the Chrome trace event format that no analysis reads: decoded as empty records.
 OTHER_PHASES = "BEICbnestfPNODMVvRc()STF"
 
@@ -74,6 +76,9 @@ class InstantArgs(msgspec.Struct, gc=False, frozen=True):
 
     device_type: Any = msgspec.field(default=None, name="Device Type")
     bytes: Any = msgspec.field(default=None, name="Bytes")
+    # The device's allocator's bytes after this event. On the CPU, torch counts only what was allocated while
+    # memory was profiled (a free of an older tensor leaves it as it was): its changes within a step are right.
+    total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
 
 
 # The args of an event without any (shared: the records are read-only).

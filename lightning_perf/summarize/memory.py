@@ -9,7 +9,8 @@ arithmetic, tested with plain numbers.
 - **activations and temporaries**: the training epoch's peak allocated less what the model holds (on CUDA, where
   the peak is measured; the model's parts are counted whole, though gradients are freed between steps under
   ``zero_grad(set_to_none=True)``: at the backward's peak, where the activations meet the gradients, they are
-  all there);
+  all there); off CUDA, the most a step's forward allocated in a training window with ``profile_memory=True``
+  (:attr:`~lightning_perf.records.TraceSummary.cpu_forward_peak`: activations and the forward's temporaries);
 - **allocator overhead**: reserved less allocated at the peak (the caching allocator's fragmentation and cache);
 - **outside the allocator**: what the device has in use less what the allocator reserved (the CUDA context,
   NCCL buffers, other processes), from ``torch.cuda.mem_get_info``;
@@ -36,6 +37,7 @@ def memory_report(
     device_total: int | None = None,
     blocks: Sequence[tuple[str, int]] = (),
     saved: int | None = None,
+    forward_peak: tuple[int, str] | None = None,
 ) -> dict[str, Any]:
     """``run.memory``: the model's parts, and where the device's figures are given, the rest.
 
@@ -49,13 +51,19 @@ def memory_report(
             (:class:`~lightning_perf.collect.activations.SavedSizes`): the modules to checkpoint.
         saved: The bytes the FLOP-counted batch saved for the backward in all: its activations, on any device
             (the temporaries and the allocator's share are CUDA's ``activations`` only).
+        forward_peak: ``(bytes, window)``: the training windows' largest
+            :attr:`~lightning_perf.records.TraceSummary.cpu_forward_peak` and the window it is from: the activations
+            and temporaries off CUDA (``profile_memory=True``).
     """
     on_device = model.device == "cuda"
     activations = overhead = outside = free = None
+    window = None
     if on_device and peak_allocated is not None:
         activations = max(peak_allocated - model.held, 0)
         if peak_reserved is not None:
             overhead = max(peak_reserved - peak_allocated, 0)
+    elif not on_device and forward_peak is not None:
+        activations, window = forward_peak
     if device_used is not None and device_total is not None:
         free = max(device_total - device_used, 0)
         if reserved_now is not None:
@@ -74,6 +82,7 @@ def memory_report(
         "master_copies": model.master_copies,
         "optimizers": list(model.optimizers),
         "activations": activations,
+        "activations_window": window,
         "allocator_overhead": overhead,
         "outside_allocator": outside,
         "device_total": device_total,

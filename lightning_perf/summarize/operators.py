@@ -29,7 +29,7 @@ import msgspec
 import numpy as np
 
 from lightning_perf.records import OperatorStat
-from lightning_perf.summarize.events import Complete, Instant, KinetoTrace, as_trace
+from lightning_perf.summarize.events import CUDA_DEVICE_TYPE, Complete, Instant, KinetoTrace, as_trace
 from lightning_perf.summarize.index import (
     NAME_OF,
     OPERATOR_CATEGORIES,
@@ -39,7 +39,6 @@ from lightning_perf.summarize.index import (
     codes,
 )
 
-CUDA_DEVICE_TYPE = 1  # ``args["Device Type"]`` of a [memory] event: c10::DeviceType::CUDA
 # Threads with at least this many host spans are nested on arrays (_nest_arrays), the others one by one
 # (_nest). Measured on the 2-core development machine: arrays take about
 # 0.2 us per span and 40 us per thread, the stack 0.6 us per span, so arrays win from about 100 spans on.

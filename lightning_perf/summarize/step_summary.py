@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 
 from lightning_perf.records import TraceSummary
-from lightning_perf.summarize.events import Complete, KinetoTrace, as_trace
+from lightning_perf.summarize.events import CPU_DEVICE_TYPE, Complete, KinetoTrace, as_trace
 from lightning_perf.summarize.index import CAT_OF, DUR_OF, NAME_OF, TS_OF, Columns, Thread, TraceIndex, by_code, codes
 from lightning_perf.summarize.intervals import Interval, merge_arrays, outermost, starts_in, subtract, union
 from lightning_perf.summarize.kernels import COMMUNICATION_KERNEL_MARK, device_properties, is_fp32_gemm
 from lightning_perf.summarize.step_spans import US, Scan, Steps
 from lightning_perf.summarize.steps import percentile
+from lightning_perf.validation import is_int
 
 # A tiny operator: a top-level host operator shorter than this, in microseconds. An eager operator pays about
 # 5-20 us of dispatch (Python binding, dispatcher, allocation; the profiler adds a few more) whatever its
@@ -93,6 +94,12 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
            ``CompiledFunction`` and ``CompiledFunctionBackward`` spans on any thread (the forward's
            ``CompiledFunction`` lies inside its region and counts once), ``guard_time`` that of the
            ``TorchDynamo Cache Lookup`` spans; each ``None`` when the trace holds no such span.
+        10. Memory (``profile_memory=True``, CPU): ``cpu_forward_peak`` is, for each ``ProfilerStep#N`` span up to
+            its first backward node, the largest rise of the CPU ``[memory]`` events' ``Total Allocated`` above
+            the lowest level before it (from the level before the first event on); the largest over the steps.
+            The forward alone: torch leaves out the frees of tensors allocated before memory was profiled (the
+            last step's gradients, in a window's first step), and a backward's new gradients would count as
+            activations.
     """
     trace = as_trace(trace)
     scan = Scan.of(TraceIndex.of(trace))
@@ -140,7 +147,37 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
         **device_properties(trace, scan.device_id),
         compiled_time=_time_if_any(scan.compiled, steps),
         guard_time=_time_if_any(scan.guards, steps),
+        cpu_forward_peak=_cpu_forward_peak(scan.index, step_spans or steps.ranges, scan.backward),
     )
+
+
+def _cpu_forward_peak(index: TraceIndex, steps: list[Interval], backward: list[Interval]) -> int | None:
+    """The most CPU memory a step's forward allocated above the lowest it had held since the step began, over the
+    steps: its activations and the forward's temporaries. From the CPU ``[memory]`` events' ``Total Allocated``
+    (``profile_memory=True``); ``None`` without them."""
+    events = sorted(
+        (e for thread in index.memory.values() for e in thread if e.args.device_type == CPU_DEVICE_TYPE),
+        key=TS_OF,
+    )
+    levels = [(e.ts, e.args.total_allocated, e.args.bytes) for e in events]
+    levels = [(ts, total, change) for ts, total, change in levels if is_int(total) and is_int(change)]
+    times = [ts for ts, _, _ in levels]
+    backward_starts = sorted(start for start, _ in backward)
+    peak = None
+    for start, end in steps:
+        first_backward = bisect_left(backward_starts, start)
+        if first_backward < len(backward_starts) and backward_starts[first_backward] < end:
+            end = backward_starts[first_backward]  # the forward ends where the backward's first node begins
+        inside = levels[bisect_left(times, start) : bisect_left(times, end)]
+        if not inside:
+            continue
+        lowest = inside[0][1] - inside[0][2]  # what it held before its first event
+        rise = 0
+        for _, total, _ in inside:
+            lowest = min(lowest, total)
+            rise = max(rise, total - lowest)
+        peak = max(peak or 0, rise)
+    return peak
 
 
 def _time_if_any(spans: list[Interval], steps: Steps) -> float | None:

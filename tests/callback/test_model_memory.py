@@ -15,8 +15,9 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_perf import PerfCallback
-from lightning_perf.diagnose.out_of_memory import memory_cures
+from lightning_perf.diagnose.out_of_memory import memory_cures, memory_parts
 from lightning_perf.hooks.memory_tracking import SNAPSHOT_FILE
+from lightning_perf.report.memory import memory_line
 from models import TinyModel, trainer
 
 
@@ -83,7 +84,7 @@ def test_parameters_gradients_and_adam_state_equal_the_hand_count(tmp_path, capl
         "by_entry": {"step": 20, "exp_avg": trainable, "exp_avg_sq": trainable},
     }
     assert memory["master_copies"] == 0 and memory["optimizers"] == ["Adam"] and memory["epoch"] == 1
-    assert memory["device"] == "cpu" and memory["activations"] is None  # measured on CUDA only
+    assert memory["device"] == "cpu" and memory["activations"] is None  # no window with profile_memory=True
     said = [r.getMessage() for r in caplog.records if "lightning-perf: memory" in r.getMessage()]
     assert len(said) == 1, said  # the first count; the second epoch's is the same
     assert said[0].startswith("lightning-perf: memory at training epoch 0: parameters 1.0 KiB (float32 896 B,")
@@ -243,6 +244,22 @@ def test_checkpointing_the_named_blocks_lowers_the_steps_peak(tmp_path):
     # Measured: 8.9 MB -> 7.1 MB, 82% of the named block's 2.2 MB (gradients are allocated during the backward as
     # the activations are freed, so the peak does not fall by every block's worth).
     assert before - after >= 0.6 * inside, (before, after, inside)
+
+
+def test_a_training_window_with_profile_memory_measures_the_cpus_activations_and_temporaries(tmp_path):
+    callback = PerfCallback(stages=["train"], batches=[0], profile_memory=True, verbose=0)
+    trainer(tmp_path, [callback], max_epochs=2).fit(Stacked())
+    memory = callback.report["run"]["memory"]
+    window = callback.report["windows"][0]["name"]
+    assert memory["activations_window"] == window
+    # The forward's peak holds every activation the batch saved for the backward (6.5 MiB) but the batch itself
+    # (loaded before the step), and one block's first Linear's output of 512 x 512 floats until its ReLU has run.
+    saved, batch, temporary = memory["activations_saved"], 512 * (16 + 1) * 4, 512 * 512 * 4
+    assert saved - batch <= memory["activations"] <= saved + temporary, (memory["activations"], saved)
+    assert dict(memory_parts(memory))["activations and temporaries"] == memory["activations"]
+    assert f"activations and temporaries 7.4 MiB (a step of {window})" in memory_line(memory)
+    with open(callback.page_path, encoding="utf-8") as f:
+        assert f"the most a step's forward allocated in window {window}" in f.read()
 
 
 class Unfrozen(Tied):

@@ -563,7 +563,7 @@ def test_memory_breakdown_names_the_largest_part_and_its_cures_first_and_warns_w
         info.severity == "info" and info.title == "The largest part of training memory: optimizer state, 50% (8.0 GiB)"
     )
     assert info.advice.startswith("What would shrink it, with the predicted savings: an optimizer with one state")
-    assert "activations are measured on CUDA only" in info.evidence
+    assert "activations are measured on CUDA, or in a training window with profile_memory=True" in info.evidence
     tight = gpu_ctx(
         gpu_epoch(cuda_max_reserved=70 * GiB, cuda_max_allocated=60 * GiB),
         facts=facts(FP32_GPU, memory={**ADAM_MEMORY, "activations": 40 * GiB, "allocator_overhead": 10 * GiB}),

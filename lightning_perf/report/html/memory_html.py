@@ -69,13 +69,17 @@ def memory_html(run: Mapping[str, Any], *, charts: bool = True) -> str | None:
     entries = memory["optimizer_state"].get("by_entry") or {}
     state = ", ".join(f"{esc(str(k))} {esc(signed_size(v))}" for k, v in entries.items())
     optimizers = ", ".join(esc(str(name)) for name in memory["optimizers"]) or "no optimizer"
+    window = memory.get("activations_window")
     where = (
-        ""
+        f" Activations and temporaries: the most a step's forward allocated in window {esc(str(window))} (the"
+        " profiler's memory events)."
+        if memory.get("activations") is not None and window
+        else ""
         if memory.get("activations") is not None
         else " Activations: what one training batch saved for the backward (the peak's temporaries are measured on"
-        " CUDA only)."
+        " CUDA, or in a training window with <code>profile_memory=True</code>)."
         if memory.get("activations_saved") is not None
-        else " Activations are measured on CUDA only."
+        else " Activations are measured on CUDA, or in a training window with <code>profile_memory=True</code>."
     )
     note = (
         f'<p class="note">Counted at the end of training epoch {esc(str(memory.get("epoch")))}, on'
