@@ -34,7 +34,8 @@ def test_each_cure_saves_what_the_breakdown_predicts():
     assert fsdp == 16 * GIB * 3 // 4  # parameters, gradients and state over 4 ranks: 12 GiB
     assert next(s for text, s in cures.items() if "SGD" in text) == 4 * GIB  # Adam's second moment
     assert next(s for text, s in cures.items() if "bf16-true" in text) == 4 * GIB  # half of 4 + 4 GiB fp32
-    assert next(s for text, s in cures.items() if "bf16-mixed" in text and "activations" in text) == 25 * GIB
+    # Half the activations, less autocast's bf16 copies of the 4 GiB of fp32 weights.
+    assert next(s for text, s in cures.items() if "bf16-mixed" in text and "activations" in text) == 23 * GIB
     assert next(s for text, s in cures.items() if "accumulate_grad_batches=2" in text) == 25 * GIB
     assert next(s for text, s in cures.items() if "expandable_segments" in text) == 6 * GIB
     # One device, bf16 already: no sharding, no bf16-mixed; a model with no state and no activations: no cure
