@@ -11,8 +11,10 @@ of each takes the imports and first calls.
 
     fit ratio = median over rounds of (fit with PerfCallback() / the bare fit of the same round)
 
-and, from the callback's report (``run.profiling``), the windows that opened, those the budget skipped, and
-the profiling share it measured itself. Targets: <= 1.05x for the short run, <= 1.03x for the long one.
+also their mean with its standard error (the rounds' spread over the square root of their number: how far the
+mean may be off for the machine's noise alone), the ratio of the totals, and, from the callback's report
+(``run.profiling``), the windows that opened, those the budget skipped, and the profiling share it measured
+itself. Targets: <= 1.05x for the short run, <= 1.03x for the long one.
 
 Run it from the repository root::
 
@@ -29,6 +31,7 @@ import argparse
 import gc
 import json
 import logging
+import math
 import os
 import statistics
 import sys
@@ -232,6 +235,9 @@ def main() -> None:
         print(f"  PerfCallback()    {statistics.median(perfs):7.2f} s  ({min(perfs):.2f}..{max(perfs):.2f})")
         print(f"  ratio             {statistics.median(ratios):7.3f}x ({min(ratios):.3f}..{max(ratios):.3f})")
         print(f"  ratio of totals   {sum(perfs) / sum(bares):7.3f}x (ABBA order: even rounds cancel a steady drift)")
+        if len(ratios) > 1:
+            mean, error = statistics.mean(ratios), statistics.stdev(ratios) / math.sqrt(len(ratios))
+            print(f"  mean ratio        {mean:7.3f}x +- {error:.3f} (standard error: the rounds' noise, averaged)")
         if last is not None:
             print(
                 f"  its own measure   {statistics.median(shares) * 100:.1f}% of the run profiling;"
