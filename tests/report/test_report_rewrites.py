@@ -4,6 +4,8 @@ at most every :data:`REWRITE_MIN_SECONDS`, and always at a Trainer call's end or
 import json
 import time
 
+import pytest
+
 from clocks import FakeClock
 from lightning_perf import PerfCallback
 from lightning_perf.report import json_report
@@ -89,3 +91,18 @@ def test_a_fit_that_measures_validation_only_writes_its_report_at_the_first_vali
     trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=2, limit_val_batches=2).fit(TinyModel(n=8, val_n=4))
     first = written[0]
     assert [e["epoch"] for e in first["stages"]["validate"]["epochs"]] == [0]  # written at validation's first end
+
+
+def test_the_report_is_indented_json_and_a_value_json_cannot_hold_is_written_null(tmp_path):
+    import numpy as np
+    import torch
+
+    path = tmp_path / "perf_report.json"
+    data = {"run": {"loss": float("nan"), "torch": torch.__version__, "p50": np.float64(0.5), "steps": (1, 2)}}
+    json_report.write_json_atomically(data, str(path))
+    text = path.read_text(encoding="utf-8")
+    # NaN as null; a str or float subclass as the builtin; a tuple as a list.
+    assert json.loads(text) == {"run": {"loss": None, "torch": str(torch.__version__), "p50": 0.5, "steps": [1, 2]}}
+    assert text.startswith('{\n "run": {\n  "loss": null,')  # one space a level, as json.dumps(indent=1)
+    with pytest.raises(TypeError, match=r"perf_report\.json cannot hold a int64"):
+        json_report.write_json_atomically({"n": np.int64(1)}, str(path))  # json cannot either
