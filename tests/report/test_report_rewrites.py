@@ -106,3 +106,19 @@ def test_the_report_is_indented_json_and_a_value_json_cannot_hold_is_written_nul
     assert text.startswith('{\n "run": {\n  "loss": null,')  # one space a level, as json.dumps(indent=1)
     with pytest.raises(TypeError, match=r"perf_report\.json cannot hold a int64"):
         json_report.write_json_atomically({"n": np.int64(1)}, str(path))  # json cannot either
+
+
+def test_a_short_fit_draws_its_page_once_at_its_end(tmp_path, monkeypatch):
+    from lightning_perf.hooks import epoch_report
+
+    drawn, written = [], []
+    draw, write = epoch_report.draw_page, json_report.write_json_atomically
+    monkeypatch.setattr(epoch_report, "draw_page", lambda report, **kw: (drawn.append(1), draw(report, **kw))[1])
+    monkeypatch.setattr(json_report, "write_json_atomically", lambda data, path: (written.append(1), write(data, path)))
+    callback = PerfCallback()
+    trainer(tmp_path, [callback], max_epochs=3, limit_train_batches=2, limit_val_batches=1).fit(TinyModel(n=8, val_n=4))
+    # The report at the first epoch end and at the fit's end; the page, REWRITE_MIN_SECONDS after the first, only
+    # at the end.
+    assert len(written) == 2 and len(drawn) == 1
+    with open(callback.page_path, encoding="utf-8") as f:
+        assert "What fills memory" in f.read()
