@@ -386,7 +386,8 @@ class EpochReporter:
             )
             if message:
                 say(trainer, message)
-        # Fit: a stage's first epoch now (training's writes its validation's), then on the budget; others: at the end
+        # Fit: a stage's first epoch writes the report now (training's writes its validation's), the page and later
+        # epochs on their budgets; the other calls: at the end
         in_first_train_epoch = "train" in self.config.stages and not self.stages["train"].history
         if trainer.state.fn == TrainerFn.FITTING and (stage == "train" or not in_first_train_epoch):
             self.write_report(trainer, first=not st.history)
