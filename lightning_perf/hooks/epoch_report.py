@@ -386,11 +386,11 @@ class EpochReporter:
             )
             if message:
                 say(trainer, message)
-        # Fit: a stage's first epoch writes the report now (training's writes its validation's), the page and later
-        # epochs on their budgets; the other calls: at the end
+        # Fit: on the report's and the page's budgets (the report file's first update writes the report at once;
+        # training's first epoch end writes its validation's); the other calls: at the end
         in_first_train_epoch = "train" in self.config.stages and not self.stages["train"].history
         if trainer.state.fn == TrainerFn.FITTING and (stage == "train" or not in_first_train_epoch):
-            self.write_report(trainer, first=not st.history)
+            self.write_report(trainer)
 
     def failed(self, trainer: pl.Trainer, error: BaseException, positions: Mapping[str, StagePosition]) -> None:
         """An exception ends the call: an out-of-memory error's diagnosis (:func:`~lightning_perf.hooks.failure.
@@ -416,11 +416,10 @@ class EpochReporter:
         if self.oom is not None and trainer.is_global_zero:  # no epoch of its stage had a batch to report
             say(trainer, "\n".join(["lightning-perf:", *finding_lines([self.oom], verbose=2)]))
 
-    def write_report(self, trainer: pl.Trainer, *, now: bool = False, first: bool = False) -> None:
+    def write_report(self, trainer: pl.Trainer, *, now: bool = False) -> None:
         """Rewrites ``perf_report.json`` at :attr:`report_path` and the HTML page beside it (rank zero): both
         ``now`` (a call's end, an interruption), else each when its time budget allows
-        (:class:`~lightning_perf.report.json_report.ReportFile`), the report at a stage's ``first`` epoch end
-        whatever its budget."""
+        (:class:`~lightning_perf.report.json_report.ReportFile`: its first update writes the report)."""
         path = self.report_path
         if path is None or not trainer.is_global_zero:
             return
@@ -432,7 +431,7 @@ class EpochReporter:
         if now:
             self._report.write(self.report())
         else:
-            self._report.update(self.report, report_now=first)
+            self._report.update(self.report)
 
     def _diagnose(self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...]) -> list[Finding]:
         stage = summary.stage

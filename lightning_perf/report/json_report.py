@@ -375,14 +375,11 @@ class ReportFile:
         if page is not None:
             self._next_due["page"] = clock() + min_interval
 
-    def update(self, build: Callable[[], Mapping[str, Any]], *, report_now: bool = False) -> bool:
+    def update(self, build: Callable[[], Mapping[str, Any]]) -> bool:
         """Rewrites the report and the page with ``build()``, each if its budget allows it now (``build`` is not
-        called when neither does); ``report_now``: the report whatever its budget (a stage's first epoch end), the
-        page still on its own. Returns whether either was written."""
+        called when neither does); returns whether either was written."""
         now = self._clock()
-        due = [
-            part for part, next_due in self._next_due.items() if now >= next_due or (report_now and part == "report")
-        ]
+        due = [part for part, next_due in self._next_due.items() if now >= next_due]
         if due:
             self._write(build(), due, now)
         return bool(due)

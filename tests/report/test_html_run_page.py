@@ -457,3 +457,19 @@ def test_a_page_without_charts_keeps_every_table_and_finding_and_no_plotly(rich)
     assert "Operator" in parsed.headers and set(parsed.headers) <= set(whole.headers)
     assert re.findall(r'class="finding (\w+)"', page) == re.findall(r'class="finding (\w+)"', full)
     assert_self_contained(page)
+
+
+def test_the_memory_note_says_where_activations_were_measured_or_would_be():
+    from lightning_perf.report.html.memory_html import memory_html
+    from summaries import ADAM_MEMORY
+
+    cpu = {**ADAM_MEMORY, "device": "cpu", "optimizers": ["Adam"]}
+    assert "Activations are measured on CUDA, or in a training window with profile_memory=True." in memory_html(
+        {"memory": cpu}, charts=False
+    )
+    saved = memory_html({"memory": {**cpu, "activations_saved": 1 << 20}}, charts=False)
+    assert "what one training batch saved for the backward (its temporaries: activations are measured" in saved
+    window = {**cpu, "activations": 1 << 20, "activations_window": "train-epoch000-batches0006-0006"}
+    assert "allocated in window train-epoch000-batches0006-0006" in memory_html({"memory": window}, charts=False)
+    cuda = {**ADAM_MEMORY, "device": "cuda", "optimizers": ["Adam"], "activations": 1 << 20}
+    assert "Activations" not in memory_html({"memory": cuda}, charts=False).split('class="note"')[1]

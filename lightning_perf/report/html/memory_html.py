@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lightning_perf.diagnose.out_of_memory import memory_parts
+from lightning_perf.diagnose.out_of_memory import ACTIVATIONS_UNMEASURED, memory_parts
 from lightning_perf.report.html.document import Cell, chart, esc, number_cell, table
 from lightning_perf.summarize.memory import checked_memory
 from lightning_perf.units import MIB, percent, signed_size
@@ -69,24 +69,29 @@ def memory_html(run: Mapping[str, Any], *, charts: bool = True) -> str | None:
     entries = memory["optimizer_state"].get("by_entry") or {}
     state = ", ".join(f"{esc(str(k))} {esc(signed_size(v))}" for k, v in entries.items())
     optimizers = ", ".join(esc(str(name)) for name in memory["optimizers"]) or "no optimizer"
-    window = memory.get("activations_window")
-    where = (
-        f" Activations and temporaries: the most a step's forward allocated in window {esc(str(window))} (the"
-        " profiler's memory events)."
-        if memory.get("activations") is not None and window
-        else ""
-        if memory.get("activations") is not None
-        else " Activations: what one training batch saved for the backward (the peak's temporaries are measured on"
-        " CUDA, or in a training window with <code>profile_memory=True</code>)."
-        if memory.get("activations_saved") is not None
-        else " Activations are measured on CUDA, or in a training window with <code>profile_memory=True</code>."
-    )
     note = (
         f'<p class="note">Counted at the end of training epoch {esc(str(memory.get("epoch")))}, on'
-        f" {esc(str(memory.get('device')))}; optimizer state of {optimizers}{': ' + state if state else ''}.{where}</p>"
+        f" {esc(str(memory.get('device')))}; optimizer state of {optimizers}{': ' + state if state else ''}."
+        f"{_activations_note(memory)}</p>"
     )
     bar = chart(memory_figure(parts), height=220) if charts and parts else ""
     return _out_of_memory(run) + bar + table(["part", "bytes", "share"], rows, numeric=[False, True, True]) + note
+
+
+def _activations_note(memory: Mapping[str, Any]) -> str:
+    """What the section's activations are, where they were measured, or where they would be."""
+    window = memory.get("activations_window")
+    if memory.get("activations") is not None:
+        if not window:
+            return ""  # CUDA's, from the allocator's peaks: the table says so
+        return (
+            f" Activations and temporaries: the most a step's forward allocated in window {esc(str(window))}"
+            " (the profiler's memory events)."
+        )
+    unmeasured = esc(ACTIVATIONS_UNMEASURED)
+    if memory.get("activations_saved") is not None:
+        return f" Activations: what one training batch saved for the backward (its temporaries: {unmeasured})."
+    return f" {unmeasured[0].upper()}{unmeasured[1:]}."
 
 
 def _out_of_memory(run: Mapping[str, Any]) -> str:
