@@ -11,13 +11,14 @@ A window's cost is measured, not estimated (:func:`window_cost`): the training t
 plus what its batches took beyond the stage's median step: the warm-up and recorded batches (the profiler
 slows every operator) and the batches after the close while its trace was still being processed (in the
 background, taking CPU time and caches from training). The FLOP count's batch (one per run, under
-``FlopCounterMode``) is charged the same way.
+``FlopCounterMode``) is charged the same way, and asks the budget as a later window does
+(:class:`~lightning_perf.hooks.flop_count.FlopCounting`, Notes 2).
 
 Notes:
     1. A stage's first window opens as planned: the findings need one (the controller does not ask).
-    2. A later one opens only where the cost so far, plus one more window as costly as the mean so far, stays
-       within ``share`` of the run's wall time by then: ``spent + mean <= share * (elapsed + mean)``. Over a long
-       run the windows space themselves out so that the cost stays near the share.
+    2. A later one (or the FLOP count) opens only where the cost so far, plus one more window as costly as the
+       mean so far, stays within ``share`` of the run's wall time by then: ``spent + mean <= share * (elapsed +
+       mean)``. Over a long run the windows space themselves out so that the cost stays near the share.
     3. The run's wall time is the sum of its Trainer calls' (``fit``, ``validate``, ...), each from its setup to
        its teardown: what the user waits for.
 """
@@ -43,6 +44,7 @@ class ProfilingCost:
         run_seconds: The run's wall time so far: its Trainer calls', setup to teardown.
         windows: The windows that opened.
         skipped: The planned windows the budget did not open.
+        flops_held: The budget has held the FLOP count back, and no batch has been counted since.
     """
 
     budget: float | None
@@ -50,6 +52,7 @@ class ProfilingCost:
     run_seconds: float
     windows: int
     skipped: int
+    flops_held: bool = False
 
     @property
     def share(self) -> float | None:
@@ -81,6 +84,8 @@ class ProfilingBudget:
         self._seconds = 0.0
         self._windows = 0
         self._skipped = 0
+        #: The FLOP count is held back (set by :class:`~lightning_perf.hooks.flop_count.FlopCounting`).
+        self.flops_held = False
 
     def call_started(self, now: float) -> None:
         """A Trainer call (``fit``, ``validate``, ...) starts at ``now`` (seconds, monotonic)."""
@@ -91,6 +96,11 @@ class ProfilingBudget:
         if self._call_started is not None:
             self._closed_calls += max(now - self._call_started, 0.0)
             self._call_started = None
+
+    @property
+    def windows(self) -> int:
+        """The windows opened so far."""
+        return self._windows
 
     def elapsed(self, now: float) -> float:
         """The run's wall time at ``now``: its ended calls', and the current one's so far."""
@@ -125,6 +135,7 @@ class ProfilingBudget:
             run_seconds=self.elapsed(now),
             windows=self._windows,
             skipped=self._skipped,
+            flops_held=self.flops_held,
         )
 
     def state_dict(self, now: float) -> dict[str, float]:

@@ -160,15 +160,14 @@ class EpochReporter:
         self._validation_in_train_epoch: list[EpochSummary] = []
         self._fit_seconds = (0.0, 0.0)  # training and validation step time over the fits so far
         self._report: ReportFile | None = None  # on rank zero, from the first write on
-        self.flops = FlopCounting(batch_size)  # the training batches' FLOP counts, per sample as the epoch counts them
+        self.budget = ProfilingBudget(config.profile_budget, config.schedule.warmup)  # the profiling's cost, its budget
+        # The training batches' FLOP counts, per sample as the epoch counts them, within the budget.
+        self.flops = FlopCounting(batch_size, self.budget, windows_planned=config.max_windows != 0)
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
         self.memory = MemoryTracking(self.flops)  # what the model holds, after each training epoch's first batch
         self.oom: Finding | None = None  # an out-of-memory error's finding, until its epoch is reported
         #: A batch's end has work to do (:meth:`batch_ended`): a plain attribute, read after every batch.
         self.batch_due = False
-        self.budget = ProfilingBudget(
-            config.profile_budget, config.schedule.warmup
-        )  # what the profiling costs, against its budget
 
     def report(self) -> dict[str, Any]:
         """Everything measured so far, as written to ``perf_report.json``."""

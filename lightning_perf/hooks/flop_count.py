@@ -8,24 +8,36 @@ and what it keeps of the counts.
 Notes:
     1. One batch per training epoch is a candidate: the first one after the epoch's first (whose data wait holds
        the DataLoader's start-up, which a counted batch would take out of the epoch) that runs outside a
-       profiler window. It is counted when its shapes are new (at most
+       profiler window and that the budget lets run (Notes 2). It is counted when its shapes are new (at most
        :data:`~lightning_perf.collect.flops.MAX_COUNTS` shapes per run), so a run of fixed shapes counts one
        batch, and the check costs one comparison a batch. Where an epoch ended with no batch after its first
        (epochs of one batch each: some libraries count series, not samples, in an epoch), the next epoch offers
        its first batch, so that such runs are counted once too.
-    2. A counted batch runs slower (every op goes through Python): like a profiled batch, it is left out of the
-       epoch's step times.
-    3. The peak FLOP/s come from ``PerfCallback(peak_flops=...)``, else from the datasheet table
+    2. **The budget.** A count costs about what a window does (every op of the batch goes through Python: 59 ms
+       on a ``benchmarks/forecaster.py`` batch, against 83 ms for its training window), so it is one more
+       profiling cost under ``profile_budget`` (:class:`~lightning_perf.budget.ProfilingBudget`), as issue 26
+       asks: it waits for the run's first window, whose findings come first, and then for room, as a later
+       window does (:meth:`~lightning_perf.budget.ProfilingBudget.allows`), batch after batch until there is
+       some. A run that plans no window (``max_windows=0``) has no first window to wait for, and one whose
+       first training epoch opened none (epochs shorter than the schedule) waits no longer after it. A run too
+       short to make room has no FLOP count: no FLOP/s, MFU or activations saved for the backward, and its last
+       line says so. Without a budget (``profile_budget=None``, or a plan of the user's) the first candidate is
+       counted.
+    3. A counted batch runs slower (every op goes through Python): like a profiled batch, it is left out of the
+       epoch's step times, and what it took beyond the epoch's median step is charged to the budget.
+    4. The peak FLOP/s come from ``PerfCallback(peak_flops=...)``, else from the datasheet table
        (:func:`lightning_perf.peak_flops`) for a CUDA device and the run's dtype.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
+from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.activations import SavedSizes
 from lightning_perf.collect.flops import BatchFlopCounter, BatchFlops
 from lightning_perf.hooks.error_policy import ErrorPolicy
@@ -89,7 +101,14 @@ def keep_count(run_info: dict[str, Any], counts: list[FlopCount], record: BatchF
 
 
 class FlopCounting:
-    """The run's FLOP counts: which batch to count (one candidate per training epoch), and the counts.
+    """The run's FLOP counts: which batch to count (one candidate per training epoch, within the budget), and the
+    counts.
+
+    Args:
+        batch_size: What counts a batch's samples (:class:`~lightning_perf.collect.flops.BatchFlopCounter`).
+        budget: The run's profiling budget, which a count waits for (Notes 2); ``None``: none.
+        windows_planned: Whether the run plans profiler windows, the first of which a count waits for.
+        clock: Seconds, monotonic (the budget's clock).
 
     Example::
 
@@ -98,15 +117,28 @@ class FlopCounting:
         record = counting.batch_end()  # a BatchFlops when it was
     """
 
-    def __init__(self, batch_size: Callable[[Any], int | None] | None = None) -> None:
+    def __init__(
+        self,
+        batch_size: Callable[[Any], int | None] | None = None,
+        budget: ProfilingBudget | None = None,
+        *,
+        windows_planned: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self._counter = BatchFlopCounter(batch_size=batch_size)
+        self._budget = budget if budget is not None and budget.share is not None else None
+        self._wait_for_window = windows_planned
+        self._clock = clock
         #: A batch of this training epoch is still to be offered for counting.
         self.pending = False
         #: The counts, for :func:`~lightning_perf.summarize.flops.epoch_flops`.
         self.counts: list[FlopCount] = []
         #: A batch is being counted (a plain attribute: the callback reads it after every batch).
         self.active = False
+        #: A candidate was held back for the budget, and no batch has been counted since (Notes 2).
+        self.held = False
         self._first_too = False  # offer the epoch's first batch: the last epoch had none after it
+        self._last_offered = 0  # the last batch of this epoch offered
         self._saved = SavedSizes()  # what the counted batch saves for its backward, by module (the first count)
         #: The blocks that save the most for the backward, ``(name, bytes)``, from the first count.
         self.blocks: tuple[tuple[str, int], ...] = ()
@@ -115,13 +147,22 @@ class FlopCounting:
 
     def epoch_start(self) -> None:
         """A training epoch starts: its first batch outside a window is offered (Notes 1)."""
-        self._first_too = self.pending  # still pending: the last epoch offered nothing after its first batch
+        # Still pending: the last epoch counted nothing, and may have offered nothing after its first batch.
+        self._first_too = self.pending and self._last_offered == 0
+        if self.pending:
+            self._wait_for_window = False  # a first epoch that opened no window: the count waits no longer
         self.pending = True
+        self._last_offered = 0
 
     def batch_start(self, batch: Any, batch_idx: int) -> bool:
         """Offers batch ``batch_idx`` of the epoch (call only while :attr:`pending`, outside a window); whether
-        it is being counted. The epoch's first batch is passed over, unless the last epoch had no other (Notes 1)."""
+        it is being counted. The epoch's first batch is passed over, unless the last epoch had no other (Notes
+        1); a batch the budget holds back leaves the next one offered (Notes 2)."""
         if batch_idx == 0 and not self._first_too:
+            return False
+        self._last_offered = batch_idx
+        if not self._budget_allows():
+            self._hold(True)
             return False
         self.pending = False
         if not self._counter.wants(batch):
@@ -130,7 +171,22 @@ class FlopCounting:
         if not self.counts:
             self._saved.start()
         self.active = True
+        self._hold(False)
         return True
+
+    def _hold(self, held: bool) -> None:
+        self.held = held
+        if self._budget is not None:
+            self._budget.flops_held = held
+
+    def _budget_allows(self) -> bool:
+        """Whether the budget lets a count run now: after the run's first window, within the share (Notes 2)."""
+        budget = self._budget
+        if budget is None:
+            return True
+        if self._wait_for_window and not budget.windows:
+            return False
+        return budget.allows(self._clock())
 
     def batch_end(self, root: nn.Module | None = None) -> BatchFlops | None:
         """The counted batch's record, when one was being counted; ``root``: the module whose blocks are named

@@ -277,7 +277,8 @@ def report_profiling(run: Mapping[str, Any]) -> ProfilingCost | None:
     if not all(_is_number(n) for n in numbers) or not (budget is None or _is_number(budget)):
         return None
     seconds, run_seconds, windows, skipped = numbers
-    return ProfilingCost(budget, float(seconds), float(run_seconds), int(windows), int(skipped))  # type: ignore[arg-type]
+    held = values.get("flops_held") is True  # absent from reports written before the FLOP count was budgeted
+    return ProfilingCost(budget, float(seconds), float(run_seconds), int(windows), int(skipped), held)  # type: ignore[arg-type]
 
 
 def _named_numbers(entries: Any) -> list[tuple[str, float]]:

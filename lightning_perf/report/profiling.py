@@ -23,6 +23,9 @@ def profiling_line(cost: ProfilingCost) -> str | None:
         f"lightning-perf: profiling cost {percent(cost.share, 1)} of this run ({seconds_or_ms(cost.seconds)} of"
         f" {seconds_or_ms(cost.run_seconds)}), {plural(cost.windows, 'window')}"
     )
-    if cost.skipped:
-        line += f"; {cost.skipped} skipped for the budget ({limit(cost.budget or 0.0)})"
+    held = [f"{cost.skipped} skipped"] if cost.skipped else []
+    if cost.flops_held:
+        held.append("the FLOP count held back")
+    if held:
+        line += f"; {' and '.join(held)} for the budget ({limit(cost.budget or 0.0)})"
     return line

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lightning_perf import PerfCallback
+from lightning_perf.cli import main
 from lightning_perf.collect.threads import usable_cpus
 from models import TinyModel, trainer
 
@@ -25,7 +26,7 @@ def fit(tmp_path, callback: PerfCallback, epochs: int = 4) -> dict:
         return json.load(f)
 
 
-def test_later_windows_wait_for_the_budget_and_the_skip_is_said_once(tmp_path, caplog):
+def test_later_windows_wait_for_the_budget_and_the_skip_is_said_once(tmp_path, caplog, capsys):
     callback = PerfCallback(stages=["train"])
     with caplog.at_level(logging.INFO):
         report = fit(tmp_path, callback)
@@ -42,9 +43,26 @@ def test_later_windows_wait_for_the_budget_and_the_skip_is_said_once(tmp_path, c
     assert len(skipped) == 1, skipped
     ends = [m for m in messages if "lightning-perf: report" in m]
     assert ends and ends[-1].splitlines()[-1].startswith("lightning-perf: profiling cost ")
-    assert "1 window; 3 skipped for the budget (2%)" in ends[-1].splitlines()[-1]
+    # The FLOP count waited for the first window, then for room that never came: none, said on the last line.
+    assert "1 window; 3 skipped and the FLOP count held back for the budget (2%)" in ends[-1].splitlines()[-1]
+    assert profiling["flops_held"] is True and "flops" not in report["run"]
+    assert [e["profiled_batches"] for e in report["stages"]["train"]["epochs"]][1:] == [0, 0, 0]  # none counted
     with open(callback.page_path, encoding="utf-8") as f:
-        assert re.search(r"its cost to the run \(close, slowed batches, processing\)</td><td>[\d.]+ m?s</td>", f.read())
+        page = f.read()
+    assert re.search(r"its cost to the run \(close, slowed batches, processing\)</td><td>[\d.]+ m?s</td>", page)
+    assert "held the FLOP count back" in page
+    assert main(["report", str(tmp_path)]) == 0  # read back from perf_report.json
+    assert "3 skipped and the FLOP count held back for the budget (2%)\n" in capsys.readouterr().out
+
+
+def test_a_longer_run_counts_its_flops_once_the_budget_has_room(tmp_path):
+    """The same run, with a budget that leaves room after the first window: its FLOPs are counted, once."""
+    report = fit(tmp_path, PerfCallback(stages=["train"], profile_budget=0.9))
+    profiling = report["run"]["profiling"]
+    assert profiling["flops_held"] is False and len(report["run"]["flops"]["counted"]) == 1
+    epochs = report["stages"]["train"]["epochs"]
+    assert all(e["flops_per_batch"] for e in epochs)  # counted in epoch 0 ...
+    assert epochs[0]["steps"]["profiled"][0][0] == 5  # ... after its window (warm-up 5, batch 6), not at batch 1
 
 
 def test_a_schedule_of_the_users_opens_every_planned_window(tmp_path):

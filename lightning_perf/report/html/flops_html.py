@@ -15,13 +15,21 @@ from typing import Any
 from lightning_perf.records import EpochSummary
 from lightning_perf.report.html.document import Cell, chart, esc, number_cell, table
 from lightning_perf.report.html.figures import flops_figure, modules_figure
-from lightning_perf.report.json_report import report_top_modules, report_uncounted_ops
+from lightning_perf.report.json_report import report_profiling, report_top_modules, report_uncounted_ops
 from lightning_perf.units import count, flops, flops_rate, percent
 from lightning_perf.validation import is_finite
 
 TOP_MODULES = 15
 """Modules in the chart and table: the report keeps the largest modules of the first batch counted; past the
 first fifteen, each holds a sliver of a batch's FLOPs."""
+
+
+HELD_BACK = (
+    '<p class="note">Not counted: the profiling budget (<code>profile_budget</code>) held the FLOP count back, after'
+    " the run's first profiler window, and the run ended before it had made room (a count costs about what a window"
+    " does). A longer run counts them; <code>PerfCallback(profile_budget=None)</code> counts them at once.</p>"
+)
+"""The section's body for a run whose FLOP count the budget held back (``run.profiling.flops_held``)."""
 
 
 def _number(value: Any) -> float | None:
@@ -82,13 +90,14 @@ def flops_html(
     rank_zero: bool = False,
     charts: bool = True,
 ) -> str | None:
-    """The FLOPs and MFU section's body; ``None`` for a run whose FLOPs were not counted. ``rank_zero``: the
-    epochs are rank 0's, of a distributed run; ``charts=False``: its tables only."""
+    """The FLOPs and MFU section's body; ``None`` for a run whose FLOPs were not counted, but for a note where the
+    profiling budget held the count back. ``rank_zero``: the epochs are rank 0's, of a distributed run;
+    ``charts=False``: its tables only."""
     modules = report_top_modules(run)[:TOP_MODULES]
     figure = flops_figure(stages, rank_zero=rank_zero)
     latest, counted = _latest(stages), _counted(run)
     if not (modules or figure or latest or counted):
-        return None
+        return HELD_BACK if (cost := report_profiling(run)) is not None and cost.flops_held else None
     peak = _number(run.get("peak_flops"))
     if peak is not None and peak > 0:
         html = f"<p>Peak: {esc(flops_rate(peak))} per device for the run's dtype (what MFU divides by).</p>"

@@ -1,0 +1,115 @@
+"""Tests of lightning_perf.hooks.flop_count: which training batch is counted, and when the budget holds the count
+back (issue 26: "FLOP counting ... count against the same budget")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_perf.budget import ProfilingBudget
+from lightning_perf.hooks.flop_count import FlopCounting
+from lightning_perf.report.profiling import profiling_line
+
+BATCH = torch.randn(4, 8)
+
+
+class Clock:
+    """Seconds that the test sets."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def counting(
+    share: float | None = 0.02, *, windows_planned: bool = True
+) -> tuple[FlopCounting, ProfilingBudget, Clock]:
+    clock = Clock()
+    budget = ProfilingBudget(share)
+    budget.call_started(0.0)
+    return FlopCounting(budget=budget, windows_planned=windows_planned, clock=clock), budget, clock
+
+
+def offer(flops: FlopCounting, batches: range) -> int | None:
+    """Offers ``batches`` of one epoch while the count is pending, running each counted one; the batch counted."""
+    model = nn.Linear(8, 2)
+    for i in batches:
+        if not flops.pending:
+            break
+        if flops.batch_start(BATCH, i):
+            model(BATCH).sum().backward()
+            assert flops.batch_end(model) is not None
+            return i
+    return None
+
+
+def test_without_a_budget_the_epochs_second_batch_is_counted():
+    flops, budget, _ = counting(None)
+    flops.epoch_start()
+    assert offer(flops, range(10)) == 1
+    assert not flops.held and not budget.flops_held and len(flops.counts) == 1
+
+
+def test_the_count_waits_for_the_first_window_then_for_room():
+    flops, budget, clock = counting(0.02)
+    flops.epoch_start()
+    assert offer(flops, range(1, 6)) is None  # no window yet: its findings come first
+    assert flops.pending and flops.held and budget.flops_held
+    budget.opened()
+    budget.charge(0.1)  # the window cost 0.1 s: room for one more as costly at (0.1 + 0.1) / 0.02 - 0.1 = 9.9 s
+    clock.now = 9.8
+    assert offer(flops, range(7, 9)) is None
+    line = profiling_line(budget.cost(clock.now))
+    assert line is not None and line.endswith("; the FLOP count held back for the budget (2%)")
+    clock.now = 9.95
+    assert offer(flops, range(9, 12)) == 9
+    assert not flops.pending and not flops.held and not budget.flops_held
+    assert "held back" not in (profiling_line(budget.cost(clock.now)) or "")
+
+
+def test_a_held_count_is_offered_again_next_epoch_from_its_second_batch():
+    flops, budget, clock = counting(0.02)
+    budget.opened()
+    budget.charge(0.1)
+    flops.epoch_start()
+    assert offer(flops, range(10)) is None
+    clock.now = 20.0
+    flops.epoch_start()
+    assert offer(flops, range(10)) == 1  # not its first: its data wait holds the DataLoader's start-up
+
+
+def test_a_run_planning_no_window_counts_at_once():
+    flops, _, _ = counting(0.02, windows_planned=False)
+    flops.epoch_start()
+    assert offer(flops, range(10)) == 1
+
+
+def test_a_first_epoch_that_opened_no_window_stops_the_wait():
+    """Epochs shorter than the schedule's first window: the count waits for none after the first epoch."""
+    flops, _, _ = counting(0.02)
+    flops.epoch_start()
+    assert offer(flops, range(4)) is None
+    flops.epoch_start()
+    assert offer(flops, range(4)) == 1
+
+
+@pytest.mark.parametrize("share", [None, 0.02])
+def test_epochs_of_one_batch_each_offer_their_first(share):
+    flops, budget, clock = counting(share, windows_planned=False)
+    budget.opened()
+    budget.charge(0.1)
+    flops.epoch_start()
+    assert offer(flops, range(1)) is None
+    for _ in range(3):  # held for the budget epoch after epoch: each still offers its only batch
+        flops.epoch_start()
+        counted = offer(flops, range(1))
+        if share is None:
+            assert counted == 0
+            return
+        assert counted is None
+    clock.now = 20.0
+    flops.epoch_start()
+    assert offer(flops, range(1)) == 0
