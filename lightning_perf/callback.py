@@ -104,9 +104,11 @@ class PerfCallback(StageHooks, ResultsView):
             dense datasheet figure for the device (:func:`lightning_perf.peak_flops`), where it is known.
         profile_budget: The share of the run's wall time the profiling may cost (its windows' profiled batches,
             closes and processing, and the FLOP count: :mod:`lightning_perf.budget`). Each stage's first window
-            opens as planned; a later one only while the measured cost so far leaves room. ``None``: every
-            planned window opens. Default (``"auto"``): ``0.02`` with the default schedule, and ``None`` with a
-            ``schedule`` or ``batches`` of your own (which keep their meaning unless you set a budget too).
+            opens as planned; a later one, and the FLOP count once the run's first window has opened, only while
+            the measured cost so far leaves room (a run too short for it has no FLOP count). ``None``: every
+            planned window opens and the FLOP count runs at once. Default (``"auto"``): ``0.02`` with the default
+            schedule, and ``None`` with a ``schedule`` or ``batches`` of your own (which keep their meaning
+            unless you set a budget too).
         memory_history: On CUDA, record the allocator's history from the first training epoch (it costs: off by
             default), and on an out-of-memory error save ``memory_snapshot.pickle`` beside the report (open it at
             pytorch.org/memory_viz) and name its largest live allocations by call site in the report.
