@@ -49,6 +49,7 @@ from lightning_perf.hooks.run_setup import (
     charted_stages,
     output_places,
     refuse_other_profilers,
+    shared_verdicts,
     where_to_look,
 )
 from lightning_perf.hooks.stage_hooks import StageHooks
@@ -242,6 +243,7 @@ class PerfCallback(StageHooks, ResultsView):
         self._policy.safely(None, self._epochs.compile.install, trainer)
         if world_size > 1:
             self._staging.open()
+        self._control.verdicts = shared_verdicts(world_size, ranks, self._epochs.budget, self._policy.warn_once)
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

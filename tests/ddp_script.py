@@ -8,11 +8,13 @@ set, as a cluster's launcher would); ``raises_late`` (rank 1 raises at its first
 PerfCallback's hook, while rank zero waits in the reduction its progress bar started); ``orders`` (a metric
 logged with ``sync_dist=True, prog_bar=True``, and a progress bar, a checkpoint and early stopping before and
 after PerfCallback: one fit per order, in one launch; then the first order's callback fits again);
-``exchange`` (no Trainer: ``RankExchange`` itself, on two processes it spawns). Prints one ``RESULT {...}``
+``exchange`` (no Trainer: ``RankExchange`` itself, on two processes it spawns); ``budget`` (the default schedule under
+a budget that each rank would keep differently). Prints one ``RESULT {...}``
 JSON line per rank (and per fit in ``orders``).
 """
 
 import json
+import os
 import socket
 import sys
 import threading
@@ -124,6 +126,18 @@ def _fit(root, strategy, callbacks, perf, name, model) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def _budget(root: str, strategy: str) -> None:
+    """The default schedule under a budget, whose later windows each rank would decide differently: rank 1's budget
+    is too small for any, rank 0's leaves room after every window (in the training loop, rank 0 starts as the main
+    process, without LOCAL_RANK)."""
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    perf = PerfCallback(profile_budget=0.9 if rank == 0 else 0.0001, max_windows=3)
+    t = trainer(root, [perf], strategy=strategy, devices=2, max_epochs=5, limit_val_batches=8)
+    t.fit(TinyModel(n=64, batch_size=2))
+    result = {"rank": t.global_rank, "windows": [w.name for w in perf.windows], "dirpath": perf.dirpath}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
 def _exchange_rank(rank: int, port: int) -> None:
     """RankExchange on its own, on each of two processes (see test_distributed's test of it)."""
     import torch.distributed as dist
@@ -200,6 +214,9 @@ def main() -> None:
         return
     if scenario == "orders":
         _orders(root, strategy)
+        return
+    if scenario == "budget":
+        _budget(root, strategy)
         return
     if scenario == "raises_late":
         perf = PerfCallback(schedule={"skip_first": 1, "warmup": 1, "active": 1}, stages=["train"])

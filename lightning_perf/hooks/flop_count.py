@@ -162,19 +162,20 @@ class FlopCounting:
             return False
         self._last_offered = batch_idx
         if not self._budget_allows():
-            self._hold(True)
+            self._hold(not self.counts)  # a later count (a new shape) held back leaves the run its FLOPs
             return False
         self.pending = False
+        self._hold(False)
         if not self._counter.wants(batch):
             return False
         self._counter.start(batch)
         if not self.counts:
             self._saved.start()
         self.active = True
-        self._hold(False)
         return True
 
     def _hold(self, held: bool) -> None:
+        """Says whether the run's FLOP count is held back (:attr:`held`), to the budget too (its last line)."""
         self.held = held
         if self._budget is not None:
             self._budget.flops_held = held

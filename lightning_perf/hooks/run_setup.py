@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from lightning_perf import layout
 from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.packages import lightning_classes
 from lightning_perf.collect.profiler import torch_profiler_active
+from lightning_perf.collect.verdicts import SharedVerdicts
 from lightning_perf.report.json_report import REPORT_FILENAME
 from lightning_perf.report.metrics import charts_layout
 from lightning_perf.report.outputs import Outputs
@@ -182,3 +183,15 @@ def where_to_look(
     if lines and budget is not None and (line := profiling_line(budget.cost(time.perf_counter()))):
         lines.append(line)
     return "\n".join(lines)
+
+
+def shared_verdicts(
+    world_size: int, ranks: Sequence[int] | None, budget: ProfilingBudget, warn: Callable[[str, str], None]
+) -> SharedVerdicts | None:
+    """The ranks' shared budget verdicts for a setup (:class:`~lightning_perf.collect.verdicts.SharedVerdicts`,
+    decided by the lowest rank that records windows); ``None`` in a single process or without a budget. Call it
+    on every rank at every setup: the ranks' verdicts are matched by how many each has opened."""
+    if world_size <= 1 or budget.share is None:
+        return None
+    recording = [rank for rank in (range(world_size) if ranks is None else ranks) if rank < world_size]
+    return SharedVerdicts.open(min(recording), warn) if recording else None

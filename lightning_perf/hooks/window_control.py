@@ -19,7 +19,9 @@ Notes:
     5. A window that recorded nothing is dropped and does not count against ``max_windows``.
     6. With a :class:`~lightning_perf.budget.ProfilingBudget`, a stage's first window opens as planned and a later
        one only where the budget allows it when it would open; a planned window it does not open is skipped
-       whole (not opened part-way at its next batch), with a note once per stage.
+       whole (not opened part-way at its next batch), with a note once per stage. Under several ranks the
+       budget's verdict is the deciding rank's (:attr:`WindowControl.verdicts`,
+       :class:`~lightning_perf.collect.verdicts.SharedVerdicts`), so that every window holds every rank.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.window import Window, WindowState
@@ -39,6 +41,14 @@ from lightning_perf.units import limit, percent
 
 #: ``(key, message)``: a message to show once per key (see :class:`~lightning_perf.hooks.error_policy.ErrorPolicy`).
 Say = Callable[[str, str], None]
+
+
+class Verdicts(Protocol):
+    """The ranks' shared budget verdicts (:class:`~lightning_perf.collect.verdicts.SharedVerdicts`)."""
+
+    def agree(self, question: str, verdict: bool) -> bool: ...
+
+    def ended(self, scope: str) -> None: ...
 
 
 @dataclass
@@ -170,6 +180,8 @@ class WindowControl:
         self.budget = budget
         self._clock = clock
         self._denied: tuple[str, int, int] | None = None  # (stage, epoch, batch) the budget last kept closed
+        #: Under several ranks, the verdicts every rank follows (Notes 6); ``None``: this rank's own.
+        self.verdicts: Verdicts | None = None
 
     def epoch_start(self, stage: str, num_batches: float, *, epoch: int | None = None, first_batch: int = 0) -> None:
         """A stage epoch of ``num_batches`` starts: epoch ``epoch``, or (``None``) the stage's next (validation
@@ -316,6 +328,8 @@ class WindowControl:
         """The stage's epoch is over and reported: warns (once) when it was too short for the plan to open a
         window, on a process that records windows and a stage with windows left."""
         pos = self.stages[stage]
+        if self.verdicts is not None:
+            self.verdicts.ended(f"{stage}/{pos.epoch}")
         first = self.plan.first_active()
         if (
             pos.windows_this_epoch == 0
@@ -360,7 +374,10 @@ class WindowControl:
             self._denied = (stage, pos.epoch, pos.batch)
             return False
         now = self._clock()
-        if self.budget.allows(now):
+        allowed = self.budget.allows(now)
+        if self.verdicts is not None:
+            allowed = self.verdicts.agree(f"{stage}/{pos.epoch}/{pos.batch}", allowed)
+        if allowed:
             return True
         self._denied = (stage, pos.epoch, pos.batch)
         self.budget.skipped()

@@ -131,6 +131,20 @@ def test_large_parameters_with_tiny_compute_are_communication_bound(tmp_path):
     assert "communication_bound" in [f[0] for f in results[0]["findings"]], results[0]["findings"]
 
 
+def test_the_budgets_later_windows_open_on_every_rank_or_on_none(tmp_path):
+    """Each rank measures its own profiling cost; the budget's verdicts are rank 0's on every rank, so that each
+    window holds every rank's trace. Rank 1's own budget would open no later window (tests/ddp_script.py)."""
+    proc, results = _run(tmp_path, "ddp", "budget")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    windows = [r["windows"] for r in results]
+    assert windows[0] == windows[1], windows
+    train = [name for name in windows[0] if name.startswith("train-")]
+    assert len(train) == 3 and train[0].startswith("train-epoch000"), train  # the first, and two later ones
+    for name in windows[0]:
+        traces = sorted(p.name for p in (Path(results[0]["dirpath"]) / name).glob("*.pt.trace.json.gz"))
+        assert traces == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"], (name, traces)
+
+
 def test_ddp_spawn_writes_every_rank_and_the_report(tmp_path):
     proc, _ = _run(tmp_path, "ddp_spawn", "plain")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -113,3 +113,14 @@ def test_epochs_of_one_batch_each_offer_their_first(share):
     clock.now = 20.0
     flops.epoch_start()
     assert offer(flops, range(1)) == 0
+
+
+def test_a_later_count_held_back_does_not_say_the_runs_flops_were():
+    flops, budget, clock = counting(0.02, windows_planned=False)
+    flops.epoch_start()
+    assert offer(flops, range(10)) == 1
+    budget.opened()
+    budget.charge(0.1)
+    flops.epoch_start()
+    assert offer(flops, range(10)) is None  # no room for another count (were its shapes new)
+    assert not flops.held and not budget.cost(clock.now).flops_held
