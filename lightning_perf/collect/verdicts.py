@@ -54,7 +54,7 @@ class SharedVerdicts:
     Example::
 
         verdicts = SharedVerdicts.open(decider=0, warn=policy.warn_once)  # every rank, at setup
-        if verdicts.agree("train/3/6", budget.allows(now)):  # every rank that records windows
+        if verdicts.agree("train/3", 6, budget.allows(now)):  # every rank that records windows, at batch 6
             ...
         verdicts.ended("train/3")  # every rank, at the stage epoch's end
     """
@@ -75,14 +75,15 @@ class SharedVerdicts:
         prefixed = dist.PrefixStore(f"lightning_perf/verdicts/{next(_OPENED)}/", store)
         return cls(prefixed, decides=dist.get_rank() == decider, warn=warn)
 
-    def agree(self, question: str, verdict: bool) -> bool:
-        """The verdict every rank takes on ``question`` (``"stage/epoch/batch"``): this rank's ``verdict`` where it
-        decides, else the decider's (Notes 2)."""
+    def agree(self, scope: str, batch: int, verdict: bool) -> bool:
+        """The verdict every rank takes at batch ``batch`` of stage epoch ``scope`` (``"stage/epoch"``): this rank's
+        ``verdict`` where it decides, else the decider's (Notes 2)."""
+        question = f"{scope}/{batch}"
         try:
             if self.decides:
                 self._store.set(question, b"1" if verdict else b"0")
                 return verdict
-            return self._follow(question, verdict)
+            return self._follow(question, f"{scope}/end", verdict)
         except Exception as err:  # a store that fails: as if alone
             message = f"PerfCallback: the ranks could not share a budget verdict ({err}); this rank decides alone."
             self._warn("verdicts", message)
@@ -97,8 +98,7 @@ class SharedVerdicts:
             except Exception as err:
                 self._warn("verdicts", f"PerfCallback: the ranks could not share a budget verdict ({err}).")
 
-    def _follow(self, question: str, verdict: bool) -> bool:
-        scope_end = question.rsplit("/", 1)[0] + "/end"
+    def _follow(self, question: str, scope_end: str, verdict: bool) -> bool:
         deadline = time.monotonic() + self._timeout
         while True:
             if self._store.check([question]):

@@ -135,8 +135,6 @@ class FlopCounting:
         self.counts: list[FlopCount] = []
         #: A batch is being counted (a plain attribute: the callback reads it after every batch).
         self.active = False
-        #: A candidate was held back for the budget, and no batch has been counted since (Notes 2).
-        self.held = False
         self._first_too = False  # offer the epoch's first batch: the last epoch had none after it
         self._last_offered = 0  # the last batch of this epoch offered
         self._saved = SavedSizes()  # what the counted batch saves for its backward, by module (the first count)
@@ -174,9 +172,13 @@ class FlopCounting:
         self.active = True
         return True
 
+    @property
+    def held(self) -> bool:
+        """A candidate was held back for the budget, and no batch has been counted since (Notes 2): the budget's
+        :attr:`~lightning_perf.budget.ProfilingBudget.flops_held`, which its last line reads."""
+        return self._budget is not None and self._budget.flops_held
+
     def _hold(self, held: bool) -> None:
-        """Says whether the run's FLOP count is held back (:attr:`held`), to the budget too (its last line)."""
-        self.held = held
         if self._budget is not None:
             self._budget.flops_held = held
 

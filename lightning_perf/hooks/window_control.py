@@ -46,7 +46,7 @@ Say = Callable[[str, str], None]
 class Verdicts(Protocol):
     """The ranks' shared budget verdicts (:class:`~lightning_perf.collect.verdicts.SharedVerdicts`)."""
 
-    def agree(self, question: str, verdict: bool) -> bool: ...
+    def agree(self, scope: str, batch: int, verdict: bool) -> bool: ...
 
     def ended(self, scope: str) -> None: ...
 
@@ -376,7 +376,7 @@ class WindowControl:
         now = self._clock()
         allowed = self.budget.allows(now)
         if self.verdicts is not None:
-            allowed = self.verdicts.agree(f"{stage}/{pos.epoch}/{pos.batch}", allowed)
+            allowed = self.verdicts.agree(f"{stage}/{pos.epoch}", pos.batch, allowed)
         if allowed:
             return True
         self._denied = (stage, pos.epoch, pos.batch)
