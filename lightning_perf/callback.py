@@ -335,18 +335,18 @@ class PerfCallback(StageHooks, ResultsView):
         st.total_batches += 1
         # Inline try blocks, not policy.safely(): free in CPython 3.11 when nothing raises, and no bound-method or
         # argument-tuple allocation on every batch.
+        control = self._control
+        closed = False
+        if control.open is not None:  # the batch's step span ends first: what we do next is no part of the step
+            try:
+                closed = self._profiler_windows.save(control.end_step(stage))
+            except Exception as err:
+                self._policy.fail(stage, err)
         # 0 (e.g. Trainer(barebones=True)): no per-batch scalars. (Set by a connector of Lightning's: unseen by mypy.)
         cadence = trainer.log_every_n_steps  # type: ignore[attr-defined]
         if cadence and st.total_batches % cadence == 0:
             try:
                 self._epochs.log_batch(stage, trainer)
-            except Exception as err:
-                self._policy.fail(stage, err)
-        control = self._control
-        closed = False
-        if control.open is not None:
-            try:
-                closed = self._profiler_windows.save(control.end_step(stage))
             except Exception as err:
                 self._policy.fail(stage, err)
         try:

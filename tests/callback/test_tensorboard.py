@@ -42,10 +42,12 @@ def test_operator_table_is_in_tensorboard_at_the_windows_step_and_beside_the_tra
     table = texts[train[0].step]
     assert train[0].name in table and "| Operator | Calls | Self CPU | CPU total |" in table
     rows = [line for line in table.splitlines() if line.startswith("| `")]
-    assert len(rows) == 5 and any("aten::" in r for r in rows)
-    # Sorted by self CPU time (the default without CUDA): the first row is the window's largest.
-    top = max(train[0].operators, key=lambda op: op.self_cpu_time)
-    assert rows[0].startswith(f"| `{top.name}` | {top.calls} |")
+    # Sorted by self CPU time (the default without CUDA): the window's 5 largest, largest first. (Which they are
+    # depends on the machine: on a slow one, record_function spans such as `Optimizer.step#SGD.step` fill them.)
+    largest = sorted(train[0].operators, key=lambda op: (-op.self_cpu_time, op.name))  # ties by name
+    assert [r.split("`")[1] for r in rows] == [op.name for op in largest[:5]]
+    assert rows[0].startswith(f"| `{largest[0].name}` | {largest[0].calls} |")
+    assert any(op.name.startswith("aten::") for op in train[0].operators)
     # The same table as a file beside the trace.
     beside = os.path.join(os.path.dirname(train[0].trace_path), "rank0" + OPERATORS_SUFFIX)
     assert pathlib.Path(beside).read_text() == table
