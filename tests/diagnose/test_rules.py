@@ -893,7 +893,9 @@ def test_framework_overhead_names_the_stages_own_hook_and_logging():
     heavy = cw(framework_time=0.3)
     validation = run("framework_overhead", ctx(epoch(stage="validate"), heavy))
     assert "`on_validation_batch_end`" in validation.advice
-    assert "`self.log(..., on_step=True)` in `validation_step`" in validation.advice  # eval logs per epoch by default
+    # Eval logs once per epoch by default, but each `self.log` call costs the same bookkeeping every batch.
+    assert "`self.log(...)` in `validation_step`" in validation.advice
+    assert "log them once in `on_validation_epoch_end`" in validation.advice
     assert "log_every_n_steps" not in validation.advice  # it paces training's logging only
     prediction = run("framework_overhead", ctx(epoch(stage="predict"), heavy))
     assert "`on_predict_batch_end`" in prediction.advice and "self.log" not in prediction.advice  # predict can't log
