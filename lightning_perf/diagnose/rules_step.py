@@ -236,14 +236,12 @@ def framework_overhead(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     ]
     hook = f"a callback or hook (`{batch_end_hook(ctx.stage)}`, ...) doing work every batch"
     progress_bar = "the progress bar (`TQDMProgressBar(refresh_rate=10)` or `enable_progress_bar=False`)"
-    per_call = (
-        f"Lightning's bookkeeping runs at every call, about {ms(SELF_LOG_COST)} a value on a 2-CPU machine, whatever"
-        " the cadence it logs at"
-    )
+    per_call = f"bookkeeping runs at every call, about {ms(SELF_LOG_COST)} a value on a 2-CPU machine"
     if ctx.stage == "train":
         parts = [
             hook,
-            f"`self.log(...)` of many values in `training_step` ({per_call}), above all with `sync_dist=True`",
+            f"`self.log(...)` of many values in `training_step` (Lightning's {per_call}, whatever"
+            " `log_every_n_steps`), above all with `sync_dist=True`",
             progress_bar,
             "logging too often (raise `Trainer(log_every_n_steps=...)`)",
         ]
@@ -252,9 +250,10 @@ def framework_overhead(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     else:
         parts = [
             hook,
-            f"`self.log(...)` in `{step_method(ctx.stage)}` ({per_call}, though it logs there once per epoch): log"
-            " fewer values, or sum them in the module (or a torchmetrics `Metric`) and log them once in"
-            f" `{epoch_end_hook(ctx.stage)}`; `self.log(..., on_step=True)` and `sync_dist=True` cost more still",
+            f"`self.log(...)` in `{step_method(ctx.stage)}` (Lightning logs there once per epoch, but its"
+            f" {per_call}): log fewer values, or sum them in the module (or a torchmetrics `Metric`) and log them"
+            f" once in `{epoch_end_hook(ctx.stage)}`; `self.log(..., on_step=True)` and `sync_dist=True` cost more"
+            " still",
             progress_bar,
         ]
     advice = [
