@@ -42,6 +42,7 @@ from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.failure import out_of_memory
 from lightning_perf.hooks.flop_count import FlopCounting, keep_count
+from lightning_perf.hooks.log_pace import LogPace
 from lightning_perf.hooks.memory_tracking import MemoryTracking
 from lightning_perf.hooks.profiling_cost import cost_epoch, profiling_report
 from lightning_perf.hooks.window_control import StagePosition
@@ -100,14 +101,42 @@ def logger_step(stage: str, trainer: pl.Trainer, *, epoch_end: bool) -> int | No
 @dataclass
 class StageMeasure:
     """One stage's always-on measurement: its clocks, its batches over the run, its epoch's peaks and CPU
-    use, and its recent epochs."""
+    use, and its recent epochs; and the writing of its per-batch scalars."""
 
     clock: StepClock
     total_batches: int = 0  # over the whole run: the stage's own TensorBoard step axis
     host_rss_peak: int | None = None
+    pace: LogPace = dataclasses.field(default_factory=LogPace)  # whether its per-batch scalars are written now
     cpu: EpochCpu = dataclasses.field(default_factory=EpochCpu)  # the epoch's wall time, workers' CPU, CPU waits
     in_epoch: bool = False  # between its epoch start and end: what an interruption leaves to summarize
     history: deque[EpochSummary] = dataclasses.field(default_factory=lambda: deque(maxlen=HISTORY_EPOCHS))
+
+    def log_batch(self, stage: str, trainer: pl.Trainer, outputs: Outputs | None) -> None:
+        """Logs the latest batch's scalars to ``outputs`` and samples the host memory, where the stage's pace
+        allows it (:mod:`~lightning_perf.hooks.log_pace`)."""
+        if not self.pace.due():
+            return
+        started = time.perf_counter()
+        loss = self.clock.last_loss
+        metrics = batch_metrics(
+            stage,
+            data_wait=self.clock.data_wait[-1],
+            compute=self.clock.compute[-1],
+            batch_size=self.clock.batch_sizes[-1],
+            loss=None if loss is None else float(loss),  # the one device sync, at the logging cadence only
+        )
+        if outputs is not None:
+            outputs.write_layout()  # the first time: the charts of these scalars
+            outputs.log_scalars(
+                metrics,
+                stage_step(stage, trainer, self.total_batches),
+                logger_step=logger_step(stage, trainer, epoch_end=False),
+                epoch=trainer.current_epoch,
+            )
+        rss = host_rss()
+        if rss is not None:
+            self.host_rss_peak = max(rss, self.host_rss_peak or 0)
+        self.pace.spent(time.perf_counter() - started)
 
 
 def say(trainer: pl.Trainer, message: str) -> None:
@@ -231,28 +260,8 @@ class EpochReporter:
         return stage_step(stage, trainer, self.stages[stage].total_batches)
 
     def log_batch(self, stage: str, trainer: pl.Trainer) -> None:
-        """Logs the stage's latest batch (at the trainer's logging cadence)."""
-        st = self.stages[stage]
-        clock = st.clock
-        loss = clock.last_loss
-        metrics = batch_metrics(
-            stage,
-            data_wait=clock.data_wait[-1],
-            compute=clock.compute[-1],
-            batch_size=clock.batch_sizes[-1],
-            loss=None if loss is None else float(loss),  # the one device sync, at the logging cadence only
-        )
-        if self.outputs is not None:
-            self.outputs.write_layout()  # the first time: the charts of these scalars
-            self.outputs.log_scalars(
-                metrics,
-                stage_step(stage, trainer, st.total_batches),
-                logger_step=logger_step(stage, trainer, epoch_end=False),
-                epoch=trainer.current_epoch,
-            )
-        rss = host_rss()
-        if rss is not None:
-            st.host_rss_peak = max(rss, st.host_rss_peak or 0)
+        """Logs the stage's latest batch (at the trainer's logging cadence, as its pace allows)."""
+        self.stages[stage].log_batch(stage, trainer, self.outputs)
 
     def measure(self, stage: str, epoch: int, *, interrupted: bool = False, waited: float = 0.0) -> EpochSummary:
         """The stage epoch's summary from its batches, added to :attr:`epochs`, and what its profiling cost

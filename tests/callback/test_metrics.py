@@ -56,6 +56,20 @@ def test_loss_curve_decreases_on_a_learnable_task_even_when_the_user_logs_nothin
     assert [s for s, _ in scalars["perf/validate/batch/step_time_ms"]] == [4, 8, 12, 16]
 
 
+def test_at_log_every_n_steps_1_the_batch_scalars_are_thinned_to_their_share_of_the_run(tmp_path):
+    # 512 batches of about 1.5 ms, a logging point after each: written at every one, the scalars took 0.4-0.6 ms a
+    # batch and the run 1.5x as long (README, Cost). The first points are all written (the pace's burst), later
+    # ones at logging points of the Trainer's, and the epoch's own summary still counts every batch.
+    callback = PerfCallback(**NO_WINDOWS)
+    t = trainer(tmp_path, [callback], max_epochs=1, limit_val_batches=0, log_every_n_steps=1)
+    t.fit(TinyModel(n=4096, batch_size=8))
+    steps = [s for s, _ in _scalars(t.logger.log_dir)["perf/train/batch/step_time_ms"]]
+    pace = callback._epochs.stages["train"].pace
+    assert len(steps) == 512 - pace.skipped and pace.skipped > 0, (len(steps), pace.skipped)
+    assert steps[:5] == [1, 2, 3, 4, 5] and steps == sorted(set(steps))
+    assert callback.epochs[0].batches == 512
+
+
 class DictLoss(TinyModel):
     def training_step(self, batch, batch_idx):
         return {"loss": super().training_step(batch, batch_idx), "extra": 1}
