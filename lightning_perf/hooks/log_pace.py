@@ -9,7 +9,7 @@ The callback writes its per-batch scalars (step time, data wait, compute, throug
 ``log_every_n_steps`` cadence. Each write costs about 0.2-0.4 ms on a 2-CPU machine (five events through the
 loggers, TensorBoard's writer thread serializing them on the same GIL, a ``/proc`` read, the loss's
 ``.item()``): nothing at Lightning's default of 50, but at ``log_every_n_steps=1`` on a tiny model's 1-ms
-step the run took 1.53x as long with the callback as without it (``/tmp`` script of stop 40; README, Cost).
+steps the fit took 1.84x as long with the callback as without it (``benchmarks/log_cadence.py``; README, Cost).
 
 Notes:
     1. A stage writes while what its writes cost so far (measured: each write's wall time) stays within
