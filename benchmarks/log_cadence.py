@@ -9,10 +9,11 @@ What the per-batch scalars cost a run at a fine logging cadence
 (``overhead.py``) cannot see this cost: the callback's work after a batch is in no step time. So this one times
 whole fits.
 
-A tiny MLP (TinyModel's shape: Linear(16, 32), ReLU, Linear(32, 1), batch 8, ``--batches`` in-memory batches a
-epoch, no validation) fits ``--epochs`` epochs, bare and with a default ``PerfCallback()``, alternating in ABBA
-order in one process, for each ``--every`` cadence. torch runs on one thread. It prints the median ratio of the
-fits, the mean with its standard error, and the share of logging points the callback skipped.
+``short_epochs.py``'s tiny MLP (Linear(16, 32), ReLU, Linear(32, 1), batch 4, a ``self.log`` of its loss each
+step, ``--batches`` in-memory batches an epoch, no validation) fits ``--epochs`` epochs, bare and with a default
+``PerfCallback()``, alternating in ABBA order in one process, for each ``--every`` cadence. torch runs on one
+thread. It prints the median ratio of the fits, the mean with its standard error, and the share of logging points
+the callback skipped.
 
 Run it from the repository root::
 
@@ -33,29 +34,10 @@ import warnings
 import lightning
 import lightning.pytorch as pl
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_perf import PerfCallback
-from profiling_budget import abba
-
-
-class Mlp(pl.LightningModule):
-    def __init__(self, batches: int) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
-        x = torch.randn(batches * 8, 16, generator=torch.Generator().manual_seed(0))
-        self.data = TensorDataset(x, (x.sum(1, keepdim=True) > 0).float())
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.binary_cross_entropy_with_logits(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def train_dataloader(self):
-        return DataLoader(self.data, batch_size=8)
+from machine import abba
+from short_epochs import Tiny
 
 
 def fit(every: int, perf: bool, batches: int, epochs: int) -> tuple[float, float | None]:
@@ -76,7 +58,7 @@ def fit(every: int, perf: bool, batches: int, epochs: int) -> tuple[float, float
             enable_checkpointing=False,
         )
         start = time.perf_counter()
-        trainer.fit(Mlp(batches))
+        trainer.fit(Tiny(batches))
         wall = time.perf_counter() - start
     if callback is None:
         return wall, None

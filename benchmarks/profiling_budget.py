@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from forecaster import Forecaster, loaders
 from lightning_perf import PerfCallback
-from machine import cpu_busy_seconds
+from machine import abba, cpu_busy_seconds
 
 
 class StepTimes(pl.Callback):
@@ -94,12 +94,6 @@ class Split(pl.Callback):
             self._last = now
 
         return add
-
-
-def abba(round_: int) -> tuple[bool, bool]:
-    """Whether round ``round_``'s two fits run with the callback, in ABBA order: bare then profiled, then profiled
-    then bare, so that a steady drift of the machine's speed cancels over even rounds."""
-    return (False, True) if round_ % 2 == 0 else (True, False)
 
 
 def show_split(epochs: int, model_name: str, rounds: int) -> None:

@@ -54,9 +54,9 @@ class SharedVerdicts:
     Example::
 
         verdicts = SharedVerdicts.open(decider=0, warn=policy.warn_once)  # every rank, at setup
-        if verdicts.agree("train/3", 6, budget.allows(now)):  # every rank that records windows, at batch 6
+        if verdicts.agree("train", 3, 6, budget.allows(now)):  # every rank that records windows, at batch 6
             ...
-        verdicts.ended("train/3")  # every rank, at the stage epoch's end
+        verdicts.ended("train", 3)  # every rank, at the stage epoch's end
     """
 
     def __init__(self, store: Any, *, decides: bool, warn: Callable[[str, str], None], timeout: float = WAIT_SECONDS):
@@ -75,26 +75,25 @@ class SharedVerdicts:
         prefixed = dist.PrefixStore(f"lightning_perf/verdicts/{next(_OPENED)}/", store)
         return cls(prefixed, decides=dist.get_rank() == decider, warn=warn)
 
-    def agree(self, scope: str, batch: int, verdict: bool) -> bool:
-        """The verdict every rank takes at batch ``batch`` of stage epoch ``scope`` (``"stage/epoch"``): this rank's
-        ``verdict`` where it decides, else the decider's (Notes 2)."""
-        question = f"{scope}/{batch}"
+    def agree(self, stage: str, epoch: int, batch: int, verdict: bool) -> bool:
+        """The verdict every rank takes at batch ``batch`` of the stage's epoch ``epoch``: this rank's ``verdict``
+        where it decides, else the decider's (Notes 2)."""
+        question = f"{stage}/{epoch}/{batch}"
         try:
             if self.decides:
                 self._store.set(question, b"1" if verdict else b"0")
                 return verdict
-            return self._follow(question, f"{scope}/end", verdict)
+            return self._follow(question, _end_key(stage, epoch), verdict)
         except Exception as err:  # a store that fails: as if alone
             message = f"PerfCallback: the ranks could not share a budget verdict ({err}); this rank decides alone."
             self._warn("verdicts", message)
             return verdict
 
-    def ended(self, scope: str) -> None:
-        """The decider has ended stage epoch ``scope`` (``"stage/epoch"``): a question of it not asked by now will
-        not be."""
+    def ended(self, stage: str, epoch: int) -> None:
+        """The decider has ended the stage's epoch ``epoch``: a question of it not asked by now will not be."""
         if self.decides:
             try:
-                self._store.set(f"{scope}/end", b"1")
+                self._store.set(_end_key(stage, epoch), b"1")
             except Exception as err:
                 self._warn("verdicts", f"PerfCallback: the ranks could not share a budget verdict ({err}).")
 
@@ -113,3 +112,8 @@ class SharedVerdicts:
                 )
                 return verdict
             time.sleep(POLL_SECONDS)
+
+
+def _end_key(stage: str, epoch: int) -> str:
+    """The key under which the decider says it ended the stage's epoch ``epoch``."""
+    return f"{stage}/{epoch}/end"

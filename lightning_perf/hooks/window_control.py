@@ -46,9 +46,9 @@ Say = Callable[[str, str], None]
 class Verdicts(Protocol):
     """The ranks' shared budget verdicts (:class:`~lightning_perf.collect.verdicts.SharedVerdicts`)."""
 
-    def agree(self, scope: str, batch: int, verdict: bool) -> bool: ...
+    def agree(self, stage: str, epoch: int, batch: int, verdict: bool) -> bool: ...
 
-    def ended(self, scope: str) -> None: ...
+    def ended(self, stage: str, epoch: int) -> None: ...
 
 
 @dataclass
@@ -329,7 +329,7 @@ class WindowControl:
         window, on a process that records windows and a stage with windows left."""
         pos = self.stages[stage]
         if self.verdicts is not None:
-            self.verdicts.ended(f"{stage}/{pos.epoch}")
+            self.verdicts.ended(stage, pos.epoch)
         first = self.plan.first_active()
         if (
             pos.windows_this_epoch == 0
@@ -376,7 +376,7 @@ class WindowControl:
         now = self._clock()
         allowed = self.budget.allows(now)
         if self.verdicts is not None:
-            allowed = self.verdicts.agree(f"{stage}/{pos.epoch}", pos.batch, allowed)
+            allowed = self.verdicts.agree(stage, pos.epoch, pos.batch, allowed)
         if allowed:
             return True
         self._denied = (stage, pos.epoch, pos.batch)
