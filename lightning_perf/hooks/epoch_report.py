@@ -116,7 +116,7 @@ class StageMeasure:
         allows it (:mod:`~lightning_perf.hooks.log_pace`)."""
         if not self.pace.due():
             return
-        started = time.perf_counter()
+        self.pace.start()
         loss = self.clock.last_loss
         metrics = batch_metrics(
             stage,
@@ -136,7 +136,7 @@ class StageMeasure:
         rss = host_rss()
         if rss is not None:
             self.host_rss_peak = max(rss, self.host_rss_peak or 0)
-        self.pace.spent(time.perf_counter() - started)
+        self.pace.end()
 
 
 def say(trainer: pl.Trainer, message: str) -> None:

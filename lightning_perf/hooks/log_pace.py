@@ -13,9 +13,12 @@ as long with the callback as without it, 1.84x where the model logged nothing of
 log_cadence.py``; README, Cost).
 
 Notes:
-    1. A stage writes while what its writes cost so far (measured: each write's wall time) stays within
-       :data:`LOG_SHARE` of the wall time since its first write, plus :data:`LOG_BURST`:
-       ``spent <= LOG_BURST + LOG_SHARE * (now - first)``. Otherwise the logging point is skipped.
+    1. A stage writes while what its writes cost so far stays within :data:`LOG_SHARE` of the wall time since its
+       first write, plus :data:`LOG_BURST`: ``spent <= LOG_BURST + LOG_SHARE * (now - first)``. Otherwise the
+       logging point is skipped. A write's cost is measured: its wall time, less what the thread waited for a CPU
+       meanwhile (:class:`~lightning_perf.collect.cpu.RunQueue`). On a busy machine a write preempted for a
+       scheduler slice took 3-5 ms of wall time, which the other processes took from the run, not the write; so
+       charged, a run beside two CPU burners spent its burst in a few writes and lost its first points.
     2. The burst lets a short run, or the first seconds of any run, write at every logging point; a long run
        at a cadence too fine for its steps then writes about every ``cost / LOG_SHARE`` seconds, always at a
        logging point of the Trainer's.
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+
+from lightning_perf.collect.cpu import RunQueue
 
 # What the per-batch scalars may cost, as a share of the wall time: the standing goal is 1-2% for all the
 # callback's work between windows, and its per-batch hooks take 7-20 us a batch, 0.2% of a 3-ms step and 2% of a
@@ -43,24 +48,33 @@ class LogPace:
         share: The share of the wall time the writes may cost.
         burst: Seconds of writes allowed beyond the share.
         clock: Seconds, monotonic (``time.perf_counter``; a test's own).
+        waited: Seconds, cumulative, the thread has waited for a CPU (a :class:`~lightning_perf.collect.cpu.
+            RunQueue`; a test's own); ``None`` where not known.
 
     Example::
 
         pace = LogPace()
         if pace.due():
-            started = time.perf_counter()
+            pace.start()
             write_scalars()
-            pace.spent(time.perf_counter() - started)
+            pace.end()
     """
 
     def __init__(
-        self, *, share: float = LOG_SHARE, burst: float = LOG_BURST, clock: Callable[[], float] = time.perf_counter
+        self,
+        *,
+        share: float = LOG_SHARE,
+        burst: float = LOG_BURST,
+        clock: Callable[[], float] = time.perf_counter,
+        waited: Callable[[], float | None] | None = None,
     ) -> None:
         self._share = share
         self._burst = burst
         self._clock = clock
+        self._waited = waited if waited is not None else RunQueue()
         self._first: float | None = None
         self._spent = 0.0
+        self._started = (0.0, 0.0)  # the write's start: the clock, and the thread's wait for a CPU so far
         #: Logging points skipped so far.
         self.skipped = 0
 
@@ -74,6 +88,16 @@ class LogPace:
         self.skipped += 1
         return False
 
+    def start(self) -> None:
+        """A write starts now."""
+        self._started = (self._clock(), self._waited() or 0.0)
+
+    def end(self) -> None:
+        """The write :meth:`started <start>` has ended: its wall time, less the thread's wait for a CPU meanwhile,
+        is what it cost (Notes 1)."""
+        clock, waited = self._started
+        self.spent(self._clock() - clock - max((self._waited() or 0.0) - waited, 0.0))
+
     def spent(self, seconds: float) -> None:
         """A write took ``seconds``."""
-        self._spent += seconds
+        self._spent += max(seconds, 0.0)

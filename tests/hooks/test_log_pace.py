@@ -62,3 +62,17 @@ def test_share_and_burst_are_the_callers(share, burst):
     pace = LogPace(share=share, burst=burst, clock=clock)
     written = run(pace, clock, points=100, step=1e-3, cost=1e-3)
     assert len(written) == (1 if burst == 0.0 else 100)
+
+
+def test_a_write_is_charged_its_wall_time_less_the_threads_wait_for_a_cpu():
+    # Beside two CPU burners a write preempted for a scheduler slice took 3-5 ms of wall time: the other processes'
+    # time, not the write's. Charged in full, a short run's burst went in a few writes.
+    clock, queue = FakeClock(), FakeClock()
+    pace = LogPace(burst=0.95e-3, share=0.0, clock=clock, waited=queue)
+    for _ in range(10):
+        assert pace.due()
+        pace.start()
+        clock.now += 4e-3  # 4 ms of wall time, of which 3.9 ms in the run queue
+        queue.now += 3.9e-3
+        pace.end()
+    assert not pace.due()  # ten writes of 0.1 ms each: the 0.95-ms burst is spent, and no more
