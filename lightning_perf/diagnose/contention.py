@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
 from lightning_perf.diagnose.rule_helpers import cpus_per_process, finding, on_cpu, reaches, stage_name
-from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.diagnose.thresholds import SCHED_SLICE, Thresholds
 from lightning_perf.records import TraceSummary
 from lightning_perf.units import ms, percent, plural, seconds_or_ms
 
@@ -288,11 +288,6 @@ OWN_MIN_WAIT = 1e-3
 BUSY_SLOWDOWN = 2.0
 # A busy machine delays a step by a scheduler slice or a few (Linux's CFS: a few ms each); our judgment.
 STALL_SLICES = 3
-# A scheduler slice: what a thread preempted on a busy machine waits at least, however short its steps (Linux's
-# EEVDF: a 3 ms base slice; CFS: 0.75-3 ms, up to 6 ms latency at load). Where steps are shorter than a slice, the
-# steps that were preempted make the p90 while the mean wait per step stays below it (measured: 1 ms steps beside
-# two CPU burners on 2 CPUs, p90 3.4x the median at a mean wait of 0.9 ms per step).
-SCHED_SLICE = 4e-3
 # What a window's time-share finding measures per step, and the threshold its rule fires at.
 _WINDOW_MEASURES: dict[str, Callable[[TraceSummary], float]] = {
     "framework_overhead": lambda w: w.framework_time,

@@ -271,15 +271,15 @@ FLOOR_CASES = {
     # framework_overhead: >= 1 ms per step outside torch operators (25% of a 4 ms step)
     "framework at 1 ms": (ctx(None, window(step_time=0.004, framework_time=0.001)), {"framework_overhead"}),
     "framework under 1 ms": (ctx(None, window(step_time=0.004, framework_time=0.000999)), set()),
-    # step_time_unstable: p90 - p50 >= 1 ms (2x the median)
-    "p90 1 ms over p50": (ctx(step_times=spread(0.001, 0.002)), {"step_time_unstable"}),
-    "p90 under 1 ms over p50": (ctx(step_times=spread(0.001, 0.001999)), set()),
-    # step_time_unstable: spikes >= 1 ms over the median (3.5x a 0.4 ms median)
-    "spikes 1 ms over the median": (
-        ctx(step_times=spiky(10, 40, 70, spike=0.0014, base=0.0004)),
+    # step_time_unstable: p90 - p50 >= 4 ms, a scheduler slice (2x the median)
+    "p90 4 ms over p50": (ctx(step_times=spread(0.004, 0.008)), {"step_time_unstable"}),
+    "p90 under 4 ms over p50": (ctx(step_times=spread(0.004, 0.007999)), set()),
+    # step_time_unstable: spikes >= 4 ms over the median (3.5x a 1.6 ms median)
+    "spikes 4 ms over the median": (
+        ctx(step_times=spiky(10, 40, 70, spike=0.0056, base=0.0016)),
         {"step_time_unstable"},
     ),
-    "spikes under 1 ms over the median": (ctx(step_times=spiky(10, 40, 70, spike=0.0013999, base=0.0004)), set()),
+    "spikes under 4 ms over the median": (ctx(step_times=spiky(10, 40, 70, spike=0.0055999, base=0.0016)), set()),
     # optimizer_heavy: >= 0.5 ms per step (25% of a 2 ms step)
     "optimizer 0.5 ms": (ctx(None, window(step_time=0.002, optimizer_update_time=0.0005)), {"optimizer_heavy"}),
     "optimizer under 0.5 ms": (ctx(None, window(step_time=0.002, optimizer_update_time=0.000499)), set()),
@@ -913,7 +913,7 @@ def test_periodic_spikes_are_named_with_their_period():
     f = run("step_time_unstable", ctx(step_times=_steps({7, 15, 23, 31, 39})))
     assert f.title == "Training stalls every 8 batches"
     assert "5 steps >= 3x the median 10.00 ms at batches 7, 15, 23, 31, 39 (every 8 batches)" in f.evidence
-    assert "(warning >= 3 spikes, each >= 1.00 ms above the median)" in f.evidence
+    assert "(warning >= 3 spikes, each >= 4.00 ms above the median)" in f.evidence
     assert "Something runs every 8 batches" in f.advice and "log_every_n_steps" in f.advice
 
 
@@ -962,7 +962,7 @@ def test_the_first_step_is_warm_up_not_a_spike():
 def test_a_wide_spread_without_spikes():
     f = run("step_time_unstable", ctx(step_times=spread(0.01, 0.025)))
     assert f.title == "Training step time unstable: p90 2.50x the median"
-    assert "p90 step 25.00 ms is 2.50x the median 10.00 ms (warning >= 1.5x and >= 1.00 ms above it)" in f.evidence
+    assert "p90 step 25.00 ms is 2.50x the median 10.00 ms (warning >= 1.5x and >= 4.00 ms above it)" in f.evidence
     assert "bucket" in f.advice
     assert "dataloader_bound" not in f.advice  # 1% data wait: no such finding to point at
 
