@@ -167,16 +167,12 @@ FRAMEWORK_MIN_TIME = 1e-3
 STEP_P90_P50 = 1.5
 STEP_SPIKE_FACTOR = 3.0
 STEP_SPIKE_COUNT = 3
-# A scheduler slice: what a thread preempted on a busy machine waits at least, however short its steps (Linux's
-# EEVDF: a 3 ms base slice; CFS: 0.75-3 ms, up to 6 ms latency at load). Where steps are shorter than a slice, the
-# steps that were preempted make the p90 while the mean wait per step stays below it (measured: 1 ms steps beside
-# two CPU burners on 2 CPUs, p90 3.4x the median at a mean wait of 0.9 ms per step).
+# A scheduler slice: what a thread preempted on a busy machine waits at least (Linux's EEVDF: a 3 ms base slice;
+# CFS: 0.75-3 ms, up to 6 ms latency at load). Where steps are shorter, the preempted ones make the p90 while the
+# mean wait per step stays below it (1 ms steps beside two CPU burners on 2 CPUs: p90 3.4x at a 0.9 ms wait).
 SCHED_SLICE = 4e-3
-# Floors: the spread (p90 - p50) and each spike (spike - median) must reach a scheduler slice. A step preempted
-# once by any other thread on the machine (a logger's writer, a DataLoader worker, another tenant of a shared
-# VM, torch's own second thread descheduled mid-operator) is a slice or so slower, and nothing in the program
-# steadies that: with a 1 ms floor, a clean compiled 4 ms step read "p90 1.57x the median" on CI (2 CPUs,
-# wait for a CPU under 10%), and a tiny MLP 1.95x beside two CPU burners.
+# Floors, a slice: a step preempted once by any other thread is that much slower, whatever the program. With 1 ms,
+# a clean compiled 4-ms step read "p90 1.57x the median" on CI (2 CPUs, its wait for a CPU under 10%).
 STEP_MIN_SPREAD = SCHED_SLICE
 STEP_MIN_SPIKE = SCHED_SLICE
 
