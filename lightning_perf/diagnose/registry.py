@@ -28,7 +28,8 @@ from lightning_perf.diagnose.rules_distributed import (
     small_collectives,
 )
 from lightning_perf.diagnose.rules_memory import memory_breakdown, memory_growth, memory_pressure
-from lightning_perf.diagnose.rules_step import framework_overhead, optimizer_heavy, step_time_unstable, validation_heavy
+from lightning_perf.diagnose.rules_step import framework_overhead, optimizer_heavy, validation_heavy
+from lightning_perf.diagnose.rules_unstable import step_time_unstable
 from lightning_perf.diagnose.thresholds import Thresholds
 
 __all__ = ["CROSS_RANK_RULES", "RULES", "RULE_IDS", "SUMMARY_RULES", "Rule", "SummaryRule", "diagnose"]

@@ -940,7 +940,7 @@ def test_a_stray_spike_does_not_hide_the_period():
     ],
 )
 def test_period(indices, expected):
-    from lightning_perf.diagnose.rules_step import period
+    from lightning_perf.diagnose.rules_unstable import period
 
     assert period(indices) == expected
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from lightning_perf.diagnose.model import StageEpoch
 from lightning_perf.diagnose.registry import RULE_IDS, RULES, diagnose
 from lightning_perf.diagnose.rules_compile import break_class, guard_class
-from lightning_perf.diagnose.rules_step import _p50_p90
+from lightning_perf.diagnose.rules_unstable import _p50_p90
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import GraphBreak, Recompile
 from lightning_perf.summarize.steps import percentile
