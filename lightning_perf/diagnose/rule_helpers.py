@@ -9,9 +9,10 @@ builder. The numbers in evidence are formatted by :mod:`lightning_perf.units`. T
 module per resource: :mod:`~lightning_perf.diagnose.rules_data` (input pipeline),
 :mod:`~lightning_perf.diagnose.rules_device` (accelerator and CPU compute),
 :mod:`~lightning_perf.diagnose.rules_memory`, :mod:`~lightning_perf.diagnose.rules_step` (the training loop),
-:mod:`~lightning_perf.diagnose.rules_unstable` (its steadiness), :mod:`~lightning_perf.diagnose.rules_distributed`, :mod:`~lightning_perf.diagnose.rules_compute` (the
-arithmetic achieved against the device's peak) and :mod:`~lightning_perf.diagnose.rules_compile` (what
-``torch.compile`` did); :mod:`~lightning_perf.diagnose.registry` lists them.
+:mod:`~lightning_perf.diagnose.rules_unstable` (its steadiness), :mod:`~lightning_perf.diagnose.rules_distributed`,
+:mod:`~lightning_perf.diagnose.rules_compute` (the arithmetic achieved against the device's peak) and
+:mod:`~lightning_perf.diagnose.rules_compile` (what ``torch.compile`` did); :mod:`~lightning_perf.diagnose.registry`
+lists them.
 """
 
 from __future__ import annotations

@@ -52,6 +52,16 @@ PERIOD_REPEATS = 4
 # median" in 18 epochs: each time its slowest step, the epoch's first (the loop's start). Not pooled across
 # epochs: their percentiles tell no p90 of their batches. Our judgment (a tenth of 10 is one step).
 SPREAD_MIN_STEPS = 10
+# A stall on a cadence is the program's (a checkpoint, a logger's write, a callback every N batches), however short:
+# its floor is 1 ms, the one the irregular stalls and the spread had before a scheduler slice (Thresholds,
+# `step_min_spike`). Lightning's BoringModel with `ModelCheckpoint(every_n_train_steps=8)`, 1.1-ms steps, stalled
+# 2-3.7 ms at each save: 30% of its time, under a slice. Cadences from 4 batches on: one of 2 or 3 is gradient
+# accumulation's optimizer step, or random stalls dense enough to fill every other slot (a busy machine).
+CADENCE_MIN_EXCESS = 1e-3
+CADENCE_MIN_PERIOD = 4
+# ... and exactly on it: three quarters of the slow steps, filling three quarters of its slots. :func:`period`'s
+# looser test (half, within a batch) found "every 12 batches" in 12 slow steps at random batches of 96.
+CADENCE_SHARE = 0.75
 
 
 def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
@@ -90,6 +100,20 @@ def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
     return every, on
 
 
+def _cadence(indices: Sequence[int]) -> tuple[int, list[int]] | None:
+    """The period ``indices`` fall on exactly (:data:`CADENCE_MIN_PERIOD` batches or more, :data:`CADENCE_SHARE` of
+    them, filling that share of its slots), and the indices on it; ``None`` where there is none."""
+    found = period(indices)
+    if found is None or found[0] < CADENCE_MIN_PERIOD:
+        return None
+    every, on = found
+    exact = [i for i in on if (i - on[0]) % every == 0]
+    slots = (exact[-1] - exact[0]) // every + 1
+    if len(exact) < CADENCE_SHARE * len(indices) or len(exact) < CADENCE_SHARE * slots:
+        return None
+    return every, exact
+
+
 def _p50_p90(values: Sequence[float]) -> tuple[float, float]:
     """The median and p90 of ``values`` (not empty), interpolated linearly between ranks as the epoch's own
     percentiles are (:func:`lightning_perf.summarize.steps.percentile`, numpy's default)."""
@@ -114,6 +138,9 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         4. Fires, as a warning, on the spread or on ``step_spike_count`` spikes or more; advice follows the
            period (e.g. every 50 training batches: Lightning's default ``log_every_n_steps``), the stage and the
            device.
+        5. The spread's and the spikes' floors are a scheduler slice (``step_min_spread``, ``step_min_spike``),
+           or :data:`CADENCE_MIN_EXCESS` where the slow steps (``step_p90_p50`` times the median and that much
+           above it) fall on a cadence (:func:`_cadence`): the program's, which the title and advice then name.
     """
     epoch = ctx.epoch
     p50, p90 = epoch.step_time_p50, epoch.step_time_p90
@@ -125,8 +152,11 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         kept = [s for s in step_times if math.isfinite(s)]
         p50, p90 = _p50_p90(kept) if len(kept) >= SPREAD_MIN_STEPS else (0.0, 0.0)
     ratio = p90 / p50 if p50 > 0 else None
-    found, median = spikes(step_times, t.step_spike_factor, t.step_min_spike)
-    spread = ratio is not None and reaches(ratio, t.step_p90_p50) and reaches(p90 - p50, t.step_min_spread)
+    slow, _ = spikes(step_times, t.step_p90_p50, CADENCE_MIN_EXCESS)
+    cadence = _cadence(slow)
+    min_spread, min_spike = (CADENCE_MIN_EXCESS,) * 2 if cadence else (t.step_min_spread, t.step_min_spike)
+    found, median = spikes(step_times, t.step_spike_factor, min_spike)
+    spread = ratio is not None and reaches(ratio, t.step_p90_p50) and reaches(p90 - p50, min_spread)
     spiky = len(found) >= t.step_spike_count
     if not (spread or spiky):
         return None
@@ -135,10 +165,16 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         evidence.append(
             f"p90 step {ms(p90)} is {times(ratio)} the median {ms(p50)}"
             + (" (compile steps left out)" if compiled else "")
-            + f" (warning >= {t.step_p90_p50:g}x and >= {ms(t.step_min_spread)} above it)"
+            + f" (warning >= {t.step_p90_p50:g}x and >= {ms(min_spread)} above it)"
         )
     regular = period(found)
-    every = regular[0] if regular else None
+    every = regular[0] if spiky and regular else cadence[0] if cadence else None
+    if cadence and not (spiky and regular):  # the slow steps' own cadence, where the spikes tell none
+        shown = ", ".join(str(i) for i in cadence[1][:8]) + (", ..." if len(cadence[1]) > 8 else "")
+        evidence.append(
+            f"{len(cadence[1])} steps >= {t.step_p90_p50:g}x the median every {every} batches, at batches {shown}"
+            f" (a cadence: from {ms(CADENCE_MIN_EXCESS)} above the median, not a scheduler slice)"
+        )
     if found:
         shown = ", ".join(str(i) for i in found[:8]) + (", ..." if len(found) > 8 else "")
         if regular is None:
@@ -150,7 +186,7 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         evidence.append(
             f"{len(found)} step{'s' if len(found) > 1 else ''} >= {t.step_spike_factor:g}x the median"
             f" {ms(median)} at batches {shown}{periodic} (warning >= {t.step_spike_count} spikes, each"
-            f" >= {ms(t.step_min_spike)} above the median)"
+            f" >= {ms(min_spike)} above the median)"
         )
     if slow_compiles := [
         i
@@ -158,11 +194,11 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         if i < len(ctx.step_times)
         and median > 0
         and reaches(ctx.step_times[i] / median, t.step_spike_factor)
-        and reaches(ctx.step_times[i] - median, t.step_min_spike)
+        and reaches(ctx.step_times[i] - median, min_spike)
     ]:
         shown = ", ".join(str(i) for i in slow_compiles[:8]) + (", ..." if len(slow_compiles) > 8 else "")
         evidence.append(f"batch{'es' if len(slow_compiles) > 1 else ''} {shown} compiled (torch.compile): left out")
-    if spiky and every:
+    if every:
         advice = [_periodic_advice(ctx, every)]
     elif spiky:
         advice = [_irregular_advice(ctx)]
@@ -170,7 +206,7 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         advice = [_spread_advice(ctx, ratio or 0.0, t)]
     title = (
         f"{stage_name(ctx.stage)} stalls every {every} batches"
-        if spiky and every
+        if every
         else f"{stage_name(ctx.stage)} step time unstable: p90 {times(ratio)} the median"
         if spread and ratio
         else f"{stage_name(ctx.stage)} step time spikes {len(found)} times"
