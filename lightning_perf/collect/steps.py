@@ -22,10 +22,11 @@ How the split is measured, for each batch ``k`` of a stage's epoch:
   ``on_validation_epoch_start``; :mod:`lightning_perf.collect.loops` times that and the caller passes it to
   :meth:`StepClock.epoch_start`.
 - **CPU demand during the wait** (:class:`~lightning_perf.collect.cpu.CpuDemand`): over the data wait of
-  every ``CPU_SAMPLE_EVERY``-th batch (batches 1, 5, 9, ...), the process's CPU time (all its threads; not its
-  worker processes') plus the time its main thread waited in the kernel's run queue for a CPU (a busy machine):
-  close to the wait itself when the training process loads the batch with its CPU, close to zero when it waits
-  for workers, a disk or the network. A few microseconds per sampled batch (two system calls).
+  every ``CPU_SAMPLE_EVERY``-th batch (batches 1, 5, 9, ..., 61), then every ``CPU_SAMPLE_SPARSE``-th (65, 97,
+  ...), the process's CPU time (all its threads; not its worker processes') plus the time its main thread waited
+  in the kernel's run queue for a CPU (a busy machine): close to the wait itself when the training process loads
+  the batch with its CPU, close to zero when it waits for workers, a disk or the network. A few microseconds per
+  sampled batch (two system calls).
 
 Accuracy on CUDA: all three are host-side times. The host may run ahead of the device by the kernels it has
 queued, so a single batch's compute can be short and the next batch's data wait long (the host waits in
@@ -47,8 +48,11 @@ from lightning_perf.collect.cpu import CpuDemand
 # synchronization): a tensor per batch held to the epoch's end would hold a caching-allocator block each.
 LOSS_FOLD = 256
 # The CPU clock is read around every 4th batch's data wait (from batch 1: batch 0 holds the DataLoader's
-# start-up): a share needs no more, and each read is a system call.
+# start-up) in an epoch's first 64 batches, then every 32nd: a share needs tens of samples, not a quarter of a long
+# epoch's batches, and each sample (two system calls) came to about 8 us a batch, averaged, in a fit of 1-ms steps.
 CPU_SAMPLE_EVERY = 4
+CPU_SAMPLE_DENSE = 64
+CPU_SAMPLE_SPARSE = 32
 
 
 def loss_tensor(outputs: Any) -> Any:
@@ -112,7 +116,9 @@ class StepClock:
         if after_close:
             self.after_close.append(len(self.compute))
         self._last_end = self._clock()
-        self._last_end_cpu = self._cpu_clock() if len(self.compute) % CPU_SAMPLE_EVERY == 1 else None
+        n = len(self.compute)
+        every = CPU_SAMPLE_EVERY if n < CPU_SAMPLE_DENSE else CPU_SAMPLE_SPARSE
+        self._last_end_cpu = self._cpu_clock() if n % every == 1 else None
 
     def batch_start(self, batch: Any, profiled: bool = False) -> None:
         now = self._clock()

@@ -136,6 +136,22 @@ def test_the_clock_samples_every_fourth_wait_from_batch_one():
     assert clock.sampled_wait == 2.0 and clock.loading_cpu_share() == 10.0
 
 
+def test_past_an_epochs_first_64_batches_the_clock_samples_every_32nd_wait():
+    ticks = iter(range(10_000))
+    cpu = iter(range(0, 100_000, 10))
+    sampled = []
+    clock = StepClock(lambda batch: None, clock=lambda: float(next(ticks)), cpu_clock=lambda: float(next(cpu)))
+    clock.epoch_start()
+    for batch in range(200):
+        before = clock.sampled_wait
+        clock.batch_start(None)
+        if clock.sampled_wait > before:
+            sampled.append(batch)
+        clock.batch_end(None, keep_loss=False)
+        clock.restart()
+    assert sampled == [*range(1, 64, 4), 65, 97, 129, 161, 193]
+
+
 def test_an_epochs_cpu_wait_leaves_out_what_pause_covers():
     # This thread and a CPU burner share one CPU while paused (a window's own CPU use), then the burner stops: the
     # epoch's share counts only the quiet part. The same without the pause counts the shared CPU. Each part's own
