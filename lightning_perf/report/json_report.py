@@ -405,13 +405,13 @@ def write_json_atomically(data: Mapping[str, Any], path: str) -> None:
     Indented by one space, as ``json.dumps(data, indent=1)``, but by msgspec, as the traces are: 0.13 ms for a
     4-epoch report of 72 kB where ``json``'s encoder, pure Python once it indents, takes 2.4 ms (a 1,000-epoch
     report is 1.4 MB). A value JSON cannot hold (NaN, infinity) is written ``null``: the report stays readable."""
-    write_atomically(msgspec.json.format(msgspec.json.encode(data, enc_hook=_builtin), indent=1), path)
+    write_atomically(msgspec.json.format(msgspec.json.encode(data, enc_hook=builtin_value), indent=1), path)
 
 
-def _builtin(value: Any) -> Any:
+def builtin_value(value: Any) -> Any:
     """A subclass of ``str``, ``int`` or ``float`` (``torch.__version__``, numpy's ``float64``) as the builtin, as
     ``json`` writes it; any other type msgspec cannot encode fails, as in ``json``."""
     for kind in (str, int, float):
         if isinstance(value, kind):
             return kind(value)
-    raise TypeError(f"perf_report.json cannot hold a {type(value).__name__}: {value!r}")
+    raise TypeError(f"JSON cannot hold a {type(value).__name__}: {value!r}")

@@ -257,6 +257,38 @@ def hostile_page() -> str:
     )
 
 
+def _plotted(div: str) -> tuple[str, list]:
+    """The chart's ``<div>`` size and the arguments its script gives ``Plotly.newPlot``, as JSON values."""
+    size = re.search(r'<div style="([^"]*)">\s*<div id="([^"]+)" class="plotly-graph-div"', div)
+    call = re.search(r'Plotly\.newPlot\(\s*"[^"]+",\s*(.*)\)\s*};', div, re.S)
+    return size.group(1).replace(" ", ""), json.loads(f"[{call.group(1)}]")
+
+
+@pytest.mark.parametrize("layout", [{}, {"height": 500, "width": 640}], ids=["default size", "sized"])
+def test_a_chart_is_what_plotlys_own_writer_writes(layout):
+    import plotly.io as pio
+
+    figure = {**figures()[0], "layout": {**figures()[0]["layout"], **layout}}
+    figure["data"][0]["y"] = [1.0, float("nan")]  # not a number: null, as plotly writes it
+    figure["data"][1]["name"] = CLOSER  # raw: the script's escapes alone keep it inside
+    ours = chart(figure, id="chart-0", height=300)
+    full = {"height": 300, "margin": {"l": 60, "r": 20, "t": 40, "b": 50}, **figure["layout"]}
+    theirs = pio.to_html(
+        {"data": figure["data"], "layout": full},
+        include_plotlyjs=False,
+        full_html=False,
+        validate=False,
+        config={"displaylogo": False, "responsive": True},
+        div_id="chart-0",
+        default_width="100%",
+        default_height="300px",
+    )
+    assert _plotted(ours) == _plotted(theirs)
+    for escaped in ("\\u003c", "\\u003e", "\\u002f"):  # as plotly escapes a script's JSON
+        assert ours.count(escaped) == theirs.count(escaped) > 0, escaped
+    assert "</" not in ours.split("<script>")[1].split("</script>")[0]  # no name closes the script
+
+
 def test_the_figures_are_valid_plotly():
     for figure in figures():
         go.Figure(figure)

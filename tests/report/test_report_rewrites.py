@@ -104,7 +104,7 @@ def test_the_report_is_indented_json_and_a_value_json_cannot_hold_is_written_nul
     # NaN as null; a str or float subclass as the builtin; a tuple as a list.
     assert json.loads(text) == {"run": {"loss": None, "torch": str(torch.__version__), "p50": 0.5, "steps": [1, 2]}}
     assert text.startswith('{\n "run": {\n  "loss": null,')  # one space a level, as json.dumps(indent=1)
-    with pytest.raises(TypeError, match=r"perf_report\.json cannot hold a int64"):
+    with pytest.raises(TypeError, match=r"JSON cannot hold a int64"):
         json_report.write_json_atomically({"n": np.int64(1)}, str(path))  # json cannot either
 
 

@@ -21,7 +21,8 @@ The pages (:mod:`~lightning_perf.report.html.run_page` and the others) are built
   page skips that check to stay fast);
 - :class:`Section` and :func:`page` for the document itself.
 
-Plotly is imported only when a page with a chart is rendered.
+Plotly's Python package is imported only for its JavaScript, read once per process when a page with a chart is
+rendered; the charts themselves are written here (:func:`chart`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
+
+from lightning_perf.report.json_report import builtin_value
 
 CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; font-src data:;"
@@ -208,9 +213,12 @@ _CHART_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
 
 def chart(figure: Mapping[str, Any], *, id: str | None = None, height: int = 340) -> str:
-    """A Plotly figure (a plain figure dict) as a ``<div>`` and the script that draws it; Plotly's
-    JavaScript itself is added once by :func:`page`. Plotly escapes the figure's JSON for a ``<script>``
-    (``<`` and ``>`` as ``\\u003c``/``\\u003e``), so names inside it cannot close the script; Plotly reads
+    """A Plotly figure (a plain figure dict) as a ``<div>`` and the script that draws it, as
+    ``plotly.io.to_html(..., include_plotlyjs=False, full_html=False)`` writes them; Plotly's JavaScript itself is
+    added once by :func:`page`. Written here, not by plotly's Python package: its first import in a training
+    process (``plotly.io.json``, which loads narwhals) took 35-70 ms of the last page's 124 ms at a fit's end. The
+    figure's JSON is escaped as Plotly escapes it (``<``, ``>`` and ``/`` as ``\\u003c``, ``\\u003e``,
+    ``\\u002f``), so names inside it cannot close the script; non-finite numbers are ``null``. Plotly reads
     ``<b>``, ``<br>`` or ``<a href>`` in the texts it shows, so a name from a trace or a user goes in through
     :func:`esc`.
 
@@ -219,20 +227,30 @@ def chart(figure: Mapping[str, Any], *, id: str | None = None, height: int = 340
     """
     if id is not None and not _CHART_ID.fullmatch(id):
         raise ValueError(f"chart id {id!r}: want a letter, then letters, digits, '_' or '-'")
-    import plotly.io as pio
-
+    div_id = id or f"{_AUTO_PREFIX}{next(_chart_ids)}"
     layout = {"height": height, "margin": {"l": 60, "r": 20, "t": 40, "b": 50}, **figure.get("layout", {})}
-    div = pio.to_html(
-        {"data": list(figure.get("data", [])), "layout": layout},
-        include_plotlyjs=False,
-        full_html=False,
-        validate=False,
-        config=dict(CHART_CONFIG),
-        div_id=id or f"{_AUTO_PREFIX}{next(_chart_ids)}",
-        default_width="100%",
-        default_height=f"{height}px",
+    args = ", ".join(_script_json(part) for part in (list(figure.get("data", [])), layout, dict(CHART_CONFIG)))
+    width = layout.get("width")  # a number is pixels, as plotly's writer sizes the <div>
+    size = f"height:{_css(layout['height'])}; width:{_css(width) if width is not None else '100%'};"
+    return (
+        f'<div class="chart"><div style="{esc(size)}">'
+        f'<div id="{div_id}" class="plotly-graph-div" style="height:100%; width:100%;"></div>'
+        f"<script>window.PLOTLYENV=window.PLOTLYENV || {{}};"
+        f' if (document.getElementById("{div_id}")) {{ Plotly.newPlot("{div_id}", {args}) }};</script></div></div>'
     )
-    return f'<div class="chart">{div}</div>'
+
+
+def _css(size: Any) -> str:
+    """A figure's height or width as CSS: a number in pixels, else as given (``"50vh"``)."""
+    return f"{size}px" if isinstance(size, (int, float)) and not isinstance(size, bool) else str(size)
+
+
+_SCRIPT_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("/"): "\\u002f"}
+
+
+def _script_json(value: Any) -> str:
+    """``value`` as JSON that can sit inside a ``<script>`` element (Plotly's escapes); NaN and infinities ``null``."""
+    return msgspec.json.encode(value, enc_hook=builtin_value).decode().translate(_SCRIPT_ESCAPES)
 
 
 @dataclass(frozen=True)
