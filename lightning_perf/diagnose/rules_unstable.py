@@ -100,7 +100,13 @@ def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
     return every, on
 
 
-def _cadence(indices: Sequence[int]) -> tuple[int, list[int]] | None:
+def slow_cadence(step_times: Sequence[float], t: Thresholds) -> tuple[int, list[int]] | None:
+    """The :func:`cadence` of the steps ``step_p90_p50`` times the median and :data:`CADENCE_MIN_EXCESS` above it:
+    slow steps the program makes every N batches."""
+    return cadence(spikes(step_times, t.step_p90_p50, CADENCE_MIN_EXCESS)[0])
+
+
+def cadence(indices: Sequence[int]) -> tuple[int, list[int]] | None:
     """The period ``indices`` fall on exactly (:data:`CADENCE_MIN_PERIOD` batches or more, :data:`CADENCE_SHARE` of
     them, filling that share of its slots), and the indices on it; ``None`` where there is none."""
     found = period(indices)
@@ -140,7 +146,7 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            device.
         5. The spread's and the spikes' floors are a scheduler slice (``step_min_spread``, ``step_min_spike``),
            or :data:`CADENCE_MIN_EXCESS` where the slow steps (``step_p90_p50`` times the median and that much
-           above it) fall on a cadence (:func:`_cadence`): the program's, which the title and advice then name.
+           above it) fall on a cadence (:func:`cadence`): the program's, which the title and advice then name.
     """
     epoch = ctx.epoch
     p50, p90 = epoch.step_time_p50, epoch.step_time_p90
@@ -152,8 +158,7 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         kept = [s for s in step_times if math.isfinite(s)]
         p50, p90 = _p50_p90(kept) if len(kept) >= SPREAD_MIN_STEPS else (0.0, 0.0)
     ratio = p90 / p50 if p50 > 0 else None
-    slow, _ = spikes(step_times, t.step_p90_p50, CADENCE_MIN_EXCESS)
-    cadence = _cadence(slow)
+    cadence = slow_cadence(step_times, t)
     min_spread, min_spike = (CADENCE_MIN_EXCESS,) * 2 if cadence else (t.step_min_spread, t.step_min_spike)
     found, median = spikes(step_times, t.step_spike_factor, min_spike)
     spread = ratio is not None and reaches(ratio, t.step_p90_p50) and reaches(p90 - p50, min_spread)
