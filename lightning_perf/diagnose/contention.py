@@ -242,7 +242,7 @@ def _explained(f: Finding, ctx: StageEpoch, t: Thresholds) -> bool:
     """
     if f.id == "step_time_unstable":
         epoch = ctx.epoch
-        if slow_cadence(ctx.step_times, t) is not None:
+        if slow_cadence(ctx, t) is not None:
             return False  # slow steps every N batches are the program's, busy machine or not
         share, batches = epoch.cpu_wait_share or 0.0, max(epoch.measured_batches, 1)
         waited = share * epoch.step_time  # the epoch's steps' wait for a CPU, all of it

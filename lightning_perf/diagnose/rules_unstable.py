@@ -100,13 +100,24 @@ def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
     return every, on
 
 
-def slow_cadence(step_times: Sequence[float], t: Thresholds) -> tuple[int, list[int]] | None:
-    """The :func:`cadence` of the steps ``step_p90_p50`` times the median and :data:`CADENCE_MIN_EXCESS` above it:
-    slow steps the program makes every N batches."""
-    return cadence(spikes(step_times, t.step_p90_p50, CADENCE_MIN_EXCESS)[0])
+def measured_steps(ctx: StageEpoch) -> tuple[float, ...]:
+    """The epoch's step times, NaN for the batches during which ``torch.compile`` compiled (Notes 3)."""
+    compiled = compile_steps(ctx)
+    return tuple(math.nan if i in compiled else s for i, s in enumerate(ctx.step_times)) if compiled else ctx.step_times
 
 
-def cadence(indices: Sequence[int]) -> tuple[int, list[int]] | None:
+def slow_cadence(ctx: StageEpoch, t: Thresholds) -> tuple[int, list[int]] | None:
+    """The :func:`_cadence` of the epoch's measured steps ``step_p90_p50`` times the median and
+    :data:`CADENCE_MIN_EXCESS` above it: slow steps the program makes every N batches."""
+    return _cadence(spikes(measured_steps(ctx), t.step_p90_p50, CADENCE_MIN_EXCESS)[0])
+
+
+def _shown(indices: Sequence[int]) -> str:
+    """Batch indices for evidence: the first 8, then "..."."""
+    return ", ".join(str(i) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
+
+
+def _cadence(indices: Sequence[int]) -> tuple[int, list[int]] | None:
     """The period ``indices`` fall on exactly (:data:`CADENCE_MIN_PERIOD` batches or more, :data:`CADENCE_SHARE` of
     them, filling that share of its slots), and the indices on it; ``None`` where there is none."""
     found = period(indices)
@@ -146,20 +157,18 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            device.
         5. The spread's and the spikes' floors are a scheduler slice (``step_min_spread``, ``step_min_spike``),
            or :data:`CADENCE_MIN_EXCESS` where the slow steps (``step_p90_p50`` times the median and that much
-           above it) fall on a cadence (:func:`cadence`): the program's, which the title and advice then name.
+           above it) fall on a cadence (:func:`_cadence`): the program's, which the title and advice then name.
     """
     epoch = ctx.epoch
     p50, p90 = epoch.step_time_p50, epoch.step_time_p90
-    step_times = ctx.step_times
     compiled = compile_steps(ctx)
-    if compiled:
-        step_times = tuple(math.nan if i in compiled else s for i, s in enumerate(ctx.step_times))
+    step_times = measured_steps(ctx)
     if step_times:  # the epoch's own batches (a trace's context has none: its steps' mean only)
         kept = [s for s in step_times if math.isfinite(s)]
         p50, p90 = _p50_p90(kept) if len(kept) >= SPREAD_MIN_STEPS else (0.0, 0.0)
     ratio = p90 / p50 if p50 > 0 else None
-    cadence = slow_cadence(step_times, t)
-    min_spread, min_spike = (CADENCE_MIN_EXCESS,) * 2 if cadence else (t.step_min_spread, t.step_min_spike)
+    rhythm = slow_cadence(ctx, t)
+    min_spread, min_spike = (CADENCE_MIN_EXCESS,) * 2 if rhythm else (t.step_min_spread, t.step_min_spike)
     found, median = spikes(step_times, t.step_spike_factor, min_spike)
     spread = ratio is not None and reaches(ratio, t.step_p90_p50) and reaches(p90 - p50, min_spread)
     spiky = len(found) >= t.step_spike_count
@@ -173,15 +182,14 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             + f" (warning >= {t.step_p90_p50:g}x and >= {ms(min_spread)} above it)"
         )
     regular = period(found)
-    every = regular[0] if spiky and regular else cadence[0] if cadence else None
-    if cadence and not (spiky and regular):  # the slow steps' own cadence, where the spikes tell none
-        shown = ", ".join(str(i) for i in cadence[1][:8]) + (", ..." if len(cadence[1]) > 8 else "")
+    every = regular[0] if spiky and regular else rhythm[0] if rhythm else None
+    if rhythm and not (spiky and regular):  # the slow steps' own cadence, where the spikes tell none
         evidence.append(
-            f"{len(cadence[1])} steps >= {t.step_p90_p50:g}x the median every {every} batches, at batches {shown}"
+            f"{len(rhythm[1])} steps >= {t.step_p90_p50:g}x the median every {every} batches, at batches"
+            f" {_shown(rhythm[1])}"
             f" (a cadence: from {ms(CADENCE_MIN_EXCESS)} above the median, not a scheduler slice)"
         )
     if found:
-        shown = ", ".join(str(i) for i in found[:8]) + (", ..." if len(found) > 8 else "")
         if regular is None:
             periodic = ""
         elif len(regular[1]) == len(found):
@@ -190,7 +198,7 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             periodic = f" ({len(regular[1])} of them every {every} batches)"
         evidence.append(
             f"{len(found)} step{'s' if len(found) > 1 else ''} >= {t.step_spike_factor:g}x the median"
-            f" {ms(median)} at batches {shown}{periodic} (warning >= {t.step_spike_count} spikes, each"
+            f" {ms(median)} at batches {_shown(found)}{periodic} (warning >= {t.step_spike_count} spikes, each"
             f" >= {ms(min_spike)} above the median)"
         )
     if slow_compiles := [
@@ -201,8 +209,8 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         and reaches(ctx.step_times[i] / median, t.step_spike_factor)
         and reaches(ctx.step_times[i] - median, min_spike)
     ]:
-        shown = ", ".join(str(i) for i in slow_compiles[:8]) + (", ..." if len(slow_compiles) > 8 else "")
-        evidence.append(f"batch{'es' if len(slow_compiles) > 1 else ''} {shown} compiled (torch.compile): left out")
+        many = "es" if len(slow_compiles) > 1 else ""
+        evidence.append(f"batch{many} {_shown(slow_compiles)} compiled (torch.compile): left out")
     if every:
         advice = [_periodic_advice(ctx, every)]
     elif spiky:
