@@ -38,7 +38,7 @@ from lightning_perf.config import (
 )
 from lightning_perf.diagnosis_context import window_summaries
 from lightning_perf.hooks import run_state
-from lightning_perf.hooks.epoch_report import EpochReporter
+from lightning_perf.hooks.epoch_report import EpochReporter, StageMeasure
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.flop_count import run_peak_flops
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
@@ -183,7 +183,8 @@ class PerfCallback(StageHooks, ResultsView):
             budget=self._epochs.budget,
         )
         self._policy.drop = self._control.drop
-        self._stages = self._epochs.stages  # what the per-batch hooks touch, one lookup away
+        # The measured stages' clocks and counts: what the per-batch hooks touch, one lookup away.
+        self._stages: dict[str, StageMeasure] = {stage: self._epochs.stages[stage] for stage in self.config.stages}
         self._flops = self._epochs.flops
         self._positions = self._control.stages
         self._loop_timer = LoopStartTimer()  # what Lightning's loops spend starting DataLoaders before our hooks
@@ -309,12 +310,12 @@ class PerfCallback(StageHooks, ResultsView):
 
     @override
     def _batch_start(self, stage: str, trainer: pl.Trainer, batch: Any, batch_idx: int) -> None:
-        if stage not in self.config.stages:
+        st = self._stages.get(stage)
+        if st is None:  # a stage not measured
             return
         if stage == "train" and batch_idx != self._positions["train"].batch:
             # Resumed from a mid-epoch checkpoint: Lightning continues the epoch without on_train_epoch_start.
             self._epoch_start("train", trainer, trainer.current_epoch, trainer.num_training_batches, batch_idx)
-        st = self._stages[stage]
         window = self._control.open
         if window is not None and window.stage == stage:
             st.clock.batch_start(batch, profiled=True)
@@ -326,10 +327,10 @@ class PerfCallback(StageHooks, ResultsView):
 
     @override
     def _batch_end(self, stage: str, trainer: pl.Trainer, outputs: Any) -> None:
-        if stage not in self.config.stages:
+        st = self._stages.get(stage)
+        if st is None:
             return
-        st = self._stages[stage]
-        st.clock.batch_end(outputs, keep_loss=self.config.log_loss and stage != "predict")
+        st.clock.batch_end(outputs)
         if self._epochs.batch_due:  # a FLOP count to keep, the model's memory to count
             self._epochs.batch_ended(stage, trainer)
         st.total_batches += 1
@@ -350,15 +351,19 @@ class PerfCallback(StageHooks, ResultsView):
             except Exception as err:
                 self._policy.fail(stage, err)
         try:
-            closed = self._profiler_windows.save(control.next_batch(stage, trainer)) or closed
+            if (to_save := control.next_batch(stage, trainer)) is not None:
+                closed = self._profiler_windows.save(to_save) or closed
         except Exception as err:
             self._policy.fail(stage, err)
+        if not st.cpu.paused:  # between windows: the next batch's data wait starts now
+            st.clock.restart(after_close=closed)
+            return
         # What we did after the batch (logging, closing a window) is no part of the next batch's data wait; the
         # batch after a close is left out of the epoch's times (StepClock.after_close), and its CPU waits too, as
         # are those while the window is still processed (its process takes a CPU: no contention of the run's).
-        processing = st.cpu.paused and control.open is None and self._profiler_windows.busy
+        processing = control.open is None and self._profiler_windows.busy
         st.clock.restart(after_close=closed or processing)
-        if st.cpu.paused and not closed and control.open is None and not processing:
+        if not closed and control.open is None and not processing:
             st.cpu.resume()
             self._profiler_windows.settle()
 

@@ -39,6 +39,10 @@ class WindowPlan(Protocol):
     def first_active(self) -> int | None:
         """The first batch any window records, or ``None`` if the plan records nothing."""
 
+    def next_action(self, batch: int, num_batches: float = math.inf) -> float:
+        """The first batch from ``batch`` on whose action is not ``NONE`` (``inf``: none in the epoch): the
+        batches before it need no look at the plan."""
+
 
 @dataclass(frozen=True)
 class CyclePlan:
@@ -74,6 +78,15 @@ class CyclePlan:
 
     def first_active(self) -> int | None:
         return self.schedule.skip_first + self.schedule.wait + self.schedule.warmup
+
+    def next_action(self, batch: int, num_batches: float = math.inf) -> float:
+        s = self.schedule
+        batch = max(batch, s.skip_first)
+        cycle_index, pos = divmod(batch - s.skip_first, s.cycle)
+        start = batch - pos  # of the batch's cycle: later cycles end later still (Notes 3 and 4)
+        if (s.repeat > 0 and cycle_index >= s.repeat) or (s.repeat == 0 and start + s.cycle > num_batches):
+            return math.inf
+        return max(batch, start + s.wait)
 
 
 @dataclass(frozen=True)
@@ -112,6 +125,12 @@ class BatchListPlan:
 
     def first_active(self) -> int | None:
         return self.windows[0][1] if self.windows else None
+
+    def next_action(self, batch: int, num_batches: float = math.inf) -> float:
+        for start, _, last in self.windows:
+            if batch <= last:
+                return max(batch, start)
+        return math.inf
 
 
 def make_plan(config: PerfConfig) -> WindowPlan:

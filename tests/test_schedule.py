@@ -82,3 +82,30 @@ def test_batch_list_windows_merge_runs_and_never_overlap_warmups():
 def test_batch_list_at_epoch_start_has_no_warmup():
     plan = BatchListPlan([0], warmup=1)
     assert [plan.action(i, math.inf) for i in range(3)] == [S, N, N]
+
+
+def _first_acting(plan, batch: int, num_batches: float, horizon: int = 80) -> float:
+    return next((b for b in range(batch, horizon) if plan.action(b, num_batches) is not Action.NONE), math.inf)
+
+
+@given(
+    skip_first=st.integers(0, 6),
+    wait=st.integers(0, 4),
+    warmup=st.integers(0, 3),
+    active=st.integers(1, 4),
+    repeat=st.integers(0, 4),
+    num_batches=st.one_of(st.just(math.inf), st.integers(0, 40)),
+)
+def test_a_cycle_plans_next_action_is_the_first_batch_it_acts_on(skip_first, wait, warmup, active, repeat, num_batches):
+    # (repeat=0 with an unknown epoch length acts forever: the horizon stands in for the epoch there.)
+    plan = CyclePlan(Schedule(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat))
+    horizon = 80 if num_batches != math.inf or repeat else 10_000
+    for batch in range(60):
+        assert plan.next_action(batch, num_batches) == _first_acting(plan, batch, num_batches, horizon), batch
+
+
+@given(batches=st.lists(st.integers(0, 40), min_size=0, max_size=8), warmup=st.integers(0, 3))
+def test_a_batch_lists_next_action_is_the_first_batch_it_acts_on(batches, warmup):
+    plan = BatchListPlan(batches, warmup)
+    for batch in range(50):
+        assert plan.next_action(batch) == _first_acting(plan, batch, math.inf), batch

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import numbers
 import reprlib
 from collections.abc import Callable, Mapping
@@ -83,6 +84,11 @@ def infer_batch_size(batch: Any, *, max_depth: int = MAX_DEPTH) -> int | None:
         3
     """
     try:
+        # The usual batch, (inputs, targets, ...), read in this frame: this runs on every batch.
+        if isinstance(batch, (list, tuple)) and batch and max_depth > 0:
+            head = batch[0]
+            if isinstance(head, Tensor) and head.dim():
+                return _fields_or_samples(batch, head.size(0))
         return _first_dim(batch, max_depth)
     except Exception:  # a custom Mapping or tensor subclass that fails to be read: no size, no error
         return None
@@ -99,8 +105,7 @@ def _fields_or_samples(items: list[Any] | tuple[Any, ...], size: int) -> int:
     fields, which share their first dimension, or any list whose other items are no tensors."""
     # Runs on every batch, in one pass over (inputs, targets, ...): no slice, no set, no allocation.
     differs = False
-    for i in range(1, min(len(items), SAMPLES_LOOKED_AT)):
-        item = items[i]
+    for item in itertools.islice(items, 1, SAMPLES_LOOKED_AT):
         if not isinstance(item, Tensor) or not item.dim():
             return size
         differs = differs or item.size(0) != size
@@ -181,11 +186,17 @@ class BatchSizer:
             raise TypeError(f"batch_size_fn must be callable or None, not {type(batch_size_fn).__name__}")
         self.batch_size_fn = batch_size_fn
         self.failed: str | None = None
+        #: What :meth:`__call__` calls: :func:`infer_batch_size` itself where no function was given (for a caller
+        #: on every batch, one call less), else the user's function, checked.
+        self.size: Callable[[Any], int | None] = infer_batch_size if batch_size_fn is None else self._checked
 
     def __call__(self, batch: Any) -> int | None:
         """Returns the number of samples in ``batch``, or ``None`` where it cannot be told."""
+        return self.size(batch)
+
+    def _checked(self, batch: Any) -> int | None:
         fn = self.batch_size_fn
-        if fn is None:
+        if fn is None:  # (set to None after construction)
             return infer_batch_size(batch)
         try:
             size = fn(batch)

@@ -21,48 +21,31 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+
+from lightning_perf.collect.procfs import ProcFile
 
 
 class RunQueue:
     """Seconds, cumulative, the process's main thread has waited in the kernel's run queue for a CPU.
 
-    Calling it returns ``None`` where ``/proc/<pid>/schedstat`` cannot be read (not Linux). The file is
-    opened on first use in each process (a forked or spawned copy opens its own; a descriptor inherited from
-    a parent is left to it) and re-read with ``pread`` (a few microseconds); a pickled copy carries no
-    descriptor.
+    Calling it returns ``None`` where ``/proc/<pid>/schedstat`` cannot be read (not Linux). The file is kept
+    open (:class:`~lightning_perf.collect.procfs.ProcFile`): a few microseconds a read.
     """
 
     def __init__(self) -> None:
-        self._fd: int | None = None
-        self._pid: int | None = None  # the process the descriptor was opened in
+        self._file = ProcFile("schedstat", 64)
 
     def __call__(self) -> float | None:
-        pid = os.getpid()
-        if self._pid != pid:
-            self._pid = pid
-            try:
-                self._fd = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
-            except OSError:
-                self._fd = None
-        if self._fd is None:
+        data = self._file()
+        if data is None:
             return None
         try:
-            return int(os.pread(self._fd, 64, 0).split()[1]) * 1e-9
-        except (OSError, IndexError, ValueError):
-            self.close()
+            return int(data.split()[1]) * 1e-9
+        except (IndexError, ValueError):
             return None
 
     def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None and self._pid == os.getpid():
-            os.close(fd)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_fd": None, "_pid": None}
-
-    def __del__(self) -> None:
-        self.close()
+        self._file.close()
 
 
 class CpuDemand:

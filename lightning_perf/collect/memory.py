@@ -16,15 +16,20 @@ from typing import Any
 
 import torch
 
+from lightning_perf.collect.procfs import ProcFile
+
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+_STATM = ProcFile("statm")
+
+
 def host_rss() -> int | None:
-    """The process's resident set size now, in bytes (Linux ``/proc/self/statm``)."""
+    """The process's resident set size now, in bytes (Linux ``/proc/<pid>/statm``, kept open)."""
+    data = _STATM()
     try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE_SIZE
-    except (OSError, ValueError, IndexError):
+        return int(data.split()[1]) * _PAGE_SIZE if data is not None else None
+    except (ValueError, IndexError):
         return None
 
 

@@ -69,16 +69,21 @@ class StepClock:
 
     Args:
         batch_size: Returns the number of samples in a batch, or ``None`` when it cannot tell.
+        keep_loss: Keep each batch's loss (what its step returned) for the epoch's mean and :attr:`last_loss`.
         clock: Seconds, monotonic (``time.perf_counter``).
+        cpu_clock: The process's CPU demand, cumulative seconds (:class:`~lightning_perf.collect.cpu.CpuDemand`).
     """
 
     def __init__(
         self,
         batch_size: Callable[[Any], int | None],
+        *,
+        keep_loss: bool = True,
         clock: Callable[[], float] = time.perf_counter,
         cpu_clock: Callable[[], float] | None = None,
     ):
         self._batch_size = batch_size
+        self.keep_loss = keep_loss
         self._clock = clock
         self._cpu_clock = cpu_clock or CpuDemand()
         self._last_end = clock()
@@ -131,12 +136,13 @@ class StepClock:
         self.batch_sizes.append(self._batch_size(batch))
         self.profiled.append(profiled)
 
-    def batch_end(self, outputs: Any, keep_loss: bool) -> None:
-        """Ends the batch's compute time; the caller then does its own per-batch work and :meth:`restarts <restart>`
-        the data-wait clock, so that this work is no part of the next batch's data wait."""
+    def batch_end(self, outputs: Any) -> None:
+        """Ends the batch's compute time and keeps the loss in ``outputs``; the caller then does its own per-batch
+        work and :meth:`restarts <restart>` the data-wait clock, so that this work is no part of the next batch's
+        data wait."""
         self.compute.append(self._clock() - self._start)  # (the caller restarts the data-wait clock)
         self.last_loss = None
-        if keep_loss:
+        if self.keep_loss:
             loss = loss_tensor(outputs)
             if loss is not None:
                 # Lightning hands on_train_batch_end an already detached loss, and eval steps run without

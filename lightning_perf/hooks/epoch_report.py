@@ -163,7 +163,10 @@ class EpochReporter:
 
     def __init__(self, config: PerfConfig, batch_size: BatchSizer, policy: ErrorPolicy) -> None:
         self.config = config
-        self.stages: dict[str, StageMeasure] = {stage: StageMeasure(StepClock(batch_size)) for stage in STAGES}
+        self.stages: dict[str, StageMeasure] = {
+            stage: StageMeasure(StepClock(batch_size.size, keep_loss=config.log_loss and stage != "predict"))
+            for stage in STAGES
+        }
         self.outputs: Outputs | None = None
         self.cuda_peaks: CudaPeaks | None = None
         self.run_info: dict[str, Any] = {}

@@ -61,6 +61,8 @@ class StagePosition:
         num_batches: The epoch's batches (``inf``: unknown).
         windows_used: The windows the stage has opened in the run, against ``max_windows``.
         windows_this_epoch: The windows saved in the current epoch.
+        quiet_until: The batches before this one the plan leaves alone (:meth:`WindowPlan.next_action`): the
+            stage moves through them without a look at the plan.
     """
 
     epoch: int = -1
@@ -68,6 +70,7 @@ class StagePosition:
     num_batches: float = math.inf
     windows_used: int = 0
     windows_this_epoch: int = 0
+    quiet_until: float = 0
 
 
 @dataclass(frozen=True)
@@ -189,18 +192,20 @@ class WindowControl:
         resumes mid-epoch."""
         pos = self.stages[stage]
         pos.epoch = pos.epoch + 1 if epoch is None else epoch
-        pos.batch, pos.num_batches, pos.windows_this_epoch = first_batch, num_batches, 0
+        pos.batch, pos.num_batches, pos.windows_this_epoch, pos.quiet_until = first_batch, num_batches, 0, 0
 
     def next_batch(self, stage: str, context: Any) -> WindowToSave | None:
         """Moves ``stage`` on to its next batch and sets the window up for it (:meth:`before_batch`). Between
-        windows, a few comparisons and no call but the plan's."""
+        windows, a comparison or two, and a look at the plan only where its quiet span ends."""
         pos = self.stages[stage]
         pos.batch += 1
         if self.open is None:
-            if not self.records or pos.windows_used >= self.max_windows:
-                return None  # no window to open on this rank, or no more for this stage
-            if pos.batch < pos.num_batches and self.plan.action(pos.batch, pos.num_batches) is Action.NONE:
-                return None
+            if pos.batch < pos.quiet_until or not self.records or pos.windows_used >= self.max_windows:
+                return None  # the plan leaves the batch alone, or no window opens on this rank or for this stage
+            if pos.batch < pos.num_batches:
+                pos.quiet_until = min(self.plan.next_action(pos.batch, pos.num_batches), pos.num_batches)
+                if pos.batch < pos.quiet_until:
+                    return None
         return self.before_batch(stage, context)
 
     def before_batch(self, stage: str, context: Any) -> WindowToSave | None:

@@ -119,17 +119,19 @@ def test_cpu_demand_counts_computing_not_sleeping_and_pickles_without_its_descri
     computed = demand() - start - slept
     assert slept < 0.05 and computed >= 0.09
     copy = pickle.loads(pickle.dumps(demand))
-    assert copy._run_queue._fd is None and copy() > 0
+    assert copy._run_queue._file._fd is None and copy() > 0
 
 
 def test_the_clock_samples_every_fourth_wait_from_batch_one():
     ticks = iter(range(1000))
     cpu = iter(range(0, 10000, 10))
-    clock = StepClock(lambda batch: None, clock=lambda: float(next(ticks)), cpu_clock=lambda: float(next(cpu)))
+    clock = StepClock(
+        lambda batch: None, keep_loss=False, clock=lambda: float(next(ticks)), cpu_clock=lambda: float(next(cpu))
+    )
     clock.epoch_start(waited=5.0)
     for _ in range(6):
         clock.batch_start(None)
-        clock.batch_end(None, keep_loss=False)
+        clock.batch_end(None)
         clock.restart()
     assert clock.data_wait[0] >= 5.0  # the start-up before the epoch-start hook
     # Batches 1 and 5: one wall tick and ten CPU seconds each (the fake clocks step by 1 and 10 per read).
@@ -140,14 +142,16 @@ def test_past_an_epochs_first_64_batches_the_clock_samples_every_32nd_wait():
     ticks = iter(range(10_000))
     cpu = iter(range(0, 100_000, 10))
     sampled = []
-    clock = StepClock(lambda batch: None, clock=lambda: float(next(ticks)), cpu_clock=lambda: float(next(cpu)))
+    clock = StepClock(
+        lambda batch: None, keep_loss=False, clock=lambda: float(next(ticks)), cpu_clock=lambda: float(next(cpu))
+    )
     clock.epoch_start()
     for batch in range(200):
         before = clock.sampled_wait
         clock.batch_start(None)
         if clock.sampled_wait > before:
             sampled.append(batch)
-        clock.batch_end(None, keep_loss=False)
+        clock.batch_end(None)
         clock.restart()
     assert sampled == [*range(1, 64, 4), 65, 97, 129, 161, 193]
 

@@ -101,7 +101,7 @@ def test_the_epoch_loss_is_the_mean_of_every_batch_loss_however_long_the_epoch()
         clock.epoch_start()
         for i in range(epoch_length):
             clock.batch_start(None)
-            clock.batch_end(torch.tensor(float(i), requires_grad=True) * 2, keep_loss=True)
+            clock.batch_end(torch.tensor(float(i), requires_grad=True) * 2)
             assert clock.last_loss is not None and not clock.last_loss.requires_grad
         assert len(clock.losses) < LOSS_FOLD  # summed on the device as they come, not kept one by one
         assert clock.mean_loss() == pytest.approx(epoch_length - 1)  # the mean of 0, 2, 4, ... 2(n-1)
