@@ -1,0 +1,137 @@
+"""
+Steps of about 1 ms: where the time goes
+========================================
+
+What a default :class:`~lightning_perf.PerfCallback` costs a fit whose steps take about a millisecond (an MLP of
+16-32-1 on batches of 8, no ``self.log``, one torch thread: Lightning's own loop is most of each step), split by
+part, against two baselines:
+
+    (a) ``bare``: a Trainer with no callback at all (progress bar, checkpointing and model summary off);
+    (b) ``empty``: the same with one callback that overrides nothing. Lightning calls every hook of every callback
+        (``lightning.pytorch.trainer.call._call_callback_hooks``: a profiler context and an f-string per hook,
+        about seven hooks a batch), so (b) - (a) is what *any* callback costs, ours included, and no callback can
+        avoid;
+    (c) ``always-on``: ``PerfCallback(max_windows=0)``: its per-batch hooks, epoch summaries and report, no window;
+    (d) ``default``: ``PerfCallback()``: (c) and its budgeted windows and FLOP count.
+
+Each fit is split from the model's side: ``training_step`` reads the clock, so the fit's wall time is its start
+before the first step (``pre``), the steps (``n x median`` of the step-to-step intervals, and ``excess``: what the
+intervals took beyond their median: epoch ends, windows, paced scalar writes, the machine's hiccups) and its end
+after the last step (``post``: the last epoch's end, teardown, the report). The configurations alternate in ABBA
+order in one process (a steady drift of the machine cancels in the ratio of the medians).
+
+Run it from the repository root::
+
+    python benchmarks/short_steps.py                     # 4 rounds of 3 epochs x 3,072 batches: about 3 minutes
+    python benchmarks/short_steps.py --rounds 8 --configs abcd
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import statistics
+import tempfile
+import time
+import warnings
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_perf import PerfCallback
+
+
+class StepTimed(pl.LightningModule):
+    """An MLP on random batches of 8; :attr:`starts` holds the clock at each ``training_step``."""
+
+    def __init__(self, batches: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+        self.data = TensorDataset(torch.randn(batches * 8, 16), torch.rand(batches * 8, 1))
+        self.starts: list[float] = []
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.starts.append(time.perf_counter())
+        x, y = batch
+        return nn.functional.binary_cross_entropy_with_logits(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=8)
+
+
+class Empty(pl.Callback):
+    """A callback that overrides nothing: what Lightning's dispatch of its hooks costs."""
+
+
+CONFIGS = {
+    "a": ("bare", list),
+    "b": ("empty", lambda: [Empty()]),
+    "c": ("always-on", lambda: [PerfCallback(verbose=0, max_windows=0)]),
+    "d": ("default", lambda: [PerfCallback(verbose=0)]),
+}
+
+
+def fit(callbacks: list[pl.Callback], batches: int, epochs: int) -> dict[str, float]:
+    """One fit's wall time and its parts (module docstring), in seconds."""
+    trainer = pl.Trainer(
+        default_root_dir=tempfile.mkdtemp(prefix="short_steps_"),
+        max_epochs=epochs,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    model = StepTimed(batches)
+    start = time.perf_counter()
+    trainer.fit(model)
+    end = time.perf_counter()
+    intervals = [b - a for a, b in itertools.pairwise(model.starts)]
+    median = statistics.median(intervals)
+    return {
+        "wall": end - start,
+        "pre": model.starts[0] - start,
+        "steps": median * len(intervals),
+        "excess": sum(intervals) - median * len(intervals),
+        "post": end - model.starts[-1],
+        "median": median,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=4, help="ABBA rounds of the configurations (default: 4)")
+    parser.add_argument("--batches", type=int, default=3072, help="batches per epoch (default: 3072)")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per fit (default: 3)")
+    parser.add_argument("--configs", default="abcd", help="which configurations (default: abcd; a is needed)")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    keys = ["a", *[k for k in args.configs if k != "a" and k in CONFIGS]]
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in keys}
+    for r in range(args.rounds):
+        for k in keys if r % 2 == 0 else keys[::-1]:
+            runs[k].append(fit(CONFIGS[k][1](), args.batches, args.epochs))
+
+    def med(k: str, part: str) -> float:
+        return statistics.median(run[part] for run in runs[k])
+
+    bare = med("a", "wall")
+    print(f"{args.rounds} rounds of {args.epochs} epochs x {args.batches} batches (medians over the rounds)")
+    print(f"{'':<10} {'wall':>7} {'ratio':>6} {'step':>8} {'pre':>6} {'steps':>7} {'excess':>7} {'post':>6}")
+    for k in keys:
+        print(
+            f"{CONFIGS[k][0]:<10} {med(k, 'wall'):6.2f}s {med(k, 'wall') / bare:6.3f} {med(k, 'median') * 1e6:6.0f}us"
+            f" {med(k, 'pre') * 1e3:4.0f}ms {med(k, 'steps'):6.2f}s {med(k, 'excess') * 1e3:5.0f}ms"
+            f" {med(k, 'post') * 1e3:4.0f}ms   walls {[round(run['wall'], 2) for run in runs[k]]}"
+        )
+
+
+if __name__ == "__main__":
+    main()
