@@ -46,15 +46,20 @@ def test_table_matches_torch(schedule, expected):
     assert [plan.action(i) for i in range(10)] == expected == torch_actions(schedule, 10)
 
 
-@given(
-    skip_first=st.integers(0, 6),
-    wait=st.integers(0, 4),
-    warmup=st.integers(0, 3),
-    active=st.integers(1, 4),
-    repeat=st.integers(1, 4),
-)
-def test_any_finite_schedule_matches_torch(skip_first, wait, warmup, active, repeat):
-    schedule = Schedule(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat)
+def schedules(min_repeat: int = 1) -> st.SearchStrategy[Schedule]:
+    """Small schedules; ``min_repeat=0`` lets them repeat for as long as the epoch lasts."""
+    return st.builds(
+        Schedule,
+        skip_first=st.integers(0, 6),
+        wait=st.integers(0, 4),
+        warmup=st.integers(0, 3),
+        active=st.integers(1, 4),
+        repeat=st.integers(min_repeat, 4),
+    )
+
+
+@given(schedule=schedules())
+def test_any_finite_schedule_matches_torch(schedule):
     plan = CyclePlan(schedule)
     assert [plan.action(i) for i in range(60)] == torch_actions(schedule, 60)
 
@@ -88,18 +93,11 @@ def _first_acting(plan, batch: int, num_batches: float, horizon: int = 80) -> fl
     return next((b for b in range(batch, horizon) if plan.action(b, num_batches) is not Action.NONE), math.inf)
 
 
-@given(
-    skip_first=st.integers(0, 6),
-    wait=st.integers(0, 4),
-    warmup=st.integers(0, 3),
-    active=st.integers(1, 4),
-    repeat=st.integers(0, 4),
-    num_batches=st.one_of(st.just(math.inf), st.integers(0, 40)),
-)
-def test_a_cycle_plans_next_action_is_the_first_batch_it_acts_on(skip_first, wait, warmup, active, repeat, num_batches):
+@given(schedule=schedules(min_repeat=0), num_batches=st.one_of(st.just(math.inf), st.integers(0, 40)))
+def test_a_cycle_plans_next_action_is_the_first_batch_it_acts_on(schedule, num_batches):
     # (repeat=0 with an unknown epoch length acts forever: the horizon stands in for the epoch there.)
-    plan = CyclePlan(Schedule(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat))
-    horizon = 80 if num_batches != math.inf or repeat else 10_000
+    plan = CyclePlan(schedule)
+    horizon = 80 if num_batches != math.inf or schedule.repeat else 10_000
     for batch in range(60):
         assert plan.next_action(batch, num_batches) == _first_acting(plan, batch, num_batches, horizon), batch
 
