@@ -203,7 +203,7 @@ class WindowControl:
             if pos.batch < pos.quiet_until or not self.records or pos.windows_used >= self.max_windows:
                 return None  # the plan leaves the batch alone, or no window opens on this rank or for this stage
             if pos.batch < pos.num_batches:
-                pos.quiet_until = min(self.plan.next_action(pos.batch, pos.num_batches), pos.num_batches)
+                pos.quiet_until = self.plan.next_action(pos.batch, pos.num_batches)
                 if pos.batch < pos.quiet_until:
                     return None
         return self.before_batch(stage, context)
