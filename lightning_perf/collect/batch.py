@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import numbers
 import reprlib
 from collections.abc import Callable, Mapping
@@ -84,11 +83,6 @@ def infer_batch_size(batch: Any, *, max_depth: int = MAX_DEPTH) -> int | None:
         3
     """
     try:
-        # The usual batch, (inputs, targets, ...), read in this frame: this runs on every batch.
-        if isinstance(batch, (list, tuple)) and batch and max_depth > 0:
-            head = batch[0]
-            if isinstance(head, Tensor) and head.dim():
-                return _fields_or_samples(batch, head.size(0))
         return _first_dim(batch, max_depth)
     except Exception:  # a custom Mapping or tensor subclass that fails to be read: no size, no error
         return None
@@ -103,12 +97,16 @@ def _fields_or_samples(items: list[Any] | tuple[Any, ...], size: int) -> int:
     items are tensors of different first dimensions (among its first :data:`SAMPLES_LOOKED_AT`), samples of
     variable length, one tensor each (a ``collate_fn`` that keeps sequences unpadded); else ``size``: a batch's
     fields, which share their first dimension, or any list whose other items are no tensors."""
-    # Runs on every batch, in one pass over (inputs, targets, ...): no slice, no set, no allocation.
+    # Runs on every batch, in one pass over (inputs, targets, ...): no slice, no iterator, no set (small ints are
+    # CPython's cached objects: no allocation).
     differs = False
-    for item in itertools.islice(items, 1, SAMPLES_LOOKED_AT):
+    i, n = 1, min(len(items), SAMPLES_LOOKED_AT)
+    while i < n:
+        item = items[i]
         if not isinstance(item, Tensor) or not item.dim():
             return size
         differs = differs or item.size(0) != size
+        i += 1
     return len(items) if differs else size
 
 
@@ -184,20 +182,24 @@ class BatchSizer:
     def __init__(self, batch_size_fn: Callable[[Any], int] | None = None) -> None:
         if batch_size_fn is not None and not callable(batch_size_fn):
             raise TypeError(f"batch_size_fn must be callable or None, not {type(batch_size_fn).__name__}")
-        self.batch_size_fn = batch_size_fn
+        self._fn = batch_size_fn
         self.failed: str | None = None
         #: What :meth:`__call__` calls: :func:`infer_batch_size` itself where no function was given (for a caller
         #: on every batch, one call less), else the user's function, checked.
-        self.size: Callable[[Any], int | None] = infer_batch_size if batch_size_fn is None else self._checked
+        self.size: Callable[[Any], int | None] = (
+            infer_batch_size if batch_size_fn is None else functools.partial(self._checked, batch_size_fn)
+        )
+
+    @property
+    def batch_size_fn(self) -> Callable[[Any], int] | None:
+        """The user's function, or ``None`` (set at construction: :attr:`size` follows from it)."""
+        return self._fn
 
     def __call__(self, batch: Any) -> int | None:
         """Returns the number of samples in ``batch``, or ``None`` where it cannot be told."""
         return self.size(batch)
 
-    def _checked(self, batch: Any) -> int | None:
-        fn = self.batch_size_fn
-        if fn is None:  # (set to None after construction)
-            return infer_batch_size(batch)
+    def _checked(self, fn: Callable[[Any], int], batch: Any) -> int | None:
         try:
             size = fn(batch)
         except Exception as exc:

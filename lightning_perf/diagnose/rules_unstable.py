@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from lightning_perf.diagnose.model import Finding, StageEpoch
 from lightning_perf.diagnose.rule_helpers import batch_end_hook, finding, on_cuda, reaches, stage_name, step_method
@@ -100,16 +100,19 @@ def period(indices: Sequence[int]) -> tuple[int, list[int]] | None:
     return every, on
 
 
-def measured_steps(ctx: StageEpoch) -> tuple[float, ...]:
-    """The epoch's step times, NaN for the batches during which ``torch.compile`` compiled (Notes 3)."""
-    compiled = compile_steps(ctx)
+def measured_steps(ctx: StageEpoch, compiled: Collection[int] | None = None) -> tuple[float, ...]:
+    """The epoch's step times, NaN for the batches during which ``torch.compile`` compiled (Notes 3;
+    ``compiled``: :func:`compile_steps`, where the caller has them)."""
+    compiled = compile_steps(ctx) if compiled is None else compiled
     return tuple(math.nan if i in compiled else s for i, s in enumerate(ctx.step_times)) if compiled else ctx.step_times
 
 
-def slow_cadence(ctx: StageEpoch, t: Thresholds) -> tuple[int, list[int]] | None:
-    """The :func:`_cadence` of the epoch's measured steps ``step_p90_p50`` times the median and
-    :data:`CADENCE_MIN_EXCESS` above it: slow steps the program makes every N batches."""
-    return _cadence(spikes(measured_steps(ctx), t.step_p90_p50, CADENCE_MIN_EXCESS)[0])
+def slow_cadence(ctx: StageEpoch, t: Thresholds, steps: Sequence[float] | None = None) -> tuple[int, list[int]] | None:
+    """The :func:`_cadence` of the epoch's measured steps (``steps``, where the caller has them:
+    :func:`measured_steps`) ``step_p90_p50`` times the median and :data:`CADENCE_MIN_EXCESS` above it: slow steps
+    the program makes every N batches."""
+    steps = measured_steps(ctx) if steps is None else steps
+    return _cadence(spikes(steps, t.step_p90_p50, CADENCE_MIN_EXCESS)[0])
 
 
 def _shown(indices: Sequence[int]) -> str:
@@ -162,12 +165,12 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     epoch = ctx.epoch
     p50, p90 = epoch.step_time_p50, epoch.step_time_p90
     compiled = compile_steps(ctx)
-    step_times = measured_steps(ctx)
+    step_times = measured_steps(ctx, compiled)
     if step_times:  # the epoch's own batches (a trace's context has none: its steps' mean only)
         kept = [s for s in step_times if math.isfinite(s)]
         p50, p90 = _p50_p90(kept) if len(kept) >= SPREAD_MIN_STEPS else (0.0, 0.0)
     ratio = p90 / p50 if p50 > 0 else None
-    rhythm = slow_cadence(ctx, t)
+    rhythm = slow_cadence(ctx, t, step_times)
     min_spread, min_spike = (CADENCE_MIN_EXCESS,) * 2 if rhythm else (t.step_min_spread, t.step_min_spike)
     found, median = spikes(step_times, t.step_spike_factor, min_spike)
     spread = ratio is not None and reaches(ratio, t.step_p90_p50) and reaches(p90 - p50, min_spread)
