@@ -23,6 +23,12 @@ Notes:
        at a cadence too fine for its steps then writes about every ``cost / LOG_SHARE`` seconds, always at a
        logging point of the Trainer's.
     3. Per stage: one stage logs at a time, so together they stay within the share.
+    4. A write is charged at most :data:`LOG_STALL`, or :data:`LOG_STALL_RATIO` times the stage's cheapest write
+       so far where that is more. A write that took far longer than its stage's others was stalled by what is not
+       its own: a collection of the whole heap by Python's garbage collector late in a long process, a first event
+       file created, a preemption the run queue did not show. Charged in full, one such stall of 10 ms spent a
+       short run's burst at its second validation write and the stage lost every later point. A
+       logger whose every write is slow (a remote one) is still charged in full: its cheapest write is slow too.
 """
 
 from __future__ import annotations
@@ -39,6 +45,11 @@ LOG_SHARE = 0.01
 # What they may cost before the share applies: 25-50 writes at 0.2-0.4 ms. A 1-s run stays within 1% of its
 # time; the demo's 16 writes and the tests' short runs write at every logging point. Our judgment.
 LOG_BURST = 0.01
+# What one write is charged at most (Notes 4): 5-10 times a write's usual 0.2-0.4 ms, a fifth of the burst. Our
+# judgment.
+LOG_STALL = 2e-3
+# ... unless the stage's cheapest write so far, this many times over, is more: a logger slow at every write.
+LOG_STALL_RATIO = 4.0
 
 
 class LogPace:
@@ -74,6 +85,7 @@ class LogPace:
         self._waited = waited if waited is not None else RunQueue()
         self._first: float | None = None
         self._spent = 0.0
+        self._cheapest = float("inf")  # the stage's cheapest write so far (Notes 4)
         self._started = (0.0, 0.0)  # the write's start: the clock, and the thread's wait for a CPU so far
         #: Logging points skipped so far.
         self.skipped = 0
@@ -99,5 +111,7 @@ class LogPace:
         self.spent(self._clock() - clock - max((self._waited() or 0.0) - waited, 0.0))
 
     def spent(self, seconds: float) -> None:
-        """A write took ``seconds``."""
-        self._spent += max(seconds, 0.0)
+        """A write took ``seconds``: charged up to the stall cap (Notes 4)."""
+        seconds = max(seconds, 0.0)
+        self._cheapest = min(self._cheapest, seconds)
+        self._spent += min(seconds, max(LOG_STALL, LOG_STALL_RATIO * self._cheapest))
