@@ -320,7 +320,7 @@ class PerfCallback(StageHooks, ResultsView):
         if window is not None and window.stage == stage:
             st.clock.batch_start(batch, profiled=True)
             self._control.batch_started(stage)
-        elif stage == "train" and self._flops.pending:  # counted: left out of the times too
+        elif stage == "train" and batch_idx >= self._flops.offer_from:  # counted: left out of the times too
             st.clock.batch_start(batch, profiled=self._epochs.flops_batch_start(batch, batch_idx))
         else:
             st.clock.batch_start(batch)
