@@ -38,7 +38,7 @@ from lightning_perf.records import (
 )
 from lightning_perf.summarize.events import KinetoTrace
 from lightning_perf.summarize.memory import checked_memory
-from lightning_perf.summarize.ranks import rank_waits, rank_work_times
+from lightning_perf.summarize.ranks import rank_cpu_waits, rank_waits, rank_work_times
 from lightning_perf.summarize.steps import percentile, pool_epochs, summarize_epoch
 from lightning_perf.traces import METADATA_KEY
 
@@ -141,6 +141,7 @@ def epoch_context(
         ),
         rank_step_times=rank_work_times(ranks) or None,
         rank_waits=rank_waits(ranks) or None,
+        rank_cpu_waits=rank_cpu_waits(ranks) or None,
         compile=compile,
         fit_seconds=fit_seconds,
         collectives=dict(collectives or {}),

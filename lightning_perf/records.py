@@ -328,6 +328,8 @@ class RankSummary:
         cuda_max_allocated, cuda_max_reserved: Its CUDA allocator peaks.
         communication_share: Exposed collective time over step time, in its windows of the epoch.
         flops_per_second: Its achieved FLOP/s (see :attr:`EpochSummary.flops_per_second`).
+        cpu_wait_share: The share of its epoch its training thread waited for a CPU (see
+            :attr:`EpochSummary.cpu_wait_share`).
     """
 
     rank: int
@@ -341,6 +343,7 @@ class RankSummary:
     cuda_max_reserved: float | None
     communication_share: float | None
     flops_per_second: float | None = None
+    cpu_wait_share: float | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,13 @@ the waiting may explain (judged on CPU time, they would not fire: :func:`_explai
 their evidence opening with "measured while the machine was busy": no change to the program would remove it.
 Those that measure more (a callback that sleeps, a periodic stall) keep their severity.
 
+**Several ranks** step in lockstep: every step ends at a collective (DDP's gradient all-reduce, FSDP's gathers),
+so a rank preempted for a scheduler slice stalls every other at the next one, and the ranks' steps wait for a
+CPU whenever any rank does (:func:`wait_share`), rank zero's own wait being only its part. Measured:
+Lightning's ``BoringModel`` under ``ddp`` on 2 gloo ranks sharing 2 CPUs, 40 epochs: ``step_time_unstable``
+warned in 6-8 of them (p90 1.9-2.4x of 3.7-5 ms steps, the same on both ranks) while rank zero alone waited
+4.5-9.4% of each, under ``cpu_contention``'s threshold.
+
 ``dataloader_bound`` judges itself (in :mod:`~lightning_perf.diagnose.rules_data`, with :func:`busy_share` and
 :func:`busy_note`), on the part of the data wait spent off the CPU, neither running nor queued for a CPU
 (``1 - EpochSummary.loading_cpu_share`` of it: a dataset that sleeps, reads a disk or the network), which
@@ -68,7 +75,7 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            ``torch.set_num_threads(1)`` made the fit 1.3x faster); else the load comes from outside the run,
            and the advice says so.
     """
-    share = ctx.epoch.cpu_wait_share
+    share = wait_share(ctx)
     if share is None or not reaches(share, t.cpu_contention):
         return None
     severity: Severity = "critical" if reaches(share, t.cpu_contention_critical) else "warning"
@@ -78,7 +85,7 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     workers = facts.num_workers or 0
     wall = ctx.epoch.wall_time
     evidence = [
-        f"the training thread waited for a CPU {percent(share)} of the epoch"
+        _waited(ctx, share)
         + (f" ({seconds_or_ms(share * wall)} of {seconds_or_ms(wall)})" if wall else "")
         + f" (warning >= {percent(t.cpu_contention)}, critical >= {percent(t.cpu_contention_critical)})",
         _cpus(facts.cpu_count, facts.cpu_quota, cpus, facts.world_size > 1),
@@ -129,6 +136,47 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         evidence,
         advice,
     )
+
+
+def wait_share(ctx: StageEpoch) -> float | None:
+    """The share of the epoch the run's steps waited for a CPU: the training thread's own wait; under several
+    ranks, the share during which any rank's did, were their waits independent: ``1 - prod(1 - w)`` over rank
+    zero's own and each other rank's from :data:`LOCKSTEP_FLOOR` (the module's docstring). ``None`` where rank
+    zero's own was not measured.
+
+    Notes:
+        1. Not the largest rank's: a step waits for whichever rank was preempted in it, and preemptions of a
+           scheduler slice (those that make steps unstable) seldom fall in the same step on two ranks; the
+           largest rank's is the least the steps waited, their sum the most (2 ranks at 8% and 15%: 15%, 22%,
+           23%).
+        2. The other ranks' waits are this epoch's, where rank zero's own may be over several short epochs
+           judged together (``StageEpoch.pooled_epochs``): a share of each one's wall time either way.
+    """
+    own = ctx.epoch.cpu_wait_share
+    if own is None:
+        return None
+    running = 1.0 - own
+    for rank, wait in (ctx.rank_cpu_waits or {}).items():
+        if rank != 0 and wait >= LOCKSTEP_FLOOR:
+            running *= 1.0 - min(wait, 1.0)
+    return 1.0 - running
+
+
+def _waited(ctx: StageEpoch, share: float) -> str:
+    """Evidence: how long the epoch's steps waited for a CPU, and on which rank (:func:`wait_share`)."""
+    waits = ctx.rank_cpu_waits or {}
+    if not _lockstep(ctx, share):
+        return f"the training thread waited for a CPU {percent(share)} of the epoch"
+    ranks = ", ".join(f"rank {r} {percent(w)}" for r, w in sorted(waits.items()))
+    return (
+        f"some rank's training thread waited for a CPU {percent(share)} of the epoch ({ranks}): a step ends at a"
+        " collective, so each rank's wait stalls every rank"
+    )
+
+
+def _lockstep(ctx: StageEpoch, share: float) -> bool:
+    """Whether ``share`` (:func:`wait_share`) holds other ranks' waits, not only rank zero's own."""
+    return share != ctx.epoch.cpu_wait_share and len(ctx.rank_cpu_waits or {}) > 1
 
 
 def load_is_outside(ctx: StageEpoch) -> bool | None:
@@ -190,17 +238,20 @@ def _cpus(count: int | None, quota: float | None, per_process: int | None, share
     return where
 
 
-def busy_share(ctx: StageEpoch, t: Thresholds) -> float | None:
-    """The share of the epoch the training thread waited for a CPU, where it reaches ``cpu_contention``; else
-    ``None`` (a quiet machine, or not measured)."""
-    share = ctx.epoch.cpu_wait_share
+def busy_share(ctx: StageEpoch, t: Thresholds, *, ranks: bool = False) -> float | None:
+    """The share of the epoch the training thread waited for a CPU (``ranks``: the steps, over every rank:
+    :func:`wait_share`), where it reaches ``cpu_contention``; else ``None`` (a quiet machine, or not measured).
+    ``dataloader_bound`` reads rank zero's own: its data wait is its own."""
+    share = wait_share(ctx) if ranks else ctx.epoch.cpu_wait_share
     return share if share is not None and reaches(share, t.cpu_contention) else None
 
 
-def busy_note(share: float) -> str:
-    """The evidence's opening for a finding that waiting for a CPU may explain."""
+def busy_note(share: float, *, ranks: bool = False) -> str:
+    """The evidence's opening for a finding that waiting for a CPU may explain (``ranks``: any rank's wait,
+    :func:`wait_share`)."""
+    who = "some rank's training thread" if ranks else "the training thread"
     return (
-        f"measured while the machine was busy (the training thread waited for a CPU {percent(share)} of the"
+        f"measured while the machine was busy ({who} waited for a CPU {percent(share)} of the"
         " epoch: see `cpu_contention`), which may explain it; "
     )
 
@@ -209,11 +260,12 @@ def measured_while_busy(findings: Sequence[Finding], ctx: StageEpoch, t: Thresho
     """``findings`` as they stand on a busy machine (see the module's docstring): on an epoch whose training
     thread waited for a CPU ``cpu_contention`` of the time or more, the findings of the :data:`TIME_SHARE_RULES`
     above info that the waiting may explain (:func:`_explained`) become information, with what was measured."""
-    share = busy_share(ctx, t)
+    share = busy_share(ctx, t, ranks=True)
     if share is None:
         return list(findings)
+    note = busy_note(share, ranks=_lockstep(ctx, share))
     return [
-        dataclasses.replace(f, severity="info", evidence=busy_note(share) + f.evidence)
+        dataclasses.replace(f, severity="info", evidence=note + f.evidence)
         if f.id in TIME_SHARE_RULES and f.severity != "info" and _explained(f, ctx, t)
         else f
         for f in findings
@@ -237,14 +289,14 @@ def _explained(f: Finding, ctx: StageEpoch, t: Thresholds) -> bool:
            of steps took beyond the median (a wait held by a few steps, preempted for whole slices: beside two
            CPU burners a 22-ms step read p90 2.06x at a 26% wait). Not where the slow steps fall on a cadence
            (:func:`~lightning_perf.diagnose.rules_unstable.slow_cadence`): a stall every 8 batches is the
-           program's.
+           program's. Under several ranks the wait is any rank's (:func:`wait_share`): a step waits for all.
         3. Where the wait was not measured, or for a measure that is no time (``cpu_threads``): explained.
     """
     if f.id == "step_time_unstable":
         epoch = ctx.epoch
         if slow_cadence(ctx, t) is not None:
             return False  # slow steps every N batches are the program's, busy machine or not
-        share, batches = epoch.cpu_wait_share or 0.0, max(epoch.measured_batches, 1)
+        share, batches = wait_share(ctx) or 0.0, max(epoch.measured_batches, 1)
         waited = share * epoch.step_time  # the epoch's steps' wait for a CPU, all of it
         spread = epoch.step_time_p90 - epoch.step_time_p50
         tail = math.ceil(batches / 10)  # the steps at or above p90
@@ -269,6 +321,11 @@ def idle_time(seconds: float, busy: float) -> float:
     return seconds * max(0.0, 1.0 - busy) / BUSY_SLOWDOWN
 
 
+# A rank whose training thread waited for a CPU less than this share of its epoch adds nothing to the ranks' wait
+# (wait_share): on this project's idle 2-CPU machine a lone fit's training thread (one torch thread) waited
+# 0.0-0.13% of each epoch (3 fits of the tests' TinyModel, 3 epochs each); over many ranks such waits would
+# make a busy machine of an idle one. Our judgment, well above that.
+LOCKSTEP_FLOOR = 0.02
 # Other processes are idle when they used less than half a CPU over the epoch (our judgment: on this project's
 # idle 2-CPU machine, 0.0-0.1 CPUs; beside two CPU burners, 1.9-2.0): the wait is then the run's own doing.
 OUTSIDE_LOAD = 0.5

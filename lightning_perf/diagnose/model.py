@@ -72,6 +72,8 @@ class StageEpoch:
         collectives: Each window's collectives, by the window's name (``TraceSummary.window``).
         rank_waits: Per global rank of a distributed run, the share of its step it spent in collectives with no
             compute overlapping (from its windows): who waits for whom.
+        rank_cpu_waits: Per global rank of a distributed run, the share of its epoch its training thread waited
+            for a CPU (``EpochSummary.cpu_wait_share``, rank zero's own included): the rules run on rank zero.
     """
 
     epoch: EpochSummary
@@ -86,6 +88,7 @@ class StageEpoch:
     pooled_epochs: int = 1
     collectives: Mapping[str, tuple[CollectiveStats, ...]] = field(default_factory=dict)
     rank_waits: Mapping[int, float] | None = None
+    rank_cpu_waits: Mapping[int, float] | None = None
 
     @property
     def stage(self) -> str:

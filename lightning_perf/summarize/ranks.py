@@ -75,6 +75,11 @@ def rank_summary_of_trace(rank: int, summary: TraceSummary) -> RankSummary:
     )
 
 
+def rank_cpu_waits(ranks: Sequence[RankSummary]) -> dict[int, float]:
+    """Each rank's share of its epoch its training thread waited for a CPU (where it was measured)."""
+    return {r.rank: r.cpu_wait_share for r in ranks if r.cpu_wait_share is not None}
+
+
 def rank_waits(ranks: Sequence[RankSummary]) -> dict[int, float]:
     """Each rank's share of its step spent in collectives with no compute overlapping (where its windows tell)."""
     return {r.rank: r.communication_share for r in ranks if r.communication_share is not None}

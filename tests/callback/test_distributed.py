@@ -102,6 +102,8 @@ def test_one_report_with_a_per_rank_table_and_scalars_written_once(plain):
     for epoch in epochs:
         assert [r["rank"] for r in epoch["ranks"]] == [0, 1]
         assert all(r["step_time_p50"] > 0 and r["communication_share"] is not None for r in epoch["ranks"])
+        # Each rank's wait for a CPU, which the rules read together: a step waits for every rank.
+        assert all(0 <= r["cpu_wait_share"] < 1 for r in epoch["ranks"]), epoch["ranks"]
     assert "  rank  step p50" in proc.stderr + proc.stdout  # the console's per-rank table
     event_dirs = {p.parent for p in root.rglob("events.out.tfevents*")}
     [layout_dir] = [d for d in event_dirs if d.name == "perf"]  # the Custom Scalars layout's run, rank zero's

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from lightning_perf.diagnose import contention
 from lightning_perf.diagnose.model import RunFacts, StageEpoch
 from lightning_perf.diagnose.registry import RULES, diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
@@ -229,3 +230,49 @@ def test_slow_steps_on_a_cadence_are_the_programs_however_busy_the_machine():
     found = {f.id: f for f in diagnose(_stalled({7, 15, 23, 31}, 0.5))}
     assert found["step_time_unstable"].severity == "warning"
     assert found["step_time_unstable"].title == "Training stalls every 8 batches"
+
+
+# ------------------------------------------------------------------------------------ ranks in lockstep
+
+
+def _ranks(waits: dict[int, float], cpu_wait: float | None = None) -> StageEpoch:
+    """Irregular slow steps (:func:`_stalled`) on rank zero, under ranks whose training threads waited ``waits``
+    of the epoch (rank zero's own: ``cpu_wait``, or ``waits[0]``)."""
+    ctx = _stalled({3, 12, 17, 29}, waits[0] if cpu_wait is None else cpu_wait)
+    facts = dataclasses.replace(TWO_CPUS, world_size=len(waits))
+    return dataclasses.replace(ctx, rank_cpu_waits=waits, facts=facts)
+
+
+def test_the_ranks_waits_are_the_steps_wait_in_lockstep():
+    # Lightning's BoringModel under ddp on 2 gloo ranks sharing 2 CPUs: unstable steps on both ranks (p90 1.9-2.4x),
+    # while rank zero alone waited 4.5-9.4% of each epoch and nothing explained them. Each rank's preemption
+    # stalls every rank at the next collective.
+    alone = {f.id: f for f in diagnose(_ranks({0: 0.08}))}
+    assert alone["step_time_unstable"].severity == "warning" and "cpu_contention" not in alone
+    assert contention.wait_share(_ranks({0: 0.08, 1: 0.15})) == pytest.approx(1 - 0.92 * 0.85)
+    found = {f.id: f for f in diagnose(_ranks({0: 0.08, 1: 0.15}))}
+    f = found["cpu_contention"]
+    assert f.severity == "warning" and f.title.startswith("Training waited for a CPU 21% of the time")
+    assert "some rank's training thread waited for a CPU 21% of the epoch (rank 0 8%, rank 1 15%)" in f.evidence
+    assert found["step_time_unstable"].severity == "info"
+    assert found["step_time_unstable"].evidence.startswith(
+        "measured while the machine was busy (some rank's training thread waited for a CPU 21% of the epoch"
+    )
+
+
+def test_ranks_that_hardly_waited_add_nothing():
+    # 64 ranks at 1% each would be 47% were every small wait counted: an idle machine's training thread waits
+    # 0.0-0.13%.
+    many = _ranks(dict.fromkeys(range(64), 0.01))
+    assert contention.wait_share(many) == pytest.approx(0.01)
+    assert "cpu_contention" not in {f.id for f in diagnose(many)}
+
+
+def test_the_data_wait_is_judged_on_rank_zeros_own_wait_for_a_cpu():
+    # Another rank's preemption stalls rank zero in the step's collective, not in its DataLoader.
+    eight = dataclasses.replace(TWO_CPUS, cpu_count=8, world_size=2)  # CPUs to spare for workers
+    busy = StageEpoch(epoch=busy_epoch(0.01, 0.95), facts=eight)
+    quiet = {f.id: f for f in diagnose(dataclasses.replace(busy, rank_cpu_waits={0: 0.01, 1: 0.6}))}
+    assert quiet["cpu_contention"].severity == "critical"
+    assert quiet["dataloader_bound"].severity == "critical"
+    assert not quiet["dataloader_bound"].evidence.startswith("measured while")

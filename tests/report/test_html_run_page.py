@@ -181,6 +181,7 @@ def build_report(
                     cuda_max_allocated=2 * 2**30 if device else None,
                     cuda_max_reserved=None,
                     communication_share=0.05,
+                    cpu_wait_share=0.04 + 0.01 * r,
                 )
                 for r in range(ranks)
             ]
@@ -263,7 +264,16 @@ def test_the_page_reads_in_order_and_every_link_lands(rich):
     assert set(parsed.links) <= set(parsed.ids)
     assert len(parsed.ids) == len(set(parsed.ids))
     text = "".join(parsed.text)
-    for fact in ("NVIDIA A100-SXM4-80GB", "bf16-mixed", "DDPStrategy", "2.13.0", "2.6.6", "num_workers", "312 TFLOP/s"):
+    for fact in (
+        "NVIDIA A100-SXM4-80GB",
+        "bf16-mixed",
+        "DDPStrategy",
+        "2.13.0",
+        "2.6.6",
+        "num_workers",
+        "312 TFLOP/s",
+        "CPU wait",
+    ):
         assert fact in text
     assert "Written by lightning-perf test to /runs/demo/perf." in text
 

@@ -71,6 +71,7 @@ RANK_COLUMNS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("step p90", "step_time_p90", ms),
     ("step max", "step_time_max", ms),
     ("data wait", "data_wait_fraction", percent),
+    ("CPU wait", "cpu_wait_share", percent),
     ("samples/s", "throughput", count),
     ("FLOP/s", "flops_per_second", flops_rate),
     ("comm. exposed", "communication_share", percent),
