@@ -20,10 +20,16 @@ intervals took beyond their median: epoch ends, windows, paced scalar writes, th
 after the last step (``post``: the last epoch's end, teardown, the report). The configurations alternate in ABBA
 order in one process (a steady drift of the machine cancels in the ratio of the medians).
 
+``--blocks N`` measures the per-batch hooks alone, inside fits: ``PerfCallback(max_windows=0)`` whose batch hooks
+run for N batches, then do nothing for N (the controller's position kept), and so on; the median step of the "on"
+blocks less that of the "off" blocks is what the hooks cost a step, the machine's drift cancelled (a bare Trainer
+toggling nothing reads 0 +- 5 us).
+
 Run it from the repository root::
 
     python benchmarks/short_steps.py                     # 4 rounds of 3 epochs x 3,072 batches: about 3 minutes
     python benchmarks/short_steps.py --rounds 8 --configs abcd
+    python benchmarks/short_steps.py --blocks 64 --rounds 2
 """
 
 from __future__ import annotations
@@ -69,6 +75,25 @@ class Empty(pl.Callback):
     """A callback that overrides nothing: what Lightning's dispatch of its hooks costs."""
 
 
+class Alternating(PerfCallback):
+    """``PerfCallback`` whose training batch hooks run in every other block of ``block`` batches (``--blocks``).
+    Reaches into the callback's controller to keep its position in the off blocks: a benchmark, not an API."""
+
+    def __init__(self, block: int) -> None:
+        super().__init__(verbose=0, max_windows=0)
+        self.block = block
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:
+        if (batch_idx // self.block) % 2 == 0:
+            super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
+        if (batch_idx // self.block) % 2 == 0:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        else:
+            self._control.stages["train"].batch += 1
+
+
 CONFIGS = {
     "a": ("bare", list),
     "b": ("empty", lambda: [Empty()]),
@@ -79,18 +104,7 @@ CONFIGS = {
 
 def fit(callbacks: list[pl.Callback], batches: int, epochs: int) -> dict[str, float]:
     """One fit's wall time and its parts (module docstring), in seconds."""
-    trainer = pl.Trainer(
-        default_root_dir=tempfile.mkdtemp(prefix="short_steps_"),
-        max_epochs=epochs,
-        callbacks=callbacks,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
-    model = StepTimed(batches)
-    start = time.perf_counter()
-    trainer.fit(model)
-    end = time.perf_counter()
+    model, start, end = _fit(callbacks, batches, epochs)
     intervals = [b - a for a, b in itertools.pairwise(model.starts)]
     median = statistics.median(intervals)
     return {
@@ -103,16 +117,50 @@ def fit(callbacks: list[pl.Callback], batches: int, epochs: int) -> dict[str, fl
     }
 
 
+def blocks(block: int, batches: int, epochs: int) -> float:
+    """What the batch hooks cost a step inside one fit (``--blocks``): the median step of the blocks they ran in
+    less that of the others, in seconds. A step's interval is the block of the batch it ends at; each epoch's
+    first two batches are left out."""
+    model, _, _ = _fit([Alternating(block)], batches, epochs)
+    on, off = [], []
+    for i, (a, b) in enumerate(itertools.pairwise(model.starts)):
+        index = (i + 1) % batches
+        if index >= 2:
+            (on if (index // block) % 2 == 0 else off).append(b - a)
+    return statistics.median(on) - statistics.median(off)
+
+
+def _fit(callbacks: list[pl.Callback], batches: int, epochs: int) -> tuple[StepTimed, float, float]:
+    trainer = pl.Trainer(
+        default_root_dir=tempfile.mkdtemp(prefix="short_steps_"),
+        max_epochs=epochs,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    model = StepTimed(batches)
+    start = time.perf_counter()
+    trainer.fit(model)
+    return model, start, time.perf_counter()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=4, help="ABBA rounds of the configurations (default: 4)")
     parser.add_argument("--batches", type=int, default=3072, help="batches per epoch (default: 3072)")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per fit (default: 3)")
     parser.add_argument("--configs", default="abcd", help="which configurations (default: abcd; a is needed)")
+    parser.add_argument("--blocks", type=int, default=0, help="time the batch hooks alone, on and off every N batches")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(1)
+    if args.blocks:
+        costs = [blocks(args.blocks, args.batches, args.epochs) * 1e6 for _ in range(args.rounds)]
+        each = ", ".join(f"{c:.1f}" for c in costs)
+        print(f"the batch hooks, on and off every {args.blocks} batches: {each} us a step (one figure a fit)")
+        return
     keys = ["a", *[k for k in args.configs if k != "a" and k in CONFIGS]]
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in keys}
     for r in range(args.rounds):
