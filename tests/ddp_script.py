@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar, TQDMProgressBar
 
 from lightning_perf import PerfCallback
+from lightning_perf.collect.run_info import launched_ranks
 from models import TinyModel, trainer
 
 
@@ -231,6 +232,7 @@ def main() -> None:
         "windows": [w.trace_path for w in callback.windows],
         "findings": [[f.id, f.severity, f.title, f.evidence] for f in callback.findings],
         "dirpath": callback.dirpath,
+        "launched": len(launched_ranks(t)),  # the node's ranks this one started: no DataLoader workers of its
     }
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -10,7 +10,8 @@ DataLoader worker, and whether loading computes or waits.
 - :class:`CpuDemand`: the process's CPU seconds plus that wait: read around a batch's data wait, close to the
   wait itself when the training process loads the batch with its CPU (even on a busy machine), close to zero
   when it waits for workers, a disk or the network.
-- :func:`children_cpu_seconds`: CPU seconds of this process's children (its DataLoader workers).
+- :func:`children_cpu_seconds`: CPU seconds of this process's children (its DataLoader workers; under
+  Lightning's ``ddp`` launcher, rank zero's children are the other ranks too, which it leaves out on request).
 - :func:`machine_busy_seconds`: CPU seconds all processes used on the CPUs this process may run on (Linux's
   ``/proc/stat``).
 - :class:`EpochCpu`: one stage epoch's wall time, its workers' CPU seconds, the share of it the main
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Collection
 
 from lightning_perf.collect.procfs import ProcFile
 
@@ -62,29 +64,39 @@ class CpuDemand:
         return time.process_time() + (self._run_queue() or 0.0)
 
 
-def children_cpu_seconds() -> float | None:
-    """CPU seconds (user and system) of this process's children: those alive, read from ``/proc``, and those
-    ended and waited for (``os.times``). ``None`` without ``/proc`` (not Linux).
+def children_cpu_seconds(ranks: Collection[int] = ()) -> float | None:
+    """CPU seconds (user and system) of this process's children, but ``ranks``: those alive, read from
+    ``/proc``, and those ended and waited for (``os.times``). ``None`` without ``/proc`` (not Linux).
 
     Notes:
         DataLoader workers are this process's children; so are other subprocesses (a compile worker pool,
         a launcher's helpers), which idle in a training loop. The difference between two calls is what the
-        workers computed in between. Listing the children reads a file per thread: about 0.2 ms.
+        workers computed in between. Listing the children reads a file per thread: about 0.2 ms. Under
+        Lightning's ``ddp`` launcher the other ranks of the node are rank zero's children too, each busy all
+        epoch: ``ranks`` (their process ids) leaves them out.
     """
+    seconds = _children_cpu(ranks)
+    return None if seconds is None else seconds[0]
+
+
+def _children_cpu(ranks: Collection[int]) -> tuple[float, float] | None:
+    """CPU seconds of the children but ``ranks`` (those ended and waited for included), and of ``ranks``."""
     tasks = "/proc/self/task"
     if not os.path.isdir(tasks):
         return None
-    ended = os.times()
-    total = ended.children_user + ended.children_system
+    ended = os.times()  # (a rank that ended early counts here: its seconds are no longer told apart)
+    seconds = [ended.children_user + ended.children_system, 0.0]
     ticks = os.sysconf("SC_CLK_TCK")
     for pid in _children(tasks):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of stat)
+            seconds[1 if int(pid) in ranks else 0] += (
+                int(fields[11]) + int(fields[12])
+            ) / ticks  # utime, stime (14, 15)
         except (OSError, IndexError, ValueError):  # ended between the listing and the read
             continue
-    return total
+    return seconds[0], seconds[1]
 
 
 def _children(tasks: str) -> set[str]:
@@ -132,20 +144,23 @@ class EpochCpu:
         self._workers: float | None = None
         self._machine: float | None = None
         self._own: float | None = None
+        self._ranks: frozenset[int] = frozenset()
         #: Set while :meth:`pause` holds (a profiler window and its close): a plain attribute, read every batch.
         self.paused = False
         self._paused_at: tuple[float, float | None] = (0.0, None)
         self._left_out = (0.0, 0.0)  # wall seconds and seconds waiting for a CPU, paused
 
-    def start(self, *, already: float = 0.0, workers: bool = False) -> None:
+    def start(self, *, already: float = 0.0, workers: bool = False, ranks: Collection[int] = ()) -> None:
         """Starts the epoch ``already`` seconds ago (the DataLoader's start-up before the epoch-start hook);
-        ``workers``: report the workers' CPU time too."""
+        ``workers``: report the workers' CPU time too; ``ranks``: the children that are other ranks of the run,
+        no workers (their CPU time is the run's own all the same)."""
         self._started = time.perf_counter() - already
         self._waited = self._run_queue()
-        children = children_cpu_seconds()
-        self._workers = children if workers else None
+        self._ranks = frozenset(ranks)
+        children = _children_cpu(self._ranks)
+        self._workers = children[0] if workers and children is not None else None
         self._machine = machine_busy_seconds()
-        self._own = None if children is None else time.process_time() + children
+        self._own = _own(children)
         self.paused, self._left_out = False, (0.0, 0.0)
 
     def pause(self) -> None:
@@ -170,19 +185,24 @@ class EpochCpu:
         self.resume()
         wall = time.perf_counter() - self._started
         waited = _since(self._run_queue(), self._waited)
-        children = children_cpu_seconds()
+        children = _children_cpu(self._ranks)
         left_wall, left_waited = self._left_out
         measured = wall - left_wall
-        own = _since(None if children is None else time.process_time() + children, self._own)
+        own = _since(_own(children), self._own)
         machine = _since(machine_busy_seconds(), self._machine)
         return {
             "wall_time": wall,
-            "worker_cpu": None if self._workers is None else _since(children, self._workers),
+            "worker_cpu": None if self._workers is None or children is None else _since(children[0], self._workers),
             "cpu_wait_share": (
                 None if waited is None or measured <= 0 else min(max(waited - left_waited, 0.0) / measured, 1.0)
             ),
             "other_cpu_load": None if machine is None or own is None or wall <= 0 else max(machine - own, 0.0) / wall,
         }
+
+
+def _own(children: tuple[float, float] | None) -> float | None:
+    """CPU seconds, cumulative, of this process and its children, the other ranks among them: the run's own."""
+    return None if children is None else time.process_time() + sum(children)
 
 
 def _since(now: float | None, then: float | None) -> float | None:

@@ -54,6 +54,14 @@ def run_info(trainer: pl.Trainer) -> dict[str, Any]:
 FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
 
 
+def launched_ranks(trainer: Any) -> frozenset[int]:
+    """The process ids of the ranks this process launched: under Lightning's ``ddp`` on one node
+    (``_SubprocessScriptLauncher``: its ``procs``, "launched child subprocesses"), rank zero starts the node's
+    other ranks as its children, which are then no DataLoader workers of its (``EpochCpu``). Empty elsewhere."""
+    procs = getattr(getattr(getattr(trainer, "strategy", None), "launcher", None), "procs", None) or ()
+    return frozenset(pid for p in procs if isinstance(pid := getattr(p, "pid", None), int))
+
+
 def optimizer_info(trainer: Any) -> dict[str, Any] | None:
     """The run's first optimizer as configured (``trainer.optimizers``, set before ``on_fit_start``): its class
     name, and whether it is fused or multi-tensor (its ``defaults``: ``None`` where it has no such option or

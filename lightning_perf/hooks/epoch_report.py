@@ -31,7 +31,12 @@ from lightning_perf.collect.cpu import EpochCpu
 from lightning_perf.collect.flops import BatchFlops
 from lightning_perf.collect.loader import dataset_facts
 from lightning_perf.collect.memory import CudaPeaks, host_rss
-from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, stage_dataloaders
+from lightning_perf.collect.run_info import (
+    dataloader_settings,
+    first_dataloader,
+    launched_ranks,
+    stage_dataloaders,
+)
 from lightning_perf.collect.steps import StepClock
 from lightning_perf.config import STAGES, PerfConfig
 from lightning_perf.diagnose.model import Finding
@@ -249,7 +254,8 @@ class EpochReporter:
             loader = first_dataloader(stage_dataloaders(trainer, stage))
             settings = dataloader_settings(loader)
             dataloaders[stage] = settings and {**settings, **dataset_facts(loader, trainer.lightning_module)}
-        st.cpu.start(already=waited, workers=bool((dataloaders[stage] or {}).get("num_workers")))
+        workers = bool((dataloaders[stage] or {}).get("num_workers"))
+        st.cpu.start(already=waited, workers=workers, ranks=launched_ranks(trainer))
         if stage == "train":
             self.memory.epoch_start(history=self.config.memory_history and self.cuda_peaks is not None)
             self.batch_due = True

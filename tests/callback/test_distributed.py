@@ -73,6 +73,7 @@ def plain(tmp_path_factory):
 def test_every_rank_writes_its_own_trace_into_each_window(plain):
     root, _, results = plain
     assert [r["rank"] for r in results] == [0, 1]
+    assert [r["launched"] for r in results] == [1, 0]  # Lightning's launcher: rank 1 is rank zero's child
     windows = sorted(p.parent for p in root.rglob("*.pt.trace.json.gz"))
     by_window = {w.name: sorted(p.name for p in w.glob("*.pt.trace.json.gz")) for w in set(windows)}
     assert by_window == {

@@ -8,9 +8,12 @@ import contextlib
 import functools
 import os
 import pickle
+import subprocess
+import sys
 import time
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset
 
@@ -92,6 +95,27 @@ def test_the_workers_cpu_time_is_read_from_proc():
     assert children_cpu_seconds() - before >= 0.15
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
+def test_the_other_ranks_are_no_workers_but_the_runs_own():
+    # Lightning's ddp launcher starts a node's other ranks as rank zero's children: each busy all epoch, they read
+    # as a DataLoader worker computing (0.78 of the 1 CPU a rank of BoringModel used, on 2 CPUs).
+    from lightning_perf.collect.cpu import EpochCpu
+
+    spin = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\ntime.sleep(60)"
+    ranks, workers = EpochCpu(), EpochCpu()
+    rank = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        ranks.start(workers=True, ranks={rank.pid})
+        workers.start(workers=True)
+        time.sleep(1.0)  # its 0.3 s of CPU, alive while read (an ended child is no longer told apart)
+        as_rank, as_worker = ranks.read(), workers.read()
+    finally:
+        rank.kill()
+        rank.wait()
+    assert as_worker["worker_cpu"] >= 0.2  # read as a worker: its CPU seconds
+    assert as_rank["worker_cpu"] < 0.1  # read as a rank: none of a worker's
+
+
 def test_the_loop_timer_times_the_loops_and_puts_them_back():
     trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
     loop = trainer.test_loop
@@ -160,9 +184,6 @@ def test_an_epochs_cpu_wait_leaves_out_what_pause_covers():
     # This thread and a CPU burner share one CPU while paused (a window's own CPU use), then the burner stops: the
     # epoch's share counts only the quiet part. The same without the pause counts the shared CPU. Each part's own
     # wait is read here too, so that the check holds when other processes load the machine as well.
-    import subprocess
-    import sys
-
     from lightning_perf.collect.cpu import EpochCpu, RunQueue
 
     queue = RunQueue()
