@@ -61,6 +61,7 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         precision=run.get("precision"),
         world_size=run.get("world_size", 1),
         num_nodes=run.get("num_nodes", 1),
+        strategy=run.get("strategy"),
         cpu_count=run.get("cpu_count"),
         cpu_quota=run.get("cpu_quota"),
         torch_threads=run.get("torch_threads"),

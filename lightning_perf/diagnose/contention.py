@@ -140,9 +140,9 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 
 def wait_share(ctx: StageEpoch) -> float | None:
     """The share of the epoch the run's steps waited for a CPU: the training thread's own wait; under several
-    ranks, the share during which any rank's did, were their waits independent: ``1 - prod(1 - w)`` over rank
-    zero's own and each other rank's from :data:`LOCKSTEP_FLOOR` (the module's docstring). ``None`` where rank
-    zero's own was not measured.
+    ranks in lockstep, the share during which any rank's did, were their waits independent: ``1 - prod(1 - w)``
+    over rank zero's own and each other rank's from :data:`LOCKSTEP_FLOOR` (the module's docstring). ``None``
+    where rank zero's own was not measured.
 
     Notes:
         1. Not the largest rank's: a step waits for whichever rank was preempted in it, and preemptions of a
@@ -151,10 +151,13 @@ def wait_share(ctx: StageEpoch) -> float | None:
            23%).
         2. The other ranks' waits are this epoch's, where rank zero's own may be over several short epochs
            judged together (``StageEpoch.pooled_epochs``): a share of each one's wall time either way.
+        3. In lockstep: training (the gradients' all-reduce or reduce-scatter every step), and any stage of a
+           strategy that gathers sharded parameters for each forward (:data:`SHARDED`). DDP's validation, test
+           and predict steps meet no collective: each rank's wait is its own.
     """
     own = ctx.epoch.cpu_wait_share
-    if own is None:
-        return None
+    if own is None or (ctx.stage != "train" and not any(s in (ctx.facts.strategy or "") for s in SHARDED)):
+        return own
     running = 1.0 - own
     for rank, wait in (ctx.rank_cpu_waits or {}).items():
         if rank != 0 and wait >= LOCKSTEP_FLOOR:
@@ -326,6 +329,10 @@ def idle_time(seconds: float, busy: float) -> float:
 # 0.0-0.13% of each epoch (3 fits of the tests' TinyModel, 3 epochs each); over many ranks such waits would
 # make a busy machine of an idle one. Our judgment, well above that.
 LOCKSTEP_FLOOR = 0.02
+# Strategies whose every forward gathers sharded parameters from the other ranks, in evaluation too (by the
+# strategy's class name: Lightning's FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, and subclasses named
+# after them).
+SHARDED = ("FSDP", "DeepSpeed", "ModelParallel")
 # Other processes are idle when they used less than half a CPU over the epoch (our judgment: on this project's
 # idle 2-CPU machine, 0.0-0.1 CPUs; beside two CPU burners, 1.9-2.0): the wait is then the run's own doing.
 OUTSIDE_LOAD = 0.5

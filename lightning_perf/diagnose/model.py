@@ -26,6 +26,7 @@ class RunFacts:
     precision: str | None = None  # Lightning's precision string, e.g. "32-true", "bf16-mixed"
     world_size: int = 1
     num_nodes: int = 1
+    strategy: str | None = None  # the strategy's class name, e.g. "DDPStrategy", "FSDPStrategy"
     cpu_count: int | None = None  # CPUs this process may run on (affinity, and no more than its cgroup quota)
     cpu_quota: float | None = None  # the cgroup's CPU quota, in CPUs, where one is set
     torch_threads: int | None = None  # torch.get_num_threads()

@@ -276,3 +276,15 @@ def test_the_data_wait_is_judged_on_rank_zeros_own_wait_for_a_cpu():
     assert quiet["cpu_contention"].severity == "critical"
     assert quiet["dataloader_bound"].severity == "critical"
     assert not quiet["dataloader_bound"].evidence.startswith("measured while")
+
+
+@pytest.mark.parametrize(("strategy", "lockstep"), [("DDPStrategy", False), ("FSDPStrategy", True)])
+def test_evaluation_steps_wait_for_every_rank_only_under_a_sharded_strategy(strategy, lockstep):
+    # DDP's validation steps meet no collective; FSDP gathers each unit's parameters for every forward.
+    ctx = _ranks({0: 0.05, 1: 0.3})
+    ctx = dataclasses.replace(
+        ctx,
+        epoch=dataclasses.replace(ctx.epoch, stage="validate"),
+        facts=dataclasses.replace(ctx.facts, strategy=strategy),
+    )
+    assert contention.wait_share(ctx) == pytest.approx(1 - 0.95 * 0.7 if lockstep else 0.05)
