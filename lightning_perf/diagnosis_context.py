@@ -76,6 +76,8 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         peak_flops=run.get("peak_flops"),
         epochs=run.get("max_epochs"),  # a validate, test or predict call plans 1
         compiled_modules=run.get("compiled_modules"),
+        progress_bar=run.get("progress_bar"),
+        progress_bar_refresh=run.get("progress_bar_refresh"),
         memory=checked_memory(run.get("memory")) if stage == "train" else None,
         val_check_steps=run.get("val_check_steps"),
         optimizer=(run.get("optimizer_info") or {}).get("class"),

@@ -46,7 +46,22 @@ def run_info(trainer: pl.Trainer) -> dict[str, Any]:
         "max_epochs": planned_epochs(trainer),
         "val_check_steps": val_check_steps(trainer),
         "compiled_modules": compile_requested(trainer.lightning_module),  # `.compile()` called on them
+        **progress_bar(trainer),
         "dataloaders": {},
+    }
+
+
+def progress_bar(trainer: Any) -> dict[str, Any]:
+    """The Trainer's progress bar: its class (``"TQDMProgressBar"``, ``"RichProgressBar"``) and its
+    ``refresh_rate`` (batches between redraws; ``None`` where it has none), or ``None`` for both where none
+    draws (``enable_progress_bar=False``, or a refresh rate of 0)."""
+    bar = getattr(trainer, "progress_bar_callback", None)
+    if bar is None or not getattr(bar, "is_enabled", False):
+        return {"progress_bar": None, "progress_bar_refresh": None}
+    rate = getattr(bar, "refresh_rate", None)
+    return {
+        "progress_bar": type(bar).__name__,
+        "progress_bar_refresh": rate if isinstance(rate, int) and not isinstance(rate, bool) else None,
     }
 
 

@@ -1,8 +1,12 @@
 """The report's ``run`` facts over several Trainer calls on one callback, on a real (tiny, CPU) Trainer: a later
-``test`` keeps what the fit planned, and an epoch's ``profiled_batches`` without any window is its FLOP-counted
-batch."""
+``test`` keeps what the fit planned, an epoch's ``profiled_batches`` without any window is its FLOP-counted
+batch, and the progress bar is named with its refresh rate."""
 
 import json
+
+import pytest
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
 from lightning_perf import PerfCallback
 from models import TinyModel, trainer
@@ -46,3 +50,20 @@ def test_profiled_batches_without_a_window_are_the_flop_counted_batch(tmp_path):
     assert [e["profiled_batches"] for e in epochs] == [0, 1]
     assert len(report["run"]["flops"]["counted"]) == 1
     assert epochs[1]["steps"]["profiled"] == [[1, 1]]
+
+
+@pytest.mark.parametrize(
+    ("bars", "enabled", "expected"),
+    [
+        ([], True, ("RichProgressBar", 100) if _RICH_AVAILABLE else ("TQDMProgressBar", 1)),  # Lightning's default
+        ([TQDMProgressBar(refresh_rate=20)], True, ("TQDMProgressBar", 20)),
+        ([RichProgressBar(refresh_rate=5)], True, ("RichProgressBar", 5)),
+        ([], False, (None, None)),
+    ],
+)
+def test_the_progress_bar_and_how_often_it_redraws_are_in_the_report(tmp_path, bars, enabled, expected):
+    # dataloader_bound's advice names a bar that redraws after almost every batch (diagnose/loader_advice.py).
+    callback = PerfCallback(max_windows=0)
+    trainer(tmp_path, [callback, *bars], enable_progress_bar=enabled).fit(TinyModel(n=16))
+    run = _report(callback)["run"]
+    assert (run["progress_bar"], run["progress_bar_refresh"]) == expected
