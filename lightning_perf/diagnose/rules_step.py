@@ -9,6 +9,7 @@ Where the step's time goes besides the model's forward and backward: ``optimizer
 
 from __future__ import annotations
 
+from lightning_perf.diagnose.loader_advice import BAR_REFRESH
 from lightning_perf.diagnose.model import Finding, StageEpoch
 from lightning_perf.diagnose.rule_helpers import (
     batch_end_hook,
@@ -225,7 +226,7 @@ def framework_overhead(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f" and >= {ms(t.framework_min_time)} per step)"
     ]
     hook = f"a callback or hook (`{batch_end_hook(ctx.stage)}`, ...) doing work every batch"
-    progress_bar = "the progress bar (`TQDMProgressBar(refresh_rate=10)` or `enable_progress_bar=False`)"
+    progress_bar = f"the progress bar (`TQDMProgressBar(refresh_rate={BAR_REFRESH})` or `enable_progress_bar=False`)"
     per_call = f"bookkeeping runs at every call, about {ms(SELF_LOG_COST)} a value on a 2-CPU machine"
     if ctx.stage == "train":
         parts = [
