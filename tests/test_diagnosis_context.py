@@ -53,6 +53,8 @@ RUN = {
     "max_epochs": 7,
     "peak_flops": 312e12,
     "compiled_modules": "`LightningModule`",
+    "progress_bar": "TQDMProgressBar",
+    "progress_bar_refresh": 1,
     "memory": {"parameters": {"total": 4}, "gradients": 4, "optimizer_state": {"total": 8}, "optimizers": ["SGD"]},
     "dataloaders": {
         "train": {
@@ -91,6 +93,7 @@ def test_run_facts_reads_the_run_and_the_stages_dataloader():
         precision="bf16-mixed",
         world_size=8,
         num_nodes=2,
+        strategy="DDPStrategy",
         cpu_count=12,
         cpu_quota=6.5,
         val_check_steps=100,
@@ -109,6 +112,8 @@ def test_run_facts_reads_the_run_and_the_stages_dataloader():
         epochs=7,
         peak_flops=312e12,
         compiled_modules="`LightningModule`",
+        progress_bar="TQDMProgressBar",
+        progress_bar_refresh=1,
         memory=RUN["memory"],
     )
     validate = run_facts(RUN, "validate")
