@@ -156,30 +156,32 @@ def wait_share(ctx: StageEpoch) -> float | None:
            and predict steps meet no collective: each rank's wait is its own.
     """
     own = ctx.epoch.cpu_wait_share
-    if own is None or (ctx.stage != "train" and not any(s in (ctx.facts.strategy or "") for s in SHARDED)):
+    others = _other_waits(ctx)
+    if own is None or not others:
         return own
     running = 1.0 - own
-    for rank, wait in (ctx.rank_cpu_waits or {}).items():
-        if rank != 0 and wait >= LOCKSTEP_FLOOR:
-            running *= 1.0 - min(wait, 1.0)
+    for wait in others:
+        running *= 1.0 - min(wait, 1.0)
     return 1.0 - running
+
+
+def _other_waits(ctx: StageEpoch) -> list[float]:
+    """The other ranks' waits that :func:`wait_share` adds to rank zero's own: none outside lockstep (its Notes
+    3), and none under :data:`LOCKSTEP_FLOOR`."""
+    if ctx.stage != "train" and not any(s in (ctx.facts.strategy or "") for s in SHARDED):
+        return []
+    return [w for rank, w in (ctx.rank_cpu_waits or {}).items() if rank != 0 and w >= LOCKSTEP_FLOOR]
 
 
 def _waited(ctx: StageEpoch, share: float) -> str:
     """Evidence: how long the epoch's steps waited for a CPU, and on which rank (:func:`wait_share`)."""
-    waits = ctx.rank_cpu_waits or {}
-    if not _lockstep(ctx, share):
+    if not _other_waits(ctx):
         return f"the training thread waited for a CPU {percent(share)} of the epoch"
-    ranks = ", ".join(f"rank {r} {percent(w)}" for r, w in sorted(waits.items()))
+    ranks = ", ".join(f"rank {r} {percent(w)}" for r, w in sorted((ctx.rank_cpu_waits or {}).items()))
     return (
         f"some rank's training thread waited for a CPU {percent(share)} of the epoch ({ranks}): a step ends at a"
         " collective, so each rank's wait stalls every rank"
     )
-
-
-def _lockstep(ctx: StageEpoch, share: float) -> bool:
-    """Whether ``share`` (:func:`wait_share`) holds other ranks' waits, not only rank zero's own."""
-    return share != ctx.epoch.cpu_wait_share and len(ctx.rank_cpu_waits or {}) > 1
 
 
 def load_is_outside(ctx: StageEpoch) -> bool | None:
@@ -266,7 +268,7 @@ def measured_while_busy(findings: Sequence[Finding], ctx: StageEpoch, t: Thresho
     share = busy_share(ctx, t, ranks=True)
     if share is None:
         return list(findings)
-    note = busy_note(share, ranks=_lockstep(ctx, share))
+    note = busy_note(share, ranks=bool(_other_waits(ctx)))
     return [
         dataclasses.replace(f, severity="info", evidence=note + f.evidence)
         if f.id in TIME_SHARE_RULES and f.severity != "info" and _explained(f, ctx, t)

@@ -266,6 +266,10 @@ def test_ranks_that_hardly_waited_add_nothing():
     many = _ranks(dict.fromkeys(range(64), 0.01))
     assert contention.wait_share(many) == pytest.approx(0.01)
     assert "cpu_contention" not in {f.id for f in diagnose(many)}
+    # Rank zero's own wait alone reaches the threshold: its evidence is its own, as on one process.
+    alone = {f.id: f for f in diagnose(_ranks({**dict.fromkeys(range(64), 0.01), 0: 0.12}))}
+    assert contention.wait_share(_ranks({0: 0.12, 1: 0.01})) == 0.12
+    assert alone["cpu_contention"].evidence.startswith("the training thread waited for a CPU 12% of the epoch")
 
 
 def test_the_data_wait_is_judged_on_rank_zeros_own_wait_for_a_cpu():
