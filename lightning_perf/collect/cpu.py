@@ -91,9 +91,8 @@ def _children_cpu(ranks: Collection[int]) -> tuple[float, float] | None:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            seconds[1 if int(pid) in ranks else 0] += (
-                int(fields[11]) + int(fields[12])
-            ) / ticks  # utime, stime (14, 15)
+            cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of stat)
+            seconds[1 if int(pid) in ranks else 0] += cpu
         except (OSError, IndexError, ValueError):  # ended between the listing and the read
             continue
     return seconds[0], seconds[1]

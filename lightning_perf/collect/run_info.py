@@ -53,8 +53,9 @@ def run_info(trainer: pl.Trainer) -> dict[str, Any]:
 
 def progress_bar(trainer: Any) -> dict[str, Any]:
     """The Trainer's progress bar: its class (``"TQDMProgressBar"``, ``"RichProgressBar"``) and its
-    ``refresh_rate`` (batches between redraws; ``None`` where it has none), or ``None`` for both where none
-    draws (``enable_progress_bar=False``, or a refresh rate of 0)."""
+    ``refresh_rate`` as the bar reads it (``TQDMProgressBar``: batches between redraws; ``RichProgressBar``:
+    redraws a second; ``None`` where it has none), or ``None`` for both where none draws
+    (``enable_progress_bar=False``, or a refresh rate of 0)."""
     bar = getattr(trainer, "progress_bar_callback", None)
     if bar is None or not getattr(bar, "is_enabled", False):
         return {"progress_bar": None, "progress_bar_refresh": None}

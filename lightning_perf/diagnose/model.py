@@ -46,7 +46,7 @@ class RunFacts:
     optimizer_fusable: bool | None = None  # a torch optimizer with a fused implementation (Adam, AdamW, SGD, Adagrad)
     compiled_modules: str | None = None  # the modules `nn.Module.compile()` was called on, named, at setup
     progress_bar: str | None = None  # the progress bar's class, where one draws ("TQDMProgressBar", ...)
-    progress_bar_refresh: int | None = None  # its refresh_rate: batches between redraws
+    progress_bar_refresh: int | None = None  # its refresh_rate (TQDM: batches between redraws; Rich: a second)
     memory: Mapping[str, Any] | None = None  # run.memory: what fills memory (summarize.memory.memory_report)
 
 

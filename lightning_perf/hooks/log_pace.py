@@ -25,10 +25,11 @@ Notes:
     3. Per stage: one stage logs at a time, so together they stay within the share.
     4. A write is charged at most :data:`LOG_STALL`, or :data:`LOG_STALL_RATIO` times the stage's cheapest write
        so far where that is more. A write that took far longer than its stage's others was stalled by what is not
-       its own: a collection of the whole heap by Python's garbage collector late in a long process, a first event
-       file created, a preemption the run queue did not show. Charged in full, one such stall of 10 ms spent a
-       short run's burst at its second validation write and the stage lost every later point. A
-       logger whose every write is slow (a remote one) is still charged in full: its cheapest write is slow too.
+       its own (a full collection by Python's garbage collector late in a long process, a first event file, a
+       preemption the run queue did not show: CI's log did not say which). Charged in full, one such stall of
+       about 10 ms spent a short run's burst at its second validation write, and the stage lost every later
+       point. A logger whose every write is slow (a remote one) is still charged in full: its cheapest write is
+       slow too.
 """
 
 from __future__ import annotations
