@@ -80,33 +80,46 @@ def children_cpu_seconds(ranks: Collection[int] = ()) -> float | None:
 
 
 def _children_cpu(ranks: Collection[int]) -> tuple[float, float] | None:
-    """CPU seconds of the children but ``ranks`` (those ended and waited for included), and of ``ranks``."""
+    """CPU seconds of the children but ``ranks`` (those ended and waited for included), and of ``ranks`` with
+    their own children (a rank's DataLoader workers, which its main thread starts: alive, or ended and waited
+    for). ``None`` without ``/proc``."""
     tasks = "/proc/self/task"
     if not os.path.isdir(tasks):
         return None
     ended = os.times()  # (a rank that ended early counts here: its seconds are no longer told apart)
     seconds = [ended.children_user + ended.children_system, 0.0]
-    ticks = os.sysconf("SC_CLK_TCK")
     for pid in _children(tasks):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of stat)
-            seconds[1 if int(pid) in ranks else 0] += cpu
-        except (OSError, IndexError, ValueError):  # ended between the listing and the read
+        if int(pid) not in ranks:
+            seconds[0] += _stat_cpu(pid)[0]
             continue
+        own, reaped = _stat_cpu(pid)
+        workers = _read_words(f"/proc/{pid}/task/{pid}/children")  # the rank's main thread starts its workers
+        seconds[1] += own + reaped + sum(_stat_cpu(child)[0] for child in workers)
     return seconds[0], seconds[1]
 
 
+def _stat_cpu(pid: str) -> tuple[float, float]:
+    """A process's CPU seconds (user and system), and its children's that it waited for; 0 for a process gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        # utime, stime, cutime, cstime: fields 14-17 of proc(5)'s stat, 11-14 after the command's ")".
+        return (int(fields[11]) + int(fields[12])) / ticks, (int(fields[13]) + int(fields[14])) / ticks
+    except (OSError, IndexError, ValueError):  # ended between the listing and the read
+        return 0.0, 0.0
+
+
+def _read_words(path: str) -> list[str]:
+    try:
+        with open(path) as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
 def _children(tasks: str) -> set[str]:
-    pids: set[str] = set()
-    for task in os.listdir(tasks):
-        try:
-            with open(f"{tasks}/{task}/children") as f:
-                pids.update(f.read().split())
-        except OSError:
-            continue
-    return pids
+    return {pid for task in os.listdir(tasks) for pid in _read_words(f"{tasks}/{task}/children")}
 
 
 def machine_busy_seconds() -> float | None:

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import time
@@ -95,25 +96,43 @@ def test_the_workers_cpu_time_is_read_from_proc():
     assert children_cpu_seconds() - before >= 0.15
 
 
+# A rank as Lightning's ddp launcher starts it: a child of rank zero, busy itself, whose main thread starts a
+# DataLoader worker of its own (busy too), then both stay alive while the epoch is read.
+RANK = """
+import os, time
+def spin(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+if os.fork() == 0:
+    spin(0.3)
+    time.sleep(60)
+spin(0.3)
+time.sleep(60)
+"""
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
 def test_the_other_ranks_are_no_workers_but_the_runs_own():
     # Lightning's ddp launcher starts a node's other ranks as rank zero's children: each busy all epoch, they read
-    # as a DataLoader worker computing (0.78 of the 1 CPU a rank of BoringModel used, on 2 CPUs).
+    # as a DataLoader worker computing (0.78 of the 1 CPU a rank of BoringModel used, on 2 CPUs); and their own
+    # workers, rank zero's grandchildren, read as other processes' load.
     from lightning_perf.collect.cpu import EpochCpu
 
-    spin = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\ntime.sleep(60)"
     ranks, workers = EpochCpu(), EpochCpu()
-    rank = subprocess.Popen([sys.executable, "-c", spin])
+    rank = subprocess.Popen([sys.executable, "-c", RANK], start_new_session=True)
     try:
         ranks.start(workers=True, ranks={rank.pid})
         workers.start(workers=True)
-        time.sleep(1.0)  # its 0.3 s of CPU, alive while read (an ended child is no longer told apart)
+        time.sleep(1.5)  # their 0.6 s of CPU, alive while read (an ended child is no longer told apart)
         as_rank, as_worker = ranks.read(), workers.read()
     finally:
-        rank.kill()
+        os.killpg(rank.pid, signal.SIGKILL)  # the rank and its worker
         rank.wait()
-    assert as_worker["worker_cpu"] >= 0.2  # read as a worker: its CPU seconds
+    assert as_worker["worker_cpu"] >= 0.2  # read as a worker: the rank's CPU seconds
     assert as_rank["worker_cpu"] < 0.1  # read as a rank: none of a worker's
+    # The rank's own worker is the run's, not another process's: 0.3 s less of other processes' load.
+    assert (as_worker["other_cpu_load"] - as_rank["other_cpu_load"]) * as_rank["wall_time"] >= 0.2
 
 
 def test_the_loop_timer_times_the_loops_and_puts_them_back():
