@@ -112,6 +112,26 @@ time.sleep(60)
 """
 
 
+def _wait_until_spun(pid: int, deadline: float = 30.0) -> None:
+    """Until the process ``pid`` and its child both sleep after their spin (a busy machine gives them their CPU
+    late), at most ``deadline`` seconds."""
+
+    def asleep(p: str) -> bool:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "S"
+        except OSError:
+            return False
+
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = f.read().split()
+        if children and asleep(str(pid)) and all(asleep(c) for c in children):
+            return
+        time.sleep(0.05)
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
 def test_the_other_ranks_are_no_workers_but_the_runs_own():
     # Lightning's ddp launcher starts a node's other ranks as rank zero's children: each busy all epoch, they read
@@ -124,7 +144,7 @@ def test_the_other_ranks_are_no_workers_but_the_runs_own():
     try:
         ranks.start(workers=True, ranks={rank.pid})
         workers.start(workers=True)
-        time.sleep(1.5)  # their 0.6 s of CPU, alive while read (an ended child is no longer told apart)
+        _wait_until_spun(rank.pid)  # their 0.6 s of CPU, alive while read (an ended child is no longer told apart)
         as_rank, as_worker = ranks.read(), workers.read()
     finally:
         os.killpg(rank.pid, signal.SIGKILL)  # the rank and its worker
