@@ -11,7 +11,7 @@ DataLoader worker, and whether loading computes or waits.
   wait itself when the training process loads the batch with its CPU (even on a busy machine), close to zero
   when it waits for workers, a disk or the network.
 - :func:`children_cpu_seconds`: CPU seconds of this process's children (its DataLoader workers; under
-  Lightning's ``ddp`` launcher, rank zero's children are the other ranks too, which it leaves out on request).
+  Lightning's ``ddp`` launcher, rank zero's children are the other ranks too, which :class:`EpochCpu` leaves out).
 - :func:`machine_busy_seconds`: CPU seconds all processes used on the CPUs this process may run on (Linux's
   ``/proc/stat``).
 - :class:`EpochCpu`: one stage epoch's wall time, its workers' CPU seconds, the share of it the main
@@ -64,19 +64,19 @@ class CpuDemand:
         return time.process_time() + (self._run_queue() or 0.0)
 
 
-def children_cpu_seconds(ranks: Collection[int] = ()) -> float | None:
-    """CPU seconds (user and system) of this process's children, but ``ranks``: those alive, read from
-    ``/proc``, and those ended and waited for (``os.times``). ``None`` without ``/proc`` (not Linux).
+def children_cpu_seconds() -> float | None:
+    """CPU seconds (user and system) of this process's children: those alive, read from ``/proc``, and those
+    ended and waited for (``os.times``). ``None`` without ``/proc`` (not Linux).
 
     Notes:
         DataLoader workers are this process's children; so are other subprocesses (a compile worker pool,
         a launcher's helpers), which idle in a training loop. The difference between two calls is what the
         workers computed in between. Listing the children reads a file per thread: about 0.2 ms. Under
         Lightning's ``ddp`` launcher the other ranks of the node are rank zero's children too, each busy all
-        epoch: ``ranks`` (their process ids) leaves them out.
+        epoch: :class:`EpochCpu` leaves them out of its workers (``start(ranks=...)``).
     """
-    seconds = _children_cpu(ranks)
-    return None if seconds is None else seconds[0]
+    seconds = _children_cpu(())
+    return None if seconds is None else seconds[0] + seconds[1]
 
 
 def _children_cpu(ranks: Collection[int]) -> tuple[float, float] | None:
