@@ -38,7 +38,7 @@ from lightning_perf.config import (
 )
 from lightning_perf.diagnosis_context import window_summaries
 from lightning_perf.hooks import run_state
-from lightning_perf.hooks.epoch_report import EpochReporter, StageMeasure
+from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.flop_count import run_peak_flops
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
@@ -53,6 +53,7 @@ from lightning_perf.hooks.run_setup import (
     where_to_look,
 )
 from lightning_perf.hooks.stage_hooks import StageHooks
+from lightning_perf.hooks.stage_measure import StageMeasure
 from lightning_perf.hooks.window_control import WindowControl
 from lightning_perf.records import EpochSummary
 from lightning_perf.schedule import make_plan

@@ -27,7 +27,7 @@ from lightning_perf.records import CompileStats
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-    from lightning_perf.hooks.epoch_report import StageMeasure
+    from lightning_perf.hooks.stage_measure import StageMeasure
 
 # The stages in the order a compile is attributed to them: validation runs inside a training epoch.
 INNERMOST_FIRST = ("validate", "test", "predict", "train")

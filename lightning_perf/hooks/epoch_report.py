@@ -15,19 +15,15 @@ import dataclasses
 import functools
 import os
 import time
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_perf import __version__
 from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.batch import BatchSizer
-from lightning_perf.collect.cpu import EpochCpu
 from lightning_perf.collect.flops import BatchFlops
 from lightning_perf.collect.loader import dataset_facts
 from lightning_perf.collect.memory import CudaPeaks, host_rss
@@ -47,9 +43,9 @@ from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.failure import out_of_memory
 from lightning_perf.hooks.flop_count import FlopCounting, keep_count
-from lightning_perf.hooks.log_pace import LogPace
 from lightning_perf.hooks.memory_tracking import MemoryTracking
 from lightning_perf.hooks.profiling_cost import cost_epoch, profiling_report
+from lightning_perf.hooks.stage_measure import StageMeasure, logger_step, say, stage_step
 from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.layout import page_path
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary, StepSplit, WindowRecord
@@ -62,14 +58,11 @@ from lightning_perf.report.findings import (
 )
 from lightning_perf.report.html import run_page
 from lightning_perf.report.json_report import REWRITE_MIN_SECONDS, ReportFile, keep_step_split, report_dict
-from lightning_perf.report.metrics import batch_metrics, epoch_metrics
+from lightning_perf.report.metrics import epoch_metrics
 from lightning_perf.report.outputs import Outputs
 from lightning_perf.summarize.flops import epoch_flops
 from lightning_perf.summarize.steps import step_split, summarize_epoch
 
-# The earlier epochs of a stage the rules see (memory_growth reads a trailing run of epochs; its count
-# saturates here), and so what a checkpoint keeps of them.
-HISTORY_EPOCHS = 32
 FINDINGS_TAG = "perf/findings/{stage}"
 RANKS_TAG = "perf/ranks/{stage}"
 
@@ -79,79 +72,6 @@ def draw_page(report: Mapping[str, Any], *, source: str) -> str:
     (no Plotly: tens of kB, not megabytes) before, so that a loop of short window-less Trainer calls leaves
     small pages (:func:`~lightning_perf.report.html.run_page`)."""
     return run_page(report, source=source, charts=bool(report.get("windows")))
-
-
-def stage_step(stage: str, trainer: pl.Trainer, total_batches: int) -> int:
-    """The stage's step axis: the trainer's global step for training, the stage's own batch count else."""
-    return trainer.global_step if stage == "train" else total_batches
-
-
-def logger_step(stage: str, trainer: pl.Trainer, *, epoch_end: bool) -> int | None:
-    """The run's one step axis, for the loggers that have no other (CSV, W&B, MLflow, ...): the step
-    Lightning logs its own rows at, so that the axis stays monotonic with ours among them. ``None`` for a
-    validation, test or predict batch: the whole of such a run sits at one step of that axis.
-
-    Lightning logs its rows (and ``LearningRateMonitor`` and ``DeviceStatsMonitor`` theirs) at its count of
-    batches that stepped the optimizer, a private counter read here with ``global_step`` as the fallback:
-    the same number in automatic optimization, but ``on_train_batch_end`` sees ``global_step`` already past
-    the batch whose row Lightning writes next, and a manual-optimization module's optimizers each count.
-    """
-    if stage != "train" and not epoch_end:
-        return None
-    step = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "_batches_that_stepped", trainer.global_step)
-    # Lightning logs a training epoch's end at its last batch's step: its count has moved past that batch.
-    return max(step - 1, 0) if stage == "train" and epoch_end else step
-
-
-@dataclass
-class StageMeasure:
-    """One stage's always-on measurement: its clocks, its batches over the run, its epoch's peaks and CPU
-    use, and its recent epochs; and the writing of its per-batch scalars."""
-
-    clock: StepClock
-    total_batches: int = 0  # over the whole run: the stage's own TensorBoard step axis
-    host_rss_peak: int | None = None
-    pace: LogPace = dataclasses.field(default_factory=LogPace)  # whether its per-batch scalars are written now
-    cpu: EpochCpu = dataclasses.field(default_factory=EpochCpu)  # the epoch's wall time, workers' CPU, CPU waits
-    in_epoch: bool = False  # between its epoch start and end: what an interruption leaves to summarize
-    history: deque[EpochSummary] = dataclasses.field(default_factory=lambda: deque(maxlen=HISTORY_EPOCHS))
-
-    def log_batch(self, stage: str, trainer: pl.Trainer, outputs: Outputs | None) -> None:
-        """Logs the latest batch's scalars to ``outputs`` and samples the host memory, where the stage's pace
-        allows it (:mod:`~lightning_perf.hooks.log_pace`)."""
-        if not self.pace.due():
-            return
-        self.pace.start()
-        loss = self.clock.last_loss
-        metrics = batch_metrics(
-            stage,
-            data_wait=self.clock.data_wait[-1],
-            compute=self.clock.compute[-1],
-            batch_size=self.clock.batch_sizes[-1],
-            loss=None if loss is None else float(loss),  # the one device sync, at the logging cadence only
-        )
-        if outputs is not None:
-            outputs.write_layout()  # the first time: the charts of these scalars
-            outputs.log_scalars(
-                metrics,
-                stage_step(stage, trainer, self.total_batches),
-                logger_step=logger_step(stage, trainer, epoch_end=False),
-                epoch=trainer.current_epoch,
-            )
-        rss = host_rss()
-        if rss is not None:
-            self.host_rss_peak = max(rss, self.host_rss_peak or 0)
-        self.pace.end()
-
-
-def say(trainer: pl.Trainer, message: str) -> None:
-    """``message`` on the console: through the Trainer's progress bar where one is on (`ProgressBar.print`: TQDM
-    writes it above the bar, where a log line would be glued to the bar's last line), else Lightning's log."""
-    bar = trainer.progress_bar_callback
-    if bar is not None and getattr(bar, "is_enabled", False):  # TQDMProgressBar's and RichProgressBar's
-        bar.print(message)
-    else:
-        rank_zero_info(message)
 
 
 class EpochReporter:

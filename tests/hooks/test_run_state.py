@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_perf import PerfCallback
-from lightning_perf.hooks.epoch_report import HISTORY_EPOCHS
+from lightning_perf.hooks.stage_measure import HISTORY_EPOCHS
 from lightning_perf.records import RankSummary
 from lightning_perf.report.json_report import write_json_atomically
 from models import TinyModel, trainer
