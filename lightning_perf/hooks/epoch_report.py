@@ -7,6 +7,17 @@ its diagnosis, its scalars, images and texts, the console's lines and ``perf_rep
 :class:`EpochReporter` holds what the run has measured so far (its epochs, windows, findings and per-rank
 tables, and each stage's recent history for the rules); :class:`~lightning_perf.PerfCallback` calls it from
 its hooks.
+
+Notes:
+    1. An epoch's findings (its diagnosis, their TensorBoard text, the console line) cost about 1 ms (2-CPU
+       machine: 0.3 ms the rules, 0.3 ms the text, 0.4 ms the console line through a progress bar): nothing to
+       an epoch of seconds, a tenth of one of 10 ms, and a run of hundreds of those took 1.5x as long as a bare
+       one. Each stage's findings are paced as the per-batch scalars are (:class:`~lightning_perf.hooks.
+       log_pace.LogPace`, with :data:`~lightning_perf.hooks.log_pace.REPORT_SHARE`): an epoch whose findings
+       the pace skips is still measured (its summary, scalars, the report's epochs) and its findings wait,
+       replaced by the next epoch's; the stage's latest are reported at the end of the Trainer call
+       (:meth:`EpochReporter.report_pending`) and an interrupted epoch's at once. The rules judge a short
+       epoch with its latest ones (``StageEpoch.pooled_epochs``), so a skipped epoch's batches still count.
 """
 
 from __future__ import annotations
@@ -43,9 +54,10 @@ from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.failure import out_of_memory
 from lightning_perf.hooks.flop_count import FlopCounting, keep_count
+from lightning_perf.hooks.log_pace import REPORT_SHARE
 from lightning_perf.hooks.memory_tracking import MemoryTracking
 from lightning_perf.hooks.profiling_cost import cost_epoch, profiling_report
-from lightning_perf.hooks.stage_measure import StageMeasure, logger_step, say, stage_step
+from lightning_perf.hooks.stage_measure import EpochReview, StageMeasure, logger_step, say, stage_step
 from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.layout import page_path
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary, StepSplit, WindowRecord
@@ -62,9 +74,20 @@ from lightning_perf.report.metrics import epoch_metrics
 from lightning_perf.report.outputs import Outputs
 from lightning_perf.summarize.flops import epoch_flops
 from lightning_perf.summarize.steps import step_split, summarize_epoch
+from lightning_perf.units import limit, seconds_or_ms
 
 FINDINGS_TAG = "perf/findings/{stage}"
 RANKS_TAG = "perf/ranks/{stage}"
+
+
+def paced_reports(stage: str, summary: EpochSummary) -> str:
+    """The note, once per stage, that its epochs are too short to report each (module Notes 1)."""
+    return (
+        f"PerfCallback: the {stage} epochs are short (the latest {seconds_or_ms(summary.wall_time or 0.0)}): to"
+        f" keep their reports within {limit(REPORT_SHARE)} of the run's time, the findings and the console line"
+        " come for some of them, judged with the latest epochs, and for the last at the end of the call; every"
+        " epoch is still measured (its scalars, perf_report.json)."
+    )
 
 
 def draw_page(report: Mapping[str, Any], *, source: str) -> str:
@@ -270,12 +293,14 @@ class EpochReporter:
         """A training batch's FLOPs were counted (:func:`~lightning_perf.hooks.flop_count.keep_count`)."""
         keep_count(self.run_info, self.flops.counts, record, self._policy)
 
-    def report_epoch(self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...]) -> None:
-        """Diagnoses the epoch (rank zero) and reports it: scalars, the findings' and ranks' texts, the console,
+    def report_epoch(
+        self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...], *, now: bool = False
+    ) -> None:
+        """Reports the epoch: its scalars, the memory line, and its findings (the diagnosis on rank zero, their
+        TensorBoard text, the console line) as the stage's report pace allows (module Notes 1), or ``now``; then
         the report files (with the epoch's step split)."""
         stage = summary.stage
         st = self.stages[stage]
-        compiled = self.compile_stats.get((stage, summary.epoch))
         if ranks:
             self.ranks[(stage, summary.epoch)] = ranks
         memory = None
@@ -286,48 +311,71 @@ class EpochReporter:
                     self._policy.warn_once("empty_cache", warning)
             except Exception as err:
                 self._policy.fail(None, err)
-        findings = self._diagnose(summary, trainer, ranks) if trainer.is_global_zero else []
+        st.pending = self._review(summary, trainer, ranks)
         if self._batch_size.failed:
             self._policy.warn_once(
                 "batch_size_fn", f"PerfCallback: {self._batch_size.failed}; throughput is not measured."
             )
         if self.outputs is not None:
-            step = stage_step(stage, trainer, st.total_batches)
             self.outputs.log_scalars(
                 epoch_metrics(summary),
-                step,
+                stage_step(stage, trainer, st.total_batches),
                 logger_step=logger_step(stage, trainer, epoch_end=True),
                 epoch=trainer.current_epoch,
             )
-            self.outputs.add_text(
-                FINDINGS_TAG.format(stage=stage), findings_markdown(summary, findings, compile=compiled), step
-            )
-            if ranks:
-                self.outputs.add_text(RANKS_TAG.format(stage=stage), ranks_markdown(summary, ranks), step)
         if trainer.is_global_zero:
             if memory and self.config.verbose:
                 say(trainer, memory)
             if summary.batches:
-                clock, steps = st.clock, compiled.steps if compiled else ()
-                split = step_split(clock.data_wait, clock.compute, profiled=clock.profiled, compiled=steps)
+                clock, compiled = st.clock, self.compile_stats.get((stage, summary.epoch))
+                split = step_split(
+                    clock.data_wait, clock.compute, profiled=clock.profiled, compiled=compiled.steps if compiled else ()
+                )
                 keep_step_split(self.step_splits, stage, summary.epoch, split)
-            fresh, unchanged = self._shown.split(stage, findings)
-            first = not st.history  # the stage's first epoch in this process shows its per-rank table
-            message = console_report(
-                summary,
-                fresh,
-                verbose=self.config.verbose,
-                ranks=ranks if fresh or first else (),
-                unchanged=unchanged,
-                compile=compiled,
-            )
-            if message:
-                say(trainer, message)
+        if now or st.report_pace.due():
+            st.report_pace.start()
+            self.report_pending(trainer, stage)
+            st.report_pace.end()
+        else:
+            self._policy.info_once(f"report_pace:{stage}", paced_reports(stage, summary))
         # Fit: on the report's and the page's budgets (the report file's first update writes the report at once;
         # training's first epoch end writes its validation's); the other calls: at the end
         in_first_train_epoch = "train" in self.config.stages and not self.stages["train"].history
         if trainer.state.fn == TrainerFn.FITTING and (stage == "train" or not in_first_train_epoch):
             self.write_report(trainer)
+
+    def report_pending(self, trainer: pl.Trainer, stage: str | None = None) -> None:
+        """Reports the findings of the stage's latest epoch (every stage's, for ``None``: at the end of a Trainer
+        call) where the pace left them pending: the diagnosis on rank zero, their TensorBoard text, the console."""
+        names = (stage,) if stage is not None else self.config.stages
+        reviews = [review for name in names if (review := self.stages[name].pending) is not None]
+        for review in sorted(reviews, key=lambda r: r.order):  # in the order the epochs ended
+            name = review.summary.stage
+            st = self.stages[name]
+            st.pending = None
+            summary, ranks = review.summary, review.ranks
+            findings = self._diagnose(review, trainer) if trainer.is_global_zero else []
+            compiled = self.compile_stats.get((name, summary.epoch))
+            if self.outputs is not None:
+                step = stage_step(name, trainer, st.total_batches)
+                self.outputs.add_text(
+                    FINDINGS_TAG.format(stage=name), findings_markdown(summary, findings, compile=compiled), step
+                )
+                if ranks:
+                    self.outputs.add_text(RANKS_TAG.format(stage=name), ranks_markdown(summary, ranks), step)
+            if trainer.is_global_zero:
+                fresh, unchanged = self._shown.split(name, findings)
+                first = not review.history  # the stage's first epoch in this process shows its per-rank table
+                message = console_report(
+                    summary,
+                    fresh,
+                    verbose=self.config.verbose,
+                    ranks=ranks if fresh or first else (),
+                    unchanged=unchanged,
+                    compile=compiled,
+                )
+                if message:
+                    say(trainer, message)
 
     def failed(self, trainer: pl.Trainer, error: BaseException, positions: Mapping[str, StagePosition]) -> None:
         """An exception ends the call: an out-of-memory error's diagnosis (:func:`~lightning_perf.hooks.failure.
@@ -348,7 +396,7 @@ class EpochReporter:
             if st.clock.batches:
                 pos = positions[stage]
                 summary = self.measure(stage, pos.epoch, interrupted=True)
-                self.report_epoch(summary, trainer, ())
+                self.report_epoch(summary, trainer, (), now=True)
                 st.history.append(summary)
         if self.oom is not None and trainer.is_global_zero:  # no epoch of its stage had a batch to report
             say(trainer, "\n".join(["lightning-perf:", *finding_lines([self.oom], verbose=2)]))
@@ -370,36 +418,45 @@ class EpochReporter:
         else:
             self._report.update(self.report)
 
-    def _diagnose(self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...]) -> list[Finding]:
+    def _review(self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...]) -> EpochReview:
+        """What the epoch's diagnosis reads that later epochs change: the stage's history before it, and for
+        training the validation runs inside it and the fits' step time so far (kept on rank zero)."""
         stage = summary.stage
-        st = self.stages[stage]
-        if stage == "validate" and trainer.state.fn == TrainerFn.FITTING:
-            self._validation_in_train_epoch.append(summary)
         validation: tuple[EpochSummary, ...] = ()
         fit_seconds = None
-        if stage == "train":
-            validation, self._validation_in_train_epoch = tuple(self._validation_in_train_epoch), []
-            train_s, val_s = self._fit_seconds
-            fit_seconds = self._fit_seconds = (
-                train_s + epoch_time(summary),
-                val_s + sum(epoch_time(v) for v in validation),
-            )
+        if trainer.is_global_zero:
+            if stage == "validate" and trainer.state.fn == TrainerFn.FITTING:
+                self._validation_in_train_epoch.append(summary)
+            if stage == "train":
+                validation, self._validation_in_train_epoch = tuple(self._validation_in_train_epoch), []
+                train_s, val_s = self._fit_seconds
+                fit_seconds = self._fit_seconds = (
+                    train_s + epoch_time(summary),
+                    val_s + sum(epoch_time(v) for v in validation),
+                )
+        history = tuple(self.stages[stage].history)
+        return EpochReview(summary, ranks, history, validation, fit_seconds, order=len(self.epochs))
+
+    def _diagnose(self, review: EpochReview, trainer: pl.Trainer) -> list[Finding]:
+        summary = review.summary
+        stage = summary.stage
+        st = self.stages[stage]
         compiled = self.compile_stats.get((stage, summary.epoch))
         shown = epoch_windows(self.windows, stage, summary.epoch, latest=True)
         context = epoch_context(
             summary,
-            history=tuple(st.history),
+            history=review.history,
             windows=tuple(with_cpu_use(w) for w in shown),
             collectives={w.name: w.collectives for w in shown},
-            validation=validation,
+            validation=review.validation,
             facts=run_facts({**self.run_info, **self.call_plan}, stage),
             data_wait=st.clock.data_wait,
             compute=st.clock.compute,
             profiled=st.clock.left_out(compiled.steps if compiled is not None else ()),
-            ranks=ranks,
+            ranks=review.ranks,
             compile=compiled,
             evidence_batches=self.config.thresholds.evidence_batches,
-            fit_seconds=fit_seconds,
+            fit_seconds=review.fit_seconds,
         )
         findings = diagnose(context, self.config.thresholds, on_error=self._policy.rule_failed)
         if self.oom is not None and (self.oom.stage, self.oom.epoch) == (stage, summary.epoch):

@@ -3,7 +3,9 @@ Per-batch scalar pacing
 =======================
 
 Whether a stage's per-batch scalars are written at this logging point: the plain logic that keeps them cheap
-however often the Trainer logs. No torch and no Lightning here.
+however often the Trainer logs. No torch and no Lightning here. The same pace, with a share of its own
+(:data:`REPORT_SHARE`), says whether a stage epoch's findings are reported now (:mod:`~lightning_perf.hooks.
+epoch_report`, Notes 1).
 
 The callback writes its per-batch scalars (step time, data wait, compute, throughput, loss) at the Trainer's
 ``log_every_n_steps`` cadence. Each write costs about 0.2-0.4 ms on a 2-CPU machine (five events through the
@@ -46,6 +48,13 @@ LOG_SHARE = 0.01
 # What they may cost before the share applies: 25-50 writes at 0.2-0.4 ms. A 1-s run stays within 1% of its
 # time; the demo's 16 writes and the tests' short runs write at every logging point. Our judgment.
 LOG_BURST = 0.01
+# An epoch's findings (epoch_report, Notes 1) are paced the same way, per stage: about 1 ms each, so a stage of
+# 10-ms epochs reports about every 20th once its burst is spent; together with the scalars' share within the
+# standing goal's 1-2%. Our judgment.
+REPORT_SHARE = 0.005
+# ... after the first 0.05 s of them: the first 40-50 epochs of a run of short epochs, every epoch of the tests'
+# short runs. Our judgment.
+REPORT_BURST = 0.05
 # What one write is charged at most (Notes 4): 5-10 times a write's usual 0.2-0.4 ms, a fifth of the burst. Our
 # judgment.
 LOG_STALL = 2e-3

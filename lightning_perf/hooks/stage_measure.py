@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -20,8 +21,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_perf.collect.cpu import EpochCpu
 from lightning_perf.collect.memory import host_rss
 from lightning_perf.collect.steps import StepClock
-from lightning_perf.hooks.log_pace import LogPace
-from lightning_perf.records import EpochSummary
+from lightning_perf.hooks.log_pace import REPORT_BURST, REPORT_SHARE, LogPace
+from lightning_perf.records import EpochSummary, RankSummary
 from lightning_perf.report.metrics import batch_metrics
 from lightning_perf.report.outputs import Outputs
 
@@ -52,10 +53,23 @@ def logger_step(stage: str, trainer: pl.Trainer, *, epoch_end: bool) -> int | No
     return max(step - 1, 0) if stage == "train" and epoch_end else step
 
 
+class EpochReview(NamedTuple):
+    """A stage epoch's findings still to report (:mod:`~lightning_perf.hooks.epoch_report`, Notes 1): its summary
+    and what its diagnosis reads that later epochs change; ``order``: where it ended among the run's stage
+    epochs."""
+
+    summary: EpochSummary
+    ranks: tuple[RankSummary, ...]
+    history: tuple[EpochSummary, ...]
+    validation: tuple[EpochSummary, ...]
+    fit_seconds: tuple[float, float] | None
+    order: int
+
+
 @dataclass
 class StageMeasure:
     """One stage's always-on measurement: its clocks, its batches over the run, its epoch's peaks and CPU
-    use, and its recent epochs; and the writing of its per-batch scalars."""
+    use, and its recent epochs; and the pacing of its per-batch scalars and of its epochs' findings."""
 
     clock: StepClock
     total_batches: int = 0  # over the whole run: the stage's own TensorBoard step axis
@@ -64,6 +78,9 @@ class StageMeasure:
     cpu: EpochCpu = dataclasses.field(default_factory=EpochCpu)  # the epoch's wall time, workers' CPU, CPU waits
     in_epoch: bool = False  # between its epoch start and end: what an interruption leaves to summarize
     history: deque[EpochSummary] = dataclasses.field(default_factory=lambda: deque(maxlen=HISTORY_EPOCHS))
+    #: Whether an epoch's findings are reported now (:mod:`~lightning_perf.hooks.epoch_report`, Notes 1).
+    report_pace: LogPace = dataclasses.field(default_factory=lambda: LogPace(share=REPORT_SHARE, burst=REPORT_BURST))
+    pending: EpochReview | None = None  # the latest epoch's findings, where the pace has not reported them yet
 
     def log_batch(self, stage: str, trainer: pl.Trainer, outputs: Outputs | None) -> None:
         """Logs the latest batch's scalars to ``outputs`` and samples the host memory, where the stage's pace

@@ -163,6 +163,31 @@ def test_a_persisting_finding_is_printed_once_and_reported_every_epoch(tmp_path,
     assert {(f.epoch, f.id) for f in callback.findings_for("train")} >= {(e, "dataloader_bound") for e in range(4)}
 
 
+# ------------------------------------------------------------------ the findings' pace over short epochs
+
+
+def test_short_epochs_report_their_findings_as_the_pace_allows_and_the_latest_at_the_end(tmp_path, caplog, monkeypatch):
+    from lightning_perf.hooks import stage_measure
+
+    # No burst and no share: each stage's first epoch is reported, then none until the end of the call.
+    monkeypatch.setattr(stage_measure, "REPORT_BURST", 0.0)
+    monkeypatch.setattr(stage_measure, "REPORT_SHARE", 0.0)
+    callback = PerfCallback(batches=[100_000], verbose=1)
+    t = trainer(tmp_path, [callback], max_epochs=5, limit_train_batches=2, limit_val_batches=1)
+    with caplog.at_level(logging.INFO):
+        t.fit(TinyModel(n=8))
+    messages = [r.getMessage() for r in caplog.records]
+    texts = EventAccumulator(t.logger.log_dir, size_guidance={"tensors": 0}).Reload()
+    for stage in ("train", "validate"):
+        lines = [m for m in messages if m.startswith(f"lightning-perf | {stage} epoch")]
+        assert [int(m.split(" epoch ")[1].split(" ")[0]) for m in lines] == [0, 4], lines
+        assert sum(f"the {stage} epochs are short" in m for m in messages) == 1  # said once
+        assert sorted(e for s, e in callback._epochs.findings_by_epoch if s == stage) == [0, 4]
+        assert len(texts.Tensors(f"perf/findings/{stage}/text_summary")) == 2
+    assert [e.epoch for e in callback.epochs if e.stage == "train"] == [0, 1, 2, 3, 4]  # every epoch measured
+    assert len(texts.Scalars("perf/train/epoch/batches")) == 5  # and its scalars written
+
+
 # ------------------------------------------------------------------ step splits at log-spaced epochs
 
 
