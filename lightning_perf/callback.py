@@ -182,6 +182,7 @@ class PerfCallback(StageHooks, ResultsView):
             info=self._policy.info_once,
             chosen=self.config.chosen_plan,
             budget=self._epochs.budget,
+            warmup=self.config.schedule.warmup,
         )
         self._policy.drop = self._control.drop
         # The measured stages' clocks and counts: what the per-batch hooks touch, one lookup away.
@@ -302,7 +303,7 @@ class PerfCallback(StageHooks, ResultsView):
         st = self._stages[stage]
         st.in_epoch = True
         if stage == "train":
-            self._flops.epoch_start()
+            self._flops.epoch_start(window_ahead=self._control.may_record("train"))
         waited = self._loop_timer.take(stage)
         self._policy.safely(stage, self._epochs.start_epoch, stage, trainer, waited)
         if self._profiler_windows.busy:  # a window of another stage is still processed: no contention of the run's

@@ -18,8 +18,10 @@ Notes:
        profiling cost under ``profile_budget`` (:class:`~lightning_perf.budget.ProfilingBudget`), as issue 26
        asks: it waits for the run's first window, whose findings come first, and then for room, as a later
        window does (:meth:`~lightning_perf.budget.ProfilingBudget.allows`), batch after batch until there is
-       some. A run that plans no window (``max_windows=0``) has no first window to wait for, and one whose
-       first training epoch opened none (epochs shorter than the schedule) waits no longer after it. A run too
+       some. A run that plans no window (``max_windows=0``) has no first window to wait for, nor has an epoch
+       too short for the plan (a run of short epochs counts in its first, before the window the plan moves into
+       a later one: :mod:`~lightning_perf.hooks.window_control`, Notes 7), and one whose first training epoch
+       opened none waits no longer after it. A run too
        short to make room has no FLOP count: no FLOP/s, MFU or activations saved for the backward, and its last
        line says so. Without a budget (``profile_budget=None``, or a plan of the user's) the first candidate is
        counted. A batch held back puts the next offer further on, twice as far each time up to
@@ -161,11 +163,12 @@ class FlopCounting:
         """A batch of this training epoch is still to be offered for counting."""
         return self.offer_from != NEVER
 
-    def epoch_start(self) -> None:
-        """A training epoch starts: its first batch outside a window is offered (Notes 1)."""
+    def epoch_start(self, *, window_ahead: bool = True) -> None:
+        """A training epoch starts: its first batch outside a window is offered (Notes 1); ``window_ahead``: the
+        epoch may open a window (``False``: too short for the plan, the count waits for none)."""
         # Still pending: the last epoch counted nothing, and may have offered nothing after its first batch.
         first_too = self.pending and self._last_offered == 0
-        if self.pending:
+        if self.pending or not window_ahead:
             self._wait_for_window = False  # a first epoch that opened no window: the count waits no longer
         self.offer_from = 0 if first_too else 1
         self._stride = 1

@@ -22,6 +22,12 @@ Notes:
        whole (not opened part-way at its next batch), with a note once per stage. Under several ranks the
        budget's verdict is the deciding rank's (:attr:`WindowControl.verdicts`,
        :class:`~lightning_perf.collect.verdicts.SharedVerdicts`), so that every window holds every rank.
+    7. The default plan (not one the user chose) whose first recorded batch a stage's epochs never reach (a run of
+       many short epochs) is moved into them: after an epoch too short for it, each of the stage's later epochs
+       of a known length records its batch ``warmup`` (or its last), warmed up on those before, until the stage
+       has a window. A stage's first epoch keeps the plan, so that a single short call (a forecasting library's
+       predict call on a copy of the callback) pays no window. The moved window is the stage's first: it opens
+       as planned (Notes 6).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from typing import Any, Protocol
 
 from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.window import Window, WindowState
-from lightning_perf.schedule import Action, WindowPlan
+from lightning_perf.schedule import Action, BatchListPlan, WindowPlan
 from lightning_perf.units import limit, percent
 
 #: ``(key, message)``: a message to show once per key (see :class:`~lightning_perf.hooks.error_policy.ErrorPolicy`).
@@ -63,6 +69,9 @@ class StagePosition:
         windows_this_epoch: The windows saved in the current epoch.
         quiet_until: The batches before this one the plan leaves alone (:meth:`WindowPlan.next_action`): the
             stage moves through them without a look at the plan.
+        plan: This epoch's own plan, where the default one is moved into a short epoch (Notes 7); ``None``: the
+            controller's.
+        short_epochs: The stage's epochs so far too short for the plan to record in.
     """
 
     epoch: int = -1
@@ -71,6 +80,8 @@ class StagePosition:
     windows_used: int = 0
     windows_this_epoch: int = 0
     quiet_until: float = 0
+    plan: WindowPlan | None = None
+    short_epochs: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,6 +151,7 @@ class WindowControl:
             set is no fault of the user's).
         budget: Whether a stage's later windows may open (``None``: all that are planned).
         clock: Seconds, monotonic, for the budget.
+        warmup: The warm-up batches of a default plan moved into short epochs (Notes 7).
 
     The caller sets :attr:`records` (whether this process records windows at all) and calls, for each stage:
     :meth:`epoch_start`, then :meth:`before_batch`; per batch :meth:`batch_started` (only while a window of the
@@ -169,6 +181,7 @@ class WindowControl:
         chosen: bool = True,
         budget: ProfilingBudget | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        warmup: int = 1,
     ) -> None:
         self.plan = plan
         self.max_windows = max_windows
@@ -180,6 +193,8 @@ class WindowControl:
         self._warn = warn
         self._info = info
         self._unmet = warn if chosen else info  # the plan could not be kept: said as the plan's chooser expects
+        self._chosen = chosen
+        self.warmup = warmup  # a moved window's warm-up batches (Notes 7)
         self.budget = budget
         self._clock = clock
         self._denied: tuple[str, int, int] | None = None  # (stage, epoch, batch) the budget last kept closed
@@ -193,6 +208,28 @@ class WindowControl:
         pos = self.stages[stage]
         pos.epoch = pos.epoch + 1 if epoch is None else epoch
         pos.batch, pos.num_batches, pos.windows_this_epoch, pos.quiet_until = first_batch, num_batches, 0, 0
+        pos.plan = self._moved_plan(pos)
+
+    def may_record(self, stage: str) -> bool:
+        """Whether the stage's current epoch may record a window: the plan records in it (any epoch of unknown
+        length may), on a process that records, with windows left."""
+        pos = self.stages[stage]
+        first = (pos.plan or self.plan).first_active()
+        return self.records and pos.windows_used < self.max_windows and first is not None and first < pos.num_batches
+
+    def _moved_plan(self, pos: StagePosition) -> WindowPlan | None:
+        """The default plan moved into an epoch too short for it (Notes 7), or ``None``."""
+        first = self.plan.first_active()
+        if (
+            self._chosen
+            or pos.short_epochs == 0
+            or pos.windows_used > 0
+            or first is None
+            or not pos.num_batches <= first < math.inf
+        ):
+            return None
+        batch = min(self.warmup, int(pos.num_batches) - 1)  # warmed up on the batches before it, where it has any
+        return BatchListPlan((batch,), warmup=batch) if batch >= 0 else None
 
     def next_batch(self, stage: str, context: Any) -> WindowToSave | None:
         """Moves ``stage`` on to its next batch and sets the window up for it (:meth:`before_batch`). Between
@@ -203,7 +240,7 @@ class WindowControl:
             if pos.batch < pos.quiet_until or not self.records or pos.windows_used >= self.max_windows:
                 return None  # the plan leaves the batch alone, or no window opens on this rank or for this stage
             if pos.batch < pos.num_batches:
-                pos.quiet_until = self.plan.next_action(pos.batch, pos.num_batches)
+                pos.quiet_until = (pos.plan or self.plan).next_action(pos.batch, pos.num_batches)
                 if pos.batch < pos.quiet_until:
                     return None
         return self.before_batch(stage, context)
@@ -218,7 +255,7 @@ class WindowControl:
             return self.close(stage, shortened=True)
         if open_ is None and (not self.records or pos.windows_used >= self.max_windows):
             return None
-        action = self.plan.action(pos.batch, pos.num_batches)
+        action = (pos.plan or self.plan).action(pos.batch, pos.num_batches)
         if action is Action.NONE:
             return None
         if open_ is None and action is Action.WARMUP and not self._records_later(pos):
@@ -251,7 +288,7 @@ class WindowControl:
         if not math.isfinite(pos.num_batches):
             return True
         for batch in range(pos.batch + 1, int(pos.num_batches)):
-            action = self.plan.action(batch, pos.num_batches)
+            action = (pos.plan or self.plan).action(batch, pos.num_batches)
             if action in (Action.RECORD, Action.RECORD_AND_SAVE):
                 return True
             if action is not Action.WARMUP:
@@ -270,7 +307,7 @@ class WindowControl:
             return None
         open_.window.end_step()
         pos = self.stages[stage]
-        if self.plan.action(pos.batch, pos.num_batches) is Action.RECORD_AND_SAVE:
+        if (pos.plan or self.plan).action(pos.batch, pos.num_batches) is Action.RECORD_AND_SAVE:
             return self.close(stage, shortened=False)
         return None
 
@@ -310,7 +347,7 @@ class WindowControl:
             pos.windows_used -= 1
             return None
         if shortened:
-            planned = planned_batches(self.plan, recorded[0], recorded[-1])
+            planned = planned_batches(pos.plan or self.plan, recorded[0], recorded[-1])
             stopped_in = recorded[-1] == pos.batch  # the batch's end never came: the run stopped inside it
             shortened = stopped_in or recorded[-1] < planned[1]  # else it recorded all it planned, whole
             if shortened:
@@ -343,11 +380,16 @@ class WindowControl:
             and pos.windows_used < self.max_windows
             and self.records
         ):
+            pos.short_epochs += 1
+            moved = (
+                "; the stage's next epoch of a known length records one of its batches instead (until a window saves)"
+                if not self._chosen
+                else ". Lower `schedule.skip_first`/`wait`, or pass `batches=[...]`"
+            )
             self._unmet(
                 f"short:{stage}",
                 f"PerfCallback: the {stage} epoch had {pos.batch} batches, too few for the schedule (its first"
-                f" recorded batch is {first}), so it has no profiler window. Lower `schedule.skip_first`/`wait`,"
-                f" or pass `batches=[...]`.",
+                f" recorded batch is {first}), so it has no profiler window{moved}.",
             )
 
     def _open(self, stage: str, pos: StagePosition) -> OpenWindow | None:
@@ -374,7 +416,7 @@ class WindowControl:
         if self.budget is None:
             return True
         if self._denied == (stage, pos.epoch, pos.batch - 1) and (
-            self.plan.action(pos.batch - 1, pos.num_batches) is not Action.RECORD_AND_SAVE  # not the next window
+            (pos.plan or self.plan).action(pos.batch - 1, pos.num_batches) is not Action.RECORD_AND_SAVE
         ):
             self._denied = (stage, pos.epoch, pos.batch)
             return False

@@ -128,6 +128,15 @@ def test_a_small_validation_set_under_the_default_schedule_is_a_note_not_a_warni
     assert "the validate epoch had 2 batches, too few for the schedule" in caplog.text
 
 
+def test_a_run_of_short_epochs_gets_the_default_window_in_its_second_epoch_and_counts_flops_in_its_first(tmp_path):
+    callback = PerfCallback()  # the default plan records batch 6: no epoch here has one
+    trainer(tmp_path, [callback], max_epochs=3).fit(TinyModel(n=16, val_n=8))  # 4 training, 2 validation batches
+    assert window_names(callback) == ["train-epoch001-batches0001-0001", "validate-epoch001-batches0001-0001"]
+    assert [steps(load(w.trace_path)) for w in callback.windows] == [[1], [1]]
+    train = [e for e in callback.epochs if e.stage == "train"]
+    assert train[0].flops_per_second is not None  # counted before the window: its epoch could open none
+
+
 def test_repeat_two_gives_two_windows_every_epoch(tmp_path):
     callback = PerfCallback(
         schedule={"skip_first": 0, "wait": 1, "warmup": 1, "active": 2, "repeat": 2}, stages=["train"]

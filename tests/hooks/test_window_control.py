@@ -101,6 +101,7 @@ class Driver:
     budget: ProfilingBudget | None = None
     now: float = 0.0  # the budget's clock ...
     clock: Callable[[], float] | None = None  # ... unless this is given
+    chosen: bool = True  # the user chose the plan (False: PerfCallback's default)
 
     def __post_init__(self) -> None:
         schedule = Schedule(**self.schedule)
@@ -115,6 +116,8 @@ class Driver:
             info=lambda key, message: self.noted.setdefault(key, message),
             budget=self.budget,
             clock=self.clock or (lambda: self.now),
+            chosen=self.chosen,
+            warmup=schedule.warmup,
         )
 
     def _new_window(self, stage: str, epoch: int) -> FakeWindow | None:
@@ -358,6 +361,37 @@ def test_a_stage_too_short_for_the_schedule_gets_no_window_and_one_warning():
     assert list(run.warned) == ["short:train"]
     message = run.warned["short:train"]
     assert "the train epoch had 8 batches, too few for the schedule (its first recorded batch is 21)" in message
+
+
+def test_the_default_plan_moves_into_short_epochs_from_the_second_until_a_window_saves():
+    run = Driver(chosen=False)  # PerfCallback's default: warm up on batch 5, record batch 6
+    run.control.epoch_start("train", 4, epoch=0)
+    assert not run.control.may_record("train")  # the FLOP count need not wait for a window here
+    run.control.epoch_end("train")
+    for epoch in range(1, 5):
+        run.epoch("train", 4, epoch=epoch)
+    assert run.windows("train") == [(1, 1, 1)]  # the next epoch's batch 1, warmed up on batch 0
+    assert run.made[0].calls[:2] == ["warm_up", "start"]
+    assert run.warned == {} and "the stage's next epoch of a known length records" in run.noted["short:train"]
+
+
+def test_a_single_short_epoch_a_users_plan_and_epochs_of_unknown_length_keep_the_plan():
+    single = Driver(chosen=False)
+    single.epoch("predict", 2)  # a forecasting library's predict call on a copy of the callback
+    assert single.made == []
+    chosen = Driver(schedule={"skip_first": 20}, chosen=True)
+    unknown = Driver(chosen=False)
+    for epoch in range(3):
+        chosen.epoch("train", 4, epoch=epoch)
+        unknown.epoch("train", 4, num_batches=math.inf, epoch=epoch)
+    assert chosen.made == [] and unknown.made == []
+
+
+def test_one_batch_epochs_get_a_moved_window_without_warm_up():
+    run = Driver(chosen=False)
+    for epoch in range(3):
+        run.epoch("train", 1, epoch=epoch)
+    assert run.windows("train") == [(1, 0, 0)] and run.made[0].calls[0] == "start"
 
 
 def test_an_epoch_too_short_for_its_window_gets_it_shortened_and_no_short_warning():
