@@ -286,8 +286,7 @@ class PerfCallback(StageHooks, ResultsView):
         self._policy.safely(None, self._staging.close)
         if interrupted:
             self._policy.safely(None, self._epochs.end_interrupted, trainer, self._positions)
-        self._policy.safely(None, self._epochs.report_pending, trainer)  # the stages' latest findings, paced
-        self._epochs.end_call()  # the call's time, its windows' processing included, counts in the run's
+        self._epochs.end_call(trainer)  # the call's time, its windows' processing included, counts in the run's
         self._policy.safely(None, self._epochs.write_report, trainer, now=True)
 
     # ------------------------------------------------------------------ stage events (see StageHooks)

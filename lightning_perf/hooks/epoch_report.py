@@ -48,7 +48,6 @@ from lightning_perf.collect.steps import StepClock
 from lightning_perf.config import STAGES, PerfConfig
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.diagnose.rules_step import epoch_time
 from lightning_perf.diagnosis_context import epoch_context, epoch_windows, run_facts, with_cpu_use
 from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
@@ -57,7 +56,7 @@ from lightning_perf.hooks.flop_count import FlopCounting, keep_count
 from lightning_perf.hooks.log_pace import REPORT_SHARE
 from lightning_perf.hooks.memory_tracking import MemoryTracking
 from lightning_perf.hooks.profiling_cost import cost_epoch, profiling_report
-from lightning_perf.hooks.stage_measure import EpochReview, StageMeasure, logger_step, say, stage_step
+from lightning_perf.hooks.stage_measure import EpochReview, Reviews, StageMeasure, logger_step, say, stage_step
 from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.layout import page_path
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary, StepSplit, WindowRecord
@@ -137,8 +136,7 @@ class EpochReporter:
         self._batch_size = batch_size
         self._policy = policy
         self._shown = ShownFindings()
-        self._validation_in_train_epoch: list[EpochSummary] = []
-        self._fit_seconds = (0.0, 0.0)  # training and validation step time over the fits so far
+        self._reviews = Reviews()  # what each epoch's diagnosis reads that later epochs change
         self._report: ReportFile | None = None  # on rank zero, from the first write on
         self.budget = ProfilingBudget(config.profile_budget, config.schedule.warmup)  # the profiling's cost, its budget
         # The training batches' FLOP counts, per sample as the epoch counts them, within the budget.
@@ -171,8 +169,10 @@ class EpochReporter:
         """The run's optimizers, once they exist (``optimizer_heavy`` advises what would change)."""
         self.run_info["optimizer_info"] = self.call_plan["optimizer_info"] = info
 
-    def end_call(self) -> None:
-        """A Trainer call ends: its wall time counts in the run's, and the report's ``run.profiling`` says so."""
+    def end_call(self, trainer: pl.Trainer) -> None:
+        """A Trainer call ends: the stages' pending findings are reported (:meth:`report_pending`), its wall time
+        counts in the run's, and the report's ``run.profiling`` says so."""
+        self._policy.safely(None, self.report_pending, trainer)
         self.budget.call_ended(time.perf_counter())
         self.run_info["profiling"] = profiling_report(self.budget)
 
@@ -311,7 +311,8 @@ class EpochReporter:
                     self._policy.warn_once("empty_cache", warning)
             except Exception as err:
                 self._policy.fail(None, err)
-        st.pending = self._review(summary, trainer, ranks)
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        st.pending = self._reviews.review(summary, ranks, st.history, len(self.epochs), fitting, trainer.is_global_zero)
         if self._batch_size.failed:
             self._policy.warn_once(
                 "batch_size_fn", f"PerfCallback: {self._batch_size.failed}; throughput is not measured."
@@ -417,25 +418,6 @@ class EpochReporter:
             self._report.write(self.report())
         else:
             self._report.update(self.report)
-
-    def _review(self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...]) -> EpochReview:
-        """What the epoch's diagnosis reads that later epochs change: the stage's history before it, and for
-        training the validation runs inside it and the fits' step time so far (kept on rank zero)."""
-        stage = summary.stage
-        validation: tuple[EpochSummary, ...] = ()
-        fit_seconds = None
-        if trainer.is_global_zero:
-            if stage == "validate" and trainer.state.fn == TrainerFn.FITTING:
-                self._validation_in_train_epoch.append(summary)
-            if stage == "train":
-                validation, self._validation_in_train_epoch = tuple(self._validation_in_train_epoch), []
-                train_s, val_s = self._fit_seconds
-                fit_seconds = self._fit_seconds = (
-                    train_s + epoch_time(summary),
-                    val_s + sum(epoch_time(v) for v in validation),
-                )
-        history = tuple(self.stages[stage].history)
-        return EpochReview(summary, ranks, history, validation, fit_seconds, order=len(self.epochs))
 
     def _diagnose(self, review: EpochReview, trainer: pl.Trainer) -> list[Finding]:
         summary = review.summary

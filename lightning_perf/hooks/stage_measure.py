@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -21,6 +22,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_perf.collect.cpu import EpochCpu
 from lightning_perf.collect.memory import host_rss
 from lightning_perf.collect.steps import StepClock
+from lightning_perf.diagnose.rules_step import epoch_time
 from lightning_perf.hooks.log_pace import REPORT_BURST, REPORT_SHARE, LogPace
 from lightning_perf.records import EpochSummary, RankSummary
 from lightning_perf.report.metrics import batch_metrics
@@ -64,6 +66,39 @@ class EpochReview(NamedTuple):
     validation: tuple[EpochSummary, ...]
     fit_seconds: tuple[float, float] | None
     order: int
+
+
+class Reviews:
+    """Builds each stage epoch's :class:`EpochReview`, and keeps what a training epoch's diagnosis reads of the
+    epochs before it: the validation runs inside it and the fits' step time so far (on rank zero)."""
+
+    def __init__(self) -> None:
+        self._validation: list[EpochSummary] = []  # the validation runs inside the current training epoch
+        self._fit_seconds = (0.0, 0.0)  # training and validation step time over the fits so far
+
+    def review(
+        self,
+        summary: EpochSummary,
+        ranks: tuple[RankSummary, ...],
+        history: Iterable[EpochSummary],
+        order: int,
+        fitting: bool,
+        keep: bool,
+    ) -> EpochReview:
+        """The epoch's review: its stage's ``history`` before it, ``order`` among the run's stage epochs;
+        ``fitting``: inside ``Trainer.fit``; ``keep``: the rank keeps the fits' bookkeeping (rank zero)."""
+        validation: tuple[EpochSummary, ...] = ()
+        fit_seconds = None
+        if keep and summary.stage == "validate" and fitting:
+            self._validation.append(summary)
+        elif keep and summary.stage == "train":
+            validation, self._validation = tuple(self._validation), []
+            train_s, val_s = self._fit_seconds
+            fit_seconds = self._fit_seconds = (
+                train_s + epoch_time(summary),
+                val_s + sum(epoch_time(v) for v in validation),
+            )
+        return EpochReview(summary, ranks, tuple(history), validation, fit_seconds, order)
 
 
 @dataclass
