@@ -20,9 +20,11 @@ DataLoader worker, and whether loading computes or waits.
 
 from __future__ import annotations
 
+import math
 import os
+import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from lightning_perf.collect.procfs import ProcFile
 
@@ -71,9 +73,10 @@ def children_cpu_seconds() -> float | None:
     Notes:
         DataLoader workers are this process's children; so are other subprocesses (a compile worker pool,
         a launcher's helpers), which idle in a training loop. The difference between two calls is what the
-        workers computed in between. Listing the children reads a file per thread: about 0.2 ms. Under
-        Lightning's ``ddp`` launcher the other ranks of the node are rank zero's children too, each busy all
-        epoch: :class:`EpochCpu` leaves them out of its workers (``start(ranks=...)``).
+        workers computed in between. The children are listed by :class:`ChildList` (a file per thread, all of
+        them at most once a second). Under Lightning's ``ddp`` launcher the other ranks of the node are rank
+        zero's children too, each busy all epoch: :class:`EpochCpu` leaves them out of its workers
+        (``start(ranks=...)``).
     """
     seconds = _children_cpu(())
     return None if seconds is None else seconds[0] + seconds[1]
@@ -118,8 +121,40 @@ def _read_words(path: str) -> list[str]:
         return []
 
 
-def _children(tasks: str) -> set[str]:
-    return {pid for task in os.listdir(tasks) for pid in _read_words(f"{tasks}/{task}/children")}
+# How often the children of every thread are listed; in between, only those of the calling thread and of the threads
+# that had children at the last full listing. A thread's ``children`` file took 20-30 us to read on a 2-CPU VM, and
+# a fit has 5-8 threads (torch's, TensorBoard's writer, the progress bar's): listing them all at each epoch start
+# and end took 0.35 ms of a stage epoch's 1.2 ms of hooks in a run of 10-ms epochs. A subprocess another thread
+# starts is seen within this many seconds (a DataLoader's workers, a launcher's ranks and our window process are
+# started by the thread that runs the loop, read every time). Our judgment.
+FULL_LISTING_SECONDS = 1.0
+
+
+class ChildList:
+    """The process's children's pids, from the ``children`` files of its threads (``/proc/self/task/*/``): all of
+    them at most every :data:`FULL_LISTING_SECONDS`, else the calling thread's and those that had children."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._listed = -math.inf  # when every thread was last read
+        self._parents: set[str] = set()  # the threads that had children then
+
+    def __call__(self, tasks: str) -> set[str]:
+        now = self._clock()
+        full = now - self._listed >= FULL_LISTING_SECONDS
+        threads = os.listdir(tasks) if full else {*self._parents, str(threading.get_native_id())}
+        found: set[str] = set()
+        parents = set()
+        for task in threads:
+            if pids := _read_words(f"{tasks}/{task}/children"):
+                found.update(pids)
+                parents.add(task)
+        if full:
+            self._listed, self._parents = now, parents
+        return found
+
+
+_children = ChildList()
 
 
 def machine_busy_seconds() -> float | None:

@@ -11,6 +11,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import lightning.pytorch as pl
@@ -19,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset
 
 from installed import WINDOWLIB, installed_package
-from lightning_perf.collect.cpu import CpuDemand, children_cpu_seconds
+from lightning_perf.collect.cpu import ChildList, CpuDemand, children_cpu_seconds
 from lightning_perf.collect.loader import dataset_facts
 from lightning_perf.collect.loops import LoopStartTimer
 from lightning_perf.collect.steps import StepClock
@@ -133,6 +134,37 @@ def _wait_until_spun(pid: int, deadline: float = 30.0) -> None:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
+def test_other_threads_children_are_listed_every_second_the_calling_threads_every_time():
+    now = [0.0]
+    children, tasks = ChildList(clock=lambda: now[0]), "/proc/self/task"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    mine, theirs, done = subprocess.Popen(sleeper), [], threading.Event()
+
+    def start_one_and_stay():  # a thread other than the caller's starts a child and lives on (its parent)
+        theirs.append(subprocess.Popen(sleeper))
+        done.wait(30)
+
+    other = threading.Thread(target=start_one_and_stay)
+    try:
+        assert str(mine.pid) in children(tasks)  # the first call lists every thread
+        other.start()
+        while not theirs:
+            time.sleep(0.01)
+        now[0] = 0.5
+        listed = children(tasks)
+        assert str(mine.pid) in listed and str(theirs[0].pid) not in listed  # not a parent at the last listing
+        now[0] = 1.0
+        assert str(theirs[0].pid) in children(tasks)  # the next full listing
+        now[0] = 1.5
+        assert {str(mine.pid), str(theirs[0].pid)} <= children(tasks)  # its thread is a parent now: read every time
+    finally:
+        done.set()
+        other.join()
+        for proc in (mine, *theirs):
+            proc.kill()
+            proc.wait()
+
+
 def test_the_other_ranks_are_no_workers_but_the_runs_own():
     # Lightning's ddp launcher starts a node's other ranks as rank zero's children: each busy all epoch, they read
     # as a DataLoader worker computing (0.78 of the 1 CPU a rank of BoringModel used, on 2 CPUs); and their own
