@@ -24,10 +24,11 @@ Notes:
        :class:`~lightning_perf.collect.verdicts.SharedVerdicts`), so that every window holds every rank.
     7. The default plan (not one the user chose) whose first recorded batch a stage's epochs never reach (a run of
        many short epochs) is moved into them: after an epoch too short for it, each of the stage's later epochs
-       of a known length records its batch ``warmup`` (or its last), warmed up on those before, until the stage
-       has a window. A stage's first epoch keeps the plan, so that a single short call (a forecasting library's
-       predict call on a copy of the callback) pays no window. The moved window is the stage's first: it opens
-       as planned (Notes 6).
+       records its batch ``warmup`` (or its last), warmed up on those before, until the stage has a window; an
+       epoch of unknown length (an ``IterableDataset``) is expected as long as the stage's last (one that ends
+       sooner drops or shortens its window, as any epoch does). A stage's first epoch keeps the plan, so that a
+       single short call (a forecasting library's predict call on a copy of the callback) pays no window. The
+       moved window is the stage's first: it opens as planned (Notes 6).
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ class StagePosition:
         plan: This epoch's own plan, where the default one is moved into a short epoch (Notes 7); ``None``: the
             controller's.
         short_epochs: The stage's epochs so far too short for the plan to record in.
+        last_batches: The batches of the stage's last epoch (the length a moved plan expects of an epoch of
+            unknown length: Notes 7).
     """
 
     epoch: int = -1
@@ -82,6 +85,7 @@ class StagePosition:
     quiet_until: float = 0
     plan: WindowPlan | None = None
     short_epochs: int = 0
+    last_batches: int = 0
 
 
 @dataclass(frozen=True)
@@ -220,16 +224,11 @@ class WindowControl:
     def _moved_plan(self, pos: StagePosition) -> WindowPlan | None:
         """The default plan moved into an epoch too short for it (Notes 7), or ``None``."""
         first = self.plan.first_active()
-        if (
-            self._chosen
-            or pos.short_epochs == 0
-            or pos.windows_used > 0
-            or first is None
-            or not pos.num_batches <= first < math.inf
-        ):
+        length = pos.num_batches if pos.num_batches < math.inf else pos.last_batches
+        if self._chosen or pos.short_epochs == 0 or pos.windows_used > 0 or first is None or not 0 < length <= first:
             return None
-        batch = min(self.warmup, int(pos.num_batches) - 1)  # warmed up on the batches before it, where it has any
-        return BatchListPlan((batch,), warmup=batch) if batch >= 0 else None
+        batch = min(self.warmup, int(length) - 1)  # warmed up on the batches before it, where it has any
+        return BatchListPlan((batch,), warmup=batch)
 
     def next_batch(self, stage: str, context: Any) -> WindowToSave | None:
         """Moves ``stage`` on to its next batch and sets the window up for it (:meth:`before_batch`). Between
@@ -372,6 +371,7 @@ class WindowControl:
         pos = self.stages[stage]
         if self.verdicts is not None:
             self.verdicts.ended(stage, pos.epoch)
+        pos.last_batches = pos.batch
         first = self.plan.first_active()
         if (
             pos.windows_this_epoch == 0
@@ -382,7 +382,7 @@ class WindowControl:
         ):
             pos.short_epochs += 1
             moved = (
-                "; the stage's next epoch of a known length records one of its batches instead (until a window saves)"
+                "; the stage's next epoch records one of its batches instead (until a window saves)"
                 if not self._chosen
                 else ". Lower `schedule.skip_first`/`wait`, or pass `batches=[...]`"
             )

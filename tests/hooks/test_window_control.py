@@ -375,16 +375,26 @@ def test_the_default_plan_moves_into_short_epochs_from_the_second_until_a_window
     assert run.warned == {} and "the stage's next epoch of a known length records" in run.noted["short:train"]
 
 
-def test_a_single_short_epoch_a_users_plan_and_epochs_of_unknown_length_keep_the_plan():
+def test_a_single_short_epoch_and_a_users_plan_keep_the_plan():
     single = Driver(chosen=False)
     single.epoch("predict", 2)  # a forecasting library's predict call on a copy of the callback
     assert single.made == []
     chosen = Driver(schedule={"skip_first": 20}, chosen=True)
-    unknown = Driver(chosen=False)
     for epoch in range(3):
         chosen.epoch("train", 4, epoch=epoch)
-        unknown.epoch("train", 4, num_batches=math.inf, epoch=epoch)
-    assert chosen.made == [] and unknown.made == []
+    assert chosen.made == []
+
+
+def test_epochs_of_unknown_length_are_expected_as_long_as_the_last():
+    run = Driver(chosen=False)  # an IterableDataset of 3 batches an epoch
+    for epoch in range(3):
+        run.epoch("train", 3, num_batches=math.inf, epoch=epoch)
+    assert run.windows("train") == [(1, 1, 1)]
+    shorter = Driver(chosen=False)  # an epoch ends sooner than the last: its warm-up is dropped, uncounted ...
+    shorter.epoch("train", 3, num_batches=math.inf, epoch=0)
+    shorter.epoch("train", 1, num_batches=math.inf, epoch=1)
+    shorter.epoch("train", 3, num_batches=math.inf, epoch=2)
+    assert shorter.windows("train") == [(2, 0, 0)]  # ... and the next expects its one batch
 
 
 def test_one_batch_epochs_get_a_moved_window_without_warm_up():
