@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def _run(config: str, root: Path) -> Path:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--config", config, "--root", str(root)],
+        [sys.executable, str(SCRIPT), "--config", config, "--root", str(root), "--epochs", "2"],
         capture_output=True,
         text=True,
         timeout=300,
