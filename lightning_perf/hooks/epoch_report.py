@@ -311,8 +311,7 @@ class EpochReporter:
                     self._policy.warn_once("empty_cache", warning)
             except Exception as err:
                 self._policy.fail(None, err)
-        fitting = trainer.state.fn == TrainerFn.FITTING
-        st.pending = self._reviews.review(summary, ranks, st.history, len(self.epochs), fitting, trainer.is_global_zero)
+        st.pending = self._reviews.review(summary, ranks, st.history, len(self.epochs), trainer)
         if self._batch_size.failed:
             self._policy.warn_once(
                 "batch_size_fn", f"PerfCallback: {self._batch_size.failed}; throughput is not measured."

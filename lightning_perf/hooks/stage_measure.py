@@ -3,7 +3,8 @@ Stage measures
 ==============
 
 One stage's always-on measurement between its epoch ends (its clocks, CPU use, recent history, and the pacing of
-what it writes), the step axes its scalars are written at, and the console line's way out. What
+what it writes), the step axes its scalars are written at, the console line's way out, and each epoch's review:
+what its diagnosis reads, kept while the pace leaves its findings pending. What
 :class:`~lightning_perf.hooks.epoch_report.EpochReporter` keeps per stage and
 :class:`~lightning_perf.PerfCallback`'s per-batch hooks touch.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import lightning.pytorch as pl
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_perf.collect.cpu import EpochCpu
@@ -82,11 +84,11 @@ class Reviews:
         ranks: tuple[RankSummary, ...],
         history: Iterable[EpochSummary],
         order: int,
-        fitting: bool,
-        keep: bool,
+        trainer: pl.Trainer,
     ) -> EpochReview:
-        """The epoch's review: its stage's ``history`` before it, ``order`` among the run's stage epochs;
-        ``fitting``: inside ``Trainer.fit``; ``keep``: the rank keeps the fits' bookkeeping (rank zero)."""
+        """The epoch's review: its stage's ``history`` before it, ``order`` among the run's stage epochs; the fits'
+        bookkeeping is kept on rank zero, where the diagnosis runs."""
+        fitting, keep = trainer.state.fn == TrainerFn.FITTING, trainer.is_global_zero
         validation: tuple[EpochSummary, ...] = ()
         fit_seconds = None
         if keep and summary.stage == "validate" and fitting:

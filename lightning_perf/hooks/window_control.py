@@ -218,8 +218,12 @@ class WindowControl:
         """Whether the stage's current epoch may record a window: the plan records in it (any epoch of unknown
         length may), on a process that records, with windows left."""
         pos = self.stages[stage]
-        first = (pos.plan or self.plan).first_active()
+        first = self._plan(pos).first_active()
         return self.records and pos.windows_used < self.max_windows and first is not None and first < pos.num_batches
+
+    def _plan(self, pos: StagePosition) -> WindowPlan:
+        """The plan of the stage's current epoch: its own where the default was moved into it (Notes 7)."""
+        return pos.plan or self.plan
 
     def _moved_plan(self, pos: StagePosition) -> WindowPlan | None:
         """The default plan moved into an epoch too short for it (Notes 7), or ``None``."""
@@ -239,7 +243,7 @@ class WindowControl:
             if pos.batch < pos.quiet_until or not self.records or pos.windows_used >= self.max_windows:
                 return None  # the plan leaves the batch alone, or no window opens on this rank or for this stage
             if pos.batch < pos.num_batches:
-                pos.quiet_until = (pos.plan or self.plan).next_action(pos.batch, pos.num_batches)
+                pos.quiet_until = self._plan(pos).next_action(pos.batch, pos.num_batches)
                 if pos.batch < pos.quiet_until:
                     return None
         return self.before_batch(stage, context)
@@ -254,7 +258,7 @@ class WindowControl:
             return self.close(stage, shortened=True)
         if open_ is None and (not self.records or pos.windows_used >= self.max_windows):
             return None
-        action = (pos.plan or self.plan).action(pos.batch, pos.num_batches)
+        action = self._plan(pos).action(pos.batch, pos.num_batches)
         if action is Action.NONE:
             return None
         if open_ is None and action is Action.WARMUP and not self._records_later(pos):
@@ -287,7 +291,7 @@ class WindowControl:
         if not math.isfinite(pos.num_batches):
             return True
         for batch in range(pos.batch + 1, int(pos.num_batches)):
-            action = (pos.plan or self.plan).action(batch, pos.num_batches)
+            action = self._plan(pos).action(batch, pos.num_batches)
             if action in (Action.RECORD, Action.RECORD_AND_SAVE):
                 return True
             if action is not Action.WARMUP:
@@ -306,7 +310,7 @@ class WindowControl:
             return None
         open_.window.end_step()
         pos = self.stages[stage]
-        if (pos.plan or self.plan).action(pos.batch, pos.num_batches) is Action.RECORD_AND_SAVE:
+        if self._plan(pos).action(pos.batch, pos.num_batches) is Action.RECORD_AND_SAVE:
             return self.close(stage, shortened=False)
         return None
 
@@ -346,7 +350,7 @@ class WindowControl:
             pos.windows_used -= 1
             return None
         if shortened:
-            planned = planned_batches(pos.plan or self.plan, recorded[0], recorded[-1])
+            planned = planned_batches(self._plan(pos), recorded[0], recorded[-1])
             stopped_in = recorded[-1] == pos.batch  # the batch's end never came: the run stopped inside it
             shortened = stopped_in or recorded[-1] < planned[1]  # else it recorded all it planned, whole
             if shortened:
@@ -416,7 +420,7 @@ class WindowControl:
         if self.budget is None:
             return True
         if self._denied == (stage, pos.epoch, pos.batch - 1) and (
-            (pos.plan or self.plan).action(pos.batch - 1, pos.num_batches) is not Action.RECORD_AND_SAVE
+            self._plan(pos).action(pos.batch - 1, pos.num_batches) is not Action.RECORD_AND_SAVE
         ):
             self._denied = (stage, pos.epoch, pos.batch)
             return False
