@@ -161,22 +161,41 @@ def machine_busy_seconds() -> float | None:
     """CPU seconds, cumulative, every process used on the CPUs this process may run on (its affinity): all of
     ``/proc/stat``'s per-CPU time but idle and I/O wait; ``None`` without ``/proc`` (not Linux). In a container
     it is the host's, as its scheduler sees it: what competes with this process for its CPUs, counted in ticks
-    of 10 ms per CPU (the rules judge it over enough wall time: ``lightning_perf.diagnose.contention``)."""
-    allowed = {f"cpu{i}" for i in os.sched_getaffinity(0)} if hasattr(os, "sched_getaffinity") else None
+    of 10 ms per CPU (the rules judge it over enough wall time: ``lightning_perf.diagnose.contention``).
+
+    Where the process may run on every online CPU (the usual case), ``/proc/stat``'s first line, their sum, is
+    read alone: one line parsed, where a machine of 128 CPUs has 128 more (read at every stage epoch's start and
+    end)."""
+    allowed = _allowed_cpus()
     busy = 0
     try:
         with open("/proc/stat") as f:
+            if allowed is None:
+                return _busy_ticks(f.readline().split()[1:]) / os.sysconf("SC_CLK_TCK")
             for line in f:
                 if not line.startswith("cpu"):
                     break
                 name, *values = line.split()
-                if name == "cpu" or (allowed is not None and name not in allowed):
-                    continue
-                fields = [int(v) for v in values[:8]]
-                busy += sum(fields) - fields[3] - fields[4]  # less idle and I/O wait
+                if name != "cpu" and name in allowed:
+                    busy += _busy_ticks(values)
     except (OSError, ValueError, IndexError):
         return None
     return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _allowed_cpus() -> set[str] | None:
+    """``/proc/stat``'s names of the CPUs this process may run on (``cpu0``, ...); ``None`` for every online CPU
+    (or where the affinity cannot be read)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = os.sched_getaffinity(0)
+    return None if len(cpus) >= (os.cpu_count() or 0) else {f"cpu{i}" for i in cpus}
+
+
+def _busy_ticks(values: list[str]) -> int:
+    """A ``/proc/stat`` CPU line's ticks (its fields after the name) but idle and I/O wait."""
+    fields = [int(v) for v in values[:8]]
+    return sum(fields) - fields[3] - fields[4]
 
 
 class EpochCpu:

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset
 
 from installed import WINDOWLIB, installed_package
-from lightning_perf.collect.cpu import ChildList, CpuDemand, children_cpu_seconds
+from lightning_perf.collect.cpu import ChildList, CpuDemand, children_cpu_seconds, machine_busy_seconds
 from lightning_perf.collect.loader import dataset_facts
 from lightning_perf.collect.loops import LoopStartTimer
 from lightning_perf.collect.steps import StepClock
@@ -163,6 +163,27 @@ def test_other_threads_children_are_listed_every_second_the_calling_threads_ever
         for proc in (mine, *theirs):
             proc.kill()
             proc.wait()
+
+
+def _stat_busy(names: set[str]) -> float:
+    with open("/proc/stat") as f:
+        lines = [line.split() for line in f if line.startswith("cpu")]
+    ticks = sum(sum(int(v) for v in f[1:9]) - int(f[4]) - int(f[5]) for f in lines if f[0] in names)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_machines_busy_seconds_are_those_of_the_cpus_the_process_may_use():
+    every = {f"cpu{i}" for i in range(os.cpu_count() or 1)}
+    assert abs(machine_busy_seconds() - _stat_busy(every)) < 0.5  # all CPUs: the first line, their sum
+    # One CPU allowed: its own line alone (in a child process, whose affinity is set first).
+    code = (
+        "import os; os.sched_setaffinity(0, {0});"
+        "from lightning_perf.collect.cpu import machine_busy_seconds; print(machine_busy_seconds())"
+    )
+    one = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert abs(one - _stat_busy({"cpu0"})) < 0.5
+    if (os.cpu_count() or 1) > 1:
+        assert _stat_busy(every) - one > 0.5  # the other CPUs' seconds are left out
 
 
 def test_the_other_ranks_are_no_workers_but_the_runs_own():
