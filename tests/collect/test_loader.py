@@ -173,17 +173,18 @@ def _stat_busy(names: set[str]) -> float:
 
 
 def test_the_machines_busy_seconds_are_those_of_the_cpus_the_process_may_use():
-    every = {f"cpu{i}" for i in range(os.cpu_count() or 1)}
-    assert abs(machine_busy_seconds() - _stat_busy(every)) < 0.5  # all CPUs: the first line, their sum
+    allowed = os.sched_getaffinity(0)
+    assert abs(machine_busy_seconds() - _stat_busy({f"cpu{i}" for i in allowed})) < 0.5  # all of them: first line
     # One CPU allowed: its own line alone (in a child process, whose affinity is set first).
+    cpu = min(allowed)
     code = (
-        "import os; os.sched_setaffinity(0, {0});"
+        f"import os; os.sched_setaffinity(0, {{{cpu}}});"
         "from lightning_perf.collect.cpu import machine_busy_seconds; print(machine_busy_seconds())"
     )
     one = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
-    assert abs(one - _stat_busy({"cpu0"})) < 0.5
-    if (os.cpu_count() or 1) > 1:
-        assert _stat_busy(every) - one > 0.5  # the other CPUs' seconds are left out
+    assert abs(one - _stat_busy({f"cpu{cpu}"})) < 0.5
+    if len(allowed) > 1:
+        assert _stat_busy({f"cpu{i}" for i in allowed}) - one > 0.5  # the other CPUs' seconds are left out
 
 
 def test_the_other_ranks_are_no_workers_but_the_runs_own():
