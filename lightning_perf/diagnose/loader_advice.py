@@ -127,20 +127,20 @@ def _progress_bar_advice(facts: RunFacts) -> list[str]:
     if bar == "TQDMProgressBar" and rate is not None and rate < BAR_REDRAW_EVERY:
         every = "after every batch" if rate == 1 else f"every {rate} batches"
         default = ", Lightning's default" if rate == 1 else ""
-        return [
-            f"Among them, the progress bar redraws {every} (`TQDMProgressBar(refresh_rate={rate})`{default}): on"
-            f" Lightning's BoringModel (1-ms steps) the fit took {TQDM_EVERY_BATCH_COST} as long as with no bar,"
-            f" {TQDM_REFRESH_COST} at `refresh_rate={BAR_REFRESH}`; {fix}."
-        ]
-    if bar == "RichProgressBar":
-        return [
-            "Among them, the progress bar: `RichProgressBar` (Lightning's default where `rich` is installed) updates"
-            f" after every batch and redraws from a thread of its own; on Lightning's BoringModel (1-ms steps) the fit"
-            f" took {RICH_COST} as long as with no bar, {TQDM_REFRESH_COST} with `TQDMProgressBar(refresh_rate="
-            f"{BAR_REFRESH})`;"
-            f" {fix}."
-        ]
-    return []
+        what = f" redraws {every} (`TQDMProgressBar(refresh_rate={rate})`{default}):"
+        cost, alternative = TQDM_EVERY_BATCH_COST, f"at `refresh_rate={BAR_REFRESH}`"
+    elif bar == "RichProgressBar":
+        what = (
+            ": `RichProgressBar` (Lightning's default where `rich` is installed) updates after every batch and"
+            " redraws from a thread of its own;"
+        )
+        cost, alternative = RICH_COST, f"with `TQDMProgressBar(refresh_rate={BAR_REFRESH})`"
+    else:
+        return []
+    return [
+        f"Among them, the progress bar{what} on Lightning's BoringModel (1-ms steps) the fit took {cost} as long as"
+        f" with no bar, {TQDM_REFRESH_COST} {alternative}; {fix}."
+    ]
 
 
 def _oversubscribed_advice(ctx: StageEpoch, load: Loading) -> list[str]:

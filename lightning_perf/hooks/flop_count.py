@@ -21,14 +21,13 @@ Notes:
        some. A run that plans no window (``max_windows=0``) has no first window to wait for, nor has an epoch
        too short for the plan (a run of short epochs counts in its first, before the window the plan moves into
        a later one: :mod:`~lightning_perf.hooks.window_control`, Notes 7), and one whose first training epoch
-       opened none waits no longer after it. A run too
-       short to make room has no FLOP count: no FLOP/s, MFU or activations saved for the backward, and its last
-       line says so. Without a budget (``profile_budget=None``, or a plan of the user's) the first candidate is
-       counted. A batch held back puts the next offer further on, twice as far each time up to
-       :data:`HELD_STRIDE` batches (1, 2, 4, ... after it), and the callback compares the batch's index with
-       :attr:`~FlopCounting.offer_from`, an integer: asked at every batch, the budget took 4.5 us of a 1-ms step
-       in the fit (0.15-0.4% of a 10-s run of such steps that never made room), and a count that waits a few
-       batches longer loses nothing.
+       opened none waits no longer after it. A run too short to make room has no FLOP count: no FLOP/s, MFU or
+       activations saved for the backward, and its last line says so. Without a budget (``profile_budget=None``,
+       or a plan of the user's) the first candidate is counted. A batch held back puts the next offer further
+       on, twice as far each time up to :data:`HELD_STRIDE` batches (1, 2, 4, ... after it), and the callback
+       compares the batch's index with :attr:`~FlopCounting.offer_from`, an integer: asked at every batch, the
+       budget took 4.5 us of a 1-ms step in the fit (0.15-0.4% of a 10-s run of such steps that never made room),
+       and a count that waits a few batches longer loses nothing.
     3. A counted batch runs slower (every op goes through Python): like a profiled batch, it is left out of the
        epoch's step times, and what it took beyond the epoch's median step is charged to the budget.
     4. The peak FLOP/s come from ``PerfCallback(peak_flops=...)``, else from the datasheet table

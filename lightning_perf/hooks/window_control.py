@@ -198,7 +198,7 @@ class WindowControl:
         self._info = info
         self._unmet = warn if chosen else info  # the plan could not be kept: said as the plan's chooser expects
         self._chosen = chosen
-        self.warmup = warmup  # a moved window's warm-up batches (Notes 7)
+        self._warmup = warmup  # a moved window's warm-up batches (Notes 7)
         self.budget = budget
         self._clock = clock
         self._denied: tuple[str, int, int] | None = None  # (stage, epoch, batch) the budget last kept closed
@@ -231,7 +231,7 @@ class WindowControl:
         length = pos.num_batches if pos.num_batches < math.inf else pos.last_batches
         if self._chosen or pos.short_epochs == 0 or pos.windows_used > 0 or first is None or not 0 < length <= first:
             return None
-        batch = min(self.warmup, int(length) - 1)  # warmed up on the batches before it, where it has any
+        batch = min(self._warmup, int(length) - 1)  # warmed up on the batches before it, where it has any
         return BatchListPlan((batch,), warmup=batch)
 
     def next_batch(self, stage: str, context: Any) -> WindowToSave | None:
