@@ -189,6 +189,7 @@ class PerfCallback(StageHooks, ResultsView):
         self._stages: dict[str, StageMeasure] = {stage: self._epochs.stages[stage] for stage in self.config.stages}
         self._flops = self._epochs.flops
         self._positions = self._control.stages
+        self._state_texts = run_state.RecordTexts()
         self._loop_timer = LoopStartTimer()  # what Lightning's loops spend starting DataLoaders before our hooks
         self._windows_at_setup = 0
         self._resuming = True
@@ -210,7 +211,7 @@ class PerfCallback(StageHooks, ResultsView):
     def state_dict(self) -> dict[str, Any]:
         """See :func:`lightning_perf.hooks.run_state.state_dict`."""
         self._profiler_windows.join()
-        return run_state.state_dict(self._positions, self._epochs)
+        return run_state.state_dict(self._positions, self._epochs, self._state_texts)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

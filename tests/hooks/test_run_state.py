@@ -114,12 +114,35 @@ def test_checkpoint_state_is_bounded_however_long_the_run(tmp_path):
     short, long = _short_epochs(tmp_path / "short", 3), _short_epochs(tmp_path / "long", HISTORY_EPOCHS + 8)
     state = json.loads(json.dumps(long.state_dict()))
     assert len(long.epochs) == HISTORY_EPOCHS + 8
-    assert [e["epoch"] for e in state["stages"]["train"]["history"]] == list(range(8, HISTORY_EPOCHS + 8))
+    history = state["stages"]["train"]["history"]
+    assert [json.loads(e)["epoch"] for e in history] == list(range(8, HISTORY_EPOCHS + 8))  # a JSON text each
     assert not {"epochs", "findings", "ranks"} & set(state)  # the report keeps those, not the checkpoint
     assert state["report_path"] == long.report_path
     # One more epoch than the bound adds nothing: the state grows with the history's bound, not the run.
     assert len(json.dumps(state)) < 1.2 * len(json.dumps(_short_epochs(tmp_path / "b", HISTORY_EPOCHS).state_dict()))
     assert len(json.dumps(short.state_dict())) < len(json.dumps(state))
+
+
+def test_each_epoch_of_the_history_is_encoded_once(tmp_path):
+    # A checkpoint at every epoch end re-encodes only the epoch that is new since the last one.
+    run = _short_epochs(tmp_path, 3)
+    before = run.state_dict()["stages"]["train"]["history"]
+    run._stages["train"].history.append(dataclasses.replace(run.epochs[-1], epoch=3))
+    after = run.state_dict()["stages"]["train"]["history"]
+    assert [json.loads(e)["epoch"] for e in after] == [0, 1, 2, 3]
+    assert all(a is b for a, b in zip(before, after[:3], strict=True))  # the same texts, not encoded again
+
+
+def test_a_version_2_checkpoint_with_its_history_as_dicts_still_loads(tmp_path):
+    run = _short_epochs(tmp_path, 2)
+    state = json.loads(json.dumps(run.state_dict()))
+    state["version"] = 2
+    for saved in state["stages"].values():
+        saved["history"] = [json.loads(e) for e in saved["history"]]
+    os.remove(run.report_path)  # the history is all there is to take back
+    resumed = PerfCallback(batches=[100_000], stages=["train"])
+    resumed.load_state_dict(state)
+    assert resumed._stages["train"].history == run._stages["train"].history
 
 
 def test_resuming_takes_the_earlier_epochs_from_the_report_or_else_the_recent_history(tmp_path):
