@@ -266,29 +266,25 @@ class PerfCallback(StageHooks, ResultsView):
         self._end(trainer, wait=EXCEPTION_WAIT_SECONDS, interrupted=True)
 
     def _end(self, trainer: pl.Trainer, *, wait: float, interrupted: bool = False) -> None:
-        """A Trainer call ends: what was installed comes off, what is open is saved, what is pending written (at
-        most ``wait`` s for the ranks), and the console says where the call's windows and report are."""
+        """A Trainer call ends: what was installed comes off, the open window is saved, the staged traces are
+        published (at most ``wait`` s for the ranks), the epochs an interruption stopped and those still carried
+        (epoch_report, Notes 2) are summarized, the report is written, and the console says where the call's
+        windows and report are."""
         self._policy.safely(None, self._loop_timer.uninstall)
         self._policy.safely(None, self._epochs.compile.uninstall)
-        self._save_all(trainer, wait=wait, interrupted=interrupted)
-        self._policy.safely(None, self._epochs.close_outputs)
-        saved = max(len(self.windows) - self._windows_at_setup, 0)
-        if message := where_to_look(saved, self.dirpath, self.tensorboard_logdir, self.page_path, self._epochs.budget):
-            rank_zero_info(message)
-
-    def _save_all(self, trainer: pl.Trainer, *, wait: float, interrupted: bool) -> None:
-        """Saves the open window, publishes the staged traces, summarizes the epochs an interruption stopped,
-        and writes the report."""
         stage = self._control.open.stage if self._control.open is not None else None
         self._flops.cancel()
         self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.close(shortened=True)))
         self._profiler_windows.end()
         self._policy.safely(None, self._staging.publish, wait=wait)
         self._policy.safely(None, self._staging.close)
-        if interrupted:
-            self._policy.safely(None, self._epochs.end_interrupted, trainer, self._positions)
+        self._policy.safely(None, self._epochs.end_stages, trainer, self._positions, interrupted=interrupted)
         self._epochs.end_call(trainer)  # the call's time, its windows' processing included, counts in the run's
         self._policy.safely(None, self._epochs.write_report, trainer, now=True)
+        self._policy.safely(None, self._epochs.close_outputs)
+        saved = max(len(self.windows) - self._windows_at_setup, 0)
+        if message := where_to_look(saved, self.dirpath, self.tensorboard_logdir, self.page_path, self._epochs.budget):
+            rank_zero_info(message)
 
     # ------------------------------------------------------------------ stage events (see StageHooks)
 
@@ -309,7 +305,7 @@ class PerfCallback(StageHooks, ResultsView):
         if self._profiler_windows.busy:  # a window of another stage is still processed: no contention of the run's
             st.cpu.pause()
         self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.before_batch(stage, trainer)))
-        st.clock.epoch_start(waited)
+        st.clock.epoch_start(waited, carried=st.carried)
 
     @override
     def _batch_start(self, stage: str, trainer: pl.Trainer, batch: Any, batch_idx: int) -> None:
@@ -350,7 +346,7 @@ class PerfCallback(StageHooks, ResultsView):
         cadence = trainer.log_every_n_steps  # type: ignore[attr-defined]
         if cadence and st.total_batches % cadence == 0:
             try:
-                self._epochs.log_batch(stage, trainer)
+                st.log_batch(stage, trainer, self._epochs.outputs)
             except Exception as err:
                 self._policy.fail(stage, err)
         try:
@@ -378,6 +374,9 @@ class PerfCallback(StageHooks, ResultsView):
         waited = self._profiler_windows.join()  # the epoch's windows are written and in self.windows before reading
         st = self._stages[stage]
         st.in_epoch = False
+        if self._epochs.carry(stage, self._positions[stage], waited, alone=not self._staging.exchanging):
+            self._control.epoch_end(stage)  # measured with the next epoch (epoch_report, Notes 2)
+            return
         summary: EpochSummary | None = None
         try:
             summary = self._epochs.measure(stage, self._positions[stage].epoch, waited=waited)
@@ -388,13 +387,12 @@ class PerfCallback(StageHooks, ResultsView):
         self._policy.safely(stage, self._staging.publish)
         if summary is not None:
             self._policy.safely(stage, self._epochs.report_epoch, summary, trainer, ranks)
-            st.history.append(summary)
         self._control.epoch_end(stage)
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         if self._flops.active and pl_module.automatic_optimization:  # the count ends with the backward (flops Notes 3)
-            self._epochs.flops_batch_end(trainer)
+            self._flops.finish(pl_module, self._epochs.run_info, self._policy)
 
     @override
     def _validation_start(self, trainer: pl.Trainer) -> None:

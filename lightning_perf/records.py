@@ -75,7 +75,12 @@ class WindowRecord:
 
     Attributes:
         stage: ``"train"``, ``"validate"``, ``"test"`` or ``"predict"``.
-        epoch: The stage's epoch (for validation: the number of validation runs before this one).
+        epoch: The stage's epoch (for validation: the number of validation runs before this one); the last of
+            :attr:`epochs`.
+        epochs: The consecutive epochs measured together, ending at :attr:`epoch`: 1, or more in a run of short
+            epochs, where each stage epoch's own summary, scalars and report would cost more than the
+            measurement share allows (:mod:`~lightning_perf.hooks.epoch_report`, Notes 2). The times, batches
+            and peaks below are the group's; ``first_data_wait`` sums its epochs' first waits.
         first_batch: First recorded batch index within the epoch.
         last_batch: Last recorded batch index within the epoch.
         name: The window's directory name, also its run name in TensorBoard's PyTorch Profiler tab.
@@ -194,6 +199,7 @@ class EpochSummary:
     cuda_utilization: int | None = None
     interrupted: bool = False
     first_data_wait: float | None = None
+    epochs: int = 1
     loading_cpu_share: float | None = None
     worker_cpu: float | None = None
     wall_time: float | None = None

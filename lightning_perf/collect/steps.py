@@ -96,20 +96,28 @@ class StepClock:
         self.batch_sizes: list[int | None] = []
         self.profiled: list[bool] = []  # the batch ran inside a profiler window (warm-up or recording)
         self.after_close: list[int] = []  # the batches that came right after a window's close
+        self.epoch_starts: list[int] = [0]  # where each epoch measured with the others starts (a carried one's)
         self.losses: list[Any] = []  # detached 0-d tensors, still on their device, not yet summed
         self.last_loss: Any = None  # this batch's, or None
         self._loss_sum: Any = None  # the earlier losses of the epoch, summed on their device
         self._loss_count = 0
 
-    def epoch_start(self, waited: float = 0.0) -> None:
+    def epoch_start(self, waited: float = 0.0, *, carried: bool = False) -> None:
         """Starts an epoch's clocks.
 
         Args:
             waited: Seconds Lightning already spent starting the DataLoader before the epoch-start hook,
                 counted in the first batch's data wait.
+            carried: The stage's last epoch was carried into this one, to be measured with it
+                (:mod:`~lightning_perf.hooks.epoch_report`, Notes 2): its batches are kept, and this epoch's
+                first batch is marked in :attr:`epoch_starts`.
         """
         self._last_end = self._clock() - waited
         self._last_end_cpu = None
+        if carried:
+            self.epoch_starts.append(len(self.data_wait))
+            return
+        self.epoch_starts = [0]
         self.data_wait, self.compute, self.batch_sizes, self.profiled, self.losses = [], [], [], [], []
         self.after_close = []
         self.sampled_wait = self.sampled_wait_cpu = 0.0

@@ -18,6 +18,20 @@ Notes:
        replaced by the next epoch's; the stage's latest are reported at the end of the Trainer call
        (:meth:`EpochReporter.report_pending`) and an interrupted epoch's at once. The rules judge a short
        epoch with its latest ones (``StageEpoch.pooled_epochs``), so a skipped epoch's batches still count.
+    2. Measuring an epoch costs 1.5-2.5 ms besides its findings (2-CPU machine: its CPU readings at start and
+       end, its summary, scalars, report budget and files): a run of epochs of a few milliseconds took 1.2-1.8x
+       as long as a bare one. In a single process, once a stage's measurement has spent its pace
+       (:class:`~lightning_perf.hooks.log_pace.LogPace`, with :data:`~lightning_perf.hooks.log_pace.
+       MEASURE_SHARE` of the wall time after :data:`~lightning_perf.hooks.log_pace.MEASURE_BURST`), an epoch
+       that ends is carried into the next one (:meth:`StageMeasure.carry <lightning_perf.hooks.stage_measure.
+       StageMeasure.carry>`): nothing is read at the next one's start, and the two are measured together, as
+       one summary (:attr:`~lightning_perf.records.EpochSummary.epochs`, numbered by its last epoch) with one
+       set of scalars and findings; a group is measured once it is :data:`~lightning_perf.hooks.stage_measure.
+       GROUP_SECONDS` old (1 s) all the same. An epoch with a window is measured at its end, so a window
+       belongs to one group's last epoch; the epochs still carried at the end of a Trainer call are measured
+       then (:meth:`EpochReporter.end_stages`). A distributed run measures every epoch alone: its epoch end is
+       a cross-rank gather, which every rank must join alike, and the pace is each rank's own clock. A
+       checkpoint holds no carried epoch: a run resumed from one measures from where it goes on.
 """
 
 from __future__ import annotations
@@ -35,7 +49,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning_perf import __version__
 from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.batch import BatchSizer
-from lightning_perf.collect.flops import BatchFlops
 from lightning_perf.collect.loader import dataset_facts
 from lightning_perf.collect.memory import CudaPeaks, host_rss
 from lightning_perf.collect.run_info import (
@@ -52,8 +65,8 @@ from lightning_perf.diagnosis_context import epoch_context, epoch_windows, run_f
 from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.failure import out_of_memory
-from lightning_perf.hooks.flop_count import FlopCounting, keep_count
-from lightning_perf.hooks.log_pace import REPORT_SHARE
+from lightning_perf.hooks.flop_count import FlopCounting
+from lightning_perf.hooks.log_pace import MEASURE_SHARE, REPORT_SHARE
 from lightning_perf.hooks.memory_tracking import MemoryTracking
 from lightning_perf.hooks.profiling_cost import cost_epoch, profiling_report
 from lightning_perf.hooks.stage_measure import EpochReview, Reviews, StageMeasure, logger_step, say, stage_step
@@ -85,7 +98,16 @@ def paced_reports(stage: str, summary: EpochSummary) -> str:
         f"PerfCallback: the {stage} epochs are short (the latest {seconds_or_ms(summary.wall_time or 0.0)}): to"
         f" keep their reports within {limit(REPORT_SHARE)} of the run's time, the findings and the console line"
         " come for some of them, judged with the latest epochs, and for the last at the end of the call; every"
-        " epoch is still measured (its scalars, perf_report.json)."
+        " measured epoch still has its scalars and its entry in perf_report.json."
+    )
+
+
+def grouped_epochs(stage: str, epoch: int) -> str:
+    """The note, once per stage, that its epochs are measured in groups from ``epoch`` on (module Notes 2)."""
+    return (
+        f"PerfCallback: the {stage} epochs are short: to keep their measurement within {limit(MEASURE_SHARE)} of the"
+        f" run's time, consecutive epochs from epoch {epoch} on are measured together, each group as one epoch"
+        " named by its last (one set of scalars and findings; in perf_report.json, `epochs` counts them)."
     )
 
 
@@ -186,8 +208,12 @@ class EpochReporter:
 
     def start_epoch(self, stage: str, trainer: pl.Trainer, waited: float) -> None:
         """A stage epoch starts: its memory peaks, its DataLoader's settings (once), its CPU use. ``waited``:
-        what Lightning's loop spent starting the DataLoader before the hook."""
+        what Lightning's loop spent starting the DataLoader before the hook. A carried epoch's start reads
+        nothing (Notes 2: it is measured with the one before); the others' is charged to the measurement pace."""
         st = self.stages[stage]
+        if st.carried:
+            return
+        st.measure_pace.start()
         self.compile.epoch_start()
         st.host_rss_peak = host_rss()
         if self.cuda_peaks is not None:
@@ -202,6 +228,17 @@ class EpochReporter:
         if stage == "train":
             self.memory.epoch_start(history=self.config.memory_history and self.cuda_peaks is not None)
             self.batch_due = True
+        st.measure_pace.end()
+
+    def carry(self, stage: str, pos: StagePosition, waited: float, *, alone: bool) -> bool:
+        """Whether the stage epoch that just ended is carried into the next one (Notes 2; :meth:`StageMeasure.carry
+        <lightning_perf.hooks.stage_measure.StageMeasure.carry>`, ``waited``: its end waited for a window's
+        processing), said once per stage."""
+        st = self.stages[stage]
+        if not st.carry(time.perf_counter(), windowed=bool(waited or pos.windows_this_epoch), alone=alone):
+            return False
+        self._policy.info_once(f"grouped:{stage}", grouped_epochs(stage, pos.epoch))
+        return True
 
     def window_started(self, stage: str, trainer: pl.Trainer) -> int:
         """A profiler window starts recording (the window controller's ``started``): its CUDA peaks start;
@@ -211,14 +248,12 @@ class EpochReporter:
         self.stages[stage].cpu.pause()  # the window's own CPU use is no contention of the run (EpochCpu.pause)
         return stage_step(stage, trainer, self.stages[stage].total_batches)
 
-    def log_batch(self, stage: str, trainer: pl.Trainer) -> None:
-        """Logs the stage's latest batch (at the trainer's logging cadence, as its pace allows)."""
-        self.stages[stage].log_batch(stage, trainer, self.outputs)
-
     def measure(self, stage: str, epoch: int, *, interrupted: bool = False, waited: float = 0.0) -> EpochSummary:
         """The stage epoch's summary from its batches, added to :attr:`epochs`, and what its profiling cost
-        (``waited``: the seconds its end waited for its windows' processing)."""
+        (``waited``: the seconds its end waited for its windows' processing). From here to the end of
+        :meth:`report_epoch`, its cost is charged to the stage's measurement pace (Notes 2)."""
         st = self.stages[stage]
+        st.measure_pace.start()
         clock = st.clock
         rss = host_rss()
         cuda = self.cuda_peaks.read(stage, utilization=True) if self.cuda_peaks is not None else None
@@ -235,6 +270,7 @@ class EpochReporter:
             profiled=left_out,
             loss=clock.mean_loss(),
             loading_cpu_share=clock.loading_cpu_share(),
+            epoch_starts=clock.epoch_starts,
             **st.cpu.read(),
             host_rss=rss,
             host_rss_peak=max(rss or 0, st.host_rss_peak or 0) or None,
@@ -261,44 +297,26 @@ class EpochReporter:
         return summary
 
     def flops_batch_start(self, batch: Any, batch_idx: int) -> bool:
-        """Offers a training batch for counting (:class:`~lightning_perf.hooks.flop_count.FlopCounting`);
-        whether it is being counted. A failure goes to the error policy: the batch is not counted."""
-        try:
-            self.batch_due = self.flops.batch_start(batch, batch_idx) or self.batch_due
-            return self.flops.active
-        except Exception as err:
-            self.flops.cancel()
-            self._policy.fail("train", err)
-            return False
+        """Offers a training batch for counting (:meth:`~lightning_perf.hooks.flop_count.FlopCounting.offer`);
+        whether it is being counted."""
+        counted = self.flops.offer(batch, batch_idx, self._policy)
+        self.batch_due = counted or self.batch_due
+        return counted
 
     def batch_ended(self, stage: str, trainer: pl.Trainer) -> None:
         """A batch that :attr:`batch_due` marked has ended: its FLOP count is kept, the model's memory counted."""
         if self.flops.active:
-            self.flops_batch_end(trainer)
+            self.flops.finish(trainer.lightning_module, self.run_info, self._policy)
         if stage == "train" and self.memory.due:
             self._policy.safely(None, self.memory.count, trainer)
         self.batch_due = self.flops.active or self.memory.due
-
-    def flops_batch_end(self, trainer: pl.Trainer) -> None:
-        """The training batch being counted has ended: its count is kept (:meth:`flops_counted`)."""
-        try:
-            record = self.flops.batch_end(trainer.lightning_module)
-            if record is not None:
-                self.flops_counted(record)
-        except Exception as err:
-            self.flops.cancel()
-            self._policy.fail("train", err)
-
-    def flops_counted(self, record: BatchFlops) -> None:
-        """A training batch's FLOPs were counted (:func:`~lightning_perf.hooks.flop_count.keep_count`)."""
-        keep_count(self.run_info, self.flops.counts, record, self._policy)
 
     def report_epoch(
         self, summary: EpochSummary, trainer: pl.Trainer, ranks: tuple[RankSummary, ...], *, now: bool = False
     ) -> None:
         """Reports the epoch: its scalars, the memory line, and its findings (the diagnosis on rank zero, their
         TensorBoard text, the console line) as the stage's report pace allows (module Notes 1), or ``now``; then
-        the report files (with the epoch's step split)."""
+        the report files (with the epoch's step split), and the epoch joins the stage's history."""
         stage = summary.stage
         st = self.stages[stage]
         if ranks:
@@ -343,6 +361,8 @@ class EpochReporter:
         in_first_train_epoch = "train" in self.config.stages and not self.stages["train"].history
         if trainer.state.fn == TrainerFn.FITTING and (stage == "train" or not in_first_train_epoch):
             self.write_report(trainer)
+        st.history.append(summary)
+        st.measure_pace.end()
 
     def report_pending(self, trainer: pl.Trainer, stage: str | None = None) -> None:
         """Reports the findings of the stage's latest epoch (every stage's, for ``None``: at the end of a Trainer
@@ -383,21 +403,21 @@ class EpochReporter:
         self.oom = out_of_memory(trainer, error, self.stages, positions, self.memory, self.cuda_peaks, self.run_info)
         self.memory.oom_snapshot(self.run_info, self.report_path)
 
-    def end_interrupted(self, trainer: pl.Trainer, positions: Mapping[str, StagePosition]) -> None:
-        """Summarizes, diagnoses and reports the stage epochs an interruption stopped (this rank's own numbers:
-        the other ranks may not be there to gather from), a validation run inside a training epoch first;
-        ``positions``: where each stage is (its epoch, its windows)."""
+    def end_stages(self, trainer: pl.Trainer, positions: Mapping[str, StagePosition], *, interrupted: bool) -> None:
+        """Summarizes, diagnoses and reports what a Trainer call's end leaves, a validation run inside a training
+        epoch first: the stage epochs an interruption stopped (this rank's own numbers: the other ranks may not
+        be there to gather from; with the epochs carried into them), and the epochs still carried (Notes 2);
+        ``positions``: where each stage is (its epoch)."""
         for stage in sorted(self.config.stages, key=lambda s: s == "train"):
             st = self.stages[stage]
-            if not st.in_epoch:
-                continue
-            st.in_epoch = False
-            st.clock.drop_unfinished()
-            if st.clock.batches:
-                pos = positions[stage]
-                summary = self.measure(stage, pos.epoch, interrupted=True)
-                self.report_epoch(summary, trainer, (), now=True)
-                st.history.append(summary)
+            stopped = interrupted and st.in_epoch
+            if stopped:
+                st.clock.drop_unfinished()
+            if (st.carried and not st.in_epoch) or (stopped and st.clock.batches):
+                summary = self.measure(stage, positions[stage].epoch, interrupted=stopped)
+                self.report_epoch(summary, trainer, (), now=stopped)
+            st.carried = False
+            st.in_epoch = st.in_epoch and not interrupted
         if self.oom is not None and trainer.is_global_zero:  # no epoch of its stage had a batch to report
             say(trainer, "\n".join(["lightning-perf:", *finding_lines([self.oom], verbose=2)]))
 

@@ -225,6 +225,27 @@ class FlopCounting:
         self.counts.append(FlopCount(flops=record.total, samples=record.batch_size))
         return record
 
+    def offer(self, batch: Any, batch_idx: int, policy: ErrorPolicy) -> bool:
+        """:meth:`batch_start`, a failure cancelling the count and going to ``policy``: whether it is being
+        counted."""
+        try:
+            return self.batch_start(batch, batch_idx)
+        except Exception as err:
+            self.cancel()
+            policy.fail("train", err)
+            return False
+
+    def finish(self, root: nn.Module | None, run_info: dict[str, Any], policy: ErrorPolicy) -> None:
+        """:meth:`batch_end`, the count kept in ``run_info`` (:func:`keep_count`), a failure cancelling it and going
+        to ``policy``."""
+        try:
+            record = self.batch_end(root)
+            if record is not None:
+                keep_count(run_info, self.counts, record, policy)
+        except Exception as err:
+            self.cancel()
+            policy.fail("train", err)
+
     def cancel(self) -> None:
         """Leaves a count under way, if any (an exception, the end of the run)."""
         self.active = False

@@ -5,7 +5,8 @@ Per-batch scalar pacing
 Whether a stage's per-batch scalars are written at this logging point: the plain logic that keeps them cheap
 however often the Trainer logs. No torch and no Lightning here. The same pace, with a share of its own
 (:data:`REPORT_SHARE`), says whether a stage epoch's findings are reported now (:mod:`~lightning_perf.hooks.
-epoch_report`, Notes 1).
+epoch_report`, Notes 1), and with :data:`MEASURE_SHARE`, whether an epoch is measured on its own or with the
+next ones (Notes 2 there).
 
 The callback writes its per-batch scalars (step time, data wait, compute, throughput, loss) at the Trainer's
 ``log_every_n_steps`` cadence. Each write costs about 0.2-0.4 ms on a 2-CPU machine (five events through the
@@ -55,6 +56,13 @@ REPORT_SHARE = 0.005
 # ... after the first 0.05 s of them: the first 40-50 epochs of a run of short epochs, every epoch of the tests'
 # short runs. Our judgment.
 REPORT_BURST = 0.05
+# A stage epoch's measurement (epoch_report, Notes 2: its CPU readings, summary, scalars and report, about
+# 1.5-2.5 ms with the findings' share) may cost this share of the wall time; shorter epochs are measured in
+# groups. With the scalars' and the findings' shares, within the standing goal's 1-2%. Our judgment.
+MEASURE_SHARE = 0.01
+# ... after the first 0.1 s of measurement: every epoch of a short run (the tests' and the demo's), the first
+# 40-70 stage epochs of a run of short epochs. Our judgment.
+MEASURE_BURST = 0.1
 # What one write is charged at most (Notes 4): 5-10 times a write's usual 0.2-0.4 ms, a fifth of the burst. Our
 # judgment.
 LOG_STALL = 2e-3

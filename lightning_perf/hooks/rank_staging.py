@@ -59,6 +59,11 @@ class RankStaging:
         if exchange is not None:
             exchange.close()
 
+    @property
+    def exchanging(self) -> bool:
+        """Whether every stage epoch's end joins a cross-rank gather (a distributed run's)."""
+        return self._exchange is not None
+
     def stage(self, written: str, final: str) -> None:
         """A trace written at ``written``, to be renamed ``final`` once every rank has written its own."""
         self._staged.append((written, final))

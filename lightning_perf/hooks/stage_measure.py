@@ -25,7 +25,7 @@ from lightning_perf.collect.cpu import EpochCpu
 from lightning_perf.collect.memory import host_rss
 from lightning_perf.collect.steps import StepClock
 from lightning_perf.diagnose.rules_step import epoch_time
-from lightning_perf.hooks.log_pace import REPORT_BURST, REPORT_SHARE, LogPace
+from lightning_perf.hooks.log_pace import MEASURE_BURST, MEASURE_SHARE, REPORT_BURST, REPORT_SHARE, LogPace
 from lightning_perf.records import EpochSummary, RankSummary
 from lightning_perf.report.metrics import batch_metrics
 from lightning_perf.report.outputs import Outputs
@@ -33,6 +33,12 @@ from lightning_perf.report.outputs import Outputs
 # The earlier epochs of a stage the rules see (memory_growth reads a trailing run of epochs; its count
 # saturates here), and so what a checkpoint keeps of them.
 HISTORY_EPOCHS = 32
+# The longest a group of short epochs measured together may last (epoch_report, Notes 2), from its first epoch's end:
+# the scalars and the report get a point at least this often, and at 1.5-2.5 ms a measurement that costs 0.25% of
+# the time at most. Without it, a run whose windows' epochs (each measured alone) overspent the measurement pace
+# carried every epoch for seconds while the pace caught up: one group of 442 epochs (a 600-epoch run with 40
+# windows). Our judgment.
+GROUP_SECONDS = 1.0
 
 
 def stage_step(stage: str, trainer: pl.Trainer, total_batches: int) -> int:
@@ -106,7 +112,8 @@ class Reviews:
 @dataclass
 class StageMeasure:
     """One stage's always-on measurement: its clocks, its batches over the run, its epoch's peaks and CPU
-    use, and its recent epochs; and the pacing of its per-batch scalars and of its epochs' findings."""
+    use, and its recent epochs; and the pacing of its per-batch scalars, of its epochs' measurement and of their
+    findings."""
 
     clock: StepClock
     total_batches: int = 0  # over the whole run: the stage's own TensorBoard step axis
@@ -118,6 +125,21 @@ class StageMeasure:
     #: Whether an epoch's findings are reported now (:mod:`~lightning_perf.hooks.epoch_report`, Notes 1).
     report_pace: LogPace = dataclasses.field(default_factory=lambda: LogPace(share=REPORT_SHARE, burst=REPORT_BURST))
     pending: EpochReview | None = None  # the latest epoch's findings, where the pace has not reported them yet
+    #: Whether an epoch is measured on its own now (:mod:`~lightning_perf.hooks.epoch_report`, Notes 2).
+    measure_pace: LogPace = dataclasses.field(default_factory=lambda: LogPace(share=MEASURE_SHARE, burst=MEASURE_BURST))
+    carried: bool = False  # the epochs that ended since the last measured one wait to be measured with the next
+    group_start: float = 0.0  # when the first of those ended
+
+    def carry(self, now: float, *, windowed: bool, alone: bool) -> bool:
+        """Whether the epoch that just ended (``now``, in seconds) is carried into the next one, to be measured
+        with it (:mod:`~lightning_perf.hooks.epoch_report`, Notes 2): where the measurement pace is spent, in a
+        process ``alone`` (no cross-rank gather to join), an epoch not ``windowed`` (no window recorded in it,
+        none processed at its end), in a group younger than :data:`GROUP_SECONDS`."""
+        if not self.carried:
+            self.group_start = now
+        young = now - self.group_start < GROUP_SECONDS
+        self.carried = alone and not windowed and young and not self.measure_pace.due()
+        return self.carried
 
     def log_batch(self, stage: str, trainer: pl.Trainer, outputs: Outputs | None) -> None:
         """Logs the latest batch's scalars to ``outputs`` and samples the host memory, where the stage's pace

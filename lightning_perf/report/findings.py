@@ -131,6 +131,14 @@ def _spread(recent: Sequence[list[float]], n: int) -> list[float]:
     return [statistics.pstdev(column) for column in zip(*alike, strict=True)]
 
 
+def epoch_label(summary: EpochSummary) -> str:
+    """``epoch 7``, or ``epochs 3-7`` for epochs measured together (:attr:`~lightning_perf.records.EpochSummary.
+    epochs`)."""
+    if summary.epochs > 1:
+        return f"epochs {summary.epoch - summary.epochs + 1}-{summary.epoch}"
+    return f"epoch {summary.epoch}"
+
+
 def headline(summary: EpochSummary) -> str:
     """An epoch's headline numbers on one line."""
     parts = [
@@ -191,7 +199,7 @@ def console_report(
         return None
     shown = shown_findings(findings, verbose)
     still = [f.id for f in shown_findings(unchanged, verbose)]
-    head = f"lightning-perf | {summary.stage} epoch {summary.epoch}{' (interrupted)' if summary.interrupted else ''}"
+    head = f"lightning-perf | {summary.stage} {epoch_label(summary)}{' (interrupted)' if summary.interrupted else ''}"
     head += f" | {headline(summary)}"
     if still:
         head += f" | unchanged: {', '.join(still)}"
@@ -308,7 +316,7 @@ def ranks_markdown(summary: EpochSummary, ranks: Sequence[RankSummary]) -> str:
     slowest = max((r for r in ranks if r.step_time_p50 is not None), key=lambda r: r.step_time_p50 or 0.0, default=None)
     header, *rows = _rank_rows(ranks)
     lines = [
-        f"**{summary.stage} epoch {summary.epoch}**, every rank:",
+        f"**{summary.stage} {epoch_label(summary)}**, every rank:",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---:|" * len(header),
@@ -326,7 +334,7 @@ def findings_markdown(
     """An epoch's findings as a markdown block for TensorBoard's text dashboard (all severities), under its
     headline and, where ``torch.compile`` compiled something in it (``compile``: its stats), its
     :func:`compile_line`."""
-    lines = [f"**{summary.stage} epoch {summary.epoch}**: {headline(summary)}", ""]
+    lines = [f"**{summary.stage} {epoch_label(summary)}**: {headline(summary)}", ""]
     compiled = compile_line(compile)
     if compiled is not None:
         lines += [compiled, ""]

@@ -40,9 +40,11 @@ def summarize_epoch(
     batch_sizes: Sequence[int | None],
     profiled: Sequence[bool] = (),
     loss: float | None = None,
+    epoch_starts: Sequence[int] = (0,),
     **memory: Any,
 ) -> EpochSummary:
-    """One epoch's summary from its per-batch data-wait and compute times (seconds) and batch sizes.
+    """One epoch's summary from its per-batch data-wait and compute times (seconds) and batch sizes; or that of
+    consecutive epochs measured together, whose first batches ``epoch_starts`` lists (``epoch``: the last).
 
     Batches that ran inside a profiler window (``profiled``) are left out of the times, percentiles and
     throughput, since the profiler slows them down; so is a batch that started but did not end (an
@@ -69,7 +71,8 @@ def summarize_epoch(
         data_wait_fraction=waited / total if total > 0 else 0.0,
         throughput=samples / total if samples is not None and total > 0 else None,
         loss=loss,
-        first_data_wait=data_wait[0] if n else None,
+        first_data_wait=sum(data_wait[i] for i in epoch_starts if i < n) if n else None,
+        epochs=len(epoch_starts),
         **memory,
     )
 
@@ -145,6 +148,7 @@ def pool_epochs(epochs: Sequence[EpochSummary]) -> EpochSummary:
         data_wait_fraction=waited / total if total > 0 else 0.0,
         throughput=sum(s or 0 for s in samples) / total if None not in samples and total > 0 else None,
         first_data_wait=None if None in firsts else sum(f or 0.0 for f in firsts),
+        epochs=sum(e.epochs for e in epochs),
         wall_time=None if None in walls else sum(w or 0.0 for w in walls),
         cpu_wait_share=_over_wall(epochs, [e.cpu_wait_share for e in epochs]),
         other_cpu_load=_over_wall(epochs, [e.other_cpu_load for e in epochs]),
