@@ -32,3 +32,12 @@ def one_thread():
     """One intra-op torch thread for the test (:func:`models.torch_threads`)."""
     with torch_threads(1):
         yield
+
+
+@pytest.fixture
+def every_epoch_alone(monkeypatch):
+    """Every epoch measured on its own, however slow the machine: no epoch is carried into the next (the
+    measurement pace has no end), for tests that count epochs over a run longer than its burst."""
+    from lightning_perf.hooks import epoch_report
+
+    monkeypatch.setattr(epoch_report, "MEASURE_BURST", float("inf"))

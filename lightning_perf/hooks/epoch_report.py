@@ -20,9 +20,10 @@ Notes:
        epoch with its latest ones (``StageEpoch.pooled_epochs``), so a skipped epoch's batches still count.
     2. Measuring an epoch costs 1.5-2.5 ms besides its findings (2-CPU machine: its CPU readings at start and
        end, its summary, scalars, report budget and files): a run of epochs of a few milliseconds took 1.2-1.8x
-       as long as a bare one. In a single process, once a stage's measurement has spent its pace
+       as long as a bare one. In a single process, once the epochs' measurement has spent its pace
        (:class:`~lightning_perf.hooks.log_pace.LogPace`, with :data:`~lightning_perf.hooks.log_pace.
-       MEASURE_SHARE` of the wall time after :data:`~lightning_perf.hooks.log_pace.MEASURE_BURST`), an epoch
+       MEASURE_SHARE` of the wall time after :data:`~lightning_perf.hooks.log_pace.MEASURE_BURST`; one pace
+       for all stages, whose short epochs alternate: training's and the validation run's inside it), an epoch
        that ends is carried into the next one (:meth:`StageMeasure.carry <lightning_perf.hooks.stage_measure.
        StageMeasure.carry>`): nothing is read at the next one's start, and the two are measured together, as
        one summary (:attr:`~lightning_perf.records.EpochSummary.epochs`, numbered by its last epoch) with one
@@ -66,7 +67,7 @@ from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.failure import out_of_memory
 from lightning_perf.hooks.flop_count import FlopCounting
-from lightning_perf.hooks.log_pace import MEASURE_SHARE, REPORT_SHARE
+from lightning_perf.hooks.log_pace import MEASURE_BURST, MEASURE_SHARE, REPORT_SHARE, LogPace
 from lightning_perf.hooks.memory_tracking import MemoryTracking
 from lightning_perf.hooks.profiling_cost import cost_epoch, profiling_report
 from lightning_perf.hooks.stage_measure import EpochReview, Reviews, StageMeasure, logger_step, say, stage_step
@@ -132,8 +133,11 @@ class EpochReporter:
 
     def __init__(self, config: PerfConfig, batch_size: BatchSizer, policy: ErrorPolicy) -> None:
         self.config = config
+        measure_pace = LogPace(share=MEASURE_SHARE, burst=MEASURE_BURST)  # the stages' together (Notes 2)
         self.stages: dict[str, StageMeasure] = {
-            stage: StageMeasure(StepClock(batch_size.size, keep_loss=config.log_loss and stage != "predict"))
+            stage: StageMeasure(
+                StepClock(batch_size.size, keep_loss=config.log_loss and stage != "predict"), measure_pace=measure_pace
+            )
             for stage in STAGES
         }
         self.outputs: Outputs | None = None

@@ -125,7 +125,8 @@ class StageMeasure:
     #: Whether an epoch's findings are reported now (:mod:`~lightning_perf.hooks.epoch_report`, Notes 1).
     report_pace: LogPace = dataclasses.field(default_factory=lambda: LogPace(share=REPORT_SHARE, burst=REPORT_BURST))
     pending: EpochReview | None = None  # the latest epoch's findings, where the pace has not reported them yet
-    #: Whether an epoch is measured on its own now (:mod:`~lightning_perf.hooks.epoch_report`, Notes 2).
+    #: Whether an epoch is measured on its own now (:mod:`~lightning_perf.hooks.epoch_report`, Notes 2); the
+    #: reporter's stages share one.
     measure_pace: LogPace = dataclasses.field(default_factory=lambda: LogPace(share=MEASURE_SHARE, burst=MEASURE_BURST))
     carried: bool = False  # the epochs that ended since the last measured one wait to be measured with the next
     group_start: float = 0.0  # when the first of those ended

@@ -21,10 +21,10 @@ from models import TinyModel, trainer
 @pytest.fixture
 def spent_pace(monkeypatch):
     """No burst and no share: the first epoch start's reading spends the pace, and every epoch is carried."""
-    from lightning_perf.hooks import stage_measure
+    from lightning_perf.hooks import epoch_report
 
-    monkeypatch.setattr(stage_measure, "MEASURE_BURST", 0.0)
-    monkeypatch.setattr(stage_measure, "MEASURE_SHARE", 0.0)
+    monkeypatch.setattr(epoch_report, "MEASURE_BURST", 0.0)
+    monkeypatch.setattr(epoch_report, "MEASURE_SHARE", 0.0)
 
 
 def _groups(callback, stage):
@@ -145,3 +145,10 @@ def test_a_group_lasts_at_most_group_seconds_then_a_new_one_starts():
     pace.spent(0.002)
     ends = [0.0, 0.5, GROUP_SECONDS - 0.01, GROUP_SECONDS, GROUP_SECONDS + 0.1, 2 * GROUP_SECONDS + 0.1]
     assert [measure.carry(now, windowed=False, alone=True) for now in ends] == [True, True, True, False, True, False]
+
+
+def test_the_stages_share_one_measurement_pace():
+    # Short training epochs alternate with the validation runs inside them: one pace keeps both within its share.
+    callback = PerfCallback()
+    paces = {id(callback._stages[stage].measure_pace) for stage in ("train", "validate", "test", "predict")}
+    assert len(paces) == 1

@@ -110,7 +110,7 @@ def _short_epochs(tmp_path, epochs: int) -> PerfCallback:
     return callback
 
 
-def test_checkpoint_state_is_bounded_however_long_the_run(tmp_path):
+def test_checkpoint_state_is_bounded_however_long_the_run(tmp_path, every_epoch_alone):
     short, long = _short_epochs(tmp_path / "short", 3), _short_epochs(tmp_path / "long", HISTORY_EPOCHS + 8)
     state = json.loads(json.dumps(long.state_dict()))
     assert len(long.epochs) == HISTORY_EPOCHS + 8
@@ -145,7 +145,7 @@ def test_a_version_2_checkpoint_with_its_history_as_dicts_still_loads(tmp_path):
     assert resumed._stages["train"].history == run._stages["train"].history
 
 
-def test_resuming_takes_the_earlier_epochs_from_the_report_or_else_the_recent_history(tmp_path):
+def test_resuming_takes_the_earlier_epochs_from_the_report_or_else_the_recent_history(tmp_path, every_epoch_alone):
     run = _short_epochs(tmp_path, HISTORY_EPOCHS + 2)
     state = json.loads(json.dumps(run.state_dict()))
     resumed = PerfCallback(batches=[100_000], stages=["train"])

@@ -75,8 +75,8 @@ def test_a_fit_of_many_short_epochs_rewrites_its_report_within_the_bound(tmp_pat
     assert 2 <= len(written) <= 2 + seconds / REWRITE_MIN_SECONDS + 1
     with open(callback.report_path, encoding="utf-8") as f:
         report = json.load(f)
-    assert len(report["stages"]["train"]["epochs"]) == 40
-    assert len(report["stages"]["validate"]["epochs"]) == 40
+    for stage in ("train", "validate"):  # every epoch, some measured together on a slow machine (epoch_report Notes 2)
+        assert sum(e["epochs"] for e in report["stages"][stage]["epochs"]) == 40
 
 
 def test_a_fit_that_measures_validation_only_writes_its_report_at_the_first_validation_end(tmp_path, monkeypatch):
