@@ -133,10 +133,13 @@ class EpochReporter:
 
     def __init__(self, config: PerfConfig, batch_size: BatchSizer, policy: ErrorPolicy) -> None:
         self.config = config
-        measure_pace = LogPace(share=MEASURE_SHARE, burst=MEASURE_BURST)  # the stages' together (Notes 2)
+        # The stages' per-batch scalars and measurements each share a pace (log_pace Notes 3, Notes 2 here).
+        pace, measure_pace = LogPace(), LogPace(share=MEASURE_SHARE, burst=MEASURE_BURST)
         self.stages: dict[str, StageMeasure] = {
             stage: StageMeasure(
-                StepClock(batch_size.size, keep_loss=config.log_loss and stage != "predict"), measure_pace=measure_pace
+                StepClock(batch_size.size, keep_loss=config.log_loss and stage != "predict"),
+                pace=pace,
+                measure_pace=measure_pace,
             )
             for stage in STAGES
         }

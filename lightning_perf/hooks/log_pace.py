@@ -25,8 +25,9 @@ Notes:
     2. The burst lets a short run, or the first seconds of any run, write at every logging point; a long run
        at a cadence too fine for its steps then writes about every ``cost / LOG_SHARE`` seconds, always at a
        logging point of the Trainer's.
-    3. Per stage: one stage logs at a time, so together they stay within the share.
-    4. A write is charged at most :data:`LOG_STALL`, or :data:`LOG_STALL_RATIO` times the stage's cheapest write
+    3. One pace for all stages (the callback's): a pace per stage let each spend the share where training's
+       short epochs alternate with the validation runs inside them (2% of such a run, its two stages' writes).
+    4. A write is charged at most :data:`LOG_STALL`, or :data:`LOG_STALL_RATIO` times the cheapest write
        so far where that is more. A write that took far longer than its stage's others was stalled by what is not
        its own (a full collection by Python's garbage collector late in a long process, a first event file, a
        preemption the run queue did not show: CI's log did not say which). Charged in full, one such stall of
@@ -66,12 +67,12 @@ MEASURE_BURST = 0.1
 # What one write is charged at most (Notes 4): 5-10 times a write's usual 0.2-0.4 ms, a fifth of the burst. Our
 # judgment.
 LOG_STALL = 2e-3
-# ... unless the stage's cheapest write so far, this many times over, is more: a logger slow at every write.
+# ... unless the cheapest write so far, this many times over, is more: a logger slow at every write.
 LOG_STALL_RATIO = 4.0
 
 
 class LogPace:
-    """One stage's per-batch scalar pacing (module Notes 1-3).
+    """The per-batch scalars' pacing (module Notes 1-3), or another paced write's.
 
     Args:
         share: The share of the wall time the writes may cost.
@@ -103,7 +104,7 @@ class LogPace:
         self._waited = waited if waited is not None else RunQueue()
         self._first: float | None = None
         self._spent = 0.0
-        self._cheapest = float("inf")  # the stage's cheapest write so far (Notes 4)
+        self._cheapest = float("inf")  # the cheapest write so far (Notes 4)
         self._started = (0.0, 0.0)  # the write's start: the clock, and the thread's wait for a CPU so far
         #: Logging points skipped so far.
         self.skipped = 0

@@ -118,7 +118,7 @@ class StageMeasure:
     clock: StepClock
     total_batches: int = 0  # over the whole run: the stage's own TensorBoard step axis
     host_rss_peak: int | None = None
-    pace: LogPace = dataclasses.field(default_factory=LogPace)  # whether its per-batch scalars are written now
+    pace: LogPace = dataclasses.field(default_factory=LogPace)  # whether its per-batch scalars are written now (shared)
     cpu: EpochCpu = dataclasses.field(default_factory=EpochCpu)  # the epoch's wall time, workers' CPU, CPU waits
     in_epoch: bool = False  # between its epoch start and end: what an interruption leaves to summarize
     history: deque[EpochSummary] = dataclasses.field(default_factory=lambda: deque(maxlen=HISTORY_EPOCHS))
