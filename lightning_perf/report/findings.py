@@ -131,12 +131,14 @@ def _spread(recent: Sequence[list[float]], n: int) -> list[float]:
     return [statistics.pstdev(column) for column in zip(*alike, strict=True)]
 
 
+def epoch_numbers(summary: EpochSummary) -> str:
+    """``7``, or ``3-7`` for epochs measured together (:attr:`~lightning_perf.records.EpochSummary.epochs`)."""
+    return f"{summary.epoch - summary.epochs + 1}-{summary.epoch}" if summary.epochs > 1 else str(summary.epoch)
+
+
 def epoch_label(summary: EpochSummary) -> str:
-    """``epoch 7``, or ``epochs 3-7`` for epochs measured together (:attr:`~lightning_perf.records.EpochSummary.
-    epochs`)."""
-    if summary.epochs > 1:
-        return f"epochs {summary.epoch - summary.epochs + 1}-{summary.epoch}"
-    return f"epoch {summary.epoch}"
+    """``epoch 7``, or ``epochs 3-7`` for epochs measured together."""
+    return f"epoch{'s' if summary.epochs > 1 else ''} {epoch_numbers(summary)}"
 
 
 def headline(summary: EpochSummary) -> str:

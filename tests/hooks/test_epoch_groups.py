@@ -53,6 +53,9 @@ def test_carried_epochs_are_measured_together_and_those_left_at_the_end_of_the_c
     with open(callback.report_path) as f:
         report = json.load(f)
     assert [(e["epoch"], e["epochs"]) for e in report["stages"]["train"]["epochs"]] == [(5, 6)]
+    with open(callback.page_path, encoding="utf-8") as f:
+        page = f.read()
+    assert "<b>train epochs 0-5</b>" in page  # the page's headline names the group
     # The fit's last training group was diagnosed with the validation group inside it.
     assert ("train", 5) in callback._epochs.findings_by_epoch
 

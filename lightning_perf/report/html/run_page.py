@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_perf.records import EpochSummary
-from lightning_perf.report.findings import headline
+from lightning_perf.report.findings import epoch_label, epoch_numbers, headline
 from lightning_perf.report.html.compile_html import compile_html
 from lightning_perf.report.html.document import Cell, Section, esc, number_cell, page, table
 from lightning_perf.report.html.findings_html import STAGE_ORDER, findings_html, grouped, severity_counts
@@ -146,10 +146,11 @@ def _headline_row(stage: str, epochs: Sequence[EpochSummary]) -> list[Cell | str
     e = complete[-1]
     p50s = [x.step_time_p50 for x in complete if x.measured_batches > 0]
     median = statistics.median(p50s) if p50s else None
-    shown = f"{e.epoch}{' (interrupted)' if e.interrupted else ''}"
+    shown = f"{epoch_numbers(e)}{' (interrupted)' if e.interrupted else ''}"
+    ran = sum(x.epochs for x in epochs)
     return [
         stage,
-        number_cell(len(epochs), count(len(epochs))),
+        number_cell(ran, count(ran)),
         Cell(shown, sort=float(e.epoch), num=True),
         number_cell(e.batches, f"{count(e.batches)} ({count(e.profiled_batches)} profiled)"),
         number_cell(e.step_time_p50, ms(e.step_time_p50)),
@@ -169,7 +170,7 @@ def _headlines(stages: Mapping[str, Sequence[ReportEpoch]], *, world_size: int) 
     headers += ["data wait", "samples/s", "MFU"]
     rows = [_headline_row(stage, epochs) for stage, epochs in summaries.items()]
     shown = {stage: headline_epoch(epochs) for stage, epochs in summaries.items() if epochs}
-    lines = "".join(f"<li><b>{esc(stage)} epoch {e.epoch}</b>: {esc(headline(e))}</li>" for stage, e in shown.items())
+    lines = "".join(f"<li><b>{esc(stage)} {epoch_label(e)}</b>: {esc(headline(e))}</li>" for stage, e in shown.items())
     ranks = (
         f" Rank 0's numbers, of {world_size} ranks: every rank's are under <a href=\"#charts\">Charts</a>, per rank."
         if world_size > 1
