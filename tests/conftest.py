@@ -38,6 +38,6 @@ def one_thread():
 def every_epoch_alone(monkeypatch):
     """Every epoch measured on its own, however slow the machine: no epoch is carried into the next (the
     measurement pace has no end), for tests that count epochs over a run longer than its burst."""
-    from lightning_perf.hooks import epoch_report
+    from lightning_perf.hooks import stage_measure
 
-    monkeypatch.setattr(epoch_report, "MEASURE_BURST", float("inf"))
+    monkeypatch.setattr(stage_measure, "MEASURE_BURST", float("inf"))

@@ -58,8 +58,7 @@ from lightning_perf.collect.run_info import (
     launched_ranks,
     stage_dataloaders,
 )
-from lightning_perf.collect.steps import StepClock
-from lightning_perf.config import STAGES, PerfConfig
+from lightning_perf.config import PerfConfig
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnosis_context import epoch_context, epoch_windows, run_facts, with_cpu_use
@@ -67,10 +66,17 @@ from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.failure import out_of_memory
 from lightning_perf.hooks.flop_count import FlopCounting
-from lightning_perf.hooks.log_pace import MEASURE_BURST, MEASURE_SHARE, REPORT_SHARE, LogPace
+from lightning_perf.hooks.log_pace import MEASURE_SHARE, REPORT_SHARE
 from lightning_perf.hooks.memory_tracking import MemoryTracking
 from lightning_perf.hooks.profiling_cost import cost_epoch, profiling_report
-from lightning_perf.hooks.stage_measure import EpochReview, Reviews, StageMeasure, logger_step, say, stage_step
+from lightning_perf.hooks.stage_measure import (
+    EpochReview,
+    Reviews,
+    logger_step,
+    say,
+    stage_measures,
+    stage_step,
+)
 from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.layout import page_path
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary, StepSplit, WindowRecord
@@ -133,16 +139,7 @@ class EpochReporter:
 
     def __init__(self, config: PerfConfig, batch_size: BatchSizer, policy: ErrorPolicy) -> None:
         self.config = config
-        # The stages' per-batch scalars and measurements each share a pace (log_pace Notes 3, Notes 2 here).
-        pace, measure_pace = LogPace(), LogPace(share=MEASURE_SHARE, burst=MEASURE_BURST)
-        self.stages: dict[str, StageMeasure] = {
-            stage: StageMeasure(
-                StepClock(batch_size.size, keep_loss=config.log_loss and stage != "predict"),
-                pace=pace,
-                measure_pace=measure_pace,
-            )
-            for stage in STAGES
-        }
+        self.stages = stage_measures(batch_size.size, log_loss=config.log_loss)
         self.outputs: Outputs | None = None
         self.cuda_peaks: CudaPeaks | None = None
         self.run_info: dict[str, Any] = {}

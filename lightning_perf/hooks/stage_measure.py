@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_perf.collect.cpu import EpochCpu
 from lightning_perf.collect.memory import host_rss
 from lightning_perf.collect.steps import StepClock
+from lightning_perf.config import STAGES
 from lightning_perf.diagnose.rules_step import epoch_time
 from lightning_perf.hooks.log_pace import MEASURE_BURST, MEASURE_SHARE, REPORT_BURST, REPORT_SHARE, LogPace
 from lightning_perf.records import EpochSummary, RankSummary
@@ -168,6 +169,19 @@ class StageMeasure:
         if rss is not None:
             self.host_rss_peak = max(rss, self.host_rss_peak or 0)
         self.pace.end()
+
+
+def stage_measures(batch_size: Callable[[Any], int | None], *, log_loss: bool) -> dict[str, StageMeasure]:
+    """Every stage's measure (``batch_size``: what counts a batch's samples; ``log_loss``: keep the losses, but
+    predict's). The stages share one pace for their per-batch scalars and one for their epochs' measurement
+    (:mod:`~lightning_perf.hooks.log_pace` Notes 3, :mod:`~lightning_perf.hooks.epoch_report` Notes 2)."""
+    pace, measure_pace = LogPace(), LogPace(share=MEASURE_SHARE, burst=MEASURE_BURST)
+    return {
+        stage: StageMeasure(
+            StepClock(batch_size, keep_loss=log_loss and stage != "predict"), pace=pace, measure_pace=measure_pace
+        )
+        for stage in STAGES
+    }
 
 
 def say(trainer: pl.Trainer, message: str) -> None:

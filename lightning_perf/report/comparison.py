@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.records import EpochSummary, OperatorStat, TraceSummary, share
+from lightning_perf.report.findings import epoch_label
 from lightning_perf.report.json_report import ReportEpoch, report_epochs
 from lightning_perf.units import TOLERANCE, change, count, duration_us, flops_rate, mib, percent, points
 
@@ -161,8 +162,8 @@ def _run_facts(run: Mapping[str, Any], train: Sequence[ReportEpoch], windows: in
         ("torch", text(run.get("torch"))),
         ("lightning", text(run.get("lightning"))),
         ("train DataLoader", text(settings)),
-        ("training epochs measured", count(len(train))),
-        ("headline from", f"train epoch {train[-1].summary.epoch}"),
+        ("training epochs measured", count(sum(e.summary.epochs for e in train))),
+        ("headline from", f"train {epoch_label(train[-1].summary)}"),
         ("profiler windows", count(windows)),
     )
 

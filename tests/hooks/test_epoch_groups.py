@@ -21,10 +21,10 @@ from models import TinyModel, trainer
 @pytest.fixture
 def spent_pace(monkeypatch):
     """No burst and no share: the first epoch start's reading spends the pace, and every epoch is carried."""
-    from lightning_perf.hooks import epoch_report
+    from lightning_perf.hooks import stage_measure
 
-    monkeypatch.setattr(epoch_report, "MEASURE_BURST", 0.0)
-    monkeypatch.setattr(epoch_report, "MEASURE_SHARE", 0.0)
+    monkeypatch.setattr(stage_measure, "MEASURE_BURST", 0.0)
+    monkeypatch.setattr(stage_measure, "MEASURE_SHARE", 0.0)
 
 
 def _groups(callback, stage):
