@@ -75,12 +75,7 @@ class WindowRecord:
 
     Attributes:
         stage: ``"train"``, ``"validate"``, ``"test"`` or ``"predict"``.
-        epoch: The stage's epoch (for validation: the number of validation runs before this one); the last of
-            :attr:`epochs`.
-        epochs: The consecutive epochs measured together, ending at :attr:`epoch`: 1, or more in a run of short
-            epochs, where each stage epoch's own summary, scalars and report would cost more than the
-            measurement share allows (:mod:`~lightning_perf.hooks.epoch_report`, Notes 2). The times, batches
-            and peaks below are the group's; ``first_data_wait`` sums its epochs' first waits.
+        epoch: The stage's epoch (for validation: the number of validation runs before this one).
         first_batch: First recorded batch index within the epoch.
         last_batch: Last recorded batch index within the epoch.
         name: The window's directory name, also its run name in TensorBoard's PyTorch Profiler tab.
@@ -134,7 +129,12 @@ class EpochSummary:
 
     Attributes:
         stage: ``"train"``, ``"validate"``, ``"test"`` or ``"predict"``.
-        epoch: The stage's epoch (for validation: the number of validation runs before this one).
+        epoch: The stage's epoch (for validation: the number of validation runs before this one); the last of
+            :attr:`epochs`.
+        epochs: The consecutive epochs measured together, ending at :attr:`epoch`: 1, or more in a run of short
+            epochs, where each stage epoch's own summary, scalars and report would cost more than the
+            measurement share allows (:mod:`~lightning_perf.hooks.epoch_report`, Notes 2). The times, batches
+            and peaks below are the group's; ``first_data_wait`` sums its epochs' first waits.
         batches: Batches measured.
         profiled_batches: Of those, batches left out of the times, percentiles and throughput below: those
             that ran inside a profiler window (the profiler slows them down), the one right after each window's
