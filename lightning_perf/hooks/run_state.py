@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lightning_perf.diagnose.model import Finding
@@ -32,20 +32,24 @@ STATE_VERSION = 3
 
 
 class RecordTexts:
-    """Each frozen record's JSON text, encoded once for as long as the record is kept (a checkpoint at every epoch
-    end encodes only the epoch that is new since the last one)."""
+    """The JSON texts of sequences of frozen records that change at their end (each stage's history), each record
+    encoded once for as long as it is kept: a checkpoint at every epoch end encodes only the epoch that is new
+    since the last one, and none where the history has not changed (its epochs measured in a group)."""
 
     def __init__(self) -> None:
-        self._texts: dict[int, tuple[Any, str]] = {}  # id -> (the record, which keeps the id from reuse; its text)
+        # by key: the records, each with its text (the record keeps its id from reuse), and the texts in order
+        self._held: dict[str, tuple[dict[int, tuple[Any, str]], list[str]]] = {}
 
-    def keep(self, records: Iterable[Any]) -> None:
-        """Holds the texts of ``records``, encoding those not held yet; forgets the others."""
-        held = self._texts
-        self._texts = {id(r): held.get(id(r)) or (r, json.dumps(plain(r))) for r in records}
-
-    def __getitem__(self, record: Any) -> str:
-        """The text of a record passed to the latest :meth:`keep`."""
-        return self._texts[id(record)][1]
+    def texts(self, key: str, records: Sequence[Any]) -> list[str]:
+        """The texts of ``records``, in order: the last call's for ``key`` where its records end the same, else
+        those held and the new ones encoded (the others forgotten)."""
+        held, texts = self._held.get(key, ({}, []))
+        if len(held) == len(records) and (not records or id(records[-1]) in held):
+            return texts  # a sequence that changes at its end only: the same length and last record, unchanged
+        held = {id(r): held.get(id(r)) or (r, json.dumps(plain(r))) for r in records}
+        texts = [text for _, text in held.values()]
+        self._held[key] = (held, texts)
+        return texts
 
 
 def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, texts: RecordTexts) -> dict[str, Any]:
@@ -58,7 +62,6 @@ def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, 
         reporter: What the run has measured.
         texts: The history's texts from the last call, kept by the caller.
     """
-    texts.keep(e for stage in positions for e in reporter.stages[stage].history)
     return {
         "version": STATE_VERSION,
         "stages": {
@@ -66,7 +69,7 @@ def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, 
                 "epoch": pos.epoch,
                 "total_batches": reporter.stages[stage].total_batches,
                 "windows_used": pos.windows_used,
-                "history": [texts[e] for e in reporter.stages[stage].history],
+                "history": texts.texts(stage, reporter.stages[stage].history),
             }
             for stage, pos in positions.items()
         },

@@ -127,6 +127,7 @@ def test_each_epoch_of_the_history_is_encoded_once(tmp_path):
     # A checkpoint at every epoch end re-encodes only the epoch that is new since the last one.
     run = _short_epochs(tmp_path, 3)
     before = run.state_dict()["stages"]["train"]["history"]
+    assert run.state_dict()["stages"]["train"]["history"] is before  # an unchanged history: nothing to do
     run._stages["train"].history.append(dataclasses.replace(run.epochs[-1], epoch=3))
     after = run.state_dict()["stages"]["train"]["history"]
     assert [json.loads(e)["epoch"] for e in after] == [0, 1, 2, 3]
