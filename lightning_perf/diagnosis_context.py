@@ -133,7 +133,7 @@ def epoch_context(
     pooled = _recent(summary, history, evidence_batches)
     return StageEpoch(
         epoch=pool_epochs(pooled) if len(pooled) > 1 else summary,
-        pooled_epochs=len(pooled),
+        pooled_epochs=sum(e.epochs for e in pooled),  # a record may hold several (epoch_report, Notes 2)
         history=tuple(history),
         windows=tuple(windows),
         validation=tuple(validation),

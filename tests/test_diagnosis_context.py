@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from lightning_perf.diagnose import registry
+from lightning_perf.diagnose.loading import loading
 from lightning_perf.diagnose.model import Finding, RunFacts
 from lightning_perf.diagnose.registry import CROSS_RANK_RULES, RULES, diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
@@ -168,6 +169,20 @@ def test_an_epoch_of_too_few_batches_is_judged_with_the_latest_epochs():
     assert pooled.step_time == pytest.approx(0.32) and pooled.data_wait_fraction == pytest.approx(0.75)
     assert pooled.first_data_wait == pytest.approx(0.24)  # every batch was its epoch's first: all start-up
     assert epoch_context(one[0], evidence_batches=8).epoch is one[0]  # no history: the epoch as it is
+
+
+def test_epochs_measured_together_count_as_their_epochs_with_each_first_wait():
+    # Five epochs of two batches measured as one record: each first batch waited 10 ms (its DataLoader's start),
+    # each other batch 1 ms. The start-up is per epoch, not per record.
+    waits, computes = [0.010, 0.001] * 5, [0.002] * 10
+    group = summarize_epoch(
+        stage="train", epoch=9, data_wait=waits, compute=computes, batch_sizes=[4] * 10, epoch_starts=range(0, 10, 2)
+    )
+    assert (group.epochs, group.first_data_wait) == (5, pytest.approx(0.05))
+    context = epoch_context(group, evidence_batches=8)
+    assert context.pooled_epochs == 5
+    load = loading(context)
+    assert load.epochs == 5 and load.first == pytest.approx(5 * 0.009)  # 9 ms more than a steady batch, each
 
 
 def test_epoch_context_step_times_leave_profiled_and_unfinished_batches_out():

@@ -70,8 +70,8 @@ class StageEpoch:
         fit_seconds: For a training epoch, the training and validation step time of the fit so far (this epoch
             included); ``None`` where unknown.
         pooled_epochs: The epochs ``epoch`` sums: more than 1 where an epoch of too few batches is judged with the
-            latest ones (:func:`~lightning_perf.summarize.steps.pool_epochs`); its first-batch wait is then the
-            sum of theirs.
+            latest ones (:func:`~lightning_perf.summarize.steps.pool_epochs`), or where short epochs were measured
+            together (``EpochSummary.epochs``); its first-batch wait is then the sum of theirs.
         collectives: Each window's collectives, by the window's name (``TraceSummary.window``).
         rank_waits: Per global rank of a distributed run, the share of its step it spent in collectives with no
             compute overlapping (from its windows): who waits for whom.

@@ -179,7 +179,8 @@ def memory_growth(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     ):
         rise = _rising(values, t)
         if rise is not None:
-            found.append((label, *rise))
+            first, last, records = rise  # the records of short epochs measured together hold several each
+            found.append((label, first, last, sum(e.epochs for e in epochs[len(epochs) - records :])))
     if not found:
         return None
     evidence = [

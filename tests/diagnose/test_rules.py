@@ -790,6 +790,17 @@ def test_memory_growth_evidence_and_advice():
     assert "loss.detach()" in f.advice
 
 
+def test_memory_growth_counts_the_epochs_of_records_measured_together():
+    # Short epochs measured in groups (epoch_report, Notes 2): four records of 1, 5, 5 and 5 epochs.
+    context = with_history(1024, 1100, 1200, 1300)
+    grouped = [
+        dataclasses.replace(e, epochs=1 if i == 0 else 5) for i, e in enumerate((*context.history, context.epoch))
+    ]
+    f = run("memory_growth", ctx(grouped[-1], facts=CPU, history=grouped[:-1]))
+    assert f.title == "Host memory grows every training epoch: +276 MiB over 16 epochs"
+    assert "rose over 16 epochs" in f.evidence
+
+
 def test_memory_growth_on_the_gpu():
     f = run("memory_growth", with_history(1000, 1100, 1200, field="cuda_max_allocated", facts=GPU))
     assert f.title.startswith("GPU memory grows") and "GPU allocated memory" in f.evidence
