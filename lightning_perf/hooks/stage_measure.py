@@ -117,18 +117,19 @@ class StageMeasure:
     findings."""
 
     clock: StepClock
+    #: Whether its per-batch scalars are written now; all stages share one (:func:`stage_measures`).
+    pace: LogPace
+    #: Whether an epoch is measured on its own now (:mod:`~lightning_perf.hooks.epoch_report`, Notes 2); all
+    #: stages share one.
+    measure_pace: LogPace
     total_batches: int = 0  # over the whole run: the stage's own TensorBoard step axis
     host_rss_peak: int | None = None
-    pace: LogPace = dataclasses.field(default_factory=LogPace)  # whether its per-batch scalars are written now (shared)
     cpu: EpochCpu = dataclasses.field(default_factory=EpochCpu)  # the epoch's wall time, workers' CPU, CPU waits
     in_epoch: bool = False  # between its epoch start and end: what an interruption leaves to summarize
     history: deque[EpochSummary] = dataclasses.field(default_factory=lambda: deque(maxlen=HISTORY_EPOCHS))
     #: Whether an epoch's findings are reported now (:mod:`~lightning_perf.hooks.epoch_report`, Notes 1).
     report_pace: LogPace = dataclasses.field(default_factory=lambda: LogPace(share=REPORT_SHARE, burst=REPORT_BURST))
     pending: EpochReview | None = None  # the latest epoch's findings, where the pace has not reported them yet
-    #: Whether an epoch is measured on its own now (:mod:`~lightning_perf.hooks.epoch_report`, Notes 2); the
-    #: reporter's stages share one.
-    measure_pace: LogPace = dataclasses.field(default_factory=lambda: LogPace(share=MEASURE_SHARE, burst=MEASURE_BURST))
     carried: bool = False  # the epochs that ended since the last measured one wait to be measured with the next
     group_start: float = 0.0  # when the first of those ended
 
@@ -177,9 +178,7 @@ def stage_measures(batch_size: Callable[[Any], int | None], *, log_loss: bool) -
     (:mod:`~lightning_perf.hooks.log_pace` Notes 3, :mod:`~lightning_perf.hooks.epoch_report` Notes 2)."""
     pace, measure_pace = LogPace(), LogPace(share=MEASURE_SHARE, burst=MEASURE_BURST)
     return {
-        stage: StageMeasure(
-            StepClock(batch_size, keep_loss=log_loss and stage != "predict"), pace=pace, measure_pace=measure_pace
-        )
+        stage: StageMeasure(StepClock(batch_size, keep_loss=log_loss and stage != "predict"), pace, measure_pace)
         for stage in STAGES
     }
 

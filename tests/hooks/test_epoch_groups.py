@@ -85,6 +85,8 @@ def test_an_interruption_measures_the_carried_epochs_with_the_one_it_stopped(tmp
         trainer(tmp_path, [callback], max_epochs=6, limit_val_batches=0).fit(Stops(n=8))
     [stopped] = [e for e in callback.epochs if e.stage == "train"]
     assert (stopped.epoch, stopped.epochs, stopped.batches, stopped.interrupted) == (3, 4, 7, True)
+    with open(callback.page_path, encoding="utf-8") as f:
+        assert "interrupted during train epochs 0-3 (after 7 batches)" in f.read()  # the page's banner
 
 
 def test_a_clock_carried_into_the_next_epoch_keeps_its_batches_and_each_first_wait():
@@ -125,7 +127,7 @@ def test_a_clock_carried_into_the_next_epoch_keeps_its_batches_and_each_first_wa
 def test_an_epoch_is_carried_only_alone_without_a_window_and_with_the_pace_spent(windowed, alone, carried):
     clock = FakeClock()
     pace = LogPace(share=0.0, burst=0.0, clock=clock, waited=lambda: 0.0)
-    measure = StageMeasure(StepClock(lambda batch: None, clock=clock), measure_pace=pace)
+    measure = StageMeasure(StepClock(lambda batch: None, clock=clock), LogPace(clock=clock), pace)
     pace.start()
     clock.now += 0.002  # what the first epoch's measurement cost
     pace.end()
@@ -135,9 +137,8 @@ def test_an_epoch_is_carried_only_alone_without_a_window_and_with_the_pace_spent
 
 def test_a_fresh_pace_measures_every_epoch_alone():
     clock = FakeClock()
-    measure = StageMeasure(
-        StepClock(lambda batch: None, clock=clock), measure_pace=LogPace(share=0.01, burst=0.1, clock=clock)
-    )
+    pace = LogPace(share=0.01, burst=0.1, clock=clock)
+    measure = StageMeasure(StepClock(lambda batch: None, clock=clock), LogPace(clock=clock), pace)
     assert measure.carry(0.0, windowed=False, alone=True) is False
 
 
@@ -146,7 +147,7 @@ def test_a_group_lasts_at_most_group_seconds_then_a_new_one_starts():
     # it takes to pay back: a group is measured once it is GROUP_SECONDS old all the same.
     clock = FakeClock()
     pace = LogPace(share=0.0, burst=0.0, clock=clock, waited=lambda: 0.0)
-    measure = StageMeasure(StepClock(lambda batch: None, clock=clock), measure_pace=pace)
+    measure = StageMeasure(StepClock(lambda batch: None, clock=clock), LogPace(clock=clock), pace)
     pace.spent(0.002)
     ends = [0.0, 0.5, GROUP_SECONDS - 0.01, GROUP_SECONDS, GROUP_SECONDS + 0.1, 2 * GROUP_SECONDS + 0.1]
     assert [measure.carry(now, windowed=False, alone=True) for now in ends] == [True, True, True, False, True, False]

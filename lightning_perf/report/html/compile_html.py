@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from lightning_perf.report.findings import compile_line
+from lightning_perf.report.findings import compile_line, epoch_label
 from lightning_perf.report.html.document import Cell, esc, number_cell, table
 from lightning_perf.report.json_report import ReportEpoch
 from lightning_perf.units import count, duration
@@ -82,6 +82,7 @@ def compile_html(stages: Mapping[str, Sequence[ReportEpoch]]) -> str | None:
     if not compiled:
         return None
     lines = "".join(
-        f"<li>{esc(e.summary.stage)} epoch {e.summary.epoch}: {esc(compile_line(e.compile))}</li>" for e in compiled[:3]
+        f"<li>{esc(e.summary.stage)} {epoch_label(e.summary)}: {esc(compile_line(e.compile))}</li>"
+        for e in compiled[:3]
     )
     return f"<ul>{lines}</ul>" + _epochs_table(compiled) + _sites(compiled)

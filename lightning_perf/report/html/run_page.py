@@ -194,13 +194,13 @@ def _interrupted(stages: Mapping[str, Sequence[ReportEpoch]]) -> str:
     for e in cut[:MAX_BANNERS]:
         complete = [x.summary for x in stages[e.stage] if not x.summary.interrupted]
         instead = (
-            f"the headline shows {e.stage} epoch {complete[-1].epoch}, the latest complete one"
+            f"the headline shows {e.stage} {epoch_label(complete[-1])}, the latest complete one"
             if complete
             else f"no {e.stage} epoch completed: the headline shows this one"
         )
         batches = f"{count(e.batches)} batch{'' if e.batches == 1 else 'es'}"
         lines.append(
-            f"This run was interrupted during {e.stage} epoch {e.epoch} (after {batches}):"
+            f"This run was interrupted during {e.stage} {epoch_label(e)} (after {batches}):"
             f" {instead}; the charts show the interrupted epoch as far as it ran."
         )
     if len(cut) > MAX_BANNERS:
