@@ -4,17 +4,20 @@ Run state
 
 What :class:`~lightning_perf.PerfCallback` keeps in a checkpoint, and how a resumed run takes it back.
 
-Version 3 keeps only what resuming needs, bounded however long the run: each stage's position, the windows
+Version 4 keeps only what resuming needs, bounded however long the run: each stage's position, the windows
 (at most ``max_windows`` per stage), the rules' recent history, and the report's path (a resumed run takes the
-earlier epochs back from that report). Each epoch of the history is one JSON text, encoded once
-(:class:`RecordTexts`): Lightning's default ``ModelCheckpoint`` saves the state at every epoch end, and
-``torch.save`` pickles a nested dict object by object, which cost 1.4 ms per checkpoint on a 64-epoch history
-against 0.03 ms for its texts (measured on a 2-CPU machine). Version 2 kept the history as dicts and version 1
-also kept every epoch, finding and per-rank table; both still load.
+earlier epochs back from that report), all in one JSON text. Lightning's default ``ModelCheckpoint`` saves the
+state at every epoch end, and ``torch.save`` pickles a nested value object by object (a Python
+``persistent_id`` call each): a 32-epoch history of dicts cost 1.4 ms per checkpoint, of texts 0.3 ms (measured
+on a 2-CPU machine), one text nothing that shows. Each epoch of the history and each window is encoded once
+(:class:`RecordTexts`), and the text of a sequence that has not changed is reused. Version 3 kept the state as a
+dict with a text per epoch, version 2 the history as dicts, version 1 also every epoch, finding and per-rank
+table; all still load.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -28,55 +31,75 @@ from lightning_perf.readers import InputError, load_report
 from lightning_perf.records import EpochSummary, RankSummary, WindowRecord, from_values, plain
 from lightning_perf.report.json_report import report_epochs, window_dict, window_record
 
-STATE_VERSION = 3
+STATE_VERSION = 4
 
 
 class RecordTexts:
-    """The JSON texts of sequences of frozen records that change at their end (each stage's history), each record
-    encoded once for as long as it is kept: a checkpoint at every epoch end encodes only the epoch that is new
-    since the last one, and none where the history has not changed (its epochs measured in a group)."""
+    """The JSON array texts of sequences of frozen records that change at their end (each stage's history, the
+    windows), each record encoded once for as long as it is kept: a checkpoint at every epoch end encodes only
+    the epoch that is new since the last one, and reuses the text of a sequence that has not changed (its
+    epochs measured in a group)."""
 
     def __init__(self) -> None:
-        # by key: the records, each with its text (the record keeps its id from reuse), and the texts in order
-        self._held: dict[str, tuple[dict[int, tuple[Any, str]], list[str]]] = {}
+        # by key: the records, each with its text (the record keeps its id from reuse), and the array's text
+        self._held: dict[str, tuple[dict[int, tuple[Any, str]], str]] = {}
 
-    def texts(self, key: str, records: Sequence[Any]) -> list[str]:
-        """The texts of ``records``, in order: the last call's for ``key`` where its records end the same, else
-        those held and the new ones encoded (the others forgotten)."""
-        held, texts = self._held.get(key, ({}, []))
+    def array(self, key: str, records: Sequence[Any], encode: Callable[[Any], Any] = plain) -> str:
+        """The JSON text of ``[encode(r) for r in records]``: the last call's for ``key`` where its records end
+        the same, else joined from the texts held and the new records' (the others forgotten)."""
+        held, text = self._held.get(key, ({}, "[]"))
         if len(held) == len(records) and (not records or id(records[-1]) in held):
-            return texts  # a sequence that changes at its end only: the same length and last record, unchanged
-        held = {id(r): held.get(id(r)) or (r, json.dumps(plain(r))) for r in records}
-        texts = [text for _, text in held.values()]
-        self._held[key] = (held, texts)
-        return texts
+            return text  # a sequence that changes at its end only: the same length and last record, unchanged
+        held = {id(r): held.get(id(r)) or (r, json.dumps(encode(r))) for r in records}
+        text = f"[{', '.join(t for _, t in held.values())}]"
+        self._held[key] = (held, text)
+        return text
 
 
 def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, texts: RecordTexts) -> dict[str, Any]:
-    """Plain values only: where each stage is, its windows, the rules' recent history (an epoch's JSON text
-    each), and where the report is (the caller has joined the window worker: every closed window is in
+    """The version and one JSON text (module docstring): where each stage is, the windows, the rules' recent
+    history and where the report is (the caller has joined the window worker: every closed window is in
     ``reporter.windows``).
 
     Args:
         positions: Each stage's position (:attr:`~lightning_perf.hooks.window_control.WindowControl.stages`).
         reporter: What the run has measured.
-        texts: The history's texts from the last call, kept by the caller.
+        texts: The arrays' texts from the last call, kept by the caller.
     """
-    return {
-        "version": STATE_VERSION,
-        "stages": {
-            stage: {
-                "epoch": pos.epoch,
-                "total_batches": reporter.stages[stage].total_batches,
-                "windows_used": pos.windows_used,
-                "history": texts.texts(stage, reporter.stages[stage].history),
-            }
-            for stage, pos in positions.items()
-        },
-        "windows": [window_dict(w, with_analysis=False) for w in reporter.windows],
+    stages = {
+        stage: {
+            "epoch": pos.epoch,
+            "total_batches": reporter.stages[stage].total_batches,
+            "windows_used": pos.windows_used,
+        }
+        for stage, pos in positions.items()
+    }
+    small = {
+        "stages": stages,
         "report_path": reporter.report_path,
         "profiling": reporter.budget.state_dict(time.perf_counter()),
     }
+    history = ", ".join(
+        f"{json.dumps(stage)}: {texts.array(stage, reporter.stages[stage].history)}" for stage in positions
+    )
+    windows = texts.array("windows", reporter.windows, functools.partial(window_dict, with_analysis=False))
+    return {
+        "version": STATE_VERSION,
+        "state": f'{{"small": {json.dumps(small)}, "windows": {windows}, "history": {{{history}}}}}',
+    }
+
+
+def _version_3(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A version-4 state as version 3 had it (one dict, a stage's history in its entry); others as they are."""
+    if not isinstance(state.get("state"), str):
+        return state
+    decoded = json.loads(state["state"])
+    small = decoded.get("small", {})
+    stages = {
+        stage: {**saved, "history": decoded.get("history", {}).get(stage, [])}
+        for stage, saved in small.get("stages", {}).items()
+    }
+    return {**small, "stages": stages, "windows": decoded.get("windows", [])}
 
 
 def load_state_dict(
@@ -100,6 +123,7 @@ def load_state_dict(
         earlier report lists (a run that went on past the checkpoint) stay in the report after the checkpoint's,
         so that a resumed fit appends to what is on disk.
     """
+    state = _version_3(state)
     held = list(reporter.windows)
     for stage, saved in state.get("stages", {}).items():
         if stage in positions:
@@ -132,7 +156,7 @@ def load_state_dict(
 
 
 def _history_epoch(saved: str | Mapping[str, Any]) -> EpochSummary:
-    """An epoch of a saved history: a JSON text (version 3) or a dict (version 2)."""
+    """An epoch of a saved history: a dict (versions 2 and 4) or a JSON text (version 3)."""
     return from_values(EpochSummary, json.loads(saved) if isinstance(saved, str) else saved)
 
 

@@ -9,8 +9,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_perf import PerfCallback
+from lightning_perf.hooks import run_state
 from lightning_perf.hooks.stage_measure import HISTORY_EPOCHS
-from lightning_perf.records import RankSummary
+from lightning_perf.records import RankSummary, plain
 from lightning_perf.report.json_report import write_json_atomically
 from models import TinyModel, trainer
 
@@ -74,8 +75,8 @@ def test_two_perf_callbacks_keep_separate_state(tmp_path):
     t.save_checkpoint(path)
     saved = torch.load(path, weights_only=False)["callbacks"]
     assert {train_only.state_key, validate_only.state_key} <= set(saved)
-    assert [w["stage"] for w in saved[train_only.state_key]["windows"]] == ["train"]
-    assert [w["stage"] for w in saved[validate_only.state_key]["windows"]] == ["validate"]
+    assert [w["stage"] for w in _decoded(saved[train_only.state_key])["windows"]] == ["train"]
+    assert [w["stage"] for w in _decoded(saved[validate_only.state_key])["windows"]] == ["validate"]
 
 
 def test_load_state_dict_tolerates_unknown_and_missing_keys():
@@ -110,37 +111,69 @@ def _short_epochs(tmp_path, epochs: int) -> PerfCallback:
     return callback
 
 
+def _decoded(state: dict) -> dict:
+    """A version-4 state's one JSON text, decoded."""
+    assert state["version"] == 4 and set(state) == {"version", "state"}  # one text: pickled as one object
+    return json.loads(state["state"])
+
+
 def test_checkpoint_state_is_bounded_however_long_the_run(tmp_path, every_epoch_alone):
     short, long = _short_epochs(tmp_path / "short", 3), _short_epochs(tmp_path / "long", HISTORY_EPOCHS + 8)
-    state = json.loads(json.dumps(long.state_dict()))
+    state = _decoded(long.state_dict())
     assert len(long.epochs) == HISTORY_EPOCHS + 8
-    history = state["stages"]["train"]["history"]
-    assert [json.loads(e)["epoch"] for e in history] == list(range(8, HISTORY_EPOCHS + 8))  # a JSON text each
+    assert [e["epoch"] for e in state["history"]["train"]] == list(range(8, HISTORY_EPOCHS + 8))
     assert not {"epochs", "findings", "ranks"} & set(state)  # the report keeps those, not the checkpoint
-    assert state["report_path"] == long.report_path
+    assert state["small"]["report_path"] == long.report_path
     # One more epoch than the bound adds nothing: the state grows with the history's bound, not the run.
-    assert len(json.dumps(state)) < 1.2 * len(json.dumps(_short_epochs(tmp_path / "b", HISTORY_EPOCHS).state_dict()))
-    assert len(json.dumps(short.state_dict())) < len(json.dumps(state))
+    assert len(long.state_dict()["state"]) < 1.2 * len(
+        _short_epochs(tmp_path / "b", HISTORY_EPOCHS).state_dict()["state"]
+    )
+    assert len(short.state_dict()["state"]) < len(long.state_dict()["state"])
 
 
-def test_each_epoch_of_the_history_is_encoded_once(tmp_path):
-    # A checkpoint at every epoch end re-encodes only the epoch that is new since the last one.
+def test_each_record_is_encoded_once_and_an_unchanged_sequence_not_joined_again(tmp_path):
+    # A checkpoint at every epoch end encodes only the epoch that is new since the last one.
     run = _short_epochs(tmp_path, 3)
-    before = run.state_dict()["stages"]["train"]["history"]
-    assert run.state_dict()["stages"]["train"]["history"] is before  # an unchanged history: nothing to do
-    run._stages["train"].history.append(dataclasses.replace(run.epochs[-1], epoch=3))
-    after = run.state_dict()["stages"]["train"]["history"]
-    assert [json.loads(e)["epoch"] for e in after] == [0, 1, 2, 3]
-    assert all(a is b for a, b in zip(before, after[:3], strict=True))  # the same texts, not encoded again
+    history = list(run._stages["train"].history)
+    texts, encoded = run_state.RecordTexts(), []
+
+    def encode(record):
+        encoded.append(record.epoch)
+        return plain(record)
+
+    first = texts.array("train", history, encode)
+    assert texts.array("train", history, encode) is first and encoded == [0, 1, 2]  # unchanged: nothing to do
+    history.append(dataclasses.replace(history[-1], epoch=3))
+    assert [e["epoch"] for e in json.loads(texts.array("train", history, encode))] == [0, 1, 2, 3]
+    assert encoded == [0, 1, 2, 3]  # the new epoch only
+    # The callback's own texts: its next checkpoint has the epoch its history gained.
+    run._stages["train"].history.append(history[-1])
+    assert [e["epoch"] for e in _decoded(run.state_dict())["history"]["train"]] == [0, 1, 2, 3]
+
+
+def test_a_version_3_checkpoint_with_a_text_per_epoch_still_loads(tmp_path):
+    run = _short_epochs(tmp_path, 2)
+    decoded = _decoded(run.state_dict())
+    stages = {
+        stage: {**saved, "history": [json.dumps(e) for e in decoded["history"][stage]]}
+        for stage, saved in decoded["small"]["stages"].items()
+    }
+    state = {**decoded["small"], "version": 3, "stages": stages, "windows": decoded["windows"]}
+    os.remove(run.report_path)  # the history is all there is to take back
+    resumed = PerfCallback(batches=[100_000], stages=["train"])
+    resumed.load_state_dict(state)
+    assert resumed._stages["train"].history == run._stages["train"].history
+    assert resumed._positions["train"].epoch == run._positions["train"].epoch == 1
 
 
 def test_a_version_2_checkpoint_with_its_history_as_dicts_still_loads(tmp_path):
     run = _short_epochs(tmp_path, 2)
-    state = json.loads(json.dumps(run.state_dict()))
-    state["version"] = 2
-    for saved in state["stages"].values():
-        saved["history"] = [json.loads(e) for e in saved["history"]]
-    os.remove(run.report_path)  # the history is all there is to take back
+    decoded = _decoded(run.state_dict())
+    stages = {
+        stage: {**saved, "history": decoded["history"][stage]} for stage, saved in decoded["small"]["stages"].items()
+    }
+    state = {**decoded["small"], "version": 2, "stages": stages, "windows": decoded["windows"]}
+    os.remove(run.report_path)
     resumed = PerfCallback(batches=[100_000], stages=["train"])
     resumed.load_state_dict(state)
     assert resumed._stages["train"].history == run._stages["train"].history
