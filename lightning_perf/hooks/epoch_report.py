@@ -241,7 +241,8 @@ class EpochReporter:
         st = self.stages[stage]
         if not st.carry(time.perf_counter(), windowed=bool(waited or pos.windows_this_epoch), alone=alone):
             return False
-        self._policy.info_once(f"grouped:{stage}", grouped_epochs(stage, pos.epoch))
+        if not self._policy.said(key := f"grouped:{stage}"):
+            self._policy.info_once(key, grouped_epochs(stage, pos.epoch))
         return True
 
     def window_started(self, stage: str, trainer: pl.Trainer) -> int:

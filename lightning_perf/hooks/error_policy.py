@@ -52,6 +52,10 @@ class ErrorPolicy:
             self._said.add(key)
             rank_zero_warn(message)
 
+    def said(self, key: str) -> bool:
+        """Whether ``key`` was said: a message costly to build need not be, where it would not be shown."""
+        return key in self._said
+
     def info_once(self, key: str, message: str) -> None:
         """``rank_zero_info(message)``, the first time ``key`` is said."""
         if key not in self._said:

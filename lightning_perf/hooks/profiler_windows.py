@@ -11,6 +11,7 @@ thread, :func:`process_window` in the window process (:mod:`lightning_perf.hooks
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -23,7 +24,7 @@ from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.rank_staging import RankStaging
 from lightning_perf.hooks.window_close import ClosedWindow, WindowOptions, WindowWorker, hand_over
 from lightning_perf.hooks.window_control import WindowToSave
-from lightning_perf.hooks.window_process import WindowProcess
+from lightning_perf.hooks.window_process import HERE_BYTES, WindowProcess
 from lightning_perf.records import WindowRecord
 from lightning_perf.report.outputs import Outputs
 
@@ -66,6 +67,7 @@ class ProfilerWindows:
         self._dirpath: str | None = None
         self._rank = 0
         self._staged = False
+        self._large = False  # a window's trace was too large to process here: the next ones start the child early
         self._cuda_peaks: CudaPeaks | None = None
         self._outputs: Outputs | None = None
 
@@ -103,7 +105,8 @@ class ProfilerWindows:
         if to_save is None:
             return False
         started = time.perf_counter()
-        self._window_process.start()  # its start runs beside the export (see WindowProcess.start)
+        if self._large:
+            self._window_process.start()  # its start runs beside the export (see WindowProcess.start)
         cuda = self._cuda_peaks.read("window") if self._cuda_peaks is not None else None
         assert self._dirpath is not None
         closed = hand_over(
@@ -115,11 +118,17 @@ class ProfilerWindows:
             cuda=cuda,
             started=started,
         )
+        # A small trace, where no child runs, is processed on the worker's thread (window_process.HERE_BYTES).
+        here = not self._window_process.running and os.path.getsize(closed.export_path) <= HERE_BYTES
+        if not here:
+            self._large = True
+            self._window_process.start()
         self._budget.charge(closed.record.close_seconds)
         if self._staged:
             self._staging.stage(closed.written_path, closed.record.trace_path)
-        self._worker.submit(self._process, closed)
-        self._threads.lower()  # put back by settle(), join() or end()
+        self._worker.submit(self._process, closed, here)
+        if not here:
+            self._threads.lower()  # put back by settle(), join() or end()
         return True
 
     def settle(self) -> None:
@@ -137,6 +146,8 @@ class ProfilerWindows:
         """Waits until every window saved so far is written and added; a window the worker failed to write goes
         to the error policy here, on the caller's thread (:meth:`WindowWorker.join`). The seconds it waited (a
         cost of the windows', charged to the budget)."""
+        if not self._worker.pending and not self._threads.lowered:
+            return 0.0  # nothing saved since the last join: every epoch end of a run between windows
         busy, started = self._worker.busy, time.perf_counter()
         self._worker.join(on_error=self._failed)
         self._threads.restore()
@@ -154,11 +165,11 @@ class ProfilerWindows:
     def _failed(self, err: Exception) -> None:
         self._policy.fail(None, err)
 
-    def _process(self, closed: ClosedWindow) -> None:
+    def _process(self, closed: ClosedWindow, here: bool) -> None:
         """The worker's job, on its thread: the window's trace, operator table and record from the window process
         (or from this thread, where it cannot run), the table to TensorBoard, then the record to ``add`` (jobs run
         one at a time, in order, so the records stay in order)."""
-        processed = self._window_process.process(closed, self._options)
+        processed = self._window_process.process(closed, self._options, here=here)
         if self._window_process.broken is not None:
             self._policy.warn_once(
                 "window-process",

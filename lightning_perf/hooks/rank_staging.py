@@ -115,6 +115,8 @@ class RankStaging:
         missed.
         """
         exchange = self._exchange
+        if exchange is None and not self._staged:
+            return  # at every stage epoch's start of a run between windows
         if exchange is None:  # a single process, or no torch.distributed: nothing to wait for
             ready, self._staged = [self._staged], []
         elif wait is None:

@@ -80,7 +80,8 @@ def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, 
         "profiling": reporter.budget.state_dict(time.perf_counter()),
     }
     history = ", ".join(
-        f"{json.dumps(stage)}: {texts.array(stage, reporter.stages[stage].history)}" for stage in positions
+        f'"{stage}": {texts.array(stage, reporter.stages[stage].history)}'
+        for stage in positions  # a plain name
     )
     windows = texts.array("windows", reporter.windows, functools.partial(window_dict, with_analysis=False))
     return {

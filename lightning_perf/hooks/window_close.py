@@ -255,7 +255,7 @@ class WindowWorker:
     @property
     def busy(self) -> bool:
         """A job submitted is still running or queued."""
-        return any(not job.done() for job in self._pending)
+        return bool(self._pending) and any(not job.done() for job in self._pending)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
         """Queues ``fn(*args, **kwargs)`` after the jobs already submitted."""

@@ -7,7 +7,7 @@ read torch's export back, write the trace, summarize it, write the operator tabl
 what a window costs, runs on the child's own GIL: a background thread of the training process would take the
 training process's GIL back whenever the training loop gives it up, which torch does at every operator call.
 
-One child per :class:`WindowProcess`, started as the first window closes (:meth:`WindowProcess.start`: the
+One child per :class:`WindowProcess`, started as the first window with a large trace closes (:meth:`WindowProcess.start`: the
 training thread does not wait for it) and kept until :meth:`WindowProcess.close`, which the callback calls
 at the end of each Trainer call: one per training process (per rank). It is a fresh interpreter
 (``python -c``, importing only this module; neither torch nor Lightning), not a ``multiprocessing`` child: the
@@ -20,6 +20,10 @@ pipe closes, also when the training process dies.
 Only plain values cross the pipes, pickled: a :class:`~lightning_perf.hooks.window_close.ClosedWindow` and its
 :class:`~lightning_perf.hooks.window_close.WindowOptions` in, a
 :class:`~lightning_perf.hooks.window_close.ProcessedWindow` (or the exception :func:`process_window` raised) out.
+
+A small trace (its export at most :data:`HERE_BYTES`) is processed in the calling thread while no child runs:
+the child's start (a fresh interpreter and its imports, about 0.3 s of wall time on a 2-CPU machine) would take
+longer than the work it takes over, and a short run's epoch end, which waits for its windows, waited for it.
 
 Where the child cannot start or dies, :meth:`WindowProcess.process` processes the window in the calling thread,
 as before there was a child, and :attr:`WindowProcess.broken` says why (the callback warns once); setting the
@@ -58,6 +62,10 @@ _CHILD_THREADS = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_
 # policy, which runs it only on a CPU nothing else wants and lets a waking training thread take that CPU at once),
 # so that where it and training want the same CPU, training gets it.
 CHILD_NICENESS = 19
+#: The largest export (bytes of torch's JSON) processed in the calling thread while no child runs. Processing
+#: reads about 30 MB/s of export on the project's 2-CPU machine (a 2.8-MB export in 92 ms, 0.43 MB in 15 ms, the
+#: TFT-shaped model of ``benchmarks/forecaster.py``): 1 MB takes about a tenth of the child's start. Our judgment.
+HERE_BYTES = 1_000_000
 CLOSE_WAIT_SECONDS = 10.0  # for the child to exit once its input is closed (it exits at once), then it is killed
 
 
@@ -95,11 +103,17 @@ class WindowProcess:
         """The child's process id, while it runs."""
         return self._child.pid if self._child is not None else None
 
-    def process(self, closed: ClosedWindow, options: WindowOptions) -> ProcessedWindow:
+    @property
+    def running(self) -> bool:
+        """The child is started (and not known to have ended)."""
+        return self._child is not None
+
+    def process(self, closed: ClosedWindow, options: WindowOptions, *, here: bool = False) -> ProcessedWindow:
         """:func:`process_window` ``(closed, options)`` in the child (started if needed), or here where it cannot
-        run (then :attr:`broken` says why). Raises what :func:`process_window` raised."""
+        run (then :attr:`broken` says why) or where ``here`` asks (a small trace, :data:`HERE_BYTES`). Raises what
+        :func:`process_window` raised."""
         with self._lock:
-            if self.broken is None and process_enabled():
+            if not here and self.broken is None and process_enabled():
                 try:
                     return self._in_child(closed, options)
                 except ChildLost as lost:

@@ -59,13 +59,13 @@ def test_the_cpu_a_windows_processing_takes_is_no_contention_of_the_run(tmp_path
     one = min(before)
     process = ProfilerWindows._process
 
-    def slow(self, closed):
+    def slow(self, closed, here):
         os.sched_setaffinity(0, before)  # this (worker) thread and the window process it starts: any CPU
         burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         try:
             os.sched_setaffinity(burner.pid, {one})
             time.sleep(0.3)
-            process(self, closed)
+            process(self, closed, here)
         finally:
             burner.kill()
             burner.wait()

@@ -105,7 +105,7 @@ def test_a_checkpoint_taken_right_after_a_close_holds_that_window(tmp_path):
     trainer(tmp_path, [callback, checkpoint], limit_val_batches=0, enable_checkpointing=True).fit(TinyModel(n=32))
     path = next(p for p in (tmp_path / "ckpt").iterdir() if "step=5" in p.name)
     saved = torch.load(path, weights_only=False)["callbacks"][callback.state_key]
-    assert [w["name"] for w in saved["windows"]] == ["train-epoch000-batches0002-0004"]
+    assert [w["name"] for w in json.loads(saved["state"])["windows"]] == ["train-epoch000-batches0002-0004"]
 
 
 class RaisesAtBatchEnd(Callback):

@@ -1,5 +1,6 @@
-"""The window process: closed windows are written and summarized in a child process, not in the training process;
-a child that cannot start or dies leaves each window to the training process's thread, with one warning."""
+"""The window process: closed windows are written and summarized in a child process, not in the training process,
+but for small traces while no child runs; a child that cannot start or dies leaves each window to the training
+process's thread, with one warning."""
 
 import copy
 import os
@@ -131,9 +132,10 @@ def _not_here(*args, **kwargs):
     raise AssertionError(NOT_HERE)
 
 
-def test_a_runs_windows_are_written_by_the_window_process(tmp_path, monkeypatch):
+def test_a_runs_large_windows_are_written_by_the_window_process(tmp_path, monkeypatch):
     # Writing a trace in this (the training) process fails, and strict re-raises it: every window of the run
-    # comes whole from the child.
+    # comes whole from the child, where each trace is larger than what is processed here.
+    monkeypatch.setattr("lightning_perf.hooks.profiler_windows.HERE_BYTES", 0)
     monkeypatch.setattr("lightning_perf.hooks.window_close.finish_trace", _not_here)
     callback = PerfCallback(schedule=WINDOW_3, strict=True)
     trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=32))
@@ -143,7 +145,24 @@ def test_a_runs_windows_are_written_by_the_window_process(tmp_path, monkeypatch)
     assert callback._profiler_windows._window_process.pid is None  # let go at the end of fit
 
 
+def _no_child(*args, **kwargs):
+    raise AssertionError("a window process started")
+
+
+def test_a_runs_small_windows_are_processed_here_and_start_no_child(tmp_path, monkeypatch):
+    # A child's start (an interpreter and its imports: about 0.3 s) would take longer than a tiny model's trace
+    # takes here, and a short run's epoch end waited for it. Starting one fails here, and strict re-raises it.
+    monkeypatch.setattr(window_process.subprocess, "Popen", _no_child)
+    callback = PerfCallback(schedule=WINDOW_3, strict=True)
+    trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=32))
+    assert len(callback.windows) == 4
+    for window in callback.windows:
+        assert steps(load(window.trace_path)) == [2, 3, 4] and window.operators and window.summary is not None
+        assert os.path.getsize(window.trace_path) < window_process.HERE_BYTES
+
+
 def test_a_child_that_exits_at_once_warns_once_and_every_window_is_still_saved(tmp_path, monkeypatch):
+    monkeypatch.setattr("lightning_perf.hooks.profiler_windows.HERE_BYTES", 0)
     monkeypatch.setattr(window_process, "_CHILD_CODE", "import sys; sys.exit(3)")
     callback = PerfCallback(schedule=WINDOW_3, stages=["train"])
     with pytest.warns(UserWarning, match=r"window process \(pid \d+\) ended \(exit code 3\)") as record:
@@ -155,6 +174,7 @@ def test_a_child_that_exits_at_once_warns_once_and_every_window_is_still_saved(t
 
 
 def test_the_environment_variable_keeps_windows_in_the_training_process(tmp_path, monkeypatch):
+    monkeypatch.setattr("lightning_perf.hooks.profiler_windows.HERE_BYTES", 0)
     monkeypatch.setenv(PROCESS_ENV, "0")
     started = []
     monkeypatch.setattr(WindowProcess, "_start", lambda self: started.append(self))
