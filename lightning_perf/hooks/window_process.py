@@ -7,9 +7,10 @@ read torch's export back, write the trace, summarize it, write the operator tabl
 what a window costs, runs on the child's own GIL: a background thread of the training process would take the
 training process's GIL back whenever the training loop gives it up, which torch does at every operator call.
 
-One child per :class:`WindowProcess`, started as the first window with a large trace closes (:meth:`WindowProcess.start`: the
-training thread does not wait for it) and kept until :meth:`WindowProcess.close`, which the callback calls
-at the end of each Trainer call: one per training process (per rank). It is a fresh interpreter
+One child per :class:`WindowProcess`, started as the first window with a large trace closes
+(:meth:`WindowProcess.start`: the training thread does not wait for it) and kept until
+:meth:`WindowProcess.close`, which the callback calls at the end of each Trainer call: one per training process
+(per rank). It is a fresh interpreter
 (``python -c``, importing only this module; neither torch nor Lightning), not a ``multiprocessing`` child: the
 ``spawn`` and ``forkserver`` start methods run the user's ``__main__`` again in the child (the training script,
 with its imports of torch and Lightning, and all of it where it has no ``if __name__ == "__main__"`` guard), and
