@@ -32,6 +32,11 @@ class StageHooks(Callback):
     - :meth:`_sanity_check_start`: the sanity-check validation starts (none of the above happen in it).
     """
 
+    # Whether the validation run under way is the sanity check: read once per run, at its start. The Trainer's
+    # `sanity_checking` is a property with an enum comparison (about 3 us a read), and the validation hooks
+    # asked it six times per run, at every short epoch of a run of them.
+    _in_sanity_check = False
+
     def _epoch_start(self, stage: str, trainer: pl.Trainer, epoch: int | None, num_batches: float) -> None:
         """A stage epoch of ``num_batches`` starts: epoch ``epoch``, or (``None``) the stage's next."""
         raise NotImplementedError
@@ -82,17 +87,18 @@ class StageHooks(Callback):
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:
+        self._in_sanity_check = trainer.sanity_checking
+        if not self._in_sanity_check:
             self._validation_start(trainer)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
+        if not self._in_sanity_check and trainer.state.fn == TrainerFn.FITTING:
             self._validation_end(trainer)
 
     @override
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking:
+        if self._in_sanity_check:
             self._sanity_check_start(trainer)
         else:
             self._epoch_start("validate", trainer, None, sum(trainer.num_val_batches))
@@ -101,7 +107,7 @@ class StageHooks(Callback):
     def on_validation_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if not trainer.sanity_checking:
+        if not self._in_sanity_check:
             self._batch_start("validate", trainer, batch, batch_idx)
 
     @override
@@ -114,12 +120,12 @@ class StageHooks(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if not trainer.sanity_checking:
+        if not self._in_sanity_check:
             self._batch_end("validate", trainer, outputs)
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:
+        if not self._in_sanity_check:
             self._epoch_end("validate", trainer)
 
     @override

@@ -91,6 +91,21 @@ def test_the_sanity_check_is_no_epoch():
     assert hooks.events == [("sanity_check_start",)]
 
 
+def test_the_validation_run_after_the_sanity_check_is_an_epoch():
+    # Whether a run is the sanity check is read once, at its start: the next run reads it again.
+    hooks = Recorder()
+    _validation_run(hooks, _trainer(sanity_checking=True))
+    _validation_run(hooks, _trainer())
+    assert hooks.events[0] == ("sanity_check_start",) and hooks.events[1:] == [
+        ("validation_start",),
+        ("epoch_start", "validate", None, 5),
+        ("batch_start", "validate", "b", 0),
+        ("batch_end", "validate", "out"),
+        ("epoch_end", "validate"),
+        ("validation_end",),
+    ]
+
+
 def test_a_validate_call_has_no_validation_end_inside_a_fit():
     hooks = Recorder()
     _validation_run(hooks, _trainer(fn=TrainerFn.VALIDATING))
