@@ -123,7 +123,12 @@ def test_checkpoint_state_is_bounded_however_long_the_run(tmp_path, every_epoch_
     assert len(long.epochs) == HISTORY_EPOCHS + 8
     assert [e["epoch"] for e in state["history"]["train"]] == list(range(8, HISTORY_EPOCHS + 8))
     assert not {"epochs", "findings", "ranks"} & set(state)  # the report keeps those, not the checkpoint
-    assert state["small"]["report_path"] == long.report_path
+    assert state["report_path"] == long.report_path
+    assert state["stages"]["train"] == {
+        "epoch": HISTORY_EPOCHS + 7,
+        "total_batches": 2 * (HISTORY_EPOCHS + 8),
+        "windows_used": 0,
+    }
     # One more epoch than the bound adds nothing: the state grows with the history's bound, not the run.
     assert len(long.state_dict()["state"]) < 1.2 * len(
         _short_epochs(tmp_path / "b", HISTORY_EPOCHS).state_dict()["state"]
@@ -151,14 +156,28 @@ def test_each_record_is_encoded_once_and_an_unchanged_sequence_not_joined_again(
     assert [e["epoch"] for e in _decoded(run.state_dict())["history"]["train"]] == [0, 1, 2, 3]
 
 
+def test_the_states_text_is_joined_again_only_where_a_part_changed():
+    texts, joins = run_state.RecordTexts(), []
+    history, windows = "[1, 2]", "[]"
+
+    def join():
+        joins.append(1)
+        return f"{history}, {windows}"
+
+    assert texts.joined((history, windows), join) == "[1, 2], []" and len(joins) == 1
+    assert texts.joined((history, windows), join) == "[1, 2], []" and len(joins) == 1  # the same texts
+    history = "[1, 2, 3]"
+    assert texts.joined((history, windows), join) == "[1, 2, 3], []" and len(joins) == 2
+
+
 def test_a_version_3_checkpoint_with_a_text_per_epoch_still_loads(tmp_path):
     run = _short_epochs(tmp_path, 2)
     decoded = _decoded(run.state_dict())
     stages = {
         stage: {**saved, "history": [json.dumps(e) for e in decoded["history"][stage]]}
-        for stage, saved in decoded["small"]["stages"].items()
+        for stage, saved in decoded["stages"].items()
     }
-    state = {**decoded["small"], "version": 3, "stages": stages, "windows": decoded["windows"]}
+    state = {**decoded, "version": 3, "stages": stages}
     os.remove(run.report_path)  # the history is all there is to take back
     resumed = PerfCallback(batches=[100_000], stages=["train"])
     resumed.load_state_dict(state)
@@ -169,10 +188,8 @@ def test_a_version_3_checkpoint_with_a_text_per_epoch_still_loads(tmp_path):
 def test_a_version_2_checkpoint_with_its_history_as_dicts_still_loads(tmp_path):
     run = _short_epochs(tmp_path, 2)
     decoded = _decoded(run.state_dict())
-    stages = {
-        stage: {**saved, "history": decoded["history"][stage]} for stage, saved in decoded["small"]["stages"].items()
-    }
-    state = {**decoded["small"], "version": 2, "stages": stages, "windows": decoded["windows"]}
+    stages = {stage: {**saved, "history": decoded["history"][stage]} for stage, saved in decoded["stages"].items()}
+    state = {**decoded, "version": 2, "stages": stages}
     os.remove(run.report_path)
     resumed = PerfCallback(batches=[100_000], stages=["train"])
     resumed.load_state_dict(state)
