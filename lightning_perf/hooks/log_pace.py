@@ -58,9 +58,12 @@ REPORT_SHARE = 0.005
 # short runs. Our judgment.
 REPORT_BURST = 0.05
 # A stage epoch's measurement (epoch_report, Notes 2: its CPU readings, summary, scalars and report, about
-# 1.5-2.5 ms with the findings' share) may cost this share of the wall time; shorter epochs are measured in
-# groups. With the scalars' and the findings' shares, within the standing goal's 1-2%. Our judgment.
-MEASURE_SHARE = 0.01
+# 1.5-2.5 ms with the findings' share, 3-6 ms between the steps of a fit, its caches cold) may cost this share of
+# the wall time; shorter epochs are measured in groups. At 1% it was a quarter of what a run of 10-ms epochs paid
+# for the callback (groups of about 0.2 s); at 0.5% their groups last about 0.5 s, and issue 26's 5% of any
+# 10-s run has room for the rest. With the scalars' and the findings' shares, within the standing goal's 1-2%.
+# Our judgment.
+MEASURE_SHARE = 0.005
 # ... after the first 0.1 s of measurement: every epoch of a short run (the tests' and the demo's), the first
 # 40-70 stage epochs of a run of short epochs. Our judgment.
 MEASURE_BURST = 0.1
