@@ -11,6 +11,7 @@ thread, :func:`process_window` in the window process (:mod:`lightning_perf.hooks
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -119,7 +120,7 @@ class ProfilerWindows:
             started=started,
         )
         # A small trace, where no child runs, is processed on the worker's thread (window_process.HERE_BYTES).
-        here = not self._window_process.running and os.path.getsize(closed.export_path) <= HERE_BYTES
+        here = not self._window_process.running and _size(closed.export_path) <= HERE_BYTES
         if not here:
             self._large = True
             self._window_process.start()
@@ -194,3 +195,11 @@ class ProfilerWindows:
         if self._outputs is not None:
             self._outputs.add_text(OPERATORS_TAG.format(stage=stage), processed.table, processed.record.step)
         self._add(processed.record)
+
+
+def _size(path: str) -> float:
+    """The file's size in bytes; infinite where it cannot be read (the window process then reports why)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return math.inf
