@@ -8,11 +8,11 @@ Version 4 keeps only what resuming needs, bounded however long the run: each sta
 (at most ``max_windows`` per stage), the rules' recent history, and the report's path (a resumed run takes the
 earlier epochs back from that report), all in one JSON text. Lightning's default ``ModelCheckpoint`` saves the
 state at every epoch end, and ``torch.save`` pickles a nested value object by object (a Python
-``persistent_id`` call each): a 32-epoch history of dicts cost 1.4 ms per checkpoint, of texts 0.3 ms (measured
-on a 2-CPU machine), one text nothing that shows. Each epoch of the history and each window is encoded once
-(:class:`RecordTexts`), and the text of a sequence that has not changed is reused. Version 3 kept the state as a
-dict with a text per epoch, version 2 the history as dicts, version 1 also every epoch, finding and per-rank
-table; all still load.
+``persistent_id`` call each): a 32-epoch history of dicts cost 1.4 ms per checkpoint, of a text per epoch
+0.1-0.3 ms, as one text 0.06-0.19 ms (``benchmarks/checkpoint_state.py``, a 2-CPU machine). Each epoch of the
+history and each window is encoded once (:class:`RecordTexts`), and the text of a sequence that has not changed
+is reused. Version 3 kept the state as a dict with a text per epoch, version 2 the history as dicts, version 1
+also every epoch, finding and per-rank table; all still load.
 """
 
 from __future__ import annotations
