@@ -241,8 +241,7 @@ class EpochReporter:
         st = self.stages[stage]
         if not st.carry(time.perf_counter(), windowed=bool(waited or pos.windows_this_epoch), alone=alone):
             return False
-        if not self._policy.said(key := f"grouped:{stage}"):
-            self._policy.info_once(key, grouped_epochs(stage, pos.epoch))
+        self._policy.info_once(f"grouped:{stage}", lambda: grouped_epochs(stage, pos.epoch))
         return True
 
     def window_started(self, stage: str, trainer: pl.Trainer) -> int:

@@ -16,6 +16,8 @@ from typing import Any
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from lightning_perf.hooks.window_control import Message
+
 #: The environment variable that turns ``strict`` on where the callback leaves it unset (``1``, ``true``, ``yes``).
 STRICT_ENV = "LIGHTNING_PERF_STRICT"
 
@@ -46,21 +48,17 @@ class ErrorPolicy:
         self._said: set[str] = set()
         self.drop: Callable[[str], None] | None = None
 
-    def warn_once(self, key: str, message: str) -> None:
-        """``rank_zero_warn(message)``, the first time ``key`` is said."""
+    def warn_once(self, key: str, message: Message) -> None:
+        """``rank_zero_warn(message)``, the first time ``key`` is said (a callable message is built then)."""
         if key not in self._said:
             self._said.add(key)
-            rank_zero_warn(message)
+            rank_zero_warn(message if isinstance(message, str) else message())
 
-    def said(self, key: str) -> bool:
-        """Whether ``key`` was said: a message costly to build need not be, where it would not be shown."""
-        return key in self._said
-
-    def info_once(self, key: str, message: str) -> None:
-        """``rank_zero_info(message)``, the first time ``key`` is said."""
+    def info_once(self, key: str, message: Message) -> None:
+        """``rank_zero_info(message)``, the first time ``key`` is said (a callable message is built then)."""
         if key not in self._said:
             self._said.add(key)
-            rank_zero_info(message)
+            rank_zero_info(message if isinstance(message, str) else message())
 
     def safely(self, stage: str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """``fn(*args, **kwargs)``, its failure handled by :meth:`fail` (``stage``: what it was measuring)."""

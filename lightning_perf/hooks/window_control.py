@@ -46,8 +46,12 @@ from lightning_perf.collect.window import Window, WindowState
 from lightning_perf.schedule import Action, BatchListPlan, WindowPlan
 from lightning_perf.units import limit, percent
 
-#: ``(key, message)``: a message to show once per key (see :class:`~lightning_perf.hooks.error_policy.ErrorPolicy`).
-Say = Callable[[str, str], None]
+#: What is said once: the text, or what builds it, called only the first time (a message that a run of short
+#: epochs would say at every epoch is built once).
+Message = str | Callable[[], str]
+#: ``(key, message)``: a message to show once per key (see :class:`~lightning_perf.hooks.error_policy.ErrorPolicy`;
+#: the message, or what builds it).
+Say = Callable[[str, Message], None]
 
 
 class Verdicts(Protocol):
@@ -390,10 +394,13 @@ class WindowControl:
                 if not self._chosen
                 else ". Lower `schedule.skip_first`/`wait`, or pass `batches=[...]`"
             )
+            batches = pos.batch  # built only where said: at most once, where this runs at every short epoch
             self._unmet(
                 f"short:{stage}",
-                f"PerfCallback: the {stage} epoch had {pos.batch} batches, too few for the schedule (its first"
-                f" recorded batch is {first}), so it has no profiler window{moved}.",
+                lambda: (
+                    f"PerfCallback: the {stage} epoch had {batches} batches, too few for the schedule (its first"
+                    f" recorded batch is {first}), so it has no profiler window{moved}."
+                ),
             )
 
     def _open(self, stage: str, pos: StagePosition) -> OpenWindow | None:

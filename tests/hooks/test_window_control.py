@@ -84,6 +84,12 @@ class Saved:
     step: int = 0
 
 
+def _once(said: dict[str, str], key: str, message) -> None:
+    """As ErrorPolicy says a message: once per key, built (where it is a callable) only then."""
+    if key not in said:
+        said[key] = message if isinstance(message, str) else message()
+
+
 @dataclass
 class Driver:
     """Plays Lightning's hooks as PerfCallback does, and the per-window pipeline: the windows made, those saved,
@@ -112,8 +118,8 @@ class Driver:
             stages=STAGES,
             new_window=self._new_window,
             started=lambda stage, context: context.step,
-            warn=lambda key, message: self.warned.setdefault(key, message),
-            info=lambda key, message: self.noted.setdefault(key, message),
+            warn=lambda key, message: _once(self.warned, key, message),
+            info=lambda key, message: _once(self.noted, key, message),
             budget=self.budget,
             clock=self.clock or (lambda: self.now),
             chosen=self.chosen,
