@@ -11,8 +11,6 @@ thread, :func:`process_window` in the window process (:mod:`lightning_perf.hooks
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from collections.abc import Callable
 
@@ -25,7 +23,7 @@ from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.rank_staging import RankStaging
 from lightning_perf.hooks.window_close import ClosedWindow, WindowOptions, WindowWorker, hand_over
 from lightning_perf.hooks.window_control import WindowToSave
-from lightning_perf.hooks.window_process import HERE_BYTES, WindowProcess
+from lightning_perf.hooks.window_process import WindowProcess
 from lightning_perf.records import WindowRecord
 from lightning_perf.report.outputs import Outputs
 
@@ -119,8 +117,7 @@ class ProfilerWindows:
             cuda=cuda,
             started=started,
         )
-        # A small trace, where no child runs, is processed on the worker's thread (window_process.HERE_BYTES).
-        here = not self._window_process.running and _size(closed.export_path) <= HERE_BYTES
+        here = self._window_process.small(closed.export_path)
         if not here:
             self._large = True
             self._window_process.start()
@@ -195,11 +192,3 @@ class ProfilerWindows:
         if self._outputs is not None:
             self._outputs.add_text(OPERATORS_TAG.format(stage=stage), processed.table, processed.record.step)
         self._add(processed.record)
-
-
-def _size(path: str) -> float:
-    """The file's size in bytes; infinite where it cannot be read (the window process then reports why)."""
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return math.inf

@@ -104,14 +104,19 @@ class WindowProcess:
         """The child's process id, while it runs."""
         return self._child.pid if self._child is not None else None
 
-    @property
-    def running(self) -> bool:
-        """The child is started (and not known to have ended)."""
-        return self._child is not None
+    def small(self, export_path: str) -> bool:
+        """Whether the window of this export is processed in the calling thread: no child runs, and the export
+        is at most :data:`HERE_BYTES` (one that cannot be read is not: the child reports why)."""
+        if self._child is not None:
+            return False
+        try:
+            return os.path.getsize(export_path) <= HERE_BYTES
+        except OSError:
+            return False
 
     def process(self, closed: ClosedWindow, options: WindowOptions, *, here: bool = False) -> ProcessedWindow:
         """:func:`process_window` ``(closed, options)`` in the child (started if needed), or here where it cannot
-        run (then :attr:`broken` says why) or where ``here`` asks (a small trace, :data:`HERE_BYTES`). Raises what
+        run (then :attr:`broken` says why) or where ``here`` asks (:meth:`small`). Raises what
         :func:`process_window` raised."""
         with self._lock:
             if not here and self.broken is None and process_enabled():

@@ -102,7 +102,7 @@ def test_training_leaves_a_cpu_to_the_window_process_while_it_works(tmp_path, de
     cpus = usable_cpus()
     if cpus < 2:
         pytest.skip("one usable CPU: there is no thread to give up")
-    monkeypatch.setattr("lightning_perf.hooks.profiler_windows.HERE_BYTES", 0)  # every trace goes to the process
+    monkeypatch.setattr("lightning_perf.hooks.window_process.HERE_BYTES", 0)  # every trace goes to the process
     before = torch.get_num_threads()
     torch.set_num_threads(cpus)
     seen = ThreadsSeen()

@@ -85,6 +85,17 @@ def test_a_window_is_processed_in_a_child_process_that_imports_neither_torch_nor
         os.kill(pid, 0)
 
 
+def test_a_small_export_is_processed_here_only_while_no_child_runs(tmp_path, child, monkeypatch):
+    closed = closed_window(tmp_path, "w")  # a few operators: some kB
+    assert child.small(closed.export_path)
+    assert not child.small(str(tmp_path / "gone.json"))  # unreadable: the child reports why
+    monkeypatch.setattr(window_process, "HERE_BYTES", 100)
+    assert not child.small(closed.export_path)
+    monkeypatch.setattr(window_process, "HERE_BYTES", 2**30)
+    child.start()
+    assert not child.small(closed.export_path)  # a child runs: every window goes to it, in order
+
+
 def test_start_begins_the_child_at_once_and_never_waits_for_a_window_in_process(tmp_path, child):
     child.start()  # what the callback calls as a window's close begins: the child starts beside the export
     pid = child.pid
@@ -135,7 +146,7 @@ def _not_here(*args, **kwargs):
 def test_a_runs_large_windows_are_written_by_the_window_process(tmp_path, monkeypatch):
     # Writing a trace in this (the training) process fails, and strict re-raises it: every window of the run
     # comes whole from the child, where each trace is larger than what is processed here.
-    monkeypatch.setattr("lightning_perf.hooks.profiler_windows.HERE_BYTES", 0)
+    monkeypatch.setattr("lightning_perf.hooks.window_process.HERE_BYTES", 0)
     monkeypatch.setattr("lightning_perf.hooks.window_close.finish_trace", _not_here)
     callback = PerfCallback(schedule=WINDOW_3, strict=True)
     trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(n=32))
@@ -162,7 +173,7 @@ def test_a_runs_small_windows_are_processed_here_and_start_no_child(tmp_path, mo
 
 
 def test_a_child_that_exits_at_once_warns_once_and_every_window_is_still_saved(tmp_path, monkeypatch):
-    monkeypatch.setattr("lightning_perf.hooks.profiler_windows.HERE_BYTES", 0)
+    monkeypatch.setattr("lightning_perf.hooks.window_process.HERE_BYTES", 0)
     monkeypatch.setattr(window_process, "_CHILD_CODE", "import sys; sys.exit(3)")
     callback = PerfCallback(schedule=WINDOW_3, stages=["train"])
     with pytest.warns(UserWarning, match=r"window process \(pid \d+\) ended \(exit code 3\)") as record:
@@ -174,7 +185,7 @@ def test_a_child_that_exits_at_once_warns_once_and_every_window_is_still_saved(t
 
 
 def test_the_environment_variable_keeps_windows_in_the_training_process(tmp_path, monkeypatch):
-    monkeypatch.setattr("lightning_perf.hooks.profiler_windows.HERE_BYTES", 0)
+    monkeypatch.setattr("lightning_perf.hooks.window_process.HERE_BYTES", 0)
     monkeypatch.setenv(PROCESS_ENV, "0")
     started = []
     monkeypatch.setattr(WindowProcess, "_start", lambda self: started.append(self))
