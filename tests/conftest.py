@@ -41,3 +41,12 @@ def every_epoch_alone(monkeypatch):
     from lightning_perf.hooks import stage_measure
 
     monkeypatch.setattr(stage_measure, "MEASURE_BURST", float("inf"))
+
+
+@pytest.fixture
+def every_write(monkeypatch):
+    """Every per-batch logging point written, however slow the machine: the scalars' pace has no end, for tests
+    that count the points of a run (hooks/log_pace.py)."""
+    from lightning_perf.hooks import stage_measure
+
+    monkeypatch.setattr(stage_measure, "LOG_BURST", float("inf"))

@@ -26,7 +26,15 @@ from lightning_perf.collect.memory import host_rss
 from lightning_perf.collect.steps import StepClock
 from lightning_perf.config import STAGES
 from lightning_perf.diagnose.rules_step import epoch_time
-from lightning_perf.hooks.log_pace import MEASURE_BURST, MEASURE_SHARE, REPORT_BURST, REPORT_SHARE, LogPace
+from lightning_perf.hooks.log_pace import (
+    LOG_BURST,
+    LOG_SHARE,
+    MEASURE_BURST,
+    MEASURE_SHARE,
+    REPORT_BURST,
+    REPORT_SHARE,
+    LogPace,
+)
 from lightning_perf.records import EpochSummary, RankSummary
 from lightning_perf.report.metrics import batch_metrics
 from lightning_perf.report.outputs import Outputs
@@ -176,7 +184,8 @@ def stage_measures(batch_size: Callable[[Any], int | None], *, log_loss: bool) -
     """Every stage's measure (``batch_size``: what counts a batch's samples; ``log_loss``: keep the losses, but
     predict's). The stages share one pace for their per-batch scalars and one for their epochs' measurement
     (:mod:`~lightning_perf.hooks.log_pace` Notes 3, :mod:`~lightning_perf.hooks.epoch_report` Notes 2)."""
-    pace, measure_pace = LogPace(), LogPace(share=MEASURE_SHARE, burst=MEASURE_BURST)
+    pace = LogPace(share=LOG_SHARE, burst=LOG_BURST)
+    measure_pace = LogPace(share=MEASURE_SHARE, burst=MEASURE_BURST)
     return {
         stage: StageMeasure(StepClock(batch_size, keep_loss=log_loss and stage != "predict"), pace, measure_pace)
         for stage in STAGES

@@ -70,7 +70,7 @@ def _event_scalars(root) -> dict[str, dict[str, list[int]]]:
 # ---------------------------------------------------------------------------------- a single step axis (CSV)
 
 
-def test_csv_rows_keep_one_monotonic_step_axis_an_integer_epoch_and_few_extra_rows(tmp_path):
+def test_csv_rows_keep_one_monotonic_step_axis_an_integer_epoch_and_few_extra_rows(tmp_path, every_write):
     callback = PerfCallback(**NO_WINDOWS)
     t = trainer(tmp_path, [callback], logger=CSVLogger(tmp_path), max_epochs=2, log_every_n_steps=2)
     t.fit(Logging(n=48))

@@ -36,7 +36,9 @@ def test_a_fine_cadence_is_thinned_to_the_share_once_the_burst_is_spent():
     clock = FakeClock()
     pace = LogPace(clock=clock)
     written = run(pace, clock, points=100_000, step=1e-3, cost=4e-4)
-    burst = int(LOG_BURST / 4e-4) + 1
+    # Write k at every point (each 1 ms step and 0.4 ms write) while k writes cost no more than the burst and the
+    # share of the time since the first: k * 0.4 ms <= LOG_BURST + LOG_SHARE * k * 1.4 ms.
+    burst = int(LOG_BURST / (4e-4 - LOG_SHARE * 1.4e-3)) + 1
     assert written[:burst] == list(range(burst))  # the first writes at every point
     assert written[burst] > burst  # then fewer
     spent = len(written) * 4e-4
