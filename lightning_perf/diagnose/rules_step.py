@@ -26,7 +26,7 @@ from lightning_perf.diagnose.rule_helpers import (
 )
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary, share
-from lightning_perf.units import count, limit, ms, percent, seconds
+from lightning_perf.units import count, limit, ms, percent, plural, seconds
 
 # What Lightning's bookkeeping takes at each `self.log` call, whatever the cadence it logs at (a clone, a detach,
 # device moves and a running mean per value). Measured on the demo's validation (examples/demo.py, 2 values a
@@ -140,14 +140,17 @@ def validation_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            over the fit so far where known (``StageEpoch.fit_seconds``: validation that runs every N steps across
            one-batch epochs lands in a few epochs, and is a small share of the fit), else over the epoch; each
            epoch over all its batches at the mean of those measured (:func:`epoch_time`).
+        2. Fires, as a warning, at ``validation`` when validation also takes ``validation_min_time`` or more.
         3. Advice names the step-based setting (``val_check_interval`` with ``check_val_every_n_epoch=None``)
            where validation runs every N training batches.
-        2. Fires, as a warning, at ``validation`` when validation also takes ``validation_min_time`` or more.
+        4. A record of several short epochs (``EpochSummary.epochs``) holds several validation runs, and its
+           validation records several each: the runs per training epoch are their ``epochs`` over its own.
     """
     if ctx.stage != "train" or not ctx.validation:
         return None
     facts = ctx.facts
-    runs = len(ctx.validation)
+    runs = sum(v.epochs for v in ctx.validation)  # a record of a run of short epochs holds several runs
+    per_epoch = runs / max(ctx.epoch.epochs, 1)
     batches = sum(v.batches for v in ctx.validation)
     if ctx.fit_seconds is not None:
         train, val = ctx.fit_seconds
@@ -162,7 +165,8 @@ def validation_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     fraction = val / total
     evidence = [
         f"validation {percent(fraction)} of {scope}'s step time ({seconds(val)}, training {seconds(train)});"
-        f" this epoch {runs} run{'s' if runs > 1 else ''} of {batches} batches"
+        f" {'this epoch' if ctx.epoch.epochs == 1 else f'these {ctx.epoch.epochs} epochs'}"
+        f" {plural(runs, 'run')} of {batches} batches"
         f" (warning >= {limit(t.validation)} and >= {seconds(t.validation_min_time)})"
     ]
     if facts.val_check_steps:
@@ -177,8 +181,8 @@ def validation_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             "Validate less or faster: `Trainer(limit_val_batches=0.25)` uses a quarter of the validation set,"
             " `check_val_every_n_epoch=N` validates every N epochs"
             + (
-                f", and a larger `val_check_interval` runs fewer than the {runs} validations per epoch"
-                if runs > 1
+                f", and a larger `val_check_interval` runs fewer than the {per_epoch:g} validations per epoch"
+                if per_epoch > 1
                 else ""
             )
             + ". A larger validation `batch_size` (no gradients or optimizer state need memory) makes each batch"

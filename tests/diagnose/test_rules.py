@@ -1382,3 +1382,16 @@ def test_diagnosis_modules_import_neither_torch_nor_lightning(path):
 
 def test_importing_the_diagnosis_loads_neither_torch_nor_lightning():
     assert heavy_modules_loaded_by("lightning_perf.diagnose.registry") == []
+
+
+def test_validation_heavy_counts_the_runs_of_grouped_short_epochs_per_training_epoch():
+    # A record of 95 one-batch training epochs and the validation records inside it (one run per epoch, measured
+    # in groups of 12, 30, 45 and 8): 95 runs, one per epoch; no `val_check_interval` advice.
+    groups = tuple(epoch(stage="validate", epochs=n, step_time=0.002 * n, batches=n) for n in (12, 30, 45, 8))
+    f = run("validation_heavy", ctx(epoch(step_time=0.3, batches=95, epochs=95), validation=groups))
+    assert "these 95 epochs 95 runs of 95 batches" in f.evidence
+    assert "val_check_interval" not in f.advice
+    # Two runs per epoch in groups: the advice says 2.
+    twice = tuple(epoch(stage="validate", epochs=n, step_time=0.01 * n, batches=n) for n in (10, 10))
+    f = run("validation_heavy", ctx(epoch(step_time=0.3, batches=10, epochs=10), validation=twice))
+    assert "runs fewer than the 2 validations per epoch" in f.advice and "these 10 epochs 20 runs" in f.evidence
