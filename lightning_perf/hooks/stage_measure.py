@@ -43,11 +43,13 @@ from lightning_perf.report.outputs import Outputs
 # saturates here), and so what a checkpoint keeps of them.
 HISTORY_EPOCHS = 32
 # The longest a group of short epochs measured together may last (epoch_report, Notes 2), from its first epoch's end:
-# the scalars and the report get a point at least this often, and at 1.5-2.5 ms a measurement that costs 0.25% of
-# the time at most. Without it, a run whose windows' epochs (each measured alone) overspent the measurement pace
-# carried every epoch for seconds while the pace caught up: one group of 442 epochs (a 600-epoch run with 40
-# windows). Our judgment.
-GROUP_SECONDS = 1.0
+# the scalars and the report get a point at least this often. Without it, a run whose windows' epochs (each measured
+# alone) overspent the measurement pace carried every epoch for seconds while the pace caught up: one group of 442
+# epochs (a 600-epoch run with 40 windows). A group's measurement with its findings took 3-3.6 ms in a fit of 10-ms
+# epochs (2-CPU machine, benchmarks/epoch_blocks.py): at 1 s, training's and validation's groups cost 0.7% of the
+# run, over the measurement pace's 0.5% (MEASURE_SHARE), which this bound is not to override; at 2 s, 0.35% at
+# most. Our judgment.
+GROUP_SECONDS = 2.0
 
 
 def stage_step(stage: str, trainer: pl.Trainer, total_batches: int) -> int:

@@ -149,7 +149,7 @@ def test_a_group_lasts_at_most_group_seconds_then_a_new_one_starts():
     pace = LogPace(share=0.0, burst=0.0, clock=clock, waited=lambda: 0.0)
     measure = StageMeasure(StepClock(lambda batch: None, clock=clock), LogPace(clock=clock), pace)
     pace.spent(0.002)
-    ends = [0.0, 0.5, GROUP_SECONDS - 0.01, GROUP_SECONDS, GROUP_SECONDS + 0.1, 2 * GROUP_SECONDS + 0.1]
+    ends = [0.0, 0.5, GROUP_SECONDS - 0.01, GROUP_SECONDS, GROUP_SECONDS + 0.5, 2 * GROUP_SECONDS + 0.5]
     assert [measure.carry(now, windowed=False, alone=True) for now in ends] == [True, True, True, False, True, False]
 
 

@@ -222,3 +222,14 @@ def test_a_version_1_checkpoint_still_restores_its_whole_history():
     )
     assert [e.epoch for e in callback.epochs] == [0] and [f.id for f in callback.findings_for("train")] == ["x"]
     assert len(callback._stages["train"].history) == 1
+
+
+def test_the_profilings_numbers_are_written_as_json_writes_them(tmp_path):
+    # Written by an f-string (json.dumps cost 33 us in a fit): the same text, and JSON's words where not finite.
+    run = _short_epochs(tmp_path, 2)
+    run._epochs.budget.load_state_dict({"seconds": 0.1, "run_seconds": 2.5, "windows": 3, "skipped": 1})
+    profiling = _decoded(run.state_dict())["profiling"]
+    assert {k: v for k, v in profiling.items() if k != "run_seconds"} == {"seconds": 0.1, "windows": 3, "skipped": 1}
+    assert profiling["run_seconds"] >= 2.5 and isinstance(profiling["windows"], int)
+    run._epochs.budget.load_state_dict({"seconds": float("inf")})
+    assert _decoded(run.state_dict())["profiling"]["seconds"] == float("inf")
