@@ -1,0 +1,170 @@
+"""
+PerfCallback's cost per epoch, in blocks inside one fit
+=======================================================
+
+What :class:`~lightning_perf.PerfCallback` costs each epoch of a run of short epochs, measured so that the
+machine's drift cancels. This project's 2-CPU machine drifts by 10-30% over seconds (bare fits of one shape
+took 3.4-5.1 s on one day): fits compared one after another cannot tell 1.03x from 1.08x. Here one fit runs
+``--epochs`` epochs of ``short_epochs.Tiny`` with a new user's Trainer (one training and one validation batch
+per epoch, TensorBoard, a checkpoint at every epoch, the default progress bar), and a callback ahead of
+``PerfCallback()`` takes it out of ``trainer.callbacks`` at a training epoch's start and puts it back, every
+``--block`` epochs. Each "on" block is compared with the "off" block right after it, a fraction of a second
+later.
+
+What the comparison holds: PerfCallback's hooks and its checkpoint state at every epoch, and what they make
+others do (Lightning's dispatch of its hooks, the logger's events, the checkpoint's size). Not: what it installs
+for the whole fit (its loop timers, the compile watch: on in both blocks) and its costs at the fit's start and
+end, which a run of seconds spreads.
+
+Paced work (the per-batch scalars, the epochs' measurement and findings, the report file's rewrites,
+``hooks/log_pace.py`` and ``GROUP_SECONDS``) spends a share of the run's *wall time*, which both blocks count
+while only the "on" blocks do the work: those pay about twice its share. PerfCallback's hooks are timed too (a
+wrapper on the instance, about 1 us a call); their calls of 1 ms or more are that paced work, so the output
+gives the extra as measured and with half of that work taken off (the extra at its share).
+
+Run it from the repository root::
+
+    python benchmarks/epoch_blocks.py                       # 3000 epochs in blocks of 10: about 40 s
+    python benchmarks/epoch_blocks.py --quick               # 600 epochs in blocks of 5: a smoke run
+    python benchmarks/epoch_blocks.py --no-checkpoint       # epochs of half the time: no checkpoint in them
+    OMP_NUM_THREADS=1 python benchmarks/epoch_blocks.py --rounds 2
+
+Reading the output, one line per fit: ``on/off`` is the median over block pairs of the mean epoch's ratio (its
+quartiles after it), ``extra`` the median pair's difference in ms per epoch, ``paced`` the hooks' calls of 1 ms
+or more per "on" epoch, ``at its share`` the extra less half of that, and ``hooks`` the median calls summed (what
+an epoch with no paced work spends in PerfCallback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import io
+import logging
+import statistics
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+
+from lightning_perf import PerfCallback
+from short_epochs import Tiny  # a script beside it: its directory is on sys.path
+
+SKIP_EPOCHS = 100  # the first epochs (the measurement's burst, the first windows) are on and left out
+PACED_SECONDS = 1e-3  # a hook call this long is paced work (a group's measurement, findings, report)
+
+
+class Alternate(Callback):
+    """Takes ``other`` out of ``trainer.callbacks`` and puts it back every ``block`` training epochs after the
+    first ``skip`` (on); notes each epoch's start time and whether ``other`` ran in it."""
+
+    def __init__(self, other: Callback, block: int, skip: int) -> None:
+        self.other, self.block, self.skip = other, block, skip
+        self.starts: list[float] = []
+        self.on: list[bool] = []
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.starts.append(time.perf_counter())
+        epoch = trainer.current_epoch
+        on = epoch < self.skip or ((epoch - self.skip) // self.block) % 2 == 0
+        self.on.append(on)
+        callbacks = trainer.callbacks
+        if on and self.other not in callbacks:
+            callbacks.insert(callbacks.index(self) + 1, self.other)  # run in this dispatch, right after us
+        elif not on and self.other in callbacks:
+            callbacks.remove(self.other)
+
+
+def timed_hooks(callback: Callback) -> dict[str, list[float]]:
+    """Wraps every hook Lightning may call on ``callback`` (and its ``state_dict``) on the instance; returns the
+    seconds of each call, by hook, in call order."""
+    seconds: dict[str, list[float]] = defaultdict(list)
+    for name in dir(Callback):
+        if name.startswith("on_") or name == "state_dict":
+            method = getattr(callback, name)
+
+            @functools.wraps(method)
+            def timed(*args: Any, _method: Any = method, _kept: list[float] = seconds[name], **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    return _method(*args, **kwargs)
+                finally:
+                    _kept.append(time.perf_counter() - start)
+
+            setattr(callback, name, timed)
+    return seconds
+
+
+def one_fit(epochs: int, block: int, *, checkpoint: bool = True) -> dict[str, float]:
+    perf = PerfCallback()
+    hook_seconds = timed_hooks(perf)
+    alternate = Alternate(perf, block, SKIP_EPOCHS)
+    trainer = pl.Trainer(
+        default_root_dir=tempfile.mkdtemp(prefix="epoch_blocks_"),
+        max_epochs=epochs,
+        callbacks=[alternate, perf],
+        enable_model_summary=False,
+        enable_checkpointing=checkpoint,
+    )
+    with contextlib.redirect_stdout(io.StringIO()):  # the progress bar and the console lines
+        trainer.fit(Tiny(1, 1))
+    lengths = [b - a for a, b in zip(alternate.starts, alternate.starts[1:], strict=False)]
+    blocks: dict[int, list[float]] = defaultdict(list)  # "on" blocks are the even ones
+    for i, length in enumerate(lengths[SKIP_EPOCHS:]):
+        blocks[i // block].append(length)
+    whole = {k: kept for k, kept in blocks.items() if len(kept) == block}
+    pairs = [  # each "on" block with the "off" block after it
+        (statistics.mean(whole[k]), statistics.mean(whole[k + 1])) for k in whole if k % 2 == 0 and k + 1 in whole
+    ]
+    if not pairs:
+        raise SystemExit(f"no whole block pair in {epochs} epochs of blocks of {block}: raise --epochs")
+    ratios = sorted(on / off for on, off in pairs)
+    on_epochs = sum(alternate.on[SKIP_EPOCHS:])
+    calls = [(name, s) for name, kept in hook_seconds.items() for s in kept]
+    paced = sum(s for _, s in calls if s >= PACED_SECONDS)
+    typical = sum(statistics.median(kept) for kept in hook_seconds.values() if len(kept) > SKIP_EPOCHS)
+    extra = statistics.median(on - off for on, off in pairs)
+    return {
+        "pairs": len(pairs),
+        "ratio": statistics.median(ratios),
+        "q1": ratios[len(ratios) // 4],
+        "q3": ratios[3 * len(ratios) // 4],
+        "extra": extra,
+        "off_epoch": statistics.median(off for _, off in pairs),
+        "paced": paced / on_epochs,
+        "hooks": typical,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="PerfCallback's cost per epoch, on and off in blocks inside one fit")
+    parser.add_argument("--epochs", type=int, default=3000)
+    parser.add_argument("--block", type=int, default=10, help="epochs in each on and off block")
+    parser.add_argument("--rounds", type=int, default=1, help="fits, one line each")
+    parser.add_argument("--quick", action="store_true", help="600 epochs in blocks of 5")
+    parser.add_argument("--no-checkpoint", action="store_true", help="Trainer(enable_checkpointing=False)")
+    args = parser.parse_args()
+    epochs, block = (600, 5) if args.quick else (args.epochs, args.block)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    checkpoints = "no checkpoint" if args.no_checkpoint else "a checkpoint each"
+    shape = f"one training and one validation batch ({checkpoints})"
+    print(f"{epochs} epochs of {shape}, PerfCallback() on and off every {block}")
+    for _ in range(args.rounds):
+        r = one_fit(epochs, block, checkpoint=not args.no_checkpoint)
+        share = r["extra"] - r["paced"] / 2
+        print(
+            f"on/off {r['ratio']:.3f} ({r['q1']:.3f}-{r['q3']:.3f}, {r['pairs']:.0f} pairs);"
+            f" extra {r['extra'] * 1e3:.3f} ms an epoch of {r['off_epoch'] * 1e3:.2f} ms;"
+            f" paced {r['paced'] * 1e3:.3f} ms; at its share {share * 1e3:.3f} ms"
+            f" ({share / r['off_epoch']:.1%}); hooks {r['hooks'] * 1e3:.3f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()
