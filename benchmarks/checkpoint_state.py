@@ -7,7 +7,7 @@ of short epochs pays for ours at each one: building it, and ``torch.save`` pickl
 through a Python ``persistent_id`` call each) and writing it.
 
 A fit of ``--epochs`` epochs of one training and one validation batch (the tiny MLP of ``short_epochs.py``)
-with ``PerfCallback()`` fills the state as a run does (its windows, the rules' recent history). Then, in
+with ``PerfCallback()`` fills the state as a run does (its windows, the records its report lacks). Then, in
 alternate blocks of ``--saves`` each, the model's checkpoint is saved to a file with our state (built anew each
 time) and without it.
 
@@ -20,7 +20,8 @@ state costs each checkpoint; the state's size in characters.
 
 Figures (CHANGELOG, state version 4): on the project's 2-core machine, two runs of the defaults each, 0.1-0.3 ms
 a checkpoint for version 3 (a JSON text per history epoch, a dict per window), 0.06-0.19 ms for version 4 (one
-text).
+text). Version 5 holds no history the report on disk has: 1,514 characters after this fit (version 4: about
+50,000), within the noise of a save here (-0.22 to 0.11 ms, one run).
 """
 
 from __future__ import annotations

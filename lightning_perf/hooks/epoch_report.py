@@ -164,6 +164,9 @@ class EpochReporter:
         self._shown = ShownFindings()
         self._reviews = Reviews()  # what each epoch's diagnosis reads that later epochs change
         self._report: ReportFile | None = None  # on rank zero, from the first write on
+        #: Each stage's records (:attr:`StageMeasure.records`) the report on disk holds: at its last write in this
+        #: process, or those a resumed run took back from it; a checkpoint keeps the others (``hooks/run_state``).
+        self.reported: dict[str, int] = {}
         self.budget = ProfilingBudget(config.profile_budget, config.schedule.warmup)  # the profiling's cost, its budget
         # The training batches' FLOP counts, per sample as the epoch counts them, within the budget.
         self.flops = FlopCounting(batch_size, self.budget, windows_planned=config.max_windows != 0)
@@ -320,7 +323,7 @@ class EpochReporter:
     ) -> None:
         """Reports the epoch: its scalars, the memory line, and its findings (the diagnosis on rank zero, their
         TensorBoard text, the console line) as the stage's report pace allows (module Notes 1), or ``now``; then
-        the report files (with the epoch's step split), and the epoch joins the stage's history."""
+        the epoch joins the stage's history, and the report files (with the epoch's step split) are written."""
         stage = summary.stage
         st = self.stages[stage]
         if ranks:
@@ -363,9 +366,10 @@ class EpochReporter:
         # Fit: on the report's and the page's budgets (the report file's first update writes the report at once;
         # training's first epoch end writes its validation's); the other calls: at the end
         in_first_train_epoch = "train" in self.config.stages and not self.stages["train"].history
+        st.history.append(summary)
+        st.records += 1
         if trainer.state.fn == TrainerFn.FITTING and (stage == "train" or not in_first_train_epoch):
             self.write_report(trainer)
-        st.history.append(summary)
         st.measure_pace.end()
 
     def report_pending(self, trainer: pl.Trainer, stage: str | None = None) -> None:
@@ -437,10 +441,13 @@ class EpochReporter:
             # A partial of a module's function, not a lambda: the callback pickles (libraries save it).
             draw = functools.partial(draw_page, source=source)
             self._report = ReportFile(path, min_interval=REWRITE_MIN_SECONDS, page=(page_path(path), draw))
+        writes = self._report.writes
         if now:
             self._report.write(self.report())
         else:
             self._report.update(self.report)
+        if self._report.writes != writes:
+            self.reported = {stage: st.records for stage, st in self.stages.items()}
 
     def _diagnose(self, review: EpochReview, trainer: pl.Trainer) -> list[Finding]:
         summary = review.summary

@@ -4,15 +4,17 @@ Run state
 
 What :class:`~lightning_perf.PerfCallback` keeps in a checkpoint, and how a resumed run takes it back.
 
-Version 4 keeps only what resuming needs, bounded however long the run: each stage's position, the windows
-(at most ``max_windows`` per stage), the rules' recent history, and the report's path (a resumed run takes the
-earlier epochs back from that report), all in one JSON text. Lightning's default ``ModelCheckpoint`` saves the
-state at every epoch end, and ``torch.save`` pickles a nested value object by object (a Python
-``persistent_id`` call each): a 32-epoch history of dicts cost 1.4 ms per checkpoint, of a text per epoch
-0.1-0.3 ms, as one text 0.06-0.19 ms (``benchmarks/checkpoint_state.py``, a 2-CPU machine). Each epoch of the
-history and each window is encoded once (:class:`RecordTexts`), and the text of a sequence that has not changed
-is reused. Version 3 kept the state as a dict with a text per epoch, version 2 the history as dicts, version 1
-also every epoch, finding and per-rank table; all still load.
+Version 5 keeps only what resuming needs, bounded however long the run, in one JSON text: each stage's position
+and its count of records (epochs, or groups of short ones), the windows (at most ``max_windows`` per stage), the
+report's path, and of each stage's recent history only the records the report on disk does not hold yet (its
+rewrites are paced). A resumed run takes the earlier epochs back from that report, as many of each stage as the
+checkpoint counted (a run that went on past the checkpoint wrote more, which the resumed run measures again),
+then the checkpoint's own. Lightning's default ``ModelCheckpoint`` saves the state at every epoch end: version
+4 held the rules' whole recent history, about 50 kB a checkpoint for a run of short epochs. ``torch.save``
+pickles a nested value object by object (a Python ``persistent_id`` call each): a 32-epoch history of dicts cost
+1.4 ms per checkpoint, of a text per epoch 0.1-0.3 ms, as one text 0.06-0.19 ms
+(``benchmarks/checkpoint_state.py``, a 2-CPU machine). Each epoch and each window is encoded once
+(:class:`RecordTexts`), and the text of a sequence that has not changed is reused. Versions 1-4 still load.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from typing import Any
 
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.hooks.epoch_report import EpochReporter
+from lightning_perf.hooks.stage_measure import HISTORY_EPOCHS
 from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.readers import InputError, load_report
 from lightning_perf.records import EpochSummary, RankSummary, WindowRecord, from_values, plain
 from lightning_perf.report.json_report import report_epochs, window_dict, window_record
 
-STATE_VERSION = 4
+STATE_VERSION = 5
 
 
 class RecordTexts:
@@ -67,9 +70,9 @@ class RecordTexts:
 
 
 def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, texts: RecordTexts) -> dict[str, Any]:
-    """The version and one JSON text (module docstring): where each stage is, the windows, the rules' recent
-    history and where the report is (the caller has joined the window worker: every closed window is in
-    ``reporter.windows``).
+    """The version and one JSON text (module docstring): where each stage is and its records, the windows, the
+    records the report on disk lacks, and where the report is (the caller has joined the window worker: every
+    closed window is in ``reporter.windows``).
 
     Args:
         positions: Each stage's position (:attr:`~lightning_perf.hooks.window_control.WindowControl.stages`).
@@ -85,23 +88,31 @@ def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, 
     """
     stages = ", ".join(
         f'"{stage}": {{"epoch": {pos.epoch}, "total_batches": {reporter.stages[stage].total_batches},'
-        f' "windows_used": {pos.windows_used}}}'
+        f' "windows_used": {pos.windows_used}, "records": {reporter.stages[stage].records}}}'
         for stage, pos in positions.items()  # plain names and integers
     )
     windows = texts.array("windows", reporter.windows, functools.partial(window_dict, with_analysis=False))
-    history = tuple(texts.array(stage, reporter.stages[stage].history) for stage in positions)
+    recent = tuple(texts.array(stage, _unreported(reporter, stage)) for stage in positions)
     path = reporter.report_path
 
     def join() -> str:
-        arrays = ", ".join(f'"{stage}": {text}' for stage, text in zip(positions, history, strict=True))
-        return f'"report_path": {json.dumps(path)}, "windows": {windows}, "history": {{{arrays}}}'
+        arrays = ", ".join(f'"{stage}": {text}' for stage, text in zip(positions, recent, strict=True))
+        return f'"report_path": {json.dumps(path)}, "windows": {windows}, "recent": {{{arrays}}}'
 
-    rest = texts.joined((windows, *history, path or ""), join)
+    rest = texts.joined((windows, *recent, path or ""), join)
     profiling = _numbers(reporter.budget.state_dict(time.perf_counter()))
     return {
         "version": STATE_VERSION,
         "state": f'{{"stages": {{{stages}}}, "profiling": {profiling}, {rest}}}',
     }
+
+
+def _unreported(reporter: EpochReporter, stage: str) -> Sequence[EpochSummary]:
+    """The stage's latest records that the report on disk lacks (all of its recent history where no report is
+    written: another rank's, or no output directory)."""
+    st = reporter.stages[stage]
+    lacking = min(st.records - reporter.reported.get(stage, 0), len(st.history))
+    return tuple(st.history)[len(st.history) - lacking :] if lacking > 0 else ()
 
 
 def _numbers(values: Mapping[str, float]) -> str:
@@ -113,11 +124,12 @@ def _numbers(values: Mapping[str, float]) -> str:
 
 
 def _version_3(state: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A version-4 state as version 3 had it (one dict, a stage's history in its entry); others as they are."""
+    """A version-4 or -5 state as version 3 had it (one dict, a stage's saved records as its ``history``); others
+    as they are."""
     if not isinstance(state.get("state"), str):
         return state
     decoded = json.loads(state["state"])
-    history = decoded.pop("history", {})
+    history = decoded.pop("history", None) or decoded.pop("recent", {})
     stages = {stage: {**saved, "history": history.get(stage, [])} for stage, saved in decoded.get("stages", {}).items()}
     return {**decoded, "stages": stages}
 
@@ -129,7 +141,7 @@ def load_state_dict(
     warn: Callable[[str, str], None],
 ) -> None:
     """Restores :func:`state_dict`'s values, and the earlier epochs from the report it names where that file is
-    still there (else the rules' recent history only); tolerates the keys a different version wrote or left
+    still there (else the records the state holds only); tolerates the keys a different version wrote or left
     out at the top level, and the record fields a newer one added. Version 1 kept the whole history.
 
     Args:
@@ -139,12 +151,16 @@ def load_state_dict(
         warn: ``(key, message)``: a warning to show once (an unreadable earlier report).
 
     Notes:
-        No window on disk is dropped: the windows the reporter held (this process's earlier calls) and those the
-        earlier report lists (a run that went on past the checkpoint) stay in the report after the checkpoint's,
-        so that a resumed fit appends to what is on disk.
+        1. Of each stage, the report's first records, as many as the checkpoint counted (version 5; before it,
+           all of them): the epochs a run that went on past the checkpoint wrote are measured again. Where the
+           report holds fewer (the run was killed before its rewrite), the checkpoint's own records follow.
+        2. No window on disk is dropped: the windows the reporter held (this process's earlier calls) and those
+           the earlier report lists (a run that went on past the checkpoint) stay in the report after the
+           checkpoint's, so that a resumed fit appends to what is on disk.
     """
     state = _version_3(state)
     held = list(reporter.windows)
+    counted: dict[str, int] = {}  # each stage's records at the checkpoint (version 5)
     for stage, saved in state.get("stages", {}).items():
         if stage in positions:
             pos, st = positions[stage], reporter.stages[stage]
@@ -153,10 +169,12 @@ def load_state_dict(
             pos.windows_used = int(saved.get("windows_used", pos.windows_used))
             st.history.clear()
             st.history.extend(_history_epoch(e) for e in saved.get("history", []))
+            if "records" in saved:
+                counted[stage] = int(saved["records"])
     reporter.windows = [from_values(WindowRecord, w) for w in state.get("windows", [])]
     reporter.budget.load_state_dict(state.get("profiling", {}))  # a resumed fit goes on with what the run spent
     reporter.epochs, reporter.findings_by_epoch, reporter.ranks, reporter.compile_stats = [], {}, {}, {}
-    reporter.step_splits = {}
+    reporter.step_splits, reporter.reported = {}, {}
     if "epochs" in state:  # version 1
         reporter.epochs = [from_values(EpochSummary, e) for e in state["epochs"]]
         for f in state.get("findings", []):
@@ -166,11 +184,21 @@ def load_state_dict(
             (saved["stage"], saved["epoch"]): tuple(from_values(RankSummary, r) for r in saved["ranks"])
             for saved in state.get("ranks", [])
         }
-        for stage, st in reporter.stages.items():
-            st.history.clear()
-            st.history.extend(e for e in reporter.epochs if e.stage == stage)
-    elif not _load_earlier_report(state.get("report_path"), reporter, warn):
+    elif _load_earlier_report(state.get("report_path"), reporter, warn, counted):
+        for stage, taken in counted.items():  # Notes 1: the records the report lacks
+            history = reporter.stages[stage].history
+            lacking = min(taken - reporter.reported.get(stage, 0), len(history))
+            reporter.epochs += list(history)[len(history) - lacking :] if lacking > 0 else []
+    else:
         reporter.epochs = sorted((e for st in reporter.stages.values() for e in st.history), key=lambda e: e.epoch)
+    # Version 5's state holds the records the report lacked, not the history; version 1's, all of them.
+    rebuilt = set(counted) if "epochs" not in state else set(reporter.stages)
+    for stage, st in reporter.stages.items():
+        measured = [e for e in reporter.epochs if e.stage == stage]
+        st.records = len(measured)
+        if stage in rebuilt:
+            st.history.clear()
+            st.history.extend(measured[-HISTORY_EPOCHS:])
     names = {w.name for w in reporter.windows}
     reporter.windows += [w for w in held if w.name not in names]
 
@@ -180,9 +208,12 @@ def _history_epoch(saved: str | Mapping[str, Any]) -> EpochSummary:
     return from_values(EpochSummary, json.loads(saved) if isinstance(saved, str) else saved)
 
 
-def _load_earlier_report(path: str | None, reporter: EpochReporter, warn: Callable[[str, str], None]) -> bool:
+def _load_earlier_report(
+    path: str | None, reporter: EpochReporter, warn: Callable[[str, str], None], counted: Mapping[str, int]
+) -> bool:
     """Takes the epochs, findings, per-rank tables, compile numbers and step splits back from an earlier run's
-    report, and its windows' summaries and top operators; whether it could."""
+    report (of a stage in ``counted``, its first so many: :func:`load_state_dict` Notes 1), and its windows'
+    summaries and top operators; whether it could. ``reporter.reported``: how many of each stage it took."""
     if not path or not os.path.isfile(path):
         return False
     try:
@@ -193,6 +224,10 @@ def _load_earlier_report(path: str | None, reporter: EpochReporter, warn: Callab
         return False
     for epoch in epochs:
         summary = epoch.summary
+        taken = reporter.reported.get(summary.stage, 0)
+        if taken >= counted.get(summary.stage, taken + 1):
+            continue  # past the checkpoint
+        reporter.reported[summary.stage] = taken + 1
         reporter.epochs.append(summary)
         if epoch.findings:
             reporter.findings_by_epoch[(summary.stage, summary.epoch)] = list(epoch.findings)

@@ -137,6 +137,7 @@ class StageMeasure:
     cpu: EpochCpu = dataclasses.field(default_factory=EpochCpu)  # the epoch's wall time, workers' CPU, CPU waits
     in_epoch: bool = False  # between its epoch start and end: what an interruption leaves to summarize
     history: deque[EpochSummary] = dataclasses.field(default_factory=lambda: deque(maxlen=HISTORY_EPOCHS))
+    records: int = 0  # the epochs (or groups) that joined the history over the run: the stage's entries in the report
     #: Whether an epoch's findings are reported now (:mod:`~lightning_perf.hooks.epoch_report`, Notes 1).
     report_pace: LogPace = dataclasses.field(default_factory=lambda: LogPace(share=REPORT_SHARE, burst=REPORT_BURST))
     pending: EpochReview | None = None  # the latest epoch's findings, where the pace has not reported them yet

@@ -369,6 +369,8 @@ class ReportFile:
         self.page_path = None if page is None else page[0]
         self._draw = None if page is None else page[1]
         self._clock = clock
+        #: How many times the report has been written (not the page): a caller tells what the file on disk holds.
+        self.writes = 0
         # When each file may be rewritten next: the first update writes the report; the page waits
         # ``min_interval`` from now (:data:`REWRITE_MIN_SECONDS`: a short run gets it at its end, and
         # ``lightning-perf report DIR --html`` draws it from any report).
@@ -393,6 +395,7 @@ class ReportFile:
         for part in parts:  # the report first: a page that fails to draw leaves the report written
             if part == "report":
                 write_json_atomically(data, self.path)
+                self.writes += 1
             elif self._draw is not None and self.page_path is not None:
                 write_atomically(self._draw(data), self.page_path)
             end = self._clock()

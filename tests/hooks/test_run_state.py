@@ -4,14 +4,16 @@ report keeps its history; two PerfCallbacks keep separate state."""
 import dataclasses
 import json
 import os
+import shutil
 
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_perf import PerfCallback
 from lightning_perf.hooks import run_state
 from lightning_perf.hooks.stage_measure import HISTORY_EPOCHS
 from lightning_perf.records import RankSummary, plain
+from lightning_perf.report import json_report
 from lightning_perf.report.json_report import write_json_atomically
 from models import TinyModel, trainer
 
@@ -112,8 +114,8 @@ def _short_epochs(tmp_path, epochs: int) -> PerfCallback:
 
 
 def _decoded(state: dict) -> dict:
-    """A version-4 state's one JSON text, decoded."""
-    assert state["version"] == 4 and set(state) == {"version", "state"}  # one text: pickled as one object
+    """A version-5 state's one JSON text, decoded."""
+    assert state["version"] == 5 and set(state) == {"version", "state"}  # one text: pickled as one object
     return json.loads(state["state"])
 
 
@@ -121,19 +123,21 @@ def test_checkpoint_state_is_bounded_however_long_the_run(tmp_path, every_epoch_
     short, long = _short_epochs(tmp_path / "short", 3), _short_epochs(tmp_path / "long", HISTORY_EPOCHS + 8)
     state = _decoded(long.state_dict())
     assert len(long.epochs) == HISTORY_EPOCHS + 8
-    assert [e["epoch"] for e in state["history"]["train"]] == list(range(8, HISTORY_EPOCHS + 8))
-    assert not {"epochs", "findings", "ranks"} & set(state)  # the report keeps those, not the checkpoint
+    assert state["recent"]["train"] == []  # the report on disk holds every record (written at the fit's end)
+    assert not {"epochs", "findings", "ranks", "history"} & set(state)  # the report keeps those, not the checkpoint
     assert state["report_path"] == long.report_path
     assert state["stages"]["train"] == {
         "epoch": HISTORY_EPOCHS + 7,
         "total_batches": 2 * (HISTORY_EPOCHS + 8),
         "windows_used": 0,
+        "records": HISTORY_EPOCHS + 8,
     }
-    # One more epoch than the bound adds nothing: the state grows with the history's bound, not the run.
-    assert len(long.state_dict()["state"]) < 1.2 * len(
-        _short_epochs(tmp_path / "b", HISTORY_EPOCHS).state_dict()["state"]
-    )
-    assert len(short.state_dict()["state"]) < len(long.state_dict()["state"])
+    assert len(long.state_dict()["state"]) < len(short.state_dict()["state"]) + 10  # a few digits more
+    # Where no report is written (another rank's state, no output directory), the state holds the recent
+    # history: bounded by it, not by the run.
+    long._epochs.reported.clear()
+    state = _decoded(long.state_dict())
+    assert [e["epoch"] for e in state["recent"]["train"]] == list(range(8, HISTORY_EPOCHS + 8))
 
 
 def test_each_record_is_encoded_once_and_an_unchanged_sequence_not_joined_again(tmp_path):
@@ -151,9 +155,10 @@ def test_each_record_is_encoded_once_and_an_unchanged_sequence_not_joined_again(
     history.append(dataclasses.replace(history[-1], epoch=3))
     assert [e["epoch"] for e in json.loads(texts.array("train", history, encode))] == [0, 1, 2, 3]
     assert encoded == [0, 1, 2, 3]  # the new epoch only
-    # The callback's own texts: its next checkpoint has the epoch its history gained.
+    # The callback's own texts: its next checkpoint has the epoch its history gained, which no report holds yet.
     run._stages["train"].history.append(history[-1])
-    assert [e["epoch"] for e in _decoded(run.state_dict())["history"]["train"]] == [0, 1, 2, 3]
+    run._stages["train"].records += 1
+    assert [e["epoch"] for e in _decoded(run.state_dict())["recent"]["train"]] == [3]
 
 
 def test_the_states_text_is_joined_again_only_where_a_part_changed():
@@ -174,7 +179,7 @@ def test_a_version_3_checkpoint_with_a_text_per_epoch_still_loads(tmp_path):
     run = _short_epochs(tmp_path, 2)
     decoded = _decoded(run.state_dict())
     stages = {
-        stage: {**saved, "history": [json.dumps(e) for e in decoded["history"][stage]]}
+        stage: {**_v4_position(saved), "history": [json.dumps(plain(e)) for e in _history(run, stage)]}
         for stage, saved in decoded["stages"].items()
     }
     state = {**decoded, "version": 3, "stages": stages}
@@ -188,7 +193,10 @@ def test_a_version_3_checkpoint_with_a_text_per_epoch_still_loads(tmp_path):
 def test_a_version_2_checkpoint_with_its_history_as_dicts_still_loads(tmp_path):
     run = _short_epochs(tmp_path, 2)
     decoded = _decoded(run.state_dict())
-    stages = {stage: {**saved, "history": decoded["history"][stage]} for stage, saved in decoded["stages"].items()}
+    stages = {
+        stage: {**_v4_position(saved), "history": [plain(e) for e in _history(run, stage)]}
+        for stage, saved in decoded["stages"].items()
+    }
     state = {**decoded, "version": 2, "stages": stages}
     os.remove(run.report_path)
     resumed = PerfCallback(batches=[100_000], stages=["train"])
@@ -196,18 +204,88 @@ def test_a_version_2_checkpoint_with_its_history_as_dicts_still_loads(tmp_path):
     assert resumed._stages["train"].history == run._stages["train"].history
 
 
-def test_resuming_takes_the_earlier_epochs_from_the_report_or_else_the_recent_history(tmp_path, every_epoch_alone):
+def _v4_position(saved: dict) -> dict:
+    return {k: v for k, v in saved.items() if k != "records"}
+
+
+def _history(run: PerfCallback, stage: str) -> list:
+    st = run._stages.get(stage)
+    return list(st.history) if st is not None else []
+
+
+def test_resuming_takes_the_earlier_epochs_from_the_report_or_else_the_states_own(tmp_path, every_epoch_alone):
     run = _short_epochs(tmp_path, HISTORY_EPOCHS + 2)
     state = json.loads(json.dumps(run.state_dict()))
     resumed = PerfCallback(batches=[100_000], stages=["train"])
     resumed.load_state_dict(state)
     assert [e.epoch for e in resumed.epochs] == list(range(HISTORY_EPOCHS + 2))  # from the report on disk
     assert [e.epoch for e in resumed._stages["train"].history] == list(range(2, HISTORY_EPOCHS + 2))
+    assert resumed._stages["train"].records == HISTORY_EPOCHS + 2
+    assert _decoded(resumed.state_dict())["recent"]["train"] == []  # all on disk
 
-    os.remove(run.report_path)  # e.g. the checkpoint was copied to another machine
+    os.remove(run.report_path)  # e.g. the checkpoint was copied to another machine without its logs
     elsewhere = PerfCallback(batches=[100_000], stages=["train"])
     elsewhere.load_state_dict(state)
-    assert [e.epoch for e in elsewhere.epochs] == list(range(2, HISTORY_EPOCHS + 2))
+    assert elsewhere.epochs == [] and elsewhere._positions["train"].epoch == HISTORY_EPOCHS + 1
+
+
+def test_a_version_4_checkpoint_still_loads_its_history_and_every_report_epoch(tmp_path, every_epoch_alone):
+    run = _short_epochs(tmp_path, 3)
+    decoded = _decoded(run.state_dict())
+    history = {stage: [plain(e) for e in _history(run, stage)] for stage in decoded["stages"]}
+    del decoded["recent"]
+    stages = {stage: _v4_position(saved) for stage, saved in decoded["stages"].items()}
+    state = {"version": 4, "state": json.dumps({**decoded, "stages": stages, "history": history})}
+    resumed = PerfCallback(batches=[100_000], stages=["train"])
+    resumed.load_state_dict(state)
+    assert [e.epoch for e in resumed.epochs] == [0, 1, 2] and resumed._stages["train"].records == 3
+    assert list(resumed._stages["train"].history) == list(run._stages["train"].history)
+
+
+def _report_copies(tmp_path):
+    """A callback after the checkpoint that copies ``perf_report.json`` as each training epoch's end left it."""
+
+    class Copies(Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            report = next(c for c in trainer.callbacks if isinstance(c, PerfCallback)).report_path
+            if report and os.path.isfile(report):
+                shutil.copy(report, tmp_path / f"report-{trainer.current_epoch}.json")
+
+    return Copies()
+
+
+def test_a_resumed_fit_measures_again_the_epochs_a_run_wrote_past_its_checkpoint(tmp_path):
+    # The first run went on to epoch 3 and wrote them all; resumed from epoch 1's checkpoint, epochs 2 and 3 are
+    # trained and measured again: the report holds each once, the second time's.
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1)
+    trainer(tmp_path / "a", [_perf(), checkpoints], max_epochs=4, enable_checkpointing=True).fit(TinyModel(n=32))
+    resumed = _perf()
+    trainer(tmp_path / "a", [resumed], max_epochs=4).fit(
+        TinyModel(n=32), ckpt_path=str(tmp_path / "ckpt" / "epoch=1-step=16.ckpt")
+    )
+    assert [(e.stage, e.epoch) for e in resumed.epochs] == [("train", 0), ("train", 1), ("train", 2), ("train", 3)]
+    with open(resumed.report_path, encoding="utf-8") as f:
+        assert [e["epoch"] for e in json.load(f)["stages"]["train"]["epochs"]] == [0, 1, 2, 3]
+
+
+def test_a_run_killed_before_its_report_caught_up_resumes_with_the_checkpoints_records(tmp_path, monkeypatch):
+    # The report's rewrites are paced: the report on disk may lack the latest epochs a checkpoint counts. A run
+    # killed there (no end, no exception hook: the report stays as it was) resumes with those from the state.
+    monkeypatch.setattr(json_report, "REWRITE_TIME_SHARE", 1e-9)  # after its first write, the report waits
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1)
+    first = _perf()
+    run = trainer(
+        tmp_path / "a", [first, checkpoints, _report_copies(tmp_path)], max_epochs=3, enable_checkpointing=True
+    )
+    run.fit(TinyModel(n=32))
+    with open(tmp_path / "report-1.json", encoding="utf-8") as f:
+        assert [e["epoch"] for e in json.load(f)["stages"]["train"]["epochs"]] == [0]  # as epoch 1 left it
+    shutil.copy(tmp_path / "report-1.json", first.report_path)  # killed right after epoch 1's checkpoint
+    state = torch.load(tmp_path / "ckpt" / "epoch=1-step=16.ckpt", weights_only=False)["callbacks"][first.state_key]
+    assert [e["epoch"] for e in _decoded(state)["recent"]["train"]] == [1]  # what the report lacked
+    resumed = _perf()
+    resumed.load_state_dict(state)
+    assert [e.epoch for e in resumed.epochs] == [0, 1] and resumed._stages["train"].records == 2
 
 
 def test_a_version_1_checkpoint_still_restores_its_whole_history():
