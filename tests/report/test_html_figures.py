@@ -137,6 +137,15 @@ def test_findings_are_one_entry_per_rule_and_stage_with_their_epochs():
     assert epoch_ranges((3,)) == "epoch 3"
 
 
+def test_a_finding_of_epochs_measured_together_fired_in_each_of_them():
+    # Records of short epochs measured together are numbered by their last epoch: 24-118, then 119-190, then 272
+    # alone; a record with no span given is one epoch.
+    findings = [_finding("a", "train", e) for e in (118, 190, 272, 300)]
+    groups = grouped(findings, {("train", 118): 95, ("train", 190): 72, ("train", 300): 1})
+    assert epoch_ranges(groups[0].epochs) == "epochs 24-190, 272, 300"
+    assert len(groups[0].epochs) == 95 + 72 + 2
+
+
 def test_epoch_ranges_are_bounded():
     text = epoch_ranges(list(range(0, 2_000, 2)), limit=3)
     assert text == "epochs 0, 2, 4 and 997 more ranges (1,000 epochs in all)"

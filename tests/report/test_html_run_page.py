@@ -289,6 +289,17 @@ def test_findings_are_grouped_most_severe_first_and_link_to_their_window(rich):
     assert "<code>num_workers=4</code>" in findings  # advice's code spans
 
 
+def test_a_finding_of_epochs_measured_together_counts_each_of_them():
+    # Epochs 1 and 2 measured as one record (numbered 2): its findings fired in both.
+    report = build_report(epochs=3)
+    train = report["stages"]["train"]["epochs"]
+    train[:] = [e for e in train if e["epoch"] != 1]
+    train[-1]["epochs"] = 2
+    page = run_page(report, charts=False)
+    findings = page[page.index('<section id="findings">') : page.index('<section id="charts">')]
+    assert findings.count("train, epochs 0-2") == 2 and "train, epochs 0, 2" not in findings
+
+
 def test_a_finding_links_to_its_window_and_one_gone_says_so():
     report = build_report(epochs=4)
     for stage in report["stages"].values():

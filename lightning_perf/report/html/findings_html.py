@@ -31,7 +31,7 @@ class FindingGroup:
 
     Attributes:
         latest: Its finding in the latest epoch it fired in.
-        epochs: The epochs it fired in, ascending.
+        epochs: The epochs it fired in, ascending: each of a record of short epochs measured together.
     """
 
     latest: Finding
@@ -42,9 +42,11 @@ def _stage_rank(stage: str) -> int:
     return STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER)
 
 
-def grouped(findings: Iterable[Finding]) -> list[FindingGroup]:
+def grouped(findings: Iterable[Finding], spans: Mapping[tuple[str, int], int] | None = None) -> list[FindingGroup]:
     """``findings`` grouped by stage and rule, most severe first (by the latest finding's severity), then by
-    stage (train, validate, test, predict), then by how many epochs the rule fired in (most first), then id."""
+    stage (train, validate, test, predict), then by how many epochs the rule fired in (most first), then id.
+    ``spans``: the epochs of each record of several, by ``(stage, epoch)`` (:attr:`~lightning_perf.records.
+    EpochSummary.epochs`): a finding of such a record fired in each of them."""
     latest: dict[tuple[str, str], Finding] = {}
     epochs: dict[tuple[str, str], set[int]] = {}
     for f in findings:
@@ -52,7 +54,8 @@ def grouped(findings: Iterable[Finding]) -> list[FindingGroup]:
         before = latest.get(key)
         if before is None or f.epoch >= before.epoch:
             latest[key] = f
-        epochs.setdefault(key, set()).add(f.epoch)
+        first = f.epoch - (spans or {}).get((f.stage, f.epoch), 1) + 1
+        epochs.setdefault(key, set()).update(range(first, f.epoch + 1))
     groups = [FindingGroup(latest[key], tuple(sorted(epochs[key]))) for key in latest]
     return sorted(
         groups,
