@@ -50,3 +50,12 @@ def every_write(monkeypatch):
     from lightning_perf.hooks import stage_measure
 
     monkeypatch.setattr(stage_measure, "LOG_BURST", float("inf"))
+
+
+@pytest.fixture
+def every_console_line(monkeypatch):
+    """Every reported epoch's console line printed, however short the epochs: no status line is held back
+    (hooks/console_lines.py, STATUS_SECONDS), for tests that count the lines of a run."""
+    from lightning_perf.hooks import console_lines
+
+    monkeypatch.setattr(console_lines, "STATUS_SECONDS", 0.0)

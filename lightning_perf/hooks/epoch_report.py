@@ -63,6 +63,7 @@ from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnosis_context import epoch_context, epoch_windows, run_facts, with_cpu_use
 from lightning_perf.hooks.compile_tracking import CompileTracking
+from lightning_perf.hooks.console_lines import ConsoleLines
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.failure import out_of_memory
 from lightning_perf.hooks.flop_count import FlopCounting
@@ -81,8 +82,6 @@ from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.layout import page_path
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary, StepSplit, WindowRecord
 from lightning_perf.report.findings import (
-    ShownFindings,
-    console_report,
     finding_lines,
     findings_markdown,
     ranks_markdown,
@@ -161,12 +160,11 @@ class EpochReporter:
         self.step_splits: dict[tuple[str, int], StepSplit] = {}
         self._batch_size = batch_size
         self._policy = policy
-        self._shown = ShownFindings()
         self._reviews = Reviews()  # what each epoch's diagnosis reads that later epochs change
         self._report: ReportFile | None = None  # on rank zero, from the first write on
-        #: Each stage's records (:attr:`StageMeasure.records`) the report on disk holds: at its last write in this
-        #: process, or those a resumed run took back from it; a checkpoint keeps the others (``hooks/run_state``).
+        #: Each stage's records the report on disk holds (at its last write, or taken back): ``hooks/run_state``.
         self.reported: dict[str, int] = {}
+        self._lines = ConsoleLines(config.verbose)  # what the console says of each epoch, and when
         self.budget = ProfilingBudget(config.profile_budget, config.schedule.warmup)  # the profiling's cost, its budget
         # The training batches' FLOP counts, per sample as the epoch counts them, within the budget.
         self.flops = FlopCounting(batch_size, self.budget, windows_planned=config.max_windows != 0)
@@ -359,7 +357,7 @@ class EpochReporter:
                 keep_step_split(self.step_splits, stage, summary.epoch, split)
         if now or st.report_pace.due():
             st.report_pace.start()
-            self.report_pending(trainer, stage)
+            self.report_pending(trainer, stage, always=now)
             st.report_pace.end()
         else:
             self._policy.info_once(f"report_pace:{stage}", paced_reports(stage, summary))
@@ -372,9 +370,10 @@ class EpochReporter:
             self.write_report(trainer)
         st.measure_pace.end()
 
-    def report_pending(self, trainer: pl.Trainer, stage: str | None = None) -> None:
+    def report_pending(self, trainer: pl.Trainer, stage: str | None = None, *, always: bool = False) -> None:
         """Reports the findings of the stage's latest epoch (every stage's, for ``None``: at the end of a Trainer
-        call) where the pace left them pending: the diagnosis on rank zero, their TensorBoard text, the console."""
+        call) where the pace left them pending: the diagnosis on rank zero, their TensorBoard text, the console
+        (:class:`~lightning_perf.hooks.console_lines.ConsoleLines`: ``always`` prints it at once)."""
         names = (stage,) if stage is not None else self.config.stages
         reviews = [review for name in names if (review := self.stages[name].pending) is not None]
         for review in sorted(reviews, key=lambda r: r.order):  # in the order the epochs ended
@@ -392,18 +391,13 @@ class EpochReporter:
                 if ranks:
                     self.outputs.add_text(RANKS_TAG.format(stage=name), ranks_markdown(summary, ranks), step)
             if trainer.is_global_zero:
-                fresh, unchanged = self._shown.split(name, findings)
                 first = not review.history  # the stage's first epoch in this process shows its per-rank table
-                message = console_report(
-                    summary,
-                    fresh,
-                    verbose=self.config.verbose,
-                    ranks=ranks if fresh or first else (),
-                    unchanged=unchanged,
-                    compile=compiled,
-                )
-                if message:
-                    say(trainer, message)
+                say_it = functools.partial(say, trainer)
+                now = always or stage is None
+                self._lines.epoch(say_it, summary, findings, order=review.order, first=first, now=now, ranks=ranks,
+                                  compiled=compiled)  # fmt: skip
+        if stage is None:  # the call's end: each stage's latest line held back (its latest status)
+            self._lines.flush(functools.partial(say, trainer))
 
     def failed(self, trainer: pl.Trainer, error: BaseException, positions: Mapping[str, StagePosition]) -> None:
         """An exception ends the call: an out-of-memory error's diagnosis (:func:`~lightning_perf.hooks.failure.

@@ -5,6 +5,7 @@ epochs, and the checkpoint state is bounded (tests/hooks/test_run_state.py)."""
 import json
 import logging
 import random
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -12,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from clocks import FakeClock
 from lightning_perf import PerfCallback
 from lightning_perf.diagnose.model import Finding
+from lightning_perf.hooks import console_lines
 from lightning_perf.report.findings import ShownFindings, changed, console_report
 from lightning_perf.report.json_report import REWRITE_TIME_SHARE, ReportFile
 from lightning_perf.summarize.steps import summarize_epoch
@@ -142,7 +144,7 @@ def test_the_console_names_unchanged_findings_on_the_headline():
     assert text is not None and text.count("\n") == 0 and text.endswith("| unchanged: dataloader_bound")
 
 
-def test_a_persisting_finding_is_printed_once_and_reported_every_epoch(tmp_path, caplog):
+def test_a_persisting_finding_is_printed_once_and_reported_every_epoch(tmp_path, caplog, every_console_line):
     callback = PerfCallback(batches=[100_000], stages=["train"])
     with caplog.at_level(logging.INFO):
         trainer(tmp_path, [callback], max_epochs=4, limit_val_batches=0).fit(
@@ -229,3 +231,19 @@ def test_changed_takes_each_numbers_noise():
     before, now = _finding("waits 20% of 10 ms"), _finding("waits 35% of 10 ms")
     assert changed(before, now) and not changed(before, now, noise=[6.0, 0.0])  # 15 points < 3 x 6
     assert changed(before, now, noise=[4.0, 0.0])  # 15 > 12
+
+
+def test_a_run_of_short_epochs_prints_a_line_with_nothing_new_at_most_every_status_seconds(tmp_path, caplog):
+    # 30 epochs of a few ms, each reported (the report pace's burst): the first epoch's line, then those with
+    # something new, and the last at the call's end; not a line per epoch.
+    callback = PerfCallback(batches=[100_000], stages=["train"])
+    with caplog.at_level(logging.INFO):
+        started = time.perf_counter()
+        trainer(tmp_path, [callback], max_epochs=30, limit_val_batches=0).fit(TinyModel(n=8, batch_size=4))
+        took = time.perf_counter() - started
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lightning-perf | train epoch")]
+    # A line with nothing new names its findings "unchanged", or has none; one with a new finding prints it below,
+    # or (an info at verbose=1) in its notes.
+    status = [line for line in lines[1:-1] if "\n" not in line and "notes:" not in line]
+    assert len(status) <= int(took / console_lines.STATUS_SECONDS) + 1, lines
+    assert len(callback.epochs) > len(lines)  # every epoch still measured (alone or in groups)

@@ -1,0 +1,89 @@
+"""
+Console lines
+=============
+
+:class:`ConsoleLines`: what each reported stage epoch prints on the console, and when. Its findings are split
+into the new or changed ones, printed in full, and those printed before, named on the line's head
+(:class:`~lightning_perf.report.findings.ShownFindings`). A line with something new, a stage's first in a
+process, an interrupted epoch's and a Trainer call's last are printed at once; a line with nothing new (its
+findings unchanged, or none) at most every :data:`STATUS_SECONDS` per stage, the latest one held back printed at
+the call's end. TensorBoard and the report keep every epoch's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from lightning_perf.diagnose.model import Finding
+from lightning_perf.records import CompileStats, EpochSummary, RankSummary
+from lightning_perf.report.findings import ShownFindings, console_report
+
+# A run of 10-ms epochs printed a line per stage epoch for its first 0.3 s (the report pace's burst): 48 of its 104
+# lines, each saying what the one before had said. The groups of short epochs last as long
+# (stage_measure.GROUP_SECONDS). Our judgment.
+STATUS_SECONDS = 2.0
+
+
+class ConsoleLines:
+    """The stage epochs' console lines (on rank zero), printed by a ``say`` function as the module says.
+
+    Args:
+        verbose: ``PerfCallback(verbose=...)``: 0 no findings, 1 the warnings and worse, 2 all.
+        clock: Seconds, monotonic.
+
+    Example::
+
+        lines = ConsoleLines(verbose=1)
+        lines.epoch(say, summary, findings, order=order)  # at each reported epoch
+        lines.flush(say)  # at the end of the Trainer call
+    """
+
+    def __init__(self, verbose: int, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._verbose = verbose
+        self._clock = clock
+        self._shown = ShownFindings()
+        self._said: dict[str, float] = {}  # when each stage's last line was printed
+        self._held: dict[str, tuple[int, str]] = {}  # each stage's latest line held back, and its epoch's order
+
+    def epoch(
+        self,
+        say: Callable[[str], None],
+        summary: EpochSummary,
+        findings: Sequence[Finding],
+        *,
+        order: int,
+        first: bool = False,
+        now: bool = False,
+        ranks: tuple[RankSummary, ...] = (),
+        compiled: CompileStats | None = None,
+    ) -> None:
+        """A reported stage epoch's line (``order``: its epoch's among the run's; ``first``: the stage's first in
+        this process, with its per-rank table): printed ``now``, where something is new, or where the stage's last
+        line is :data:`STATUS_SECONDS` old; else held back, until a later line of the stage or the end."""
+        stage = summary.stage
+        fresh, unchanged = self._shown.split(stage, findings)
+        message = console_report(
+            summary,
+            fresh,
+            verbose=self._verbose,
+            ranks=ranks if fresh or first else (),
+            unchanged=unchanged,
+            compile=compiled,
+        )
+        if not message:
+            return
+        clock = self._clock()
+        if now or fresh or first or clock - self._said.get(stage, -math.inf) >= STATUS_SECONDS:
+            say(message)
+            self._said[stage] = clock
+            self._held.pop(stage, None)
+        else:
+            self._held[stage] = (order, message)
+
+    def flush(self, say: Callable[[str], None]) -> None:
+        """Prints the lines held back, in their epochs' order (a Trainer call's end: each stage's latest status)."""
+        for _, message in sorted(self._held.values()):
+            say(message)
+        self._held.clear()
