@@ -4,10 +4,11 @@ Console lines
 
 :class:`ConsoleLines`: what each reported stage epoch prints on the console, and when. Its findings are split
 into the new or changed ones, printed in full, and those printed before, named on the line's head
-(:class:`~lightning_perf.report.findings.ShownFindings`). A line with something new, a stage's first in a
-process, an interrupted epoch's and a Trainer call's last are printed at once; a line with nothing new (its
-findings unchanged, or none) at most every :data:`STATUS_SECONDS` per stage, the latest one held back printed at
-the call's end. TensorBoard and the report keep every epoch's.
+(:class:`~lightning_perf.report.findings.ShownFindings`). A line with something new (a new or changed finding
+that the line shows: at ``verbose=1`` a warning or worse), a stage's first in a process, an interrupted epoch's
+and a Trainer call's last are printed at once; a line with nothing new (its findings unchanged, or none, or new
+ones it does not show) at most every :data:`STATUS_SECONDS` per stage, the latest one held back printed at the
+call's end. TensorBoard and the report keep every epoch's.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary
-from lightning_perf.report.findings import ShownFindings, console_report
+from lightning_perf.report.findings import ShownFindings, console_report, shown_findings
 
 # A run of 10-ms epochs printed a line per stage epoch for its first 0.3 s (the report pace's burst): 48 of its 104
 # lines, each saying what the one before had said. The groups of short epochs last as long
@@ -75,7 +76,8 @@ class ConsoleLines:
         if not message:
             return
         clock = self._clock()
-        if now or fresh or first or clock - self._said.get(stage, -math.inf) >= STATUS_SECONDS:
+        new = bool(shown_findings(fresh, self._verbose))  # a fresh info finding hidden at verbose=1 is no news
+        if now or new or first or clock - self._said.get(stage, -math.inf) >= STATUS_SECONDS:
             say(message)
             self._said[stage] = clock
             self._held.pop(stage, None)

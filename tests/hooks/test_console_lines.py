@@ -42,3 +42,18 @@ def test_a_line_said_now_is_printed_whatever_the_time():
     lines.epoch(said.append, _epoch("train", 0), [], order=0)
     lines.epoch(said.append, _epoch("train", 1), [], order=1, now=True)  # an interrupted epoch, a call's end
     assert len(said) == 2
+
+
+def test_a_new_finding_the_line_does_not_show_is_no_news():
+    # At verbose=1 an info finding is not shown: a line whose only new finding is one reads as nothing new.
+    clock, said = FakeClock(), []
+    lines = ConsoleLines(verbose=1, clock=clock)
+    lines.epoch(said.append, _epoch("train", 0), [_wait("train", 0)], order=0)
+    note = Finding(id="memory_breakdown", severity="info", title="what fills memory", evidence="e", advice="a",
+                   stage="train", epoch=1)  # fmt: skip
+    lines.epoch(said.append, _epoch("train", 1), [_wait("train", 1), note], order=1)
+    assert len(said) == 1
+    verbose = ConsoleLines(verbose=2, clock=clock)  # shown at verbose=2: news
+    verbose.epoch(said.append, _epoch("train", 0), [_wait("train", 0)], order=0)
+    verbose.epoch(said.append, _epoch("train", 1), [_wait("train", 1), note], order=1)
+    assert len(said) == 3
