@@ -27,6 +27,8 @@ Run it from the repository root::
     python benchmarks/epoch_blocks.py                       # 3000 epochs in blocks of 10: about 40 s
     python benchmarks/epoch_blocks.py --quick               # 600 epochs in blocks of 5: a smoke run
     python benchmarks/epoch_blocks.py --no-checkpoint       # epochs of half the time: no checkpoint in them
+    python benchmarks/epoch_blocks.py --baseline silent     # its hooks doing nothing: Lightning's dispatch of them
+    python benchmarks/epoch_blocks.py --baseline empty      # an empty Callback on and off
     OMP_NUM_THREADS=1 python benchmarks/epoch_blocks.py --rounds 2
 
 Reading the output, one line per fit: ``on/off`` is the median over block pairs of the mean epoch's ratio (its
@@ -100,8 +102,22 @@ def timed_hooks(callback: Callback) -> dict[str, list[float]]:
     return seconds
 
 
-def one_fit(epochs: int, block: int, *, checkpoint: bool = True) -> dict[str, float]:
-    perf = PerfCallback()
+class Silent(PerfCallback):
+    """``PerfCallback()`` set up as usual, with every hook and ``state_dict`` doing nothing (``--baseline silent``):
+    what Lightning's dispatch of its hooks costs."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+
+for _hook in [name for name in dir(Callback) if name.startswith("on_") and name != "on_exception"]:
+    setattr(Silent, _hook, lambda self, *args, **kwargs: None)
+
+BASELINES: dict[str, type[Callback]] = {"perf": PerfCallback, "silent": Silent, "empty": Callback}
+
+
+def one_fit(epochs: int, block: int, *, checkpoint: bool = True, kind: str = "perf") -> dict[str, float]:
+    perf = BASELINES[kind]()
     hook_seconds = timed_hooks(perf)
     alternate = Alternate(perf, block, SKIP_EPOCHS)
     trainer = pl.Trainer(
@@ -148,15 +164,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="fits, one line each")
     parser.add_argument("--quick", action="store_true", help="600 epochs in blocks of 5")
     parser.add_argument("--no-checkpoint", action="store_true", help="Trainer(enable_checkpointing=False)")
+    parser.add_argument(
+        "--baseline",
+        choices=sorted(BASELINES),
+        default="perf",
+        help="what goes on and off: PerfCallback() (perf), one whose hooks do nothing (silent), an empty Callback",
+    )
     args = parser.parse_args()
     epochs, block = (600, 5) if args.quick else (args.epochs, args.block)
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     checkpoints = "no checkpoint" if args.no_checkpoint else "a checkpoint each"
     shape = f"one training and one validation batch ({checkpoints})"
-    print(f"{epochs} epochs of {shape}, PerfCallback() on and off every {block}")
+    print(f"{epochs} epochs of {shape}, {BASELINES[args.baseline].__name__} on and off every {block}")
     for _ in range(args.rounds):
-        r = one_fit(epochs, block, checkpoint=not args.no_checkpoint)
+        r = one_fit(epochs, block, checkpoint=not args.no_checkpoint, kind=args.baseline)
         share = r["extra"] - r["paced"] / 2
         print(
             f"on/off {r['ratio']:.3f} ({r['q1']:.3f}-{r['q3']:.3f}, {r['pairs']:.0f} pairs);"
