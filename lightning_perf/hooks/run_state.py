@@ -108,8 +108,8 @@ def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, 
 
 
 def _unreported(reporter: EpochReporter, stage: str) -> Sequence[EpochSummary]:
-    """The stage's latest records that the report on disk lacks (all of its recent history where no report is
-    written: another rank's, or no output directory)."""
+    """The stage's latest records that the report on disk lacks, of its recent history (all of it where no report
+    is written: another rank's, or no output directory); after a resume, those the report lacked."""
     st = reporter.stages[stage]
     lacking = min(st.records - reporter.reported.get(stage, 0), len(st.history))
     return tuple(st.history)[len(st.history) - lacking :] if lacking > 0 else ()
@@ -185,10 +185,9 @@ def load_state_dict(
             for saved in state.get("ranks", [])
         }
     elif _load_earlier_report(state.get("report_path"), reporter, warn, counted):
-        for stage, taken in counted.items():  # Notes 1: the records the report lacks
-            history = reporter.stages[stage].history
-            lacking = min(taken - reporter.reported.get(stage, 0), len(history))
-            reporter.epochs += list(history)[len(history) - lacking :] if lacking > 0 else []
+        for stage, taken in counted.items():  # Notes 1: the records the report lacks, as the checkpoint counted
+            reporter.stages[stage].records = taken
+            reporter.epochs += _unreported(reporter, stage)
     else:
         reporter.epochs = sorted((e for st in reporter.stages.values() for e in st.history), key=lambda e: e.epoch)
     # Version 5's state holds the records the report lacked, not the history; version 1's, all of them.

@@ -49,12 +49,13 @@ def grouped(findings: Iterable[Finding], spans: Mapping[tuple[str, int], int] | 
     EpochSummary.epochs`): a finding of such a record fired in each of them."""
     latest: dict[tuple[str, str], Finding] = {}
     epochs: dict[tuple[str, str], set[int]] = {}
+    spans = spans or {}
     for f in findings:
         key = (f.stage, f.id)
         before = latest.get(key)
         if before is None or f.epoch >= before.epoch:
             latest[key] = f
-        first = f.epoch - (spans or {}).get((f.stage, f.epoch), 1) + 1
+        first = f.epoch - spans.get((f.stage, f.epoch), 1) + 1
         epochs.setdefault(key, set()).update(range(first, f.epoch + 1))
     groups = [FindingGroup(latest[key], tuple(sorted(epochs[key]))) for key in latest]
     return sorted(
