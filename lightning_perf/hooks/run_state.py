@@ -5,16 +5,16 @@ Run state
 What :class:`~lightning_perf.PerfCallback` keeps in a checkpoint, and how a resumed run takes it back.
 
 Version 5 keeps only what resuming needs, bounded however long the run, in one JSON text: each stage's position
-and its count of records (epochs, or groups of short ones), the windows (at most ``max_windows`` per stage), the
-report's path, and of each stage's recent history only the records the report on disk does not hold yet (its
-rewrites are paced). A resumed run takes the earlier epochs back from that report, as many of each stage as the
-checkpoint counted (a run that went on past the checkpoint wrote more, which the resumed run measures again),
-then the checkpoint's own. Lightning's default ``ModelCheckpoint`` saves the state at every epoch end: version
-4 held the rules' whole recent history, about 50 kB a checkpoint for a run of short epochs. ``torch.save``
-pickles a nested value object by object (a Python ``persistent_id`` call each): a 32-epoch history of dicts cost
-1.4 ms per checkpoint, of a text per epoch 0.1-0.3 ms, as one text 0.06-0.19 ms
-(``benchmarks/checkpoint_state.py``, a 2-CPU machine). Each epoch and each window is encoded once
-(:class:`RecordTexts`), and the text of a sequence that has not changed is reused. Versions 1-4 still load.
+and batches, the windows (at most ``max_windows`` per stage), the report's path, and of each stage's recent
+history only the records the report on disk does not hold yet (its rewrites are paced). A resumed run takes the
+earlier epochs back from that report, up to the batches the checkpoint counted (a run that went on past the
+checkpoint wrote more, which the resumed run measures again), then the checkpoint's own. Lightning's default
+``ModelCheckpoint`` saves the state at every epoch end: version 4 held the rules' whole recent history, about
+50 kB a checkpoint for a run of short epochs. ``torch.save`` pickles a nested value object by object (a Python
+``persistent_id`` call each): a 32-epoch history of dicts cost 1.4 ms per checkpoint, of a text per epoch
+0.1-0.3 ms, as one text 0.06-0.19 ms (``benchmarks/checkpoint_state.py``, a 2-CPU machine). Each epoch and
+each window is encoded once (:class:`RecordTexts`), and the text of a sequence that has not changed is reused.
+Versions 1-4 still load.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ class RecordTexts:
 
 
 def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, texts: RecordTexts) -> dict[str, Any]:
-    """The version and one JSON text (module docstring): where each stage is and its records, the windows, the
-    records the report on disk lacks, and where the report is (the caller has joined the window worker: every
+    """The version and one JSON text (module docstring): where each stage is, the windows, the records the report
+    on disk lacks, and where the report is (the caller has joined the window worker: every
     closed window is in ``reporter.windows``).
 
     Args:
@@ -88,7 +88,7 @@ def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, 
     """
     stages = ", ".join(
         f'"{stage}": {{"epoch": {pos.epoch}, "total_batches": {reporter.stages[stage].total_batches},'
-        f' "windows_used": {pos.windows_used}, "records": {reporter.stages[stage].records}}}'
+        f' "windows_used": {pos.windows_used}}}'
         for stage, pos in positions.items()  # plain names and integers
     )
     windows = texts.array("windows", reporter.windows, functools.partial(window_dict, with_analysis=False))
@@ -151,30 +151,31 @@ def load_state_dict(
         warn: ``(key, message)``: a warning to show once (an unreadable earlier report).
 
     Notes:
-        1. Of each stage, the report's first records, as many as the checkpoint counted (version 5; before it,
-           all of them): the epochs a run that went on past the checkpoint wrote are measured again. Where the
-           report holds fewer (the run was killed before its rewrite), the checkpoint's own records follow.
+        1. Of each stage, the report's first records up to the batches the checkpoint counted: the epochs a run
+           that went on past the checkpoint wrote are measured again, and a group of short epochs measured across
+           it is in no record (its epochs up to the checkpoint are not measured again); one measured after the
+           checkpoint that ends at it (a Trainer call's last, measured at its end) is kept. Where the report holds
+           fewer (the run was killed before its rewrite), the checkpoint's own later records follow.
         2. No window on disk is dropped: the windows the reporter held (this process's earlier calls) and those
            the earlier report lists (a run that went on past the checkpoint) stay in the report after the
            checkpoint's, so that a resumed fit appends to what is on disk.
     """
     state = _version_3(state)
     held = list(reporter.windows)
-    counted: dict[str, int] = {}  # each stage's records at the checkpoint (version 5)
+    upto: dict[str, int] = {}  # each stage's batches at the checkpoint: the report's records up to them
     for stage, saved in state.get("stages", {}).items():
         if stage in positions:
             pos, st = positions[stage], reporter.stages[stage]
             pos.epoch = int(saved.get("epoch", pos.epoch))
-            st.total_batches = int(saved.get("total_batches", st.total_batches))
+            st.total_batches = upto[stage] = int(saved.get("total_batches", st.total_batches))
             pos.windows_used = int(saved.get("windows_used", pos.windows_used))
             st.history.clear()
             st.history.extend(_history_epoch(e) for e in saved.get("history", []))
-            if "records" in saved:
-                counted[stage] = int(saved["records"])
     reporter.windows = [from_values(WindowRecord, w) for w in state.get("windows", [])]
     reporter.budget.load_state_dict(state.get("profiling", {}))  # a resumed fit goes on with what the run spent
     reporter.epochs, reporter.findings_by_epoch, reporter.ranks, reporter.compile_stats = [], {}, {}, {}
     reporter.step_splits, reporter.reported = {}, {}
+    rebuilt = "epochs" in state  # the history rebuilt from the epochs taken back
     if "epochs" in state:  # version 1
         reporter.epochs = [from_values(EpochSummary, e) for e in state["epochs"]]
         for f in state.get("findings", []):
@@ -184,18 +185,17 @@ def load_state_dict(
             (saved["stage"], saved["epoch"]): tuple(from_values(RankSummary, r) for r in saved["ranks"])
             for saved in state.get("ranks", [])
         }
-    elif _load_earlier_report(state.get("report_path"), reporter, warn, counted):
-        for stage, taken in counted.items():  # Notes 1: the records the report lacks, as the checkpoint counted
-            reporter.stages[stage].records = taken
-            reporter.epochs += _unreported(reporter, stage)
+    elif _load_earlier_report(state.get("report_path"), reporter, warn, upto):
+        rebuilt = True
+        for stage in upto:  # Notes 1: the records the state holds that the report lacked
+            last = max((e.epoch for e in reporter.epochs if e.stage == stage), default=-1)
+            reporter.epochs += [e for e in reporter.stages[stage].history if e.epoch > last]
     else:
         reporter.epochs = sorted((e for st in reporter.stages.values() for e in st.history), key=lambda e: e.epoch)
-    # Version 5's state holds the records the report lacked, not the history; version 1's, all of them.
-    rebuilt = set(counted) if "epochs" not in state else set(reporter.stages)
     for stage, st in reporter.stages.items():
         measured = [e for e in reporter.epochs if e.stage == stage]
         st.records = len(measured)
-        if stage in rebuilt:
+        if rebuilt:
             st.history.clear()
             st.history.extend(measured[-HISTORY_EPOCHS:])
     names = {w.name for w in reporter.windows}
@@ -208,11 +208,12 @@ def _history_epoch(saved: str | Mapping[str, Any]) -> EpochSummary:
 
 
 def _load_earlier_report(
-    path: str | None, reporter: EpochReporter, warn: Callable[[str, str], None], counted: Mapping[str, int]
+    path: str | None, reporter: EpochReporter, warn: Callable[[str, str], None], upto: Mapping[str, int]
 ) -> bool:
     """Takes the epochs, findings, per-rank tables, compile numbers and step splits back from an earlier run's
-    report (of a stage in ``counted``, its first so many: :func:`load_state_dict` Notes 1), and its windows'
-    summaries and top operators; whether it could. ``reporter.reported``: how many of each stage it took."""
+    report (of a stage in ``upto``, its first records up to so many batches: :func:`load_state_dict` Notes 1), and
+    its windows' summaries and top operators; whether it could. ``reporter.reported``: how many of each stage it
+    took."""
     if not path or not os.path.isfile(path):
         return False
     try:
@@ -221,12 +222,13 @@ def _load_earlier_report(
     except InputError as err:
         warn("earlier_report", f"PerfCallback: the report to resume from is unreadable ({err}).")
         return False
+    batches: dict[str, int] = {}  # each stage's, over its records so far
     for epoch in epochs:
         summary = epoch.summary
-        taken = reporter.reported.get(summary.stage, 0)
-        if taken >= counted.get(summary.stage, taken + 1):
-            continue  # past the checkpoint
-        reporter.reported[summary.stage] = taken + 1
+        batches[summary.stage] = batches.get(summary.stage, 0) + summary.batches
+        if batches[summary.stage] > upto.get(summary.stage, batches[summary.stage]):
+            continue  # past the checkpoint, or across it
+        reporter.reported[summary.stage] = reporter.reported.get(summary.stage, 0) + 1
         reporter.epochs.append(summary)
         if epoch.findings:
             reporter.findings_by_epoch[(summary.stage, summary.epoch)] = list(epoch.findings)

@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_perf import PerfCallback
-from lightning_perf.hooks import run_state
+from lightning_perf.hooks import run_state, stage_measure
 from lightning_perf.hooks.stage_measure import HISTORY_EPOCHS
 from lightning_perf.records import RankSummary, plain
 from lightning_perf.report import json_report
@@ -130,7 +130,6 @@ def test_checkpoint_state_is_bounded_however_long_the_run(tmp_path, every_epoch_
         "epoch": HISTORY_EPOCHS + 7,
         "total_batches": 2 * (HISTORY_EPOCHS + 8),
         "windows_used": 0,
-        "records": HISTORY_EPOCHS + 8,
     }
     assert len(long.state_dict()["state"]) < len(short.state_dict()["state"]) + 10  # a few digits more
     # Where no report is written (another rank's state, no output directory), the state holds the recent
@@ -311,3 +310,21 @@ def test_the_profilings_numbers_are_written_as_json_writes_them(tmp_path):
     assert profiling["run_seconds"] >= 2.5 and isinstance(profiling["windows"], int)
     run._epochs.budget.load_state_dict({"seconds": float("inf")})
     assert _decoded(run.state_dict())["profiling"]["seconds"] == float("inf")
+
+
+def test_resuming_from_a_fits_last_checkpoint_keeps_the_group_its_end_measured(tmp_path, monkeypatch):
+    # Short epochs carried into one group, measured at the end of the fit, after its last checkpoint: the group
+    # ends at the checkpoint, so a fit resumed from it keeps it (a count of the records at the checkpoint did not).
+    monkeypatch.setattr(stage_measure, "MEASURE_BURST", 0.0)
+    monkeypatch.setattr(stage_measure, "MEASURE_SHARE", 0.0)
+    monkeypatch.setattr(stage_measure, "GROUP_SECONDS", float("inf"))
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    first = PerfCallback(batches=[100_000], stages=["train"])
+    trainer(tmp_path / "a", [first, checkpoints], max_epochs=4, enable_checkpointing=True).fit(TinyModel(n=16))
+    assert any(e.epochs > 1 for e in first.epochs)  # a group, measured at the end
+    resumed = PerfCallback(batches=[100_000], stages=["train"])
+    trainer(tmp_path / "b", [resumed], max_epochs=5).fit(
+        TinyModel(n=16), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt")
+    )
+    covered = [n for e in resumed.epochs for n in range(e.epoch - e.epochs + 1, e.epoch + 1)]
+    assert covered == list(range(5)), [(e.epoch, e.epochs) for e in resumed.epochs]
