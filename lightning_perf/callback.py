@@ -6,8 +6,10 @@ Scheduled ``torch.profiler`` windows for every stage of a Lightning run, with tr
 PyTorch Profiler tab, Perfetto and Holistic Trace Analysis read, and operator tables in TensorBoard.
 
 The callback is Lightning's hooks, the wiring between the units that do the work (:mod:`lightning_perf.hooks`
-lists them) and the error policy; what it has measured is read back through :class:`~lightning_perf.hooks.
-results_view.ResultsView`.
+lists them) and the error policy. Its stage events, each epoch's and batch's, are
+:class:`~lightning_perf.hooks.stage_events.StageEvents`; here are the run's setup, the end of each Trainer call
+and the checkpoint state. What it has measured is read back through
+:class:`~lightning_perf.hooks.results_view.ResultsView`.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from lightning_perf.config import (
     Stage,
     schedule_warning,
 )
-from lightning_perf.diagnosis_context import window_summaries
 from lightning_perf.hooks import run_state
 from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.error_policy import ErrorPolicy
@@ -52,14 +53,13 @@ from lightning_perf.hooks.run_setup import (
     shared_verdicts,
     where_to_look,
 )
-from lightning_perf.hooks.stage_hooks import StageHooks
+from lightning_perf.hooks.stage_events import StageEvents
 from lightning_perf.hooks.stage_measure import StageMeasure
 from lightning_perf.hooks.window_control import WindowControl
-from lightning_perf.records import EpochSummary
 from lightning_perf.schedule import make_plan
 
 
-class PerfCallback(StageHooks, ResultsView):
+class PerfCallback(StageEvents, ResultsView):
     r"""Profiles chosen batches of each stage and logs what they show.
 
     Outside its windows the callback does two clock reads, a batch-size lookup, a few list appends and
@@ -285,126 +285,3 @@ class PerfCallback(StageHooks, ResultsView):
         saved = max(len(self.windows) - self._windows_at_setup, 0)
         if message := where_to_look(saved, self.dirpath, self.tensorboard_logdir, self.page_path, self._epochs.budget):
             rank_zero_info(message)
-
-    # ------------------------------------------------------------------ stage events (see StageHooks)
-
-    @override
-    def _epoch_start(
-        self, stage: str, trainer: pl.Trainer, epoch: int | None, num_batches: float, first_batch: int = 0
-    ) -> None:
-        if stage not in self.config.stages:
-            return
-        self._policy.safely(None, self._staging.publish)  # those whose gather every rank has joined since; no blocking
-        self._control.epoch_start(stage, num_batches, epoch=epoch, first_batch=first_batch)
-        st = self._stages[stage]
-        st.in_epoch = True
-        if stage == "train":
-            self._flops.epoch_start(window_ahead=self._control.may_record("train"))
-        waited = self._loop_timer.take(stage)
-        self._policy.safely(stage, self._epochs.start_epoch, stage, trainer, waited)
-        if self._profiler_windows.busy:  # a window of another stage is still processed: no contention of the run's
-            st.cpu.pause()
-        self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.before_batch(stage, trainer)))
-        st.clock.epoch_start(waited, carried=st.carried)
-
-    @override
-    def _batch_start(self, stage: str, trainer: pl.Trainer, batch: Any, batch_idx: int) -> None:
-        st = self._stages.get(stage)
-        if st is None:  # a stage not measured
-            return
-        if stage == "train" and batch_idx != self._positions["train"].batch:
-            # Resumed from a mid-epoch checkpoint: Lightning continues the epoch without on_train_epoch_start.
-            self._epoch_start("train", trainer, trainer.current_epoch, trainer.num_training_batches, batch_idx)
-        window = self._control.open
-        if window is not None and window.stage == stage:
-            st.clock.batch_start(batch, profiled=True)
-            self._control.batch_started(stage)
-        elif stage == "train" and batch_idx >= self._flops.offer_from:  # counted: left out of the times too
-            st.clock.batch_start(batch, profiled=self._epochs.flops_batch_start(batch, batch_idx))
-        else:
-            st.clock.batch_start(batch)
-
-    @override
-    def _batch_end(self, stage: str, trainer: pl.Trainer, outputs: Any) -> None:
-        st = self._stages.get(stage)
-        if st is None:
-            return
-        st.clock.batch_end(outputs)
-        if self._epochs.batch_due:  # a FLOP count to keep, the model's memory to count
-            self._epochs.batch_ended(stage, trainer)
-        st.total_batches += 1
-        # Inline try blocks, not policy.safely(): free in CPython 3.11 when nothing raises, and no bound-method or
-        # argument-tuple allocation on every batch.
-        control = self._control
-        closed = False
-        if control.open is not None:  # the batch's step span ends first: what we do next is no part of the step
-            try:
-                closed = self._profiler_windows.save(control.end_step(stage))
-            except Exception as err:
-                self._policy.fail(stage, err)
-        # 0 (e.g. Trainer(barebones=True)): no per-batch scalars. (Set by a connector of Lightning's: unseen by mypy.)
-        cadence = trainer.log_every_n_steps  # type: ignore[attr-defined]
-        if cadence and st.total_batches % cadence == 0:
-            try:
-                st.log_batch(stage, trainer, self._epochs.outputs)
-            except Exception as err:
-                self._policy.fail(stage, err)
-        try:
-            if (to_save := control.next_batch(stage, trainer)) is not None:
-                closed = self._profiler_windows.save(to_save) or closed
-        except Exception as err:
-            self._policy.fail(stage, err)
-        if not st.cpu.paused:  # between windows: the next batch's data wait starts now
-            st.clock.restart(after_close=closed)
-            return
-        # What we did after the batch (logging, closing a window) is no part of the next batch's data wait; the
-        # batch after a close is left out of the epoch's times (StepClock.after_close), and its CPU waits too, as
-        # are those while the window is still processed (its process takes a CPU: no contention of the run's).
-        processing = control.open is None and self._profiler_windows.busy
-        st.clock.restart(after_close=closed or processing)
-        if not closed and control.open is None and not processing:
-            st.cpu.resume()
-            self._profiler_windows.settle()
-
-    @override
-    def _epoch_end(self, stage: str, trainer: pl.Trainer) -> None:
-        if stage not in self.config.stages:
-            return
-        self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.close(stage, shortened=True)))
-        waited = self._profiler_windows.join()  # the epoch's windows are written and in self.windows before reading
-        st = self._stages[stage]
-        st.in_epoch = False
-        if self._epochs.carry(stage, self._positions[stage], waited, alone=not self._staging.exchanging):
-            self._control.epoch_end(stage)  # measured with the next epoch (epoch_report, Notes 2)
-            return
-        summary: EpochSummary | None = None
-        try:
-            summary = self._epochs.measure(stage, self._positions[stage].epoch, waited=waited)
-        except Exception as err:
-            self._policy.fail(stage, err)
-        windows = window_summaries(self._epochs.windows, stage, summary.epoch) if summary else ()
-        ranks = self._staging.gather(stage, summary, windows, global_zero=trainer.is_global_zero)  # on every rank
-        self._policy.safely(stage, self._staging.publish)
-        if summary is not None:
-            self._policy.safely(stage, self._epochs.report_epoch, summary, trainer, ranks)
-        self._control.epoch_end(stage)
-
-    @override
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        if self._flops.active and pl_module.automatic_optimization:  # the count ends with the backward (flops Notes 3)
-            self._flops.finish(pl_module, self._epochs.run_info, self._policy)
-
-    @override
-    def _validation_start(self, trainer: pl.Trainer) -> None:
-        # A validation run inside a training window must not land in its trace (WindowControl.validation_start).
-        self._policy.safely("train", lambda: self._profiler_windows.save(self._control.validation_start()))
-
-    @override
-    def _validation_end(self, trainer: pl.Trainer) -> None:
-        if "train" in self.config.stages:
-            self._stages["train"].clock.restart()  # the validation run is no training batch's data wait
-            self._policy.safely("train", lambda: self._profiler_windows.save(self._control.validation_end(trainer)))
-
-    @override
-    def _sanity_check_start(self, trainer: pl.Trainer) -> None:
-        self._loop_timer.take("validate")  # the sanity check's DataLoader start-up is no epoch's

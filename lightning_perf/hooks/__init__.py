@@ -6,6 +6,8 @@ What :class:`~lightning_perf.PerfCallback` wires together, one concern each, at 
 (hooks -> collect -> summarize -> diagnose -> report):
 
 - :mod:`.stage_hooks`: which Lightning hook is which stage event;
+- :mod:`.stage_events`: the stage events wired to the units below (each epoch's and batch's measurement, its
+  windows, its report), the part of the callback that runs at every batch;
 - :mod:`.window_control`: which batches to record, and the one open window (framework-free: no Lightning, no
   torch; unit-tested with a fake window);
 - :mod:`.profiler_windows` and :mod:`.window_close`: the real windows, made, then saved through the per-window

@@ -4,28 +4,35 @@ Run state
 
 What :class:`~lightning_perf.PerfCallback` keeps in a checkpoint, and how a resumed run takes it back.
 
-Version 5 keeps only what resuming needs, bounded however long the run, in one JSON text: each stage's position
-and batches, the windows (at most ``max_windows`` per stage), the report's path, and of each stage's recent
-history only the records the report on disk does not hold yet (its rewrites are paced). A resumed run takes the
-earlier epochs back from that report, up to the batches the checkpoint counted (a run that went on past the
-checkpoint wrote more, which the resumed run measures again), then the checkpoint's own. Lightning's default
-``ModelCheckpoint`` saves the state at every epoch end: version 4 held the rules' whole recent history, about
-50 kB a checkpoint for a run of short epochs. ``torch.save`` pickles a nested value object by object (a Python
-``persistent_id`` call each): a 32-epoch history of dicts cost 1.4 ms per checkpoint, of a text per epoch
-0.1-0.3 ms, as one text 0.06-0.19 ms (``benchmarks/checkpoint_state.py``, a 2-CPU machine). Each epoch and
-each window is encoded once (:class:`RecordTexts`), and the text of a sequence that has not changed is reused.
-Versions 1-4 still load.
+Version 6 keeps only what resuming needs, bounded however long the run: each stage's position and batches, the
+windows (at most ``max_windows`` per stage), the report's path, and of each stage's recent history only the
+records the report on disk does not hold yet (its rewrites are paced). A resumed run takes the earlier epochs
+back from that report, up to the batches the checkpoint counted (a run that went on past the checkpoint wrote
+more, which the resumed run measures again), then the checkpoint's own. Lightning's default ``ModelCheckpoint``
+saves the state at every epoch end: version 4 held the rules' whole recent history, about 50 kB a checkpoint for
+a run of short epochs. ``torch.save`` pickles a nested value object by object (a Python ``persistent_id`` call
+each): a 32-epoch history of dicts cost 1.4 ms per checkpoint, of a text per epoch 0.1-0.3 ms, as one text
+0.06-0.19 ms (``benchmarks/checkpoint_state.py``, a 2-CPU machine). So the state is a JSON text and, since
+version 6, the records the report lacks as one more text, their JSON compressed (zlib, then base64: plain
+values, as JSON and every checkpoint format keep them): between the report's rewrites (at most every 30 s) they
+were most of a 54-kB state at every checkpoint of a run of 10-ms epochs, and a checkpoint file that much larger
+cost the run 0.1-0.3 ms an epoch (``benchmarks/epoch_blocks.py``'s harness, a state of that size against a tiny
+one in alternate blocks of one fit); packed, 14 kB, in about 0.25 ms each time a stage measures an epoch, not
+at every checkpoint. Each epoch and each window is encoded once
+(:class:`RecordTexts`), and the text of a sequence that has not changed is reused. Versions 1-5 still load.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+import zlib
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.hooks.epoch_report import EpochReporter
@@ -35,19 +42,25 @@ from lightning_perf.readers import InputError, load_report
 from lightning_perf.records import EpochSummary, RankSummary, WindowRecord, from_values, plain
 from lightning_perf.report.json_report import report_epochs, window_dict, window_record
 
-STATE_VERSION = 5
+STATE_VERSION = 6
+# zlib's fastest level: 54 kB of records to 10.5 kB in 0.22 ms on a 2-CPU machine, where level 6 took 0.8 ms for
+# 8.7 kB (the records of a run of 10-ms epochs between two rewrites of the report).
+RECENT_LEVEL = 1
+
+T = TypeVar("T")
 
 
 class RecordTexts:
     """The JSON array texts of sequences of frozen records that change at their end (each stage's history, the
     windows), each record encoded once for as long as it is kept: a checkpoint at every epoch end encodes only
     the epoch that is new since the last one, and reuses the text of a sequence that has not changed (its
-    epochs measured in a group), and the state's text that holds them all (:meth:`joined`)."""
+    epochs measured in a group), and what is joined or packed of them (:meth:`joined`)."""
 
     def __init__(self) -> None:
         # by key: the records, each with its text (the record keeps its id from reuse), and the array's text
         self._held: dict[str, tuple[dict[int, tuple[Any, str]], str]] = {}
-        self._joined: tuple[tuple[str, ...], str] = ((), "")
+        self._joined: dict[str, tuple[tuple[str, ...], Any]] = {}
+        self._marks: dict[str, tuple[Hashable, str]] = {}
 
     def array(self, key: str, records: Sequence[Any], encode: Callable[[Any], Any] = plain) -> str:
         """The JSON text of ``[encode(r) for r in records]``: the last call's for ``key`` where its records end
@@ -60,19 +73,30 @@ class RecordTexts:
         self._held[key] = (held, text)
         return text
 
-    def joined(self, parts: tuple[str, ...], join: Callable[[], str]) -> str:
-        """``join()``: the last call's where ``parts`` are the same texts (the same objects) as then."""
-        last, text = self._joined
-        if len(last) != len(parts) or any(a is not b for a, b in zip(last, parts, strict=True)):
-            text = join()
-            self._joined = (parts, text)
+    def marked(self, key: str, mark: Hashable, records: Callable[[], Sequence[Any]]) -> str:
+        """:meth:`array` of ``records()``, built only where ``mark`` (what the records depend on) differs from the
+        last call's for ``key``: a stage's unreported records are the same for as long as it measures no epoch
+        and the report is not rewritten, at every checkpoint of its carried epochs."""
+        last = self._marks.get(key)
+        if last is not None and last[0] == mark:
+            return last[1]
+        text = self.array(key, records())
+        self._marks[key] = (mark, text)
         return text
+
+    def joined(self, key: str, parts: tuple[str, ...], join: Callable[[], T]) -> T:
+        """``join()``: the last call's for ``key`` where ``parts`` are the same texts (the same objects) as then."""
+        last, value = self._joined.get(key, ((), None))
+        if value is None or len(last) != len(parts) or any(a is not b for a, b in zip(last, parts, strict=True)):
+            value = join()
+            self._joined[key] = (parts, value)
+        return cast(T, value)
 
 
 def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, texts: RecordTexts) -> dict[str, Any]:
-    """The version and one JSON text (module docstring): where each stage is, the windows, the records the report
-    on disk lacks, and where the report is (the caller has joined the window worker: every
-    closed window is in ``reporter.windows``).
+    """The version, a JSON text of where each stage is, the windows and where the report is, and the records the
+    report on disk lacks, packed (module docstring; the caller has joined the window worker: every closed window
+    is in ``reporter.windows``).
 
     Args:
         positions: Each stage's position (:attr:`~lightning_perf.hooks.window_control.WindowControl.stages`).
@@ -81,8 +105,8 @@ def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, 
 
     Notes:
         It runs at every checkpoint, at every epoch end of a run of short epochs. What changes at every call
-        (the positions, the run's profiling) is written as it is; the rest, a JSON text of tens of kB, is
-        joined anew only where one of its parts changed. The positions and the profiling's numbers are written
+        (the positions, the run's profiling) is written as it is; the rest, the windows' text and the packed
+        records, anew only where one of their parts changed. The positions and the profiling's numbers are written
         by f-strings (a JSON text as is): ``json.dumps`` took 14 us for them in a tight loop, 45 us between the
         fit's steps.
     """
@@ -92,18 +116,24 @@ def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, 
         for stage, pos in positions.items()  # plain names and integers
     )
     windows = texts.array("windows", reporter.windows, functools.partial(window_dict, with_analysis=False))
-    recent = tuple(texts.array(stage, _unreported(reporter, stage)) for stage in positions)
+    recent = tuple(
+        texts.marked(stage, _unreported_mark(reporter, stage), functools.partial(_unreported, reporter, stage))
+        for stage in positions
+    )
     path = reporter.report_path
 
-    def join() -> str:
+    def pack() -> str:
         arrays = ", ".join(f'"{stage}": {text}' for stage, text in zip(positions, recent, strict=True))
-        return f'"report_path": {json.dumps(path)}, "windows": {windows}, "recent": {{{arrays}}}'
+        return base64.b64encode(zlib.compress(f"{{{arrays}}}".encode(), RECENT_LEVEL)).decode("ascii")
 
-    rest = texts.joined((windows, *recent, path or ""), join)
+    rest = texts.joined(
+        "rest", (windows, path or ""), lambda: f'"report_path": {json.dumps(path)}, "windows": {windows}'
+    )
     profiling = _numbers(reporter.budget.state_dict(time.perf_counter()))
     return {
         "version": STATE_VERSION,
         "state": f'{{"stages": {{{stages}}}, "profiling": {profiling}, {rest}}}',
+        "recent": texts.joined("recent", recent, pack),
     }
 
 
@@ -115,6 +145,12 @@ def _unreported(reporter: EpochReporter, stage: str) -> Sequence[EpochSummary]:
     return tuple(st.history)[len(st.history) - lacking :] if lacking > 0 else ()
 
 
+def _unreported_mark(reporter: EpochReporter, stage: str) -> Hashable:
+    """What :func:`_unreported` depends on: the stage's records so far, how many the report holds, and the last."""
+    st = reporter.stages[stage]
+    return st.records, reporter.reported.get(stage, 0), id(st.history[-1]) if st.history else None
+
+
 def _numbers(values: Mapping[str, float]) -> str:
     """The JSON text of plain names and numbers, as ``json.dumps`` writes it (``repr`` of a finite float or an
     int) but by an f-string: ``json.dumps`` took 33 us for the profiling's four numbers between a fit's steps."""
@@ -124,11 +160,13 @@ def _numbers(values: Mapping[str, float]) -> str:
 
 
 def _version_3(state: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A version-4 or -5 state as version 3 had it (one dict, a stage's saved records as its ``history``); others
-    as they are."""
+    """A version-4, -5 or -6 state as version 3 had it (one dict, a stage's saved records as its ``history``);
+    others as they are."""
     if not isinstance(state.get("state"), str):
         return state
     decoded = json.loads(state["state"])
+    if isinstance(state.get("recent"), str):  # version 6: the records the report lacked, packed
+        decoded["recent"] = json.loads(zlib.decompress(base64.b64decode(state["recent"])))
     history = decoded.pop("history", None) or decoded.pop("recent", {})
     stages = {stage: {**saved, "history": history.get(stage, [])} for stage, saved in decoded.get("stages", {}).items()}
     return {**decoded, "stages": stages}

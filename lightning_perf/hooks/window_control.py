@@ -29,6 +29,9 @@ Notes:
        sooner drops or shortens its window, as any epoch does). A stage's first epoch keeps the plan, so that a
        single short call (a forecasting library's predict call on a copy of the callback) pays no window. The
        moved window is the stage's first: it opens as planned (Notes 6).
+    8. An epoch that may record no window (too short for the plan, no window left for the stage, or a process that
+       records none) is quiet from its start: its batches, and the training batch after a validation run inside
+       it, return at once, before any look at the plan (at every epoch of a run of short epochs).
 """
 
 from __future__ import annotations
@@ -209,14 +212,18 @@ class WindowControl:
         #: Under several ranks, the verdicts every rank follows (Notes 6); ``None``: this rank's own.
         self.verdicts: Verdicts | None = None
 
-    def epoch_start(self, stage: str, num_batches: float, *, epoch: int | None = None, first_batch: int = 0) -> None:
+    def epoch_start(self, stage: str, num_batches: float, *, epoch: int | None = None, first_batch: int = 0) -> bool:
         """A stage epoch of ``num_batches`` starts: epoch ``epoch``, or (``None``) the stage's next (validation
         runs, test and predict calls are numbered in order); at ``first_batch``, later than 0 when a run
-        resumes mid-epoch."""
+        resumes mid-epoch. Returns whether the epoch may record a window (:meth:`may_record`); one that may not
+        is quiet: its batches need no look at the plan (Notes 8)."""
         pos = self.stages[stage]
         pos.epoch = pos.epoch + 1 if epoch is None else epoch
-        pos.batch, pos.num_batches, pos.windows_this_epoch, pos.quiet_until = first_batch, num_batches, 0, 0
+        pos.batch, pos.num_batches, pos.windows_this_epoch = first_batch, num_batches, 0
         pos.plan = self._moved_plan(pos)
+        records = self.may_record(stage)
+        pos.quiet_until = 0 if records else math.inf
+        return records
 
     def may_record(self, stage: str) -> bool:
         """Whether the stage's current epoch may record a window: the plan records in it (any epoch of unknown
@@ -257,6 +264,8 @@ class WindowControl:
         recording, or opens the batch's step span; at the end of the epoch, saves a window still open."""
         pos = self.stages[stage]
         open_ = self.open
+        if open_ is None and pos.batch < pos.quiet_until:
+            return None  # the plan leaves the batch alone; with no window open, none is to close
         if pos.batch >= pos.num_batches:
             # The epoch's last batch is done: a window still open cannot complete.
             return self.close(stage, shortened=True)

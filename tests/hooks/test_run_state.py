@@ -1,10 +1,12 @@
 """Resuming from checkpoints: finished windows are not repeated, numbering and max_windows continue, the
 report keeps its history; two PerfCallbacks keep separate state."""
 
+import base64
 import dataclasses
 import json
 import os
 import shutil
+import zlib
 
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
@@ -114,9 +116,9 @@ def _short_epochs(tmp_path, epochs: int) -> PerfCallback:
 
 
 def _decoded(state: dict) -> dict:
-    """A version-5 state's one JSON text, decoded."""
-    assert state["version"] == 5 and set(state) == {"version", "state"}  # one text: pickled as one object
-    return json.loads(state["state"])
+    """A version-6 state's JSON text, decoded, with its packed records as ``"recent"``."""
+    assert state["version"] == 6 and set(state) == {"version", "state", "recent"}  # two texts: two objects to pickle
+    return {**json.loads(state["state"]), "recent": json.loads(zlib.decompress(base64.b64decode(state["recent"])))}
 
 
 def test_checkpoint_state_is_bounded_however_long_the_run(tmp_path, every_epoch_alone):
@@ -168,10 +170,34 @@ def test_the_states_text_is_joined_again_only_where_a_part_changed():
         joins.append(1)
         return f"{history}, {windows}"
 
-    assert texts.joined((history, windows), join) == "[1, 2], []" and len(joins) == 1
-    assert texts.joined((history, windows), join) == "[1, 2], []" and len(joins) == 1  # the same texts
+    assert texts.joined("a", (history, windows), join) == "[1, 2], []" and len(joins) == 1
+    assert texts.joined("a", (history, windows), join) == "[1, 2], []" and len(joins) == 1  # the same texts
+    assert texts.joined("b", (history, windows), join) == "[1, 2], []" and len(joins) == 2  # each key its own
     history = "[1, 2, 3]"
-    assert texts.joined((history, windows), join) == "[1, 2, 3], []" and len(joins) == 2
+    assert texts.joined("a", (history, windows), join) == "[1, 2, 3], []" and len(joins) == 3
+
+
+def test_the_records_the_report_lacks_are_packed_once_until_they_change(tmp_path):
+    # Packed (zlib) when a stage's unreported records change, not at every checkpoint of its carried epochs.
+    run = _short_epochs(tmp_path, 3)
+    run._epochs.reported.clear()  # as between two rewrites of the report: it lacks every record
+    first = run.state_dict()
+    assert run.state_dict()["recent"] is first["recent"]  # nothing new: the same bytes, not packed again
+    assert [e["epoch"] for e in _decoded(first)["recent"]["train"]] == [0, 1, 2]
+    assert len(first["recent"]) < len(json.dumps(_decoded(first)["recent"])) / 2
+    run._stages["train"].history.append(dataclasses.replace(run._stages["train"].history[-1], epoch=3))
+    run._stages["train"].records += 1
+    assert [e["epoch"] for e in _decoded(run.state_dict())["recent"]["train"]] == [0, 1, 2, 3]
+
+
+def test_a_version_5_checkpoint_with_its_records_in_its_text_still_loads(tmp_path, every_epoch_alone):
+    run = _short_epochs(tmp_path, 3)
+    run._epochs.reported.clear()
+    decoded = _decoded(run.state_dict())
+    os.remove(run.report_path)  # the records the state holds are all there is to take back
+    resumed = PerfCallback(batches=[100_000], stages=["train"])
+    resumed.load_state_dict({"version": 5, "state": json.dumps(decoded)})
+    assert [e.epoch for e in resumed.epochs] == [0, 1, 2] and resumed._positions["train"].epoch == 2
 
 
 def test_a_version_3_checkpoint_with_a_text_per_epoch_still_loads(tmp_path):
