@@ -22,7 +22,7 @@ from lightning_perf.records import CompileStats, EpochSummary, RankSummary
 from lightning_perf.report.findings import ShownFindings, console_report, shown_findings
 
 # A run of 10-ms epochs printed a line per stage epoch for its first 0.3 s (the report pace's burst): 48 of its 104
-# lines, each saying what the one before had said. The groups of short epochs last as long
+# lines, each saying what the one before had said. The groups of short epochs last up to 3 s
 # (stage_measure.GROUP_SECONDS). Our judgment.
 STATUS_SECONDS = 2.0
 

@@ -28,7 +28,7 @@ Notes:
        StageMeasure.carry>`): nothing is read at the next one's start, and the two are measured together, as
        one summary (:attr:`~lightning_perf.records.EpochSummary.epochs`, numbered by its last epoch) with one
        set of scalars and findings; a group is measured once it is :data:`~lightning_perf.hooks.stage_measure.
-       GROUP_SECONDS` old (2 s) all the same. An epoch with a window is measured at its end, so a window
+       GROUP_SECONDS` old (3 s) all the same. An epoch with a window is measured at its end, so a window
        belongs to one group's last epoch; the epochs still carried at the end of a Trainer call are measured
        then (:meth:`EpochReporter.end_stages`). A distributed run measures every epoch alone: its epoch end is
        a cross-rank gather, which every rank must join alike, and the pace is each rank's own clock. A

@@ -62,13 +62,15 @@ REPORT_BURST = 0.05
 # A stage epoch's measurement (epoch_report, Notes 2: its CPU readings, summary, scalars and report, about
 # 1.5-2.5 ms with the findings' share, 3-6 ms between the steps of a fit, its caches cold) may cost this share of
 # the wall time; shorter epochs are measured in groups. At 1% it was a quarter of what a run of 10-ms epochs paid
-# for the callback (groups of about 0.2 s); at 0.5% their groups last about 0.5 s, and issue 26's 5% of any
-# 10-s run has room for the rest. With the scalars' and the findings' shares, within the standing goal's 1-2%.
-# Our judgment.
-MEASURE_SHARE = 0.005
-# ... after the first 0.1 s of measurement: every epoch of a short run (the tests' and the demo's), the first
-# 40-70 stage epochs of a run of short epochs. Our judgment.
-MEASURE_BURST = 0.1
+# for the callback (groups of about 0.2 s). At 0.5%, with the burst below at 0.1 s, the callback's hooks took 4.8%
+# of a 1000-epoch fit of 10-ms epochs (11-12 s), a third of it in the first 100 epochs; at 0.3% and 0.05 s, 3.7-3.8%
+# (two fits each, hooks timed inside the fit), leaving issue 26's 5% of any 10-s run room for Lightning's dispatch
+# of the hooks (about 1%). A pace charges a measurement's wall time less the thread's waits for a CPU, so a
+# busy machine's runs spend about twice the share in wall time. Our judgment.
+MEASURE_SHARE = 0.003
+# ... after the first 0.05 s of measurement: every epoch of a short run (the tests' and the demo's), the first
+# 15-30 stage epochs of a run of short epochs. Our judgment.
+MEASURE_BURST = 0.05
 # What one write is charged at most (Notes 4): 5-10 times a write's usual 0.2-0.4 ms, a fifth of the burst. Our
 # judgment.
 LOG_STALL = 2e-3
