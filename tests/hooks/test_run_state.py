@@ -128,6 +128,7 @@ def test_checkpoint_state_is_bounded_however_long_the_run(tmp_path, every_epoch_
     assert state["recent"]["train"] == []  # the report on disk holds every record (written at the fit's end)
     assert not {"epochs", "findings", "ranks", "history"} & set(state)  # the report keeps those, not the checkpoint
     assert state["report_path"] == long.report_path
+    assert set(state["stages"]) == set(state["recent"]) == {"train"}  # the stages yet to run hold nothing
     assert state["stages"]["train"] == {
         "epoch": HISTORY_EPOCHS + 7,
         "total_batches": 2 * (HISTORY_EPOCHS + 8),

@@ -253,12 +253,18 @@ def test_max_windows_caps_each_stage_over_the_run_with_one_note_when_the_last_op
 
 
 class CountingPlan:
+    """A plan that counts the looks at it (``action`` and ``next_action``), as another plan answers."""
+
     def __init__(self, plan):
         self.plan, self.asked = plan, 0
 
     def action(self, batch, num_batches=math.inf):
         self.asked += 1
         return self.plan.action(batch, num_batches)
+
+    def next_action(self, batch, num_batches=math.inf):
+        self.asked += 1
+        return self.plan.next_action(batch, num_batches)
 
     def first_active(self):
         return self.plan.first_active()
@@ -367,6 +373,27 @@ def test_a_stage_too_short_for_the_schedule_gets_no_window_and_one_warning():
     assert list(run.warned) == ["short:train"]
     message = run.warned["short:train"]
     assert "the train epoch had 8 batches, too few for the schedule (its first recorded batch is 21)" in message
+
+
+@pytest.mark.parametrize("why", ["too short", "no window left", "records none"])
+def test_an_epoch_that_may_record_no_window_is_quiet_from_its_start(why):
+    # Notes 8: at every epoch of a run of short epochs, no look at the plan for any of its batches, nor for the
+    # training batch after a validation run inside it.
+    run = Driver(max_windows=0 if why == "no window left" else 5)
+    plan = CountingPlan(CyclePlan(Schedule(skip_first=20 if why == "too short" else 1)))
+    run.control.plan = plan
+    run.control.records = why != "records none"
+    assert run.control.epoch_start("train", 8, epoch=0) is False
+    run.control.before_batch("train", run)
+    for _ in range(4):
+        run.control.next_batch("train", run)
+    assert run.control.validation_start() is None and run.control.validation_end(run) is None
+    for _ in range(4):
+        run.control.next_batch("train", run)  # the last one ends the epoch
+    assert plan.asked == 0 and run.made == []
+    assert run.control.epoch_start("train", 64, epoch=1) is (why == "too short")  # long enough, where that was all
+    run.control.before_batch("train", run)
+    assert plan.asked == (1 if why == "too short" else 0)
 
 
 def test_the_default_plan_moves_into_short_epochs_from_the_second_until_a_window_saves():
