@@ -47,10 +47,13 @@ class EmptyCacheCounter:
         self._from = _calls
 
     def install(self) -> None:
-        """Puts :func:`counted_empty_cache` in place of ``torch.cuda.empty_cache`` (once)."""
+        """Puts :func:`counted_empty_cache` in place of ``torch.cuda.empty_cache`` (once). What it calls is what
+        was there at the first install in the process: a wrapper that another tool put over ours since (ours
+        stays theirs at :meth:`uninstall`) calls ours, and ours calling it back would never end."""
         global _original
         if torch.cuda.empty_cache is not counted_empty_cache:
-            _original = torch.cuda.empty_cache
+            if _original is None:
+                _original = torch.cuda.empty_cache
             torch.cuda.empty_cache = counted_empty_cache
 
     def uninstall(self) -> None:
