@@ -42,6 +42,7 @@ import warnings
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 
 from epoch_blocks import SKIP_EPOCHS, Tiny, timed_hooks  # a script beside it: its directory is on sys.path
@@ -103,8 +104,10 @@ def one_fit(against: type[Callback], epochs: int, block: int, *, checkpoint: boo
         enable_model_summary=False,
         enable_checkpointing=checkpoint,
     )
+    empty_cache = torch.cuda.empty_cache  # each version wraps it; the one out of the callbacks at the end stays
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.fit(Tiny(1, 1))
+    torch.cuda.empty_cache = empty_cache
     lengths = [b - a for a, b in zip(rotate.starts, rotate.starts[1:], strict=False)][SKIP_EPOCHS:]
     blocks = [lengths[i : i + block] for i in range(0, len(lengths) - block + 1, block)]
     triples = []
