@@ -29,12 +29,15 @@ Run it from the repository root::
     python benchmarks/epoch_blocks.py --no-checkpoint       # epochs of half the time: no checkpoint in them
     python benchmarks/epoch_blocks.py --baseline silent     # its hooks doing nothing: Lightning's dispatch of them
     python benchmarks/epoch_blocks.py --baseline empty      # an empty Callback on and off
+    python benchmarks/epoch_blocks.py --whole --epochs 1000 # one fit with it throughout: its own share of the fit
     OMP_NUM_THREADS=1 python benchmarks/epoch_blocks.py --rounds 2
 
 Reading the output, one line per fit: ``on/off`` is the median over block pairs of the mean epoch's ratio (its
 quartiles after it), ``extra`` the median pair's difference in ms per epoch, ``paced`` the hooks' calls of 1 ms
 or more per "on" epoch, ``at its share`` the extra less half of that, and ``hooks`` the median calls summed (what
-an epoch with no paced work spends in PerfCallback).
+an epoch with no paced work spends in PerfCallback). With ``--whole``: the fit's wall time, the callback's own time
+in it (its share), and of that its setup and first 100 epochs (the measurement's burst, the first windows) and its
+end (teardown: the last measurement, report and page), which the blocks leave out.
 """
 
 from __future__ import annotations
@@ -82,12 +85,12 @@ class Alternate(Callback):
             callbacks.remove(self.other)
 
 
-def timed_hooks(callback: Callback) -> dict[str, list[float]]:
-    """Wraps every hook Lightning may call on ``callback`` (and its ``state_dict``) on the instance; returns the
-    seconds of each call, by hook, in call order."""
+def timed_hooks(callback: Callback, *, call_ends: bool = False) -> dict[str, list[float]]:
+    """Wraps every hook Lightning may call on ``callback`` (and its ``state_dict``; ``call_ends``: its ``setup`` and
+    ``teardown`` too) on the instance; returns the seconds of each call, by hook, in call order."""
     seconds: dict[str, list[float]] = defaultdict(list)
     for name in dir(Callback):
-        if name.startswith("on_") or name == "state_dict":
+        if name.startswith("on_") or name == "state_dict" or (call_ends and name in ("setup", "teardown")):
             method = getattr(callback, name)
 
             @functools.wraps(method)
@@ -157,6 +160,30 @@ def one_fit(epochs: int, block: int, *, checkpoint: bool = True, kind: str = "pe
     }
 
 
+def whole_fit(epochs: int, *, checkpoint: bool = True) -> dict[str, float]:
+    """One fit of ``epochs`` with ``PerfCallback()`` in it throughout: its own time (every hook, ``state_dict``,
+    ``setup`` and ``teardown``, timed on the instance) against the fit's wall time, with what the first
+    :data:`SKIP_EPOCHS` epochs and the end (``teardown``: the last measurement, report and page) took of it. What
+    the blocks leave out: the measurement's burst at a run's start, the windows, the end. Lightning's dispatch of
+    the hooks is not in it (``--baseline silent`` measures that)."""
+    perf = PerfCallback()
+    seconds = timed_hooks(perf, call_ends=True)
+    trainer = pl.Trainer(
+        default_root_dir=tempfile.mkdtemp(prefix="epoch_blocks_"),
+        max_epochs=epochs,
+        callbacks=[perf],
+        enable_model_summary=False,
+        enable_checkpointing=checkpoint,
+    )
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.fit(Tiny(1, 1))
+    fit = time.perf_counter() - start
+    end = sum(seconds.pop("teardown", []))
+    first = sum(sum(kept[:SKIP_EPOCHS]) for kept in seconds.values())
+    return {"fit": fit, "own": end + sum(sum(kept) for kept in seconds.values()), "first": first, "end": end}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="PerfCallback's cost per epoch, on and off in blocks inside one fit")
     parser.add_argument("--epochs", type=int, default=3000)
@@ -170,10 +197,21 @@ def main() -> None:
         default="perf",
         help="what goes on and off: PerfCallback() (perf), one whose hooks do nothing (silent), an empty Callback",
     )
+    parser.add_argument("--whole", action="store_true", help="one fit with PerfCallback throughout: its own time")
     args = parser.parse_args()
     epochs, block = (600, 5) if args.quick else (args.epochs, args.block)
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    if args.whole:
+        for _ in range(args.rounds):
+            w = whole_fit(epochs, checkpoint=not args.no_checkpoint)
+            print(
+                f"{epochs} epochs in {w['fit']:.2f} s: PerfCallback's own time {w['own'] * 1e3:.1f} ms"
+                f" ({w['own'] / w['fit']:.1%}); its first {SKIP_EPOCHS} epochs {w['first'] * 1e3:.1f} ms, the end"
+                f" {w['end'] * 1e3:.1f} ms",
+                flush=True,
+            )
+        return
     checkpoints = "no checkpoint" if args.no_checkpoint else "a checkpoint each"
     shape = f"one training and one validation batch ({checkpoints})"
     print(f"{epochs} epochs of {shape}, {BASELINES[args.baseline].__name__} on and off every {block}")
