@@ -18,8 +18,8 @@ values, as JSON and every checkpoint format keep them): between the report's rew
 were most of a 54-kB state at every checkpoint of a run of 10-ms epochs, and a checkpoint file that much larger
 cost the run 0.1-0.3 ms an epoch (``benchmarks/epoch_blocks.py``'s harness, a state of that size against a tiny
 one in alternate blocks of one fit); packed, 14 kB, in about 0.25 ms each time a stage measures an epoch, not
-at every checkpoint. Each epoch and each window is encoded once
-(:class:`RecordTexts`), and the text of a sequence that has not changed is reused. Versions 1-5 still load.
+at every checkpoint. Each epoch and each window is encoded once (:class:`RecordTexts`), and the text of a
+sequence that has not changed is reused. Versions 1-5 still load.
 """
 
 from __future__ import annotations
