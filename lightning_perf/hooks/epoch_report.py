@@ -376,6 +376,7 @@ class EpochReporter:
         (:class:`~lightning_perf.hooks.console_lines.ConsoleLines`: ``always`` prints it at once)."""
         names = (stage,) if stage is not None else self.config.stages
         reviews = [review for name in names if (review := self.stages[name].pending) is not None]
+        say_it = functools.partial(say, trainer)
         for review in sorted(reviews, key=lambda r: r.order):  # in the order the epochs ended
             name = review.summary.stage
             st = self.stages[name]
@@ -392,12 +393,12 @@ class EpochReporter:
                     self.outputs.add_text(RANKS_TAG.format(stage=name), ranks_markdown(summary, ranks), step)
             if trainer.is_global_zero:
                 first = not review.history  # the stage's first epoch in this process shows its per-rank table
-                say_it = functools.partial(say, trainer)
                 now = always or stage is None
-                self._lines.epoch(say_it, summary, findings, order=review.order, first=first, now=now, ranks=ranks,
-                                  compiled=compiled)  # fmt: skip
+                self._lines.epoch(
+                    say_it, summary, findings, order=review.order, first=first, now=now, ranks=ranks, compiled=compiled
+                )
         if stage is None:  # the call's end: each stage's latest line held back (its latest status)
-            self._lines.flush(functools.partial(say, trainer))
+            self._lines.flush(say_it)
 
     def failed(self, trainer: pl.Trainer, error: BaseException, positions: Mapping[str, StagePosition]) -> None:
         """An exception ends the call: an out-of-memory error's diagnosis (:func:`~lightning_perf.hooks.failure.

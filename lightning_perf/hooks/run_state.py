@@ -31,7 +31,7 @@ import math
 import os
 import time
 import zlib
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from lightning_perf.diagnose.model import Finding
@@ -60,7 +60,6 @@ class RecordTexts:
         # by key: the records, each with its text (the record keeps its id from reuse), and the array's text
         self._held: dict[str, tuple[dict[int, tuple[Any, str]], str]] = {}
         self._joined: dict[str, tuple[tuple[str, ...], Any]] = {}
-        self._marks: dict[str, tuple[Hashable, str]] = {}
 
     def array(self, key: str, records: Sequence[Any], encode: Callable[[Any], Any] = plain) -> str:
         """The JSON text of ``[encode(r) for r in records]``: the last call's for ``key`` where its records end
@@ -71,17 +70,6 @@ class RecordTexts:
         held = {id(r): held.get(id(r)) or (r, json.dumps(encode(r))) for r in records}
         text = f"[{', '.join(t for _, t in held.values())}]"
         self._held[key] = (held, text)
-        return text
-
-    def marked(self, key: str, mark: Hashable, records: Callable[[], Sequence[Any]]) -> str:
-        """:meth:`array` of ``records()``, built only where ``mark`` (what the records depend on) differs from the
-        last call's for ``key``: a stage's unreported records are the same for as long as it measures no epoch
-        and the report is not rewritten, at every checkpoint of its carried epochs."""
-        last = self._marks.get(key)
-        if last is not None and last[0] == mark:
-            return last[1]
-        text = self.array(key, records())
-        self._marks[key] = (mark, text)
         return text
 
     def joined(self, key: str, parts: tuple[str, ...], join: Callable[[], T]) -> T:
@@ -117,10 +105,7 @@ def state_dict(positions: Mapping[str, StagePosition], reporter: EpochReporter, 
         for stage, pos in positions.items()  # plain names and integers
     )
     windows = texts.array("windows", reporter.windows, functools.partial(window_dict, with_analysis=False))
-    recent = tuple(
-        texts.marked(stage, _unreported_mark(reporter, stage), functools.partial(_unreported, reporter, stage))
-        for stage in positions
-    )
+    recent = tuple(texts.array(stage, _unreported(reporter, stage)) for stage in positions)
     path = reporter.report_path
 
     def pack() -> str:
@@ -144,12 +129,6 @@ def _unreported(reporter: EpochReporter, stage: str) -> Sequence[EpochSummary]:
     st = reporter.stages[stage]
     lacking = min(st.records - reporter.reported.get(stage, 0), len(st.history))
     return tuple(st.history)[len(st.history) - lacking :] if lacking > 0 else ()
-
-
-def _unreported_mark(reporter: EpochReporter, stage: str) -> Hashable:
-    """What :func:`_unreported` depends on: the stage's records so far, how many the report holds, and the last."""
-    st = reporter.stages[stage]
-    return st.records, reporter.reported.get(stage, 0), id(st.history[-1]) if st.history else None
 
 
 def _numbers(values: Mapping[str, float]) -> str:

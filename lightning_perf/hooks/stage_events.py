@@ -64,8 +64,8 @@ class StageEvents(StageHooks):
         st = self._stages.get(stage)
         if st is None:
             return
-        # At every epoch of a run of short epochs: inline try blocks (see _batch_end), and a carried epoch (nothing
-        # read at its start: EpochReporter.start_epoch) or a quiet one (WindowControl, Notes 8) skips what is moot.
+        # At every epoch of a run of short epochs: inline try blocks (see _batch_end); a quiet epoch's window calls
+        # return at once (WindowControl, Notes 8), a carried one's start reads nothing (EpochReporter.start_epoch).
         try:
             self._staging.publish()  # those whose gather every rank has joined since; no blocking
         except Exception as err:
@@ -76,15 +76,13 @@ class StageEvents(StageHooks):
         if stage == "train":
             self._flops.epoch_start(window_ahead=records)
         waited = self._loop_timer.take(stage)
-        if not st.carried:
-            self._policy.safely(stage, self._epochs.start_epoch, stage, trainer, waited)
+        self._policy.safely(stage, self._epochs.start_epoch, stage, trainer, waited)
         if self._profiler_windows.busy:  # a window of another stage is still processed: no contention of the run's
             st.cpu.pause()
-        if records or control.open is not None:
-            try:
-                self._profiler_windows.save(control.before_batch(stage, trainer))
-            except Exception as err:
-                self._policy.fail(stage, err)
+        try:
+            self._profiler_windows.save(control.before_batch(stage, trainer))
+        except Exception as err:
+            self._policy.fail(stage, err)
         st.clock.epoch_start(waited, carried=st.carried)
 
     @override
