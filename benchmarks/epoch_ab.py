@@ -37,15 +37,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import warnings
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from epoch_blocks import SKIP_EPOCHS, Tiny, timed_hooks  # a script beside it: its directory is on sys.path
+from epoch_blocks import SKIP_EPOCHS, Rotate, Tiny, new_users_trainer, timed_hooks  # a script beside it
 from lightning_perf import PerfCallback
 
 ORDER = (0, 1, 2, 0, 2, 1)  # each triple's blocks: 0 off, 1 the revision against, 2 this working tree
@@ -66,44 +64,12 @@ def package_at(revision: str) -> type[Callback]:
     return importlib.import_module(COPY).PerfCallback  # type: ignore[no-any-return]
 
 
-class Rotate(Callback):
-    """Puts one of ``callbacks`` (``None``: none) in ``trainer.callbacks`` at each training epoch's start, in
-    :data:`ORDER` by blocks of ``block`` epochs after the first :data:`SKIP_EPOCHS` (half each version's); notes
-    each epoch's start."""
-
-    def __init__(self, callbacks: list[Callback | None], block: int) -> None:
-        self.callbacks, self.block = callbacks, block
-        self.starts: list[float] = []
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.starts.append(time.perf_counter())
-        epoch = trainer.current_epoch
-        if epoch < SKIP_EPOCHS:
-            which = 1 if epoch < SKIP_EPOCHS // 2 else 2
-        else:
-            which = ORDER[((epoch - SKIP_EPOCHS) // self.block) % len(ORDER)]
-        present = trainer.callbacks
-        for i, callback in enumerate(self.callbacks):
-            if callback is None:
-                continue
-            if i == which and callback not in present:
-                present.insert(present.index(self) + 1, callback)
-            elif i != which and callback in present:
-                present.remove(callback)
-
-
 def one_fit(against: type[Callback], epochs: int, block: int, *, checkpoint: bool) -> dict[str, Any]:
     root = tempfile.mkdtemp(prefix="epoch_ab_fit_")
     versions = [against(dirpath=f"{root}/against"), PerfCallback(dirpath=f"{root}/this")]
     hooks = [timed_hooks(v) for v in versions]
-    rotate = Rotate([None, *versions], block)
-    trainer = pl.Trainer(
-        default_root_dir=root,
-        max_epochs=epochs,
-        callbacks=[rotate, *versions],  # both set up; the first epoch's rotation leaves one
-        enable_model_summary=False,
-        enable_checkpointing=checkpoint,
-    )
+    rotate = Rotate([None, *versions], block, order=ORDER, first=(1, 2))
+    trainer = new_users_trainer([rotate, *versions], epochs, checkpoint=checkpoint, root=root)  # both set up
     empty_cache = torch.cuda.empty_cache  # each version wraps it; the one out of the callbacks at the end stays
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.fit(Tiny(1, 1))

@@ -64,25 +64,48 @@ SKIP_EPOCHS = 100  # the first epochs (the measurement's burst, the first window
 PACED_SECONDS = 1e-3  # a hook call this long is paced work (a group's measurement, findings, report)
 
 
-class Alternate(Callback):
-    """Takes ``other`` out of ``trainer.callbacks`` and puts it back every ``block`` training epochs after the
-    first ``skip`` (on); notes each epoch's start time and whether ``other`` ran in it."""
+class Rotate(Callback):
+    """Puts one of ``callbacks`` (``None``: none) in ``trainer.callbacks`` at each training epoch's start, right
+    after itself: in the first :data:`SKIP_EPOCHS` epochs those of ``first`` in turn (equal shares), then by blocks
+    of ``block`` epochs in ``order``; notes each epoch's start time and which ran in it."""
 
-    def __init__(self, other: Callback, block: int, skip: int) -> None:
-        self.other, self.block, self.skip = other, block, skip
+    def __init__(
+        self, callbacks: list[Callback | None], block: int, *, order: tuple[int, ...], first: tuple[int, ...]
+    ) -> None:
+        self.callbacks, self.block, self.order, self.first = callbacks, block, order, first
         self.starts: list[float] = []
-        self.on: list[bool] = []
+        self.which: list[int] = []
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.starts.append(time.perf_counter())
         epoch = trainer.current_epoch
-        on = epoch < self.skip or ((epoch - self.skip) // self.block) % 2 == 0
-        self.on.append(on)
-        callbacks = trainer.callbacks
-        if on and self.other not in callbacks:
-            callbacks.insert(callbacks.index(self) + 1, self.other)  # run in this dispatch, right after us
-        elif not on and self.other in callbacks:
-            callbacks.remove(self.other)
+        if epoch < SKIP_EPOCHS:
+            which = self.first[epoch * len(self.first) // SKIP_EPOCHS]
+        else:
+            which = self.order[((epoch - SKIP_EPOCHS) // self.block) % len(self.order)]
+        self.which.append(which)
+        present = trainer.callbacks
+        for i, callback in enumerate(self.callbacks):
+            if callback is None:
+                continue
+            if i == which and callback not in present:
+                present.insert(present.index(self) + 1, callback)  # run in this dispatch, right after us
+            elif i != which and callback in present:
+                present.remove(callback)
+
+
+def new_users_trainer(
+    callbacks: list[Callback], epochs: int, *, checkpoint: bool, root: str | None = None
+) -> pl.Trainer:
+    """A new user's Trainer (TensorBoard, the default progress bar, a checkpoint each epoch unless not
+    ``checkpoint``), no model summary."""
+    return pl.Trainer(
+        default_root_dir=root or tempfile.mkdtemp(prefix="epoch_blocks_"),
+        max_epochs=epochs,
+        callbacks=callbacks,
+        enable_model_summary=False,
+        enable_checkpointing=checkpoint,
+    )
 
 
 def timed_hooks(callback: Callback, *, call_ends: bool = False) -> dict[str, list[float]]:
@@ -122,14 +145,8 @@ BASELINES: dict[str, type[Callback]] = {"perf": PerfCallback, "silent": Silent, 
 def one_fit(epochs: int, block: int, *, checkpoint: bool = True, kind: str = "perf") -> dict[str, float]:
     perf = BASELINES[kind]()
     hook_seconds = timed_hooks(perf)
-    alternate = Alternate(perf, block, SKIP_EPOCHS)
-    trainer = pl.Trainer(
-        default_root_dir=tempfile.mkdtemp(prefix="epoch_blocks_"),
-        max_epochs=epochs,
-        callbacks=[alternate, perf],
-        enable_model_summary=False,
-        enable_checkpointing=checkpoint,
-    )
+    alternate = Rotate([None, perf], block, order=(1, 0), first=(1,))  # on and off; on in the first epochs
+    trainer = new_users_trainer([alternate, perf], epochs, checkpoint=checkpoint)
     with contextlib.redirect_stdout(io.StringIO()):  # the progress bar and the console lines
         trainer.fit(Tiny(1, 1))
     lengths = [b - a for a, b in zip(alternate.starts, alternate.starts[1:], strict=False)]
@@ -143,7 +160,7 @@ def one_fit(epochs: int, block: int, *, checkpoint: bool = True, kind: str = "pe
     if not pairs:
         raise SystemExit(f"no whole block pair in {epochs} epochs of blocks of {block}: raise --epochs")
     ratios = sorted(on / off for on, off in pairs)
-    on_epochs = sum(alternate.on[SKIP_EPOCHS:])
+    on_epochs = sum(which == 1 for which in alternate.which[SKIP_EPOCHS:])
     calls = [(name, s) for name, kept in hook_seconds.items() for s in kept]
     paced = sum(s for _, s in calls if s >= PACED_SECONDS)
     typical = sum(statistics.median(kept) for kept in hook_seconds.values() if len(kept) > SKIP_EPOCHS)
@@ -168,13 +185,7 @@ def whole_fit(epochs: int, *, checkpoint: bool = True) -> dict[str, float]:
     the hooks is not in it (``--baseline silent`` measures that)."""
     perf = PerfCallback()
     seconds = timed_hooks(perf, call_ends=True)
-    trainer = pl.Trainer(
-        default_root_dir=tempfile.mkdtemp(prefix="epoch_blocks_"),
-        max_epochs=epochs,
-        callbacks=[perf],
-        enable_model_summary=False,
-        enable_checkpointing=checkpoint,
-    )
+    trainer = new_users_trainer([perf], epochs, checkpoint=checkpoint)
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.fit(Tiny(1, 1))
