@@ -149,8 +149,10 @@ class StageEvents(StageHooks):
         st = self._stages.get(stage)
         if st is None:
             return
-        if self._control.open is not None:
-            self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.close(stage, shortened=True)))
+        try:
+            self._profiler_windows.save(self._control.close(stage, shortened=True))  # a window the epoch cut short
+        except Exception as err:
+            self._policy.fail(stage, err)
         waited = self._profiler_windows.join()  # the epoch's windows are written and in _epochs.windows before reading
         st.in_epoch = False
         if self._epochs.carry(stage, self._positions[stage], waited, alone=not self._staging.exchanging):
@@ -176,8 +178,10 @@ class StageEvents(StageHooks):
     @override
     def _validation_start(self, trainer: pl.Trainer) -> None:
         # A validation run inside a training window must not land in its trace (WindowControl.validation_start).
-        if self._control.open is not None:
-            self._policy.safely("train", lambda: self._profiler_windows.save(self._control.validation_start()))
+        try:
+            self._profiler_windows.save(self._control.validation_start())
+        except Exception as err:
+            self._policy.fail("train", err)
 
     @override
     def _validation_end(self, trainer: pl.Trainer) -> None:
