@@ -19,7 +19,10 @@ callback, the tests and (later) the offline CLI agree.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from typing import BinaryIO
 
 PERF_SUBDIR = "perf"
 REPORT_SCHEMA_VERSION = 1  # perf_report.json's "version" (lightning_perf.report.json_report writes the schema)
@@ -77,11 +80,20 @@ def unused_name(parent: str, filename: str) -> str:
 def write_atomically(data: str | bytes, path: str | os.PathLike[str]) -> None:
     """Writes ``data`` (text as UTF-8) to a temporary name beside ``path``, then renames it into place: a
     reader (TensorBoard, a crashed run's user) sees the old file or the new one, never half of one."""
+    with atomic_file(path) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A binary file to write in pieces (:func:`write_atomically` where the data is not in one piece): written
+    under a temporary name beside ``path`` and renamed into place once the block ends without an error; an error
+    leaves the old file and no temporary one."""
     path = os.fspath(path)
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            yield f
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lightning_perf.layout import write_atomically
 from lightning_perf.readers import InputError
+from lightning_perf.report.html.document import Page
 from lightning_perf.summarize.events import KinetoTrace, distributed_info
 from lightning_perf.units import signed_size
 
@@ -67,16 +67,15 @@ def html_output(out: str, page_name: str) -> str:
     return path
 
 
-def write_page(page: str, path: str, *, quiet_stdout: bool = False) -> None:
+def write_page(page: Page, path: str, *, quiet_stdout: bool = False) -> None:
     """Writes an HTML page atomically (a browser open on ``path`` reloads the old page or the new one, never
     half of one), and says where on stdout (on stderr where stdout holds ``--json``)."""
-    data = page.encode("utf-8")
     try:
-        write_atomically(data, path)
+        size = page.write(path)
     except OSError as err:
         raise UsageError(f"--html {path}: cannot write: {err.strerror or err}") from err
     print(
-        f"HTML page: {path} ({signed_size(len(data))}, self-contained: open it in a browser)",
+        f"HTML page: {path} ({signed_size(size)}, self-contained: open it in a browser)",
         file=sys.stderr if quiet_stdout else sys.stdout,
     )
 

@@ -87,6 +87,7 @@ from lightning_perf.report.findings import (
     ranks_markdown,
 )
 from lightning_perf.report.html import run_page
+from lightning_perf.report.html.document import Page
 from lightning_perf.report.json_report import REWRITE_MIN_SECONDS, ReportFile, keep_step_split, report_dict
 from lightning_perf.report.metrics import epoch_metrics
 from lightning_perf.report.outputs import Outputs
@@ -117,7 +118,7 @@ def grouped_epochs(stage: str, epoch: int) -> str:
     )
 
 
-def draw_page(report: Mapping[str, Any], *, source: str) -> str:
+def draw_page(report: Mapping[str, Any], *, source: str) -> Page:
     """The run's page beside its report: with its charts once the run has a profiler window; without them
     (no Plotly: tens of kB, not megabytes) before, so that a loop of short window-less Trainer calls leaves
     small pages (:func:`~lightning_perf.report.html.run_page`)."""

@@ -60,7 +60,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import msgspec
 
@@ -82,6 +82,9 @@ from lightning_perf.records import (
     plain,
 )
 from lightning_perf.summarize.operators import default_sort_key, top_operators
+
+if TYPE_CHECKING:  # (the page imports this module)
+    from lightning_perf.report.html.document import Page
 
 SCHEMA_VERSION = REPORT_SCHEMA_VERSION
 REPORT_FILENAME = "perf_report.json"
@@ -362,7 +365,7 @@ class ReportFile:
         clock: Callable[[], float] = time.perf_counter,
         *,
         min_interval: float = 0.0,
-        page: tuple[str, Callable[[Mapping[str, Any]], str]] | None = None,
+        page: tuple[str, Callable[[Mapping[str, Any]], Page]] | None = None,
     ) -> None:
         self.path = path
         self.min_interval = min_interval
@@ -397,7 +400,7 @@ class ReportFile:
                 write_json_atomically(data, self.path)
                 self.writes += 1
             elif self._draw is not None and self.page_path is not None:
-                write_atomically(self._draw(data), self.page_path)
+                self._draw(data).write(self.page_path)
             end = self._clock()
             self._next_due[part] = end + max((end - start) / REWRITE_TIME_SHARE, self.min_interval)
             start = end

@@ -15,6 +15,7 @@ from lightning_perf import PerfCallback
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.hooks import console_lines
 from lightning_perf.report.findings import ShownFindings, changed, console_report
+from lightning_perf.report.html.document import Page
 from lightning_perf.report.json_report import REWRITE_TIME_SHARE, ReportFile
 from lightning_perf.summarize.steps import summarize_epoch
 from models import TinyModel, trainer
@@ -55,7 +56,7 @@ def test_the_page_has_a_budget_of_its_own_so_a_slow_page_leaves_the_report_as_fr
     def draw(data):
         drawn.append(clock.now)
         clock.now += 0.100  # the page takes 100 ms, the report 10 ms
-        return f"<html>{data['n']}</html>"
+        return Page(f"<html>{data['n']}", "</html>", plotly=False)
 
     report = ReportFile(str(tmp_path / "perf_report.json"), clock=clock, page=(str(tmp_path / "report.html"), draw))
 

@@ -99,7 +99,7 @@ def test_two_real_gpu_traces(gpu_trace):
         _trace_side(gpu_trace("v100_single_rank.json.gz")),
         _trace_side(gpu_trace("a100_8rank_rank3.json.gz")),
     )
-    page = compare_page(before, after)
+    page = compare_page(before, after).text()
     figures = _validated(page)
     assert set(figures) == {"operators-chart"}  # no per-epoch charts for traces
     assert [f'id="{s}"' in page for s in ("sides", "headline", "findings", "operators", "epochs")] == [True] * 4 + [
@@ -143,7 +143,7 @@ def test_two_runs_side_by_side_with_their_epochs(tmp_path):
         host=2**31,
         findings=[dataclasses.replace(dataloader, severity="warning"), _finding("memory_growth", "warning", 2)],
     )
-    page = compare_page(before, after)
+    page = compare_page(before, after).text()
     figures = _validated(page)
     # Lower is better for step times, data wait and memory; higher for throughput.
     for metric, css in (("step time p50", "good"), ("throughput", "good"), ("data wait", "good")):
@@ -177,7 +177,7 @@ def test_noise_is_grey_and_a_share_s_change_is_in_points(tmp_path):
     after_ops = [_op("aten::add", 11.3), _op("aten::mm", 1030.0), _op("aten::relu", 300.0), _op("aten::cat", 3.0)]
     before = _run_side(tmp_path, "before", step=0.1, wait=0.012, operators=before_ops)
     after = _run_side(tmp_path, "after", step=0.102, wait=0.0133, operators=after_ops)
-    page = compare_page(before, after)
+    page = compare_page(before, after).text()
     figures = _validated(page)
     assert '<span class="muted">+2.0% (same)</span>' in _row(page, "step time p50")
     assert '<span class="bad">+1.0 pp (worse)</span>' in _row(page, "data wait")  # 12% -> 13.04%, not "+8.7%"
@@ -195,7 +195,7 @@ def test_names_from_traces_and_users_are_text(tmp_path):
     ops = [_op(SCRIPT, 50.0), _op("aten::mm & <b>", 10.0)]
     before = _run_side(tmp_path, "<b>before", step=0.1, wait=0.01, findings=[_finding("x", "warning", 2, SCRIPT)])
     after = _run_side(tmp_path, "after", step=0.1, wait=0.01, operators=ops)
-    page = compare_page(before, after)
+    page = compare_page(before, after).text()
     figures = _validated(page)
     assert "<script>document" not in page and "</script>'" not in page and "<b>before" not in page
     assert "&lt;b&gt;before" in page and "&lt;script&gt;document.title=&#x27;pwned&#x27;" in page
@@ -207,7 +207,7 @@ def test_a_run_against_a_trace_with_little_known(tmp_path, gpu_trace):
     # One epoch, no operators, no findings on one side; a trace on the other: nothing to chart per epoch.
     before = _run_side(tmp_path, "run", step=0.1, wait=0.0, epochs=1)
     after = _trace_side(gpu_trace("v100_single_rank.json.gz"))
-    page = compare_page(before, after)
+    page = compare_page(before, after).text()
     figures = _validated(page)
     assert set(figures) == {"operators-chart"} and "two sides" in page
     assert "a run: its last measured training epoch; a trace: the mean of its steps" in page
@@ -215,7 +215,7 @@ def test_a_run_against_a_trace_with_little_known(tmp_path, gpu_trace):
     sides = page.split('id="sides-table"', 1)[1].split("</table>", 1)[0]
     assert "<td>steps</td><td>-</td><td>5</td>" in sides and "<td>precision</td><td>bf16-mixed</td><td>-</td>" in sides
     empty = ComparedSide(label="a", kind="trace", step_p50=None)
-    page = compare_page(empty, dataclasses.replace(empty, label="b"))
+    page = compare_page(empty, dataclasses.replace(empty, label="b")).text()
     assert _validated(page) == {} and "No warning or critical finding on either side" in page
 
 
@@ -223,7 +223,7 @@ def test_the_page_is_bounded_however_long_the_runs(tmp_path):
     ops = [_op(f"op{i}", float(i + 1)) for i in range(3 * OPERATOR_ROWS)]
     before = _run_side(tmp_path, "before", step=0.1, wait=0.01, epochs=2 * MAX_EPOCH_POINTS)
     after = _run_side(tmp_path, "after", step=0.1, wait=0.01, epochs=3, operators=ops)
-    figures = _validated(page := compare_page(before, after))
+    figures = _validated(page := compare_page(before, after).text())
     points = [len(trace["x"]) for trace in figures["epochs-chart-0"]["data"]]
     assert points[0] <= MAX_EPOCH_POINTS and points[1] == 3
     assert figures["epochs-chart-0"]["data"][0]["x"][-1] == 2 * MAX_EPOCH_POINTS - 1  # the latest epoch kept
@@ -239,7 +239,7 @@ def test_the_page_in_a_browser(tmp_path, gpu_trace):
     before = _run_side(tmp_path, "before", step=0.1, wait=0.05, findings=findings[:1], operators=ops)
     after = _run_side(tmp_path, "after", step=0.06, wait=0.01, findings=findings[1:], operators=renamed)
     path = tmp_path / "compare.html"
-    path.write_text(compare_page(before, after), encoding="utf-8")
+    compare_page(before, after).write(path)
     rendered = browser.render(path, artifact="compare-page")
     assert rendered.console == []
     assert rendered.charts == {"operators-chart": True, "epochs-chart-0": True, "epochs-chart-1": True}

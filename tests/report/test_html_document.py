@@ -23,7 +23,7 @@ import pytest
 from plotly.offline import get_plotlyjs
 
 import browser
-from lightning_perf.report.html.document import CSP, Cell, Section, chart, esc, number_cell, page, table
+from lightning_perf.report.html.document import CSP, Cell, Page, Section, chart, esc, number_cell, page, table
 
 SCRIPT = "<script>document.title='pwned'</script>"
 CLOSER = "</script><script>document.title='pwned too'</script>"
@@ -154,7 +154,7 @@ def test_render_rejects_what_it_cannot_open(tmp_path):
 def test_the_screenshot_example_writes_the_picture(tmp_path):
     browser.chromium_or_skip()
     source = tmp_path / "page.html"
-    source.write_text(page("A run", "its subtitle", [Section("s", "Section", "<p>body</p>")]), encoding="utf-8")
+    page("A run", "its subtitle", [Section("s", "Section", "<p>body</p>")]).write(source)
     out = tmp_path / "docs" / "page.png"
     example = browser.ROOT / "examples" / "report_screenshot.py"
     done = subprocess.run(
@@ -241,7 +241,7 @@ def figures() -> list[dict]:
     ]
 
 
-def hostile_page() -> str:
+def hostile_page() -> Page:
     """A page of three charts and a sortable table whose title, subtitle, sections, cells and chart names
     hold scripts and markup."""
     ops = table(
@@ -294,8 +294,27 @@ def test_the_figures_are_valid_plotly():
         go.Figure(figure)
 
 
+def test_a_page_written_is_its_text_with_plotlys_script_copied_from_the_package(tmp_path):
+    path = tmp_path / "page.html"
+    for written in (hostile_page(), page("t", "s", [Section("a", "A", "<p>no chart</p>")])):
+        size = written.write(path)
+        assert path.read_bytes() == written.text().encode("utf-8")
+        assert size == path.stat().st_size
+    assert [p.name for p in tmp_path.iterdir()] == ["page.html"]  # no temporary file left beside it
+
+
+def test_a_page_that_fails_to_write_leaves_the_old_one(tmp_path):
+    path = tmp_path / "page.html"
+    page("old", "", [Section("a", "A", "<p>old</p>")]).write(path)
+    broken = Page(head="<!DOCTYPE html>", rest="\ud800", plotly=False)  # a lone surrogate: UTF-8 cannot hold it
+    with pytest.raises(UnicodeEncodeError):
+        broken.write(path)
+    assert "<title>old</title>" in path.read_text(encoding="utf-8")
+    assert [p.name for p in tmp_path.iterdir()] == ["page.html"]
+
+
 def test_a_page_inlines_plotly_once_and_forbids_fetches_first():
-    text = hostile_page()
+    text = hostile_page().text()
     head = text[: text.index("</head>")]
     assert head.startswith('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">')
     assert f'<meta http-equiv="Content-Security-Policy" content="{CSP}">' in head
@@ -304,7 +323,7 @@ def test_a_page_inlines_plotly_once_and_forbids_fetches_first():
     # Plotly's bundle, one script per chart and the table's: no script from a name.
     assert text.replace(get_plotlyjs(), "").count("<script") == 1 + 3 + 1
     assert f"<title>{esc(SCRIPT)}</title>" in text and f"<h2>{esc(CLOSER)}</h2>" in text
-    without = page("t", "s", [Section("a", "A", "<p>no chart</p>")])
+    without = page("t", "s", [Section("a", "A", "<p>no chart</p>")]).text()
     assert "Plotly" not in without and without.count("<script") == 1
 
 
@@ -313,7 +332,7 @@ def test_a_page_inlines_plotly_once_and_forbids_fetches_first():
 
 def test_a_page_in_the_browser_draws_its_charts_and_runs_no_name(tmp_path):
     path = tmp_path / "page.html"
-    path.write_text(hostile_page(), encoding="utf-8")
+    hostile_page().write(path)  # as a run writes it: Plotly's script copied from its package
 
     rendered = browser.render(path, artifact="document-page")
 
@@ -344,7 +363,7 @@ def test_the_content_security_policy_refuses_every_fetch(tmp_path):
         '<script>fetch("http://example.com/api").catch(function () {});</script>'
     )
     path = tmp_path / "fetches.html"
-    path.write_text(page("fetches", "", [Section("s", "S", body)]), encoding="utf-8")
+    page("fetches", "", [Section("s", "S", body)]).write(path)
 
     rendered = browser.render(path, artifact="document-csp", width=600, height=400)
 
@@ -382,7 +401,7 @@ def test_a_click_on_a_header_sorts_the_table(tmp_path):
         numeric=[False, True],
         id="ops",
     )
-    text = page("sorting", "", [Section("s", "S", ops)])
+    text = page("sorting", "", [Section("s", "S", ops)]).text()
     # The page as written, with a script after the page's own that clicks the headers and notes the order.
     path = tmp_path / "sort.html"
     path.write_text(text.replace("</body>", SORT_CLICKS), encoding="utf-8")

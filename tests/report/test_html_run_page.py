@@ -239,7 +239,7 @@ def _valid_figures(page: str) -> dict:
 @pytest.fixture(scope="module")
 def rich(tmp_path_factory):
     report = _read_back(build_report(), tmp_path_factory.mktemp("rich"))
-    return report, run_page(report, source="/runs/demo/perf")
+    return report, run_page(report, source="/runs/demo/perf").text()
 
 
 def test_every_figure_of_a_rich_page_is_valid_and_has_axis_titles(rich):
@@ -295,7 +295,7 @@ def test_a_finding_of_epochs_measured_together_counts_each_of_them():
     train = report["stages"]["train"]["epochs"]
     train[:] = [e for e in train if e["epoch"] != 1]
     train[-1]["epochs"] = 2
-    page = run_page(report, charts=False)
+    page = run_page(report, charts=False).text()
     findings = page[page.index('<section id="findings">') : page.index('<section id="charts">')]
     assert findings.count("train, epochs 0-2") == 2 and "train, epochs 0, 2" not in findings
 
@@ -307,7 +307,7 @@ def test_a_finding_links_to_its_window_and_one_gone_says_so():
             for f in epoch["findings"]:
                 if f["id"] == "dataloader_bound":
                     f["window"] = "train-epoch000-batches0010-0012"
-    page = run_page(report)
+    page = run_page(report).text()
     assert page.count('shown by window <a href="#window-train-epoch000-batches0010-0012">') == 2
     assert page.count("(not in the latest, 3)") == 2  # step_time_unstable: epochs 0 and 2 of 0-3
     assert 'id="window-train-epoch000-batches0010-0012"' in page
@@ -336,7 +336,7 @@ def test_windows_show_breakdown_operators_and_how_to_open_the_trace(rich):
 
 
 def test_a_cpu_run_leaves_out_device_columns_and_parts(tmp_path):
-    page = run_page(_read_back(build_report(device=False, ranks=1), tmp_path))
+    page = run_page(_read_back(build_report(device=False, ranks=1), tmp_path)).text()
     _valid_figures(page)
     start = page.index('<section id="windows">')
     headers = Page(page[start:]).headers
@@ -346,7 +346,7 @@ def test_a_cpu_run_leaves_out_device_columns_and_parts(tmp_path):
 
 
 def test_names_from_traces_and_users_are_escaped(tmp_path):
-    page = run_page(_read_back(build_report(evil=True), tmp_path), source=f"/runs/{EVIL}")
+    page = run_page(_read_back(build_report(evil=True), tmp_path), source=f"/runs/{EVIL}").text()
     assert EVIL not in page  # in no text, attribute, table cell or figure's JSON
     assert "<script>document" not in page
     escaped = "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;"
@@ -402,7 +402,7 @@ MISSING = {
 @pytest.mark.parametrize("build", MISSING.values(), ids=MISSING.keys())
 def test_a_report_with_missing_values_renders(build, tmp_path):
     report = _read_back(build(), tmp_path)
-    page = run_page(report)
+    page = run_page(report).text()
     _valid_figures(page)
     parsed = Page(page)
     assert {"run", "findings", "charts", "windows"} <= set(parsed.sections)
@@ -414,7 +414,7 @@ def test_a_run_without_findings_says_so():
     for stage in report["stages"].values():
         for epoch in stage["epochs"]:
             epoch["findings"] = []
-    assert "No bottleneck found in any epoch." in run_page(report)
+    assert "No bottleneck found in any epoch." in run_page(report).text()
 
 
 def test_the_page_of_a_long_run_stays_small(tmp_path):
@@ -424,7 +424,7 @@ def test_the_page_of_a_long_run_stays_small(tmp_path):
     # (2,000 bars of 3); 5 windows a stage of 50 operators each.
     report = build_report(epochs=2_000, batches=6_000, ranks=8, windows_per_stage=5)
     size = len(json.dumps(report))
-    page = run_page(report)
+    page = run_page(report).text()
     rest = len(page.encode()) - len(get_plotlyjs().encode())
     assert rest < 2_500_000, (rest, size)  # the report itself is several times larger
     figures = _valid_figures(page)
@@ -450,7 +450,7 @@ def test_a_real_run_s_page_in_a_browser(tmp_path):
     trainer(tmp_path, [callback], max_epochs=2).fit(Labelled(n=32))
     report = load_report(next(tmp_path.rglob("perf_report.json")))
     assert all("steps" in e for e in report["stages"]["train"]["epochs"]) and report["windows"][0]["operators"]
-    page = run_page(report, source=str(tmp_path))
+    page = run_page(report, source=str(tmp_path)).text()
     figures = _valid_figures(page)
     path = tmp_path / "run.html"
     path.write_text(page, encoding="utf-8")
@@ -469,7 +469,7 @@ def test_a_real_run_s_page_in_a_browser(tmp_path):
 
 def test_a_page_without_charts_keeps_every_table_and_finding_and_no_plotly(rich):
     report, full = rich
-    page = run_page(report, source="/runs/demo/perf", charts=False)
+    page = run_page(report, source="/runs/demo/perf", charts=False).text()
     assert figures_in(page) == {} and "plotly" not in page.lower()
     assert len(page) < 200_000 < len(full)
     assert "lightning-perf report RUN_DIR --html report.html" in page  # how to draw the charts

@@ -95,7 +95,7 @@ def test_the_menu_shows_every_kept_epoch_up_to_its_cap():
 
 
 def test_a_distributed_run_says_whose_numbers_it_shows(tmp_path):
-    page = run_page(_read_back(build_report(ranks=2), tmp_path), source="/runs/demo/perf")
+    page = run_page(_read_back(build_report(ranks=2), tmp_path), source="/runs/demo/perf").text()
     figures = _valid_figures(page)
     titles = [f["layout"]["title"]["text"] for f in figures.values()]
     assert sum("step time per batch" in t and "(rank 0)" in t for t in titles) == 2
@@ -105,7 +105,7 @@ def test_a_distributed_run_says_whose_numbers_it_shows(tmp_path):
     assert "<code>rank1.pt.trace.json.gz</code>" in page
     assert f"<code>lightning-perf analyze /runs/demo/perf/{name} --html ranks.html</code>" in page
 
-    single = run_page(_read_back(build_report(ranks=1), tmp_path))
+    single = run_page(_read_back(build_report(ranks=1), tmp_path)).text()
     assert "rank 0" not in single and "rank1.pt.trace" not in single
 
 
@@ -116,7 +116,7 @@ def _interrupt(report: dict, stage: str, at: int) -> dict:
 
 
 def test_an_interrupted_run_s_headline_shows_its_latest_complete_epoch(tmp_path):
-    page = run_page(_read_back(_interrupt(build_report(epochs=3, ranks=1), "train", 17), tmp_path))
+    page = run_page(_read_back(_interrupt(build_report(epochs=3, ranks=1), "train", 17), tmp_path)).text()
     run = page[page.index('<section id="run">') : page.index('<section id="findings">')]
     assert re.search(r'<p class="banner">This run was interrupted during train epoch 2 \(after 17 batches\)', run)
     assert "the headline shows train epoch 1, the latest complete one" in run
@@ -126,7 +126,7 @@ def test_an_interrupted_run_s_headline_shows_its_latest_complete_epoch(tmp_path)
     assert '<td class="num" data-sort="1.0">1</td>' in row  # the epoch shown
     assert "<b>train epoch 1</b>" in headline
 
-    clean = run_page(_read_back(build_report(epochs=3, ranks=1), tmp_path))
+    clean = run_page(_read_back(build_report(epochs=3, ranks=1), tmp_path)).text()
     assert 'class="banner"' not in clean
 
 
@@ -174,7 +174,7 @@ def _run_with(**run) -> dict:
 
 def test_run_facts_say_none_and_not_applicable_and_have_no_empty_header(tmp_path):
     loader = {"num_workers": 0, "prefetch_factor": None, "batch_size": 8}
-    page = run_page(_read_back(_run_with(compiled_modules=None, dataloaders={"train": loader}), tmp_path))
+    page = run_page(_read_back(_run_with(compiled_modules=None, dataloaders={"train": loader}), tmp_path)).text()
     run = page[page.index('<section id="run">') : page.index('<section id="findings">')]
     assert "<td>compiled modules</td><td>none</td>" in run
     assert "unknown" not in run.split("<h3>DataLoaders</h3>")[1].split("</table>")[0]
@@ -188,7 +188,7 @@ def test_times_have_one_spelling_and_validation_windows_no_optimizer(tmp_path):
     facts = dict(summary_facts(window(optimizer_time=0.0, optimizer_update_time=0.0)))
     assert "in the optimizer step" not in facts and "of which the update" not in facts
     assert "in the optimizer step" in dict(summary_facts(window()))
-    page = run_page(_read_back(build_report(epochs=1, ranks=1), tmp_path))
+    page = run_page(_read_back(build_report(epochs=1, ranks=1), tmp_path)).text()
     assert "training paused" not in page and "<td>the loop paused at its close</td>" in page
 
 
@@ -204,21 +204,21 @@ def test_a_run_without_a_loss_says_why(tmp_path):
     for stage in report["stages"].values():
         for e in stage["epochs"]:
             e["loss"] = None
-    page = run_page(_read_back(report, tmp_path))
+    page = run_page(_read_back(report, tmp_path)).text()
     assert "No loss: the step returned none (manual optimization, or a dict without <code>'loss'</code>)" in page
-    assert "No loss" not in run_page(_read_back(build_report(epochs=2, ranks=1), tmp_path))
+    assert "No loss" not in run_page(_read_back(build_report(epochs=2, ranks=1), tmp_path)).text()
 
 
 def test_the_same_report_gives_the_same_page(tmp_path):
     report = _read_back(build_report(epochs=2), tmp_path)
-    first, second = run_page(report), run_page(report)
+    first, second = run_page(report).text(), run_page(report).text()
     assert first == second
     assert 'id="figure-0"' in first
 
 
 @pytest.fixture(scope="module")
 def distributed_page(tmp_path_factory):
-    return run_page(_read_back(build_report(epochs=3), tmp_path_factory.mktemp("titles")))
+    return run_page(_read_back(build_report(epochs=3), tmp_path_factory.mktemp("titles"))).text()
 
 
 def test_titles_sit_left_and_the_menu_clear_of_the_mode_bar(distributed_page):

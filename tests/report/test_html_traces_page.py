@@ -53,7 +53,7 @@ def _figures(page: str) -> dict:
 
 
 def test_real_gpu_traces_make_a_page_with_every_part(gpu_dirs):
-    page = traces_page(gpu_dirs)
+    page = traces_page(gpu_dirs).text()
     assert_self_contained(page)
     figures = _figures(page)
     assert len(figures) == 2  # the single trace's breakdown; the directory of ranks' breakdown per rank
@@ -78,7 +78,7 @@ def test_a_trace_s_operator_and_path_are_escaped(gpu_dirs):
     [trace] = single.traces
     evil = OperatorStat(name=EVIL, calls=1, self_cpu_time=1e9, cpu_time=1e9, self_device_time=1e9, device_time=1e9)
     trace = dataclasses.replace(trace, path=f"/runs/{EVIL}.json.gz", operators=(evil, *trace.operators))
-    page = traces_page([dataclasses.replace(single, path=f"/runs/{EVIL}", traces=(trace,))])
+    page = traces_page([dataclasses.replace(single, path=f"/runs/{EVIL}", traces=(trace,))]).text()
     assert EVIL not in page and "<script>document" not in page
     escaped = "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;"
     assert page.count(escaped) == 4  # the directory (navigation, heading), the trace's path, the operator
@@ -92,7 +92,7 @@ def test_many_traces_keep_the_page_bounded(gpu_dirs):
     traces = tuple(
         dataclasses.replace(trace, rank=r, path=f"/runs/many/rank{r}.json.gz", operators=operators) for r in range(300)
     )
-    page = traces_page([AnalyzedDirectory("/runs/many", traces)])
+    page = traces_page([AnalyzedDirectory("/runs/many", traces)]).text()
     assert page.count("<tr>") <= 300 * (MIN_TRACE_OPERATORS + 1 + 20 + 3 + 1) + 1
     [figure] = _figures(page).values()
     assert len(figure["data"][0]["y"]) == CHART_TRACES
@@ -100,7 +100,7 @@ def test_many_traces_keep_the_page_bounded(gpu_dirs):
 
 
 def test_no_trace_is_a_page_that_says_so():
-    assert "No trace was analyzed." in traces_page([])
+    assert "No trace was analyzed." in traces_page([]).text()
 
 
 def test_the_traces_page_in_a_browser(gpu_dirs, tmp_path):
@@ -110,7 +110,7 @@ def test_the_traces_page_in_a_browser(gpu_dirs, tmp_path):
     directories = [
         dataclasses.replace(single, traces=(dataclasses.replace(trace, operators=(evil, *trace.operators)),))
     ]
-    page = traces_page([*directories, gpu_dirs[1]])
+    page = traces_page([*directories, gpu_dirs[1]]).text()
     figures = _figures(page)
     path = tmp_path / "traces.html"
     path.write_text(page, encoding="utf-8")
@@ -127,7 +127,7 @@ def test_the_traces_page_in_a_browser(gpu_dirs, tmp_path):
 def test_a_trace_with_collectives_shows_their_table_and_one_steps_communication(gpu_trace, tmp_path):
     path = tmp_path / "a100_nccl_2rank_rank0.json.gz"
     shutil.copy(gpu_trace(path.name), path)
-    html = traces_page([directory_of([path])])
+    html = traces_page([directory_of([path])]).text()
     assert "<h4>Collectives</h4>" in html and "<td>allreduce</td><td>default_pg</td>" in html
     assert "Per step: communication 15.6 ms, of it 2.44 ms overlapped with compute and <b>13.2 ms exposed</b>" in html
     assert "One step's communication" in html  # the bar's title, in its figure's JSON

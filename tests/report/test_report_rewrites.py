@@ -9,6 +9,7 @@ import pytest
 from clocks import FakeClock
 from lightning_perf import PerfCallback
 from lightning_perf.report import json_report
+from lightning_perf.report.html.document import Page
 from lightning_perf.report.json_report import REWRITE_MIN_SECONDS, REWRITE_TIME_SHARE, ReportFile
 from models import TinyModel, trainer
 
@@ -16,7 +17,7 @@ from models import TinyModel, trainer
 def test_a_cheap_report_is_rewritten_at_most_every_min_interval(tmp_path):
     clock = FakeClock()
     drawn = []
-    page = (str(tmp_path / "report.html"), lambda data: drawn.append(data["n"]) or "<html></html>")
+    page = (str(tmp_path / "report.html"), lambda data: drawn.append(data["n"]) or Page("<html>", "", plotly=False))
     report = ReportFile(str(tmp_path / "perf_report.json"), clock=clock, min_interval=5.0, page=page)
     built = []
 

@@ -39,7 +39,7 @@ from lightning_perf.report.comparison import (
     operator_clock,
     relative_change,
 )
-from lightning_perf.report.html.document import Cell, Section, chart, esc, number_cell, page, table
+from lightning_perf.report.html.document import Cell, Page, Section, chart, esc, number_cell, page, table
 from lightning_perf.report.html.figures import thinned
 from lightning_perf.report.html.findings_html import finding_html
 from lightning_perf.units import change, count, duration_us, plural
@@ -65,7 +65,7 @@ _NOISE = (
 )
 
 
-def compare_page(before: ComparedSide, after: ComparedSide) -> str:
+def compare_page(before: ComparedSide, after: ComparedSide) -> Page:
     """The page of ``compare --html``: ``before`` and ``after`` side by side (see the module docstring)."""
     sections = [
         Section("sides", "The two sides", _sides(before, after)),

@@ -21,24 +21,28 @@ The pages (:mod:`~lightning_perf.report.html.run_page` and the others) are built
   page skips that check to stay fast);
 - :class:`Section` and :func:`page` for the document itself.
 
-Plotly's Python package is imported only for its JavaScript, read once per process when a page with a chart is
-rendered; the charts themselves are written here (:func:`chart`).
+Plotly's Python package is used only for its JavaScript, copied from the package's file into each page written
+with a chart (:meth:`Page.write`); the charts themselves are written here (:func:`chart`).
 """
 
 from __future__ import annotations
 
 import functools
 import html
+import importlib.util
 import itertools
 import math
+import os
 import re
 import secrets
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from lightning_perf.layout import atomic_file
 from lightning_perf.report.json_report import builtin_value
 
 CSP = (
@@ -268,32 +272,77 @@ class Section:
     body: str
 
 
-def page(title: str, subtitle: str, sections: Sequence[Section]) -> str:
+@dataclass(frozen=True)
+class Page:
+    """A whole document, kept in the two parts around Plotly's JavaScript (4.8 MB): :meth:`write` copies that
+    script from Plotly's package into the file between them, where building the page as one text and writing
+    it (reading and decoding the script, joining it, encoding the whole) took 40-60 ms of a fit's end.
+
+    Attributes:
+        head: The document up to where Plotly's script goes (all of it where ``plotly`` is false).
+        rest: The document after it.
+        plotly: Plotly's script goes between the two (the page draws a chart).
+    """
+
+    head: str
+    rest: str
+    plotly: bool
+
+    def text(self) -> str:
+        """The whole document as one text."""
+        return f"{self.head}<script>{_plotly_text()}</script>{self.rest}" if self.plotly else self.head + self.rest
+
+    def write(self, path: str | os.PathLike[str]) -> int:
+        """Writes the document to ``path`` atomically (a browser open on it reloads the old page or the new one,
+        never half of one); returns its size in bytes."""
+        with atomic_file(path) as f:
+            f.write(self.head.encode("utf-8"))
+            if self.plotly:
+                f.write(b"<script>")
+                with open(_plotly_js(), "rb") as script:
+                    shutil.copyfileobj(script, f)
+                f.write(b"</script>")
+            f.write(self.rest.encode("utf-8"))
+            return f.tell()
+
+
+def page(title: str, subtitle: str, sections: Sequence[Section]) -> Page:
     """The whole document: header, navigation, ``sections``; Plotly's JavaScript inline once if a section
     draws a chart."""
     bodies = "".join(f'<section id="{esc(s.id)}"><h2>{esc(s.title)}</h2>{s.body}</section>' for s in sections)
     nav = "".join(f'<a href="#{esc(s.id)}">{esc(s.title)}</a>' for s in sections)
-    plotly_js = _plotly_script() if 'class="plotly-graph-div"' in bodies else ""
+    plotly = 'class="plotly-graph-div"' in bodies
     bodies = _numbered_charts(bodies)
-    return (
+    head = (
         '<!DOCTYPE html>\n<html lang="en"><head>'
         '<meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{esc(title)}</title><style>{STYLE}</style>{plotly_js}</head><body>"
-        f"<header><h1>{esc(title)}</h1><p>{esc(subtitle)}</p></header>"
+        f"<title>{esc(title)}</title><style>{STYLE}</style>"
+    )
+    rest = (
+        f"</head><body><header><h1>{esc(title)}</h1><p>{esc(subtitle)}</p></header>"
         f"<nav>{nav}</nav><main>{bodies}</main>"
         f"<script>{SORT_SCRIPT}</script></body></html>\n"
     )
+    return Page(head, rest, plotly)
 
 
 @functools.cache
-def _plotly_script() -> str:
-    """Plotly's JavaScript in a ``<script>`` element, read once per process: 3.6 MB whose reading and decoding
-    took 9 ms of each page's write (a fit writes its page at least twice)."""
-    from plotly.offline import get_plotlyjs
+def _plotly_js() -> str:
+    """The path of Plotly's JavaScript in its Python package, the file ``plotly.offline.get_plotlyjs`` reads
+    (found without importing ``plotly``: 4-6 ms at a fit's end)."""
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("plotly (a dependency of lightning-perf) is not installed", name="plotly")
+    return os.path.join(os.path.dirname(spec.origin), "package_data", "plotly.min.js")
 
-    return f"<script>{get_plotlyjs()}</script>"
+
+@functools.cache
+def _plotly_text() -> str:
+    """Plotly's JavaScript as text, read once per process (:meth:`Page.text`; a page written copies the file)."""
+    with open(_plotly_js(), encoding="utf-8") as script:
+        return script.read()
 
 
 def _numbered_charts(html_text: str) -> str:

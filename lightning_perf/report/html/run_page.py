@@ -33,7 +33,7 @@ from typing import Any
 from lightning_perf.records import EpochSummary
 from lightning_perf.report.findings import epoch_label, epoch_numbers, headline
 from lightning_perf.report.html.compile_html import compile_html
-from lightning_perf.report.html.document import Cell, Section, esc, number_cell, page, table
+from lightning_perf.report.html.document import Cell, Page, Section, esc, number_cell, page, table
 from lightning_perf.report.html.findings_html import STAGE_ORDER, findings_html, grouped, severity_counts
 from lightning_perf.report.html.flops_html import flops_html
 from lightning_perf.report.html.memory_html import memory_html
@@ -217,7 +217,7 @@ def _stages(report: Mapping[str, Any]) -> dict[str, list[ReportEpoch]]:
     return dict(sorted(stages.items(), key=lambda item: order.get(item[0], len(order))))
 
 
-def run_page(report: Mapping[str, Any], *, source: str | None = None, charts: bool = True) -> str:
+def run_page(report: Mapping[str, Any], *, source: str | None = None, charts: bool = True) -> Page:
     """The HTML page of a run's report.
 
     Args:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.records import CollectiveStats, OperatorStat, RankSummary, TraceSummary
 from lightning_perf.report.html.breakdown import step_breakdown
-from lightning_perf.report.html.document import Section, chart, esc, page
+from lightning_perf.report.html.document import Page, Section, chart, esc, page
 from lightning_perf.report.html.figures import breakdown_figure
 from lightning_perf.report.html.findings_html import finding_html
 from lightning_perf.report.html.run_charts import rank_table
@@ -136,7 +136,7 @@ def _directory(d: int, directory: AnalyzedDirectory, operators: int) -> Section:
     return Section(f"directory-{d}", directory.path, html)
 
 
-def traces_page(directories: Sequence[AnalyzedDirectory]) -> str:
+def traces_page(directories: Sequence[AnalyzedDirectory]) -> Page:
     """The page of ``analyze --html``: a section per directory (see the module's docstring)."""
     traces = sum(len(d.traces) for d in directories)
     operators = max(MIN_TRACE_OPERATORS, min(OPERATOR_ROWS, PAGE_OPERATORS // max(traces, 1)))
