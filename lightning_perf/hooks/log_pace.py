@@ -56,9 +56,11 @@ LOG_BURST = 0.02
 # 10-ms epochs reports about every 20th once its burst is spent; together with the scalars' share within the
 # standing goal's 1-2%. Our judgment.
 REPORT_SHARE = 0.005
-# ... after the first 0.05 s of them: the first 40-50 epochs of a run of short epochs, every epoch of the tests'
-# short runs. Our judgment.
-REPORT_BURST = 0.05
+# ... after the first 0.02 s of them: the first 10-20 epochs of a run of short epochs (3-6 ms each there, their
+# caches cold), every epoch of the tests' short runs. 0.05 s until 2026-12-06: with the measurement's burst below,
+# 0.2% of a 10-s run of 10-ms epochs (the callback's own time there 4.0-4.1% -> 3.8-3.9%, its first 100 epochs
+# 111-117 -> 77-89 ms, `benchmarks/epoch_blocks.py --whole --epochs 1000`, two fits each). Our judgment.
+REPORT_BURST = 0.02
 # A stage epoch's measurement (epoch_report, Notes 2: its CPU readings, summary, scalars and report, about
 # 1.5-2.5 ms with the findings' share, 3-6 ms between the steps of a fit, its caches cold) may cost this share of
 # the wall time; shorter epochs are measured in groups. At 1% it was a quarter of what a run of 10-ms epochs paid
@@ -68,9 +70,9 @@ REPORT_BURST = 0.05
 # of the hooks (about 1%). A pace charges a measurement's wall time less the thread's waits for a CPU, so a
 # busy machine's runs spend about twice the share in wall time. Our judgment.
 MEASURE_SHARE = 0.003
-# ... after the first 0.05 s of measurement: every epoch of a short run (the tests' and the demo's), the first
-# 15-30 stage epochs of a run of short epochs. Our judgment.
-MEASURE_BURST = 0.05
+# ... after the first 0.03 s of measurement: every epoch of a short run (the tests' and the demo's), the first
+# 10-20 stage epochs of a run of short epochs (0.05 s until 2026-12-06, see REPORT_BURST). Our judgment.
+MEASURE_BURST = 0.03
 # What one write is charged at most (Notes 4): 5-10 times a write's usual 0.2-0.4 ms, a fifth of the burst. Our
 # judgment.
 LOG_STALL = 2e-3
