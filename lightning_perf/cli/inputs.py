@@ -12,12 +12,14 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_perf.readers import InputError
-from lightning_perf.report.html.document import Page
 from lightning_perf.summarize.events import KinetoTrace, distributed_info
 from lightning_perf.units import signed_size
+
+if TYPE_CHECKING:  # the pages are imported where one is drawn: not at every command's start
+    from lightning_perf.report.html import Page
 
 EXIT_OK, EXIT_SLOWER, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command ended by SIGPIPE

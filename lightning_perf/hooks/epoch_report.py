@@ -86,8 +86,7 @@ from lightning_perf.report.findings import (
     findings_markdown,
     ranks_markdown,
 )
-from lightning_perf.report.html import run_page
-from lightning_perf.report.html.document import Page
+from lightning_perf.report.html import Page, run_page
 from lightning_perf.report.json_report import REWRITE_MIN_SECONDS, ReportFile, keep_step_split, report_dict
 from lightning_perf.report.metrics import epoch_metrics
 from lightning_perf.report.outputs import Outputs
