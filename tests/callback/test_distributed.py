@@ -45,7 +45,7 @@ def _run(tmp_path, strategy: str, scenario: str, timeout: float = 180):
         except subprocess.TimeoutExpired:
             os.killpg(popen.pid, signal.SIGKILL)  # every rank: the script's session is its process group
             stdout, stderr = popen.communicate()
-            pytest.fail(f"{scenario} under {strategy} still ran after {timeout:g} s (a hang?):\n{stderr[-3000:]}")
+            pytest.fail(f"{scenario} under {strategy} still ran after {timeout:g} s (a hang?):\n{_why(stderr)}")
         finally:
             with contextlib.suppress(ProcessLookupError):  # (no process left: nothing to kill)
                 os.killpg(popen.pid, signal.SIGKILL)  # a rank left behind by a rank zero that exited
@@ -57,6 +57,17 @@ def _run(tmp_path, strategy: str, scenario: str, timeout: float = 180):
     return proc, sorted(results, key=lambda r: r["rank"])
 
 
+_ERROR_LINE = re.compile(r"\w*(?:Error|Exception)\b:|Traceback \(most recent call last\)")
+
+
+def _why(stderr: str) -> str:
+    """A failed run's stderr for an assertion's message: its error lines first (the ranks share the pipe: the rank
+    that failed first may have written far from its end, as a peer's "Connection reset by peer" follows it), then
+    its last 3000 characters."""
+    errors = [line for line in stderr.splitlines() if _ERROR_LINE.search(line)]
+    return "\n".join(["error lines:", *errors[-30:], "the end:", stderr[-3000:]])
+
+
 def _report(tmp_path) -> dict:
     [path] = list(tmp_path.rglob("perf_report.json"))
     return json.loads(path.read_text())
@@ -66,7 +77,7 @@ def _report(tmp_path) -> dict:
 def plain(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp_plain")
     proc, results = _run(root, "ddp", "plain")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _why(proc.stderr)
     return root, proc, results
 
 
@@ -120,7 +131,7 @@ def test_one_report_with_a_per_rank_table_and_scalars_written_once(plain):
 
 def test_a_rank_that_sleeps_every_step_is_named_a_straggler(tmp_path):
     proc, results = _run(tmp_path, "ddp", "straggler")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _why(proc.stderr)
     stragglers = [f for f in results[0]["findings"] if f[0] == "rank_straggler"]
     assert stragglers and stragglers[0][2].startswith("Rank 1 is"), results[0]["findings"]
     # Rank 0 waits in the all-reduce for rank 1: a wait, not the transfer (evidence is the finding's 4th field).
@@ -130,7 +141,7 @@ def test_a_rank_that_sleeps_every_step_is_named_a_straggler(tmp_path):
 
 def test_large_parameters_with_tiny_compute_are_communication_bound(tmp_path):
     proc, results = _run(tmp_path, "ddp", "communication")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _why(proc.stderr)
     assert "communication_bound" in [f[0] for f in results[0]["findings"]], results[0]["findings"]
 
 
@@ -138,7 +149,7 @@ def test_the_budgets_later_windows_open_on_every_rank_or_on_none(tmp_path):
     """Each rank measures its own profiling cost; the budget's verdicts are rank 0's on every rank, so that each
     window holds every rank's trace. Rank 1's own budget would open no later window (tests/ddp_script.py)."""
     proc, results = _run(tmp_path, "ddp", "budget")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _why(proc.stderr)
     windows = [r["windows"] for r in results]
     assert windows[0] == windows[1], windows
     train = [name for name in windows[0] if name.startswith("train-")]
@@ -150,7 +161,7 @@ def test_the_budgets_later_windows_open_on_every_rank_or_on_none(tmp_path):
 
 def test_ddp_spawn_writes_every_rank_and_the_report(tmp_path):
     proc, _ = _run(tmp_path, "ddp_spawn", "plain")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _why(proc.stderr)
     names = sorted(p.name for p in tmp_path.rglob("*.pt.trace.json.gz"))
     assert names == [
         "rank0.pt.trace.json.gz",
@@ -174,7 +185,7 @@ def test_a_rank_that_raises_does_not_leave_the_others_waiting(tmp_path, scenario
 def orders(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp_orders")
     proc, results = _run(root, "ddp", "orders", timeout=120)  # 15-20 s on 2 CPU cores
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _why(proc.stderr)
     return root, proc, results
 
 
@@ -206,7 +217,7 @@ def test_the_cross_rank_summary_uses_no_deprecated_collective(plain):
 
 def test_the_rank_exchange_holds_no_rank_but_rank_zero_and_sees_late_gathers_end(tmp_path):
     proc, results = _run(tmp_path, "none", "exchange", timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _why(proc.stderr)
     zero, one = results
     assert zero["rows"] == [[0, 0.5], [1, 1.5]]  # every rank's values, by rank
     assert one["issued_without_waiting"]  # else rank zero, alone in its first collective, would wait for ever
@@ -238,7 +249,7 @@ def test_small_collectives_advice_applied_makes_the_step_faster(tmp_path):
     for scenario in ("sync_every_step", "sync_every_epoch"):
         root = tmp_path / scenario
         proc, results = _run(root, "ddp", scenario)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.returncode == 0, _why(proc.stderr)
         steps = [e["step_time_p50"] for e in _report(root)["stages"]["train"]["epochs"]]
         runs[scenario] = ({f[0] for f in results[0]["findings"]}, min(steps))
     (every_ids, every_step), (once_ids, once_step) = runs["sync_every_step"], runs["sync_every_epoch"]
