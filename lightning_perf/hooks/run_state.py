@@ -173,7 +173,9 @@ def load_state_dict(
            that went on past the checkpoint wrote are measured again, and a group of short epochs measured across
            it is in no record (its epochs up to the checkpoint are not measured again); one measured after the
            checkpoint that ends at it (a Trainer call's last, measured at its end) is kept. Where the report holds
-           fewer (the run was killed before its rewrite), the checkpoint's own later records follow.
+           fewer (the run was killed before its rewrite), the checkpoint's own later records follow. The batches
+           the checkpoint counted that no record holds (a group still carried at it, or the part of an epoch a
+           checkpoint within it had seen) are named in a warning.
         2. No window on disk is dropped: the windows the reporter held (this process's earlier calls) and those
            the earlier report lists (a run that went on past the checkpoint) stay in the report after the
            checkpoint's, so that a resumed fit appends to what is on disk.
@@ -208,8 +210,9 @@ def load_state_dict(
         for stage in upto:  # Notes 1: the records the state holds that the report lacked
             last = max((e.epoch for e in reporter.epochs if e.stage == stage), default=-1)
             reporter.epochs += [e for e in reporter.stages[stage].history if e.epoch > last]
-    else:
+    else:  # the report is gone, the earlier epochs with it: nothing to count what is missing against
         reporter.epochs = sorted((e for st in reporter.stages.values() for e in st.history), key=lambda e: e.epoch)
+        upto = {}
     for stage, st in reporter.stages.items():
         measured = [e for e in reporter.epochs if e.stage == stage]
         st.records = len(measured)
@@ -218,6 +221,22 @@ def load_state_dict(
             st.history.extend(measured[-HISTORY_EPOCHS:])
     names = {w.name for w in reporter.windows}
     reporter.windows += [w for w in held if w.name not in names]
+    for stage, counted in upto.items():  # Notes 1: a group across the checkpoint, said once
+        measured = [e for e in reporter.epochs if e.stage == stage]
+        if (lost := counted - sum(e.batches for e in measured)) > 0:
+            first = max((e.epoch for e in measured), default=-1) + 1
+            warn(f"unrecorded:{stage}", unrecorded(stage, first, positions[stage].epoch, lost))
+
+
+def unrecorded(stage: str, first: int, last: int, batches: int) -> str:
+    """The warning that a resumed run has no record of a stage's last epochs before its checkpoint: they were
+    still being measured together (epoch_report, Notes 2), or the checkpoint was saved within an epoch."""
+    epochs = f"epoch {first} was" if first >= last else f"epochs {first}-{last} were"
+    return (
+        f"PerfCallback: the checkpoint this run resumed from was saved while its {stage} {epochs} still being"
+        f" measured ({batches} batch{'es' if batches != 1 else ''}; short epochs are measured in groups): the report"
+        " has no record of them, and goes on from the checkpoint."
+    )
 
 
 def _history_epoch(saved: str | Mapping[str, Any]) -> EpochSummary:

@@ -8,6 +8,7 @@ import os
 import shutil
 import zlib
 
+import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
@@ -363,3 +364,33 @@ def test_resuming_from_a_fits_last_checkpoint_keeps_the_group_its_end_measured(t
     )
     covered = [n for e in resumed.epochs for n in range(e.epoch - e.epochs + 1, e.epoch + 1)]
     assert covered == list(range(5)), [(e.epoch, e.epochs) for e in resumed.epochs]
+
+
+def test_resuming_from_a_checkpoint_inside_a_group_says_which_epochs_have_no_record(tmp_path, monkeypatch):
+    # Every epoch carried into one group, measured at the fit's end: a checkpoint of epoch 1 was saved while
+    # epochs 0-1 were still being measured, and the report (written at the end) holds the group past it.
+    monkeypatch.setattr(stage_measure, "MEASURE_BURST", 0.0)
+    monkeypatch.setattr(stage_measure, "MEASURE_SHARE", 0.0)
+    monkeypatch.setattr(stage_measure, "GROUP_SECONDS", float("inf"))
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, filename="{epoch}")
+    first = PerfCallback(batches=[100_000], stages=["train"])
+    trainer(tmp_path, [first, checkpoints], max_epochs=4, enable_checkpointing=True).fit(TinyModel(n=16))
+    assert [(e.epoch, e.epochs) for e in first.epochs] == [(3, 4)]
+    resumed = PerfCallback(batches=[100_000], stages=["train"])
+    with pytest.warns(UserWarning, match=r"its train epochs 0-1 were still being measured \(8 batches;"):
+        trainer(tmp_path, [resumed], max_epochs=4).fit(
+            TinyModel(n=16), ckpt_path=str(tmp_path / "ckpt" / "epoch=1.ckpt")
+        )
+    assert [e.epoch for e in resumed.epochs] == [3]  # epochs 2-3, measured again
+
+
+def test_resuming_at_a_record_says_nothing_is_missing(tmp_path, recwarn):
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, filename="{epoch}")
+    first = PerfCallback(batches=[100_000])
+    # (with the sanity check's validation batches, which no record holds)
+    run = dict(max_epochs=3, num_sanity_val_steps=2)
+    trainer(tmp_path, [first, checkpoints], enable_checkpointing=True, **run).fit(TinyModel(n=16))
+    resumed = PerfCallback(batches=[100_000])
+    trainer(tmp_path, [resumed], **run).fit(TinyModel(n=16), ckpt_path=str(tmp_path / "ckpt" / "epoch=1.ckpt"))
+    assert not [w for w in recwarn if "still being measured" in str(w.message)]
+    assert [e.epoch for e in resumed.epochs if e.stage == "train"] == [0, 1, 2]
