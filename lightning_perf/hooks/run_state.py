@@ -233,9 +233,9 @@ def unrecorded(stage: str, first: int, last: int, batches: int) -> str:
     still being measured together (epoch_report, Notes 2), or the checkpoint was saved within an epoch."""
     epochs = f"epoch {first} was" if first >= last else f"epochs {first}-{last} were"
     return (
-        f"PerfCallback: the checkpoint this run resumed from was saved while its {stage} {epochs} still being"
-        f" measured ({batches} batch{'es' if batches != 1 else ''}; short epochs are measured in groups): the report"
-        " has no record of them, and goes on from the checkpoint."
+        f"PerfCallback: the checkpoint this run resumed from was saved before its {stage} {epochs} measured"
+        f" ({batches} batch{'es' if batches != 1 else ''}: an epoch is measured at its end, short ones in groups):"
+        " the report has no record of them, and goes on from the checkpoint."
     )
 
 
