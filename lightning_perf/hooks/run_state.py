@@ -212,20 +212,18 @@ def load_state_dict(
             reporter.epochs += [e for e in reporter.stages[stage].history if e.epoch > last]
     else:  # the report is gone, the earlier epochs with it: nothing to count what is missing against
         reporter.epochs = sorted((e for st in reporter.stages.values() for e in st.history), key=lambda e: e.epoch)
-        upto = {}
     for stage, st in reporter.stages.items():
         measured = [e for e in reporter.epochs if e.stage == stage]
         st.records = len(measured)
-        if rebuilt:
-            st.history.clear()
-            st.history.extend(measured[-HISTORY_EPOCHS:])
+        if not rebuilt:
+            continue
+        st.history.clear()
+        st.history.extend(measured[-HISTORY_EPOCHS:])
+        if stage in upto and (lost := upto[stage] - sum(e.batches for e in measured)) > 0:  # Notes 1
+            first = measured[-1].epoch + 1 if measured else 0
+            warn(f"unrecorded:{stage}", unrecorded(stage, first, positions[stage].epoch, lost))
     names = {w.name for w in reporter.windows}
     reporter.windows += [w for w in held if w.name not in names]
-    for stage, counted in upto.items():  # Notes 1: a group across the checkpoint, said once
-        measured = [e for e in reporter.epochs if e.stage == stage]
-        if (lost := counted - sum(e.batches for e in measured)) > 0:
-            first = max((e.epoch for e in measured), default=-1) + 1
-            warn(f"unrecorded:{stage}", unrecorded(stage, first, positions[stage].epoch, lost))
 
 
 def unrecorded(stage: str, first: int, last: int, batches: int) -> str:
