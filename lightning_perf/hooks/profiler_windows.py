@@ -17,7 +17,6 @@ from collections.abc import Callable
 from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.memory import CudaPeaks
 from lightning_perf.collect.profiler import ProfilerWindow, torch_profiler_active
-from lightning_perf.collect.threads import TrainingThreads
 from lightning_perf.config import PerfConfig
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.rank_staging import RankStaging
@@ -41,9 +40,10 @@ class ProfilerWindows:
         add: Takes each window's record, on the worker's thread, in the order the windows closed.
         budget: Charged each close's stall and each wait for the windows' processing.
 
-    The callback calls :meth:`prepare` at setup, :meth:`settle` after each batch while a window may be processed,
-    :meth:`join` before anything reads the records, and :meth:`end` at the end of each Trainer call, all on the
-    training thread.
+    The callback calls :meth:`prepare` at setup, :meth:`join` before anything reads the records, and :meth:`end` at
+    the end of each Trainer call, all on the training thread. Training's thread count is never touched: a step run
+    on fewer threads gives other last bits (the window process yields its CPU instead, see
+    :mod:`lightning_perf.hooks.window_process`).
     """
 
     def __init__(
@@ -62,7 +62,6 @@ class ProfilerWindows:
         self._options = WindowOptions.of(config)
         self._worker = WindowWorker()  # waits for the closed windows off the training thread, in order
         self._window_process = WindowProcess()  # writes and summarizes them, off the training process's GIL
-        self._threads = TrainingThreads()  # one CPU fewer for training while the window process works
         self._dirpath: str | None = None
         self._rank = 0
         self._staged = False
@@ -87,7 +86,6 @@ class ProfilerWindows:
                 f"PerfCallback: a {stage} window was skipped because another torch profiler is running.",
             )
             return None
-        self._threads.restore()  # a window records training as it runs without us
         config = self._config
         return ProfilerWindow(
             use_cuda=self._cuda_peaks is not None,
@@ -125,15 +123,7 @@ class ProfilerWindows:
         if self._staged:
             self._staging.stage(closed.written_path, closed.record.trace_path)
         self._worker.submit(self._process, closed, here)
-        if not here:
-            self._threads.lower()  # put back by settle(), join() or end()
         return True
-
-    def settle(self) -> None:
-        """Puts training's thread count back once no saved window is being processed (see
-        :mod:`lightning_perf.collect.threads`)."""
-        if self._threads.lowered and not self._worker.busy:
-            self._threads.restore()
 
     @property
     def busy(self) -> bool:
@@ -144,11 +134,10 @@ class ProfilerWindows:
         """Waits until every window saved so far is written and added; a window the worker failed to write goes
         to the error policy here, on the caller's thread (:meth:`WindowWorker.join`). The seconds it waited (a
         cost of the windows', charged to the budget)."""
-        if not self._worker.pending and not self._threads.lowered:
+        if not self._worker.pending:
             return 0.0  # nothing saved since the last join: every epoch end of a run between windows
         busy, started = self._worker.busy, time.perf_counter()
         self._worker.join(on_error=self._failed)
-        self._threads.restore()
         waited = time.perf_counter() - started if busy else 0.0
         self._budget.charge(waited)
         return waited

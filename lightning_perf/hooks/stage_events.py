@@ -142,7 +142,6 @@ class StageEvents(StageHooks):
         st.clock.restart(after_close=closed or processing)
         if not closed and control.open is None and not processing:
             st.cpu.resume()
-            self._profiler_windows.settle()
 
     @override
     def _epoch_end(self, stage: str, trainer: pl.Trainer) -> None:

@@ -11,7 +11,8 @@ One child per :class:`WindowProcess`, started as the first window with a large t
 (:meth:`WindowProcess.start`: the training thread does not wait for it) and kept until
 :meth:`WindowProcess.close`, which the callback calls at the end of each Trainer call: one per training process
 (per rank). It is a fresh interpreter
-(``python -c``, importing only this module; neither torch nor Lightning), not a ``multiprocessing`` child: the
+(``python -I -S -c``, importing only this module; neither torch nor Lightning, nor ``site`` and what it runs: a
+``sitecustomize``), not a ``multiprocessing`` child: the
 ``spawn`` and ``forkserver`` start methods run the user's ``__main__`` again in the child (the training script,
 with its imports of torch and Lightning, and all of it where it has no ``if __name__ == "__main__"`` guard), and
 ``fork`` copies a process with threads (and CUDA) running. It runs in a session of its own, out of reach of the
@@ -47,14 +48,18 @@ from lightning_perf.hooks.window_close import ClosedWindow, ProcessedWindow, Win
 PROCESS_ENV = "LIGHTNING_PERF_WINDOW_PROCESS"
 
 # The child's command line after the interpreter: this module's `main`, imported from this very package (the
-# directory passed as argv[1] goes first on the child's sys.path, before its working directory).
+# directory passed as argv[1]), and its dependencies from the training process's own import path (argv[3]). The
+# interpreter starts isolated (`-I -S`): no `site` (so no `sitecustomize` or `usercustomize`, a site's or a test
+# harness's, which cost one user 7 CPU-seconds a start), no PYTHON* variables, no working directory on its path.
+_INTERPRETER_FLAGS = ("-I", "-S")
 _CHILD_CODE = (
     "import os, sys\n"
     "for lower in (lambda: os.nice(int(sys.argv[2])),\n"
     "              lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))):\n"
     "    try: lower()\n"
     "    except (AttributeError, OSError): pass\n"  # not on this platform, or not allowed: as it is
-    "sys.path.insert(0, sys.argv[1]); from lightning_perf.hooks.window_process import main; main()"
+    "sys.path[:0] = [sys.argv[1], *sys.argv[3].split(os.pathsep)]\n"
+    "from lightning_perf.hooks.window_process import main; main()"
 )
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The child's numpy works on one thread: no BLAS thread pools next to training's threads.
@@ -68,6 +73,11 @@ CHILD_NICENESS = 19
 #: TFT-shaped model of ``benchmarks/forecaster.py``): 1 MB takes about a tenth of the child's start. Our judgment.
 HERE_BYTES = 1_000_000
 CLOSE_WAIT_SECONDS = 10.0  # for the child to exit once its input is closed (it exits at once), then it is killed
+
+
+def _path() -> str:
+    """The training process's import path for the child (without its working directory, ``""``)."""
+    return os.pathsep.join(entry for entry in sys.path if entry and os.pathsep not in entry)
 
 
 def process_enabled() -> bool:
@@ -169,7 +179,7 @@ class WindowProcess:
     def _start(self) -> subprocess.Popen[bytes]:
         try:
             self._child = subprocess.Popen(
-                [sys.executable, "-c", _CHILD_CODE, _PACKAGE_ROOT, str(CHILD_NICENESS)],
+                [sys.executable, *_INTERPRETER_FLAGS, "-c", _CHILD_CODE, _PACKAGE_ROOT, str(CHILD_NICENESS), _path()],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env={**os.environ, **_CHILD_THREADS},

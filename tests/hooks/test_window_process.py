@@ -85,6 +85,27 @@ def test_a_window_is_processed_in_a_child_process_that_imports_neither_torch_nor
         os.kill(pid, 0)
 
 
+def test_the_child_starts_isolated_from_the_sites_customizations(tmp_path, monkeypatch):
+    # A sitecustomize on PYTHONPATH (a site's, a test harness's) runs in every interpreter started with `site`: the
+    # child starts without it, with the training process's import path.
+    site = tmp_path / "site"
+    site.mkdir()
+    ran = tmp_path / "ran"
+    (site / "sitecustomize.py").write_text(f"open({str(ran)!r}, 'a').write('ran')\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    assert ran.read_text() == "ran"  # it runs in a plain interpreter
+    ran.unlink()
+    process = WindowProcess()
+    try:
+        closed = closed_window(tmp_path, "w")
+        _check_written(closed, process.process(closed, OPTIONS))
+        assert process.pid is not None and process.broken is None
+    finally:
+        process.close()
+    assert not ran.exists()
+
+
 def test_a_small_export_is_processed_here_only_while_no_child_runs(tmp_path, child, monkeypatch):
     closed = closed_window(tmp_path, "w")  # a few operators: some kB
     assert child.small(closed.export_path)
