@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from lightning_perf.collect.batch import BatchSizer
@@ -40,7 +40,7 @@ from lightning_perf.config import (
 )
 from lightning_perf.hooks import run_state
 from lightning_perf.hooks.epoch_report import EpochReporter
-from lightning_perf.hooks.error_policy import ErrorPolicy
+from lightning_perf.hooks.error_policy import ErrorPolicy, warn
 from lightning_perf.hooks.flop_count import run_peak_flops
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
 from lightning_perf.hooks.rank_staging import RankStaging
@@ -165,7 +165,7 @@ class PerfCallback(StageEvents, ResultsView):
     ) -> None:
         self.config = PerfConfig.build(**{name: value for name, value in locals().items() if name != "self"})
         if (warning := schedule_warning(self.config.schedule)) is not None:
-            rank_zero_warn(warning)
+            warn(warning)
         self._policy = ErrorPolicy(self.config.strict)
         self._epochs = EpochReporter(self.config, BatchSizer(batch_size_fn), self._policy)
         self._staging = RankStaging(self._policy)

@@ -6,11 +6,18 @@ What :class:`~lightning_perf.PerfCallback` does when its own collection or repor
 measuring, say so once and let training go on, or, when ``strict``, re-raise. Every part of the callback says
 what it has to say through one :class:`ErrorPolicy`, so that each message is shown once per run whoever says
 it.
+
+A warning's location is the user's code: the first frame of the stack outside this package, Lightning, torch and
+Python's own library (the line that called ``fit`` or built the callback), not the line of ours that warned.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import sys
+import sysconfig
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +27,51 @@ from lightning_perf.hooks.window_control import Message
 
 #: The environment variable that turns ``strict`` on where the callback leaves it unset (``1``, ``true``, ``yes``).
 STRICT_ENV = "LIGHTNING_PERF_STRICT"
+
+
+# The packages whose frames a warning's location skips: ours, and those that call our hooks.
+_CALLERS = ("lightning_perf", "lightning", "pytorch_lightning", "lightning_fabric", "lightning_utilities", "torch")
+# rank_zero_warn's frames above the one that calls it: warnings.warn's caller, rank_zero_warn and its decorator.
+_RANK_ZERO_FRAMES = 3
+
+
+@functools.cache
+def _not_users() -> tuple[tuple[str, ...], str, tuple[str, ...]]:
+    """The folders of :data:`_CALLERS`, Python's library, and the site-packages folders (which may lie in it)."""
+    callers: list[str] = []
+    for name in _CALLERS:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            callers.extend(os.path.join(os.path.realpath(p), "") for p in spec.submodule_search_locations)
+    paths = sysconfig.get_paths()
+    site = tuple({os.path.join(os.path.realpath(paths[key]), "") for key in ("purelib", "platlib")})
+    return tuple(callers), os.path.join(os.path.realpath(paths["stdlib"]), ""), site
+
+
+def _users(filename: str) -> bool:
+    """Whether a frame of this file is the user's code (or a library's of theirs)."""
+    if filename.startswith("<"):  # <frozen ...>, <string>: Python's own
+        return False
+    callers, stdlib, site = _not_users()
+    path = os.path.realpath(filename)
+    if path.startswith(callers):
+        return False
+    return not path.startswith(stdlib) or path.startswith(site)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` (of a ``warnings.warn`` called by this function's caller) of the first frame of the
+    user's code; past the stack's end (Python then says ``sys:1``) where there is none (a thread of ours)."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and not _users(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
+
+
+def warn(message: str) -> None:
+    """``rank_zero_warn(message)``, located at the user's code (:func:`user_stacklevel`)."""
+    rank_zero_warn(message, stacklevel=user_stacklevel() + _RANK_ZERO_FRAMES)
 
 
 def strict_from_environment() -> bool:
@@ -52,7 +104,7 @@ class ErrorPolicy:
         """``rank_zero_warn(message)``, the first time ``key`` is said (a callable message is built then)."""
         if key not in self._said:
             self._said.add(key)
-            rank_zero_warn(message if isinstance(message, str) else message())
+            warn(message if isinstance(message, str) else message())
 
     def info_once(self, key: str, message: Message) -> None:
         """``rank_zero_info(message)``, the first time ``key`` is said (a callable message is built then)."""
