@@ -9,11 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from busy import others_cpus
 from lightning_perf.cli import main
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "before_after" / "train.py"
 
 pytestmark = pytest.mark.slow
+
+RUNS = ("before", "after")
+QUIET_CPUS = 0.5  # the most CPUs other programs may use meanwhile for two runs' throughputs to be compared
 
 
 def _run(config: str, root: Path) -> Path:
@@ -29,11 +33,18 @@ def _run(config: str, root: Path) -> Path:
 
 
 def test_the_fixes_remove_the_findings_and_compare_shows_the_gain(tmp_path, capsys):
-    before, after = _run("before", tmp_path), _run("after", tmp_path)
+    runs: dict[str, Path] = {}
+    others = {config: others_cpus(lambda c=config: runs.setdefault(c, _run(c, tmp_path))) for config in RUNS}
+    before, after = runs["before"], runs["after"]
     assert main(["compare", str(before), str(after), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["metrics"]["throughput"]["change"].endswith("(better)")
-    assert result["metrics"]["data wait"]["change"].endswith("(better)")
+    assert result["metrics"]["data wait"]["change"].endswith("(better)")  # a share within each run: any load
+    # Throughput compares two runs one after the other: another program's load that comes and goes between them
+    # can hide the gain (+3.1%, "same", beside a load of about 10 on 2 CPUs), so a busy machine skips that part.
+    throughput = result["metrics"]["throughput"]["change"]
+    if not throughput.endswith("(better)") and max(others.values()) > QUIET_CPUS:
+        pytest.skip(f"throughput {throughput} while other programs used {others} CPUs: a busy machine")
+    assert throughput.endswith("(better)"), others
     assert not result["findings"]["new"]
     # The data-wait share of "before" sits near the 30% line between warning and critical on a 2-core
     # machine (33% when the README was written, under 30% on a loaded CI runner), so the severity is not
