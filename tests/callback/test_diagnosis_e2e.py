@@ -263,3 +263,34 @@ def test_with_a_progress_bar_the_epoch_line_starts_a_line_of_its_own(tmp_path, c
     lines = (out + err).splitlines()
     assert any(line.startswith("lightning-perf | train epoch 0 |") for line in lines), out + err
     assert not any("it/s" in line and "lightning-perf |" in line for line in lines), out + err
+
+
+class SlowStart(torch.utils.data.IterableDataset):
+    """An iterable dataset that takes 0.2 s to start each epoch (opening files, building an index), then yields its
+    items at once."""
+
+    def __init__(self, n):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 16, generator=g)
+        self.y = (self.x.sum(1, keepdim=True) > 0).float()
+
+    def __iter__(self):
+        time.sleep(0.2)
+        yield from zip(self.x, self.y, strict=True)
+
+
+class SlowStartModel(TinyModel):
+    def train_dataloader(self):
+        return DataLoader(SlowStart(self.n), batch_size=self.batch_size)
+
+
+def test_an_iterable_datasets_slow_start_is_named_not_what_runs_between_batches(tmp_path):
+    # Every window sees the DataLoader small (it cannot see an epoch's first batch); every batch measured the first
+    # one's wait. The title said "between batches, outside the DataLoader" and the advice the progress bar.
+    callback = PerfCallback(schedule=WINDOW, stages=["train"])
+    trainer(tmp_path, [callback], max_epochs=3, limit_val_batches=0).fit(SlowStartModel(n=64))
+    found = [f for f in callback.findings if f.id == "dataloader_bound"]
+    assert found, callback.findings
+    for f in found:  # whatever its severity (a busy machine makes it information)
+        assert "outside the DataLoader" not in f.title and "progress bar" not in f.advice, f
+        assert "each epoch's first batch" in f.advice and "once in `setup`" in f.advice, f
