@@ -204,6 +204,23 @@ def test_periodic_stalls_make_step_time_unstable(tmp_path, one_thread):
     assert finding.title == "Training stalls every 8 batches"
 
 
+class TenthStall(TinyModel):
+    def training_step(self, batch, batch_idx):
+        # Steps of 125 ms, off the CPU (a busy machine delays a sleeping step little), 60 ms more every 10th batch:
+        # under 1.5x the step, no spike (3x) and no spread (p90 1.48x the median).
+        time.sleep(0.125 + (0.06 if batch_idx % 10 == 9 else 0.0))
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_stall_every_10th_batch_under_the_spread_is_found_by_its_position(tmp_path):
+    callback = PerfCallback(max_windows=0, stages=["train"])
+    # 80 batches: 8 cycles, over which the 10th position stands out of a busy machine's delays at other positions.
+    trainer(tmp_path, [callback], limit_val_batches=0).fit(TenthStall(n=320))
+    [finding] = [f for f in callback.findings if f.id == "step_time_unstable"]
+    assert finding.title == "Training stalls every 10 batches" and finding.severity == "warning", finding
+    assert "every 10 batches (at batches 9, 19, 29, 39, 49, 59, 69, 79) a step" in finding.evidence, finding
+
+
 @pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs at least 2 CPUs")
 def test_one_intra_op_thread_on_a_compute_bound_cpu_run_is_cpu_threads(tmp_path, one_thread):
     callback = PerfCallback(max_windows=0, stages=["train"])
