@@ -41,16 +41,17 @@ CYCLE_MISSES = 5
 # above the others' median: stalls at batches 1 and 3 of every 8 are no cadence at 1, nor is a position of a
 # busy machine's dense random stalls. Our judgment: more than half, with room for a busy moment's stalls.
 POSITION_SHARE = 0.6
-# ... and three quarters of it over fewer cycles than this: of 32 batches of random stalls at 30-45% of the steps, a
-# position of 4 cycles stalled in all and held 60% of the stalls' time in 1 epoch of 300 (0 of 900 at 0.75). Our
-# judgment, from those series (tests/diagnose/test_cadence.py).
+# ... and three quarters of it over fewer cycles than this: in 2,700 series of 32-64 batches of random stalls on
+# 20-45% of the steps, the share of 0.6 alone named 9 cadences; 0.75 under 6 cycles, 3, all in one series whose
+# every 5th step stalled (benchmarks/cadence_noise.py's series). Our judgment.
 FEW_CYCLES = 6
 FEW_CYCLES_SHARE = 0.75
 # ... or, from this many cycles, at least STANDOUT times any other single position's: a busy machine's random
 # stalls spread over the other positions, however many there are. Random stalls in 3,600 series of 32-200 batches
-# (5-45% of the steps, with and without jitter) made 3 cadences with it, all in one series of 32 batches, as with
-# the share alone; a 60-ms stall every 10th of 80 steps of 130 ms, beside random delays of up to 50 ms on 5-50% of
-# the steps and 10-100 ms on 3%, was found in 55-60 of 60 series with it and 19-53 without. Our judgment.
+# (5-45% of the steps, with and without jitter) made 3 cadences with it, that same series, as with the share alone;
+# a 60-ms stall every 10th of 80 steps of 130 ms, beside random delays of up to 50 ms on 5-50% of the steps and
+# 10-100 ms on 3%, was found in 55-60 of 60 series with it, 19-53 without (benchmarks/cadence_noise.py). Our
+# judgment.
 RANK_CYCLES = 8
 STANDOUT = 2.5
 # The position's excess must stand out of the other positions' jitter: at least this many times their spread
