@@ -73,6 +73,7 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         shared_state=loader.get("shared_state"),
         dataset_class=loader.get("dataset_class"),
         dataset_library=loader.get("dataset_library"),
+        dataset_length=loader.get("dataset_length"),
         peak_flops=run.get("peak_flops"),
         epochs=run.get("max_epochs"),  # a validate, test or predict call plans 1
         compiled_modules=run.get("compiled_modules"),

@@ -50,13 +50,28 @@ def dataset_facts(dataloader: Any, module: Any) -> dict[str, Any]:
     Returns:
         ``{"dataset": "iterable" | "map" | None, "shared_state": str | None}``: ``shared_state`` names the
         first object found both in the dataset and among the module's own attributes (the dataset object
-        itself, which modules often hold as ``self.train_set``, does not count), or the module itself.
+        itself, which modules often hold as ``self.train_set``, does not count), or the module itself; and
+        :func:`dataset_origin`'s keys and ``"dataset_length"`` (:func:`dataset_length`; map-style only).
     """
     dataset = getattr(dataloader, "dataset", None)
     if dataset is None:
         return {"dataset": None, "shared_state": None}
     kind = "iterable" if isinstance(dataset, IterableDataset) else "map"
-    return {"dataset": kind, "shared_state": shared_state(dataset, module), **dataset_origin(dataset)}
+    return {
+        "dataset": kind,
+        "shared_state": shared_state(dataset, module),
+        **dataset_origin(dataset),
+        "dataset_length": dataset_length(dataset) if kind == "map" else None,
+    }
+
+
+def dataset_length(dataset: Any) -> int | None:
+    """``len(dataset)``: the samples a pass over the whole dataset makes, whatever ``limit_*_batches`` loads of them
+    an epoch; ``None`` where it has no length."""
+    try:
+        return len(dataset)
+    except (TypeError, NotImplementedError, ValueError):
+        return None
 
 
 def dataset_origin(dataset: Any) -> dict[str, Any]:

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from lightning_perf.diagnose.loading import (
     CPU_BOUND,
     HANDOFF,
+    LOOP_START,
     MAX_SUGGESTED_WORKERS,
     Loading,
+    first_is_startup,
     own_threads,
 )
 from lightning_perf.diagnose.model import RunFacts, StageEpoch
@@ -73,13 +75,20 @@ def loader_advice(ctx: StageEpoch, load: Loading, *, elsewhere: bool = False) ->
         In this order, the first that applies: a dataset sharing state with the module (workers would load
         stale data); workers oversubscribing a busy machine; more workers than CPUs (torch warns of it too:
         they take turns with the training process whatever else the epoch shows, so this holds from epoch to
-        epoch); a first batch whose start-up is most of the wait; windows that show the wait is not the
-        DataLoader's (what else to look at); then workers to add, raise or lower, or what to measure.
+        epoch); a first batch whose start-up is most of the wait; a first batch made by the dataset's own code
+        that is most of the wait (no window sees an epoch's first batch, so theirs cannot outweigh it); windows
+        that show the wait is not the DataLoader's (what else to look at); then workers to add, raise or lower, or
+        what to measure.
     """
     facts = ctx.facts
     if facts.shared_state:
         return LoaderAdvice(_shared_state_advice(ctx, load))
-    advice = _oversubscribed_advice(ctx, load) or too_many_workers(ctx, load) or _startup_advice(ctx, load)
+    advice = (
+        _oversubscribed_advice(ctx, load)
+        or too_many_workers(ctx, load)
+        or _startup_advice(ctx, load)
+        or _first_batch_advice(ctx, load)
+    )
     if not advice and elsewhere:
         return LoaderAdvice([ELSEWHERE, *_progress_bar_advice(facts)], elsewhere=True)
     gain = True
@@ -220,6 +229,23 @@ def _startup_advice(ctx: StageEpoch, load: Loading) -> list[str]:
         f"Most of the wait is the workers starting ({each} before the first batch): in a run"
         f" this short they may cost more than they save. Compare `DataLoader(num_workers=0)` with this run"
         " (`lightning-perf compare`)."
+    ]
+
+
+def _first_batch_advice(ctx: StageEpoch, load: Loading) -> list[str]:
+    """A wait that is mostly the first batch's, made by the dataset's own code with no worker (an iterable
+    dataset's ``__iter__`` before its first item): every batch measured it, while no profiler window sees an epoch's
+    first batch."""
+    if first_is_startup(ctx.facts) or load.first < LOOP_START * load.epochs or load.batches <= 1:
+        return []  # start-up (_startup_advice's), or only Lightning's own start of the DataLoader
+    if load.first_share < STARTUP_DOMINANT:
+        return []
+    return [
+        f"Most of the wait is each epoch's first batch ({ms(load.first / load.epochs)} more than the others,"
+        f" {percent(load.first_share)} of the wait): the dataset's own code before its first item (an"
+        " `IterableDataset`'s `__iter__`: opening files, building an index, a set-up pass). Workers would not"
+        " remove it, and the profiler windows never see an epoch's first batch: make that start-up cheaper, or do"
+        " it once in `setup`."
     ]
 
 

@@ -38,6 +38,7 @@ class RunFacts:
     shared_state: str | None = None  # what the dataset shares with the LightningModule, described
     dataset_class: str | None = None  # the class whose __getitem__ makes the samples (through torch's Subset)
     dataset_library: str | None = None  # the installed package defining that class; None: the user's own code
+    dataset_length: int | None = None  # len(dataset): the samples of a whole pass, however many an epoch loads
     epochs: int | None = None  # epochs of this stage the run does (1 for a validate/test/predict call)
     peak_flops: float | None = None  # the device's dense peak FLOP/s for the run's dtype (table or option)
     val_check_steps: int | None = None  # validation runs every N training batches, across epochs (step-based)

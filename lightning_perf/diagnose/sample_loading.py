@@ -42,7 +42,9 @@ Measured on this project's 2-CPU machine with torch 2.13:
 A dataset whose class an installed library defines (pytorch-forecasting's ``TimeSeriesDataSet``: a pandas row,
 encoder normalisation and 62 torch calls per sample) is not the user's to batch. There the advice is to make
 the samples once and train from the list, where they are the same every epoch: the same bounds per batch, for
-about one epoch's loading paid once, so only for a stage that runs more than one epoch. Measured on
+the whole dataset's loading paid once (``len(dataset)`` samples at the window's time per sample: ten epochs'
+loading where ``limit_train_batches=0.1`` loads a tenth of it an epoch), so only for a stage that runs more than
+one epoch, and the advice says after how many epochs it repays itself. Measured on
 pytorch-forecasting 1.8.0's TemporalFusionTransformer (``benchmarks/downstream_libraries.py``'s data, 16
 batches of 32 an epoch, 2 CPUs): 25 ms a batch in ``__getitem__``, 3 ms in its collate; the fit with cached
 samples reached the same losses in 3.39 s against 3.97 s (4 epochs, median of 6 alternating rounds, faster in
@@ -84,6 +86,8 @@ class PerSampleLoading:
         least: Predicted time saved per batch, at least: the calls removed at ``CALL_SAVING`` each (seconds).
         dataset_class: The dataset's class, by name (``RunFacts.dataset_class``).
         library: The installed package that defines it; ``None`` for the user's own code.
+        dataset_length: ``len(dataset)`` (``RunFacts.dataset_length``); ``None``: unknown.
+        epochs: The epochs the stage runs (``RunFacts.epochs``); ``None``: unknown.
     """
 
     window: TraceSummary
@@ -94,6 +98,8 @@ class PerSampleLoading:
     least: float = 0.0
     dataset_class: str | None = None
     library: str | None = None
+    dataset_length: int | None = None
+    epochs: int | None = None
 
     @property
     def per_sample(self) -> float:
@@ -105,7 +111,8 @@ def per_sample_loading(ctx: StageEpoch, steady_wait: float) -> PerSampleLoading 
     """The epoch's per-sample loading, when a window shows it, the loading is on the CPU, and batching would
     save at least :data:`MIN_SAVING` per batch, counted in the calls it removes (:data:`CALL_SAVING` each);
     ``steady_wait`` (the epoch's mean wait per batch after the first) caps the saving. For a library's dataset,
-    only where the stage runs more than one epoch (making the samples once costs about one epoch's loading)."""
+    only where the stage runs more than one epoch (making the samples once costs the whole dataset's loading, at
+    least one epoch's)."""
     batch_size = _batch_size(ctx)
     on_cpu = ctx.epoch.loading_cpu_share
     if batch_size is None or batch_size < 2 or (on_cpu is not None and on_cpu < CPU_BOUND):
@@ -136,6 +143,8 @@ def per_sample_loading(ctx: StageEpoch, steady_wait: float) -> PerSampleLoading 
         least=least,
         dataset_class=ctx.facts.dataset_class,
         library=ctx.facts.dataset_library,
+        dataset_length=ctx.facts.dataset_length,
+        epochs=ctx.facts.epochs,
     )
 
 
@@ -171,9 +180,8 @@ def per_sample_advice(found: PerSampleLoading, batches: float) -> str:
             " draws or augmentation in `__getitem__`) and fit in memory, make them once and train from the list:"
             " `samples = [dataset[i] for i in range(len(dataset))]` (in `setup`, or before the fit), then"
             " `DataLoader(samples, ...)` with the DataLoader's `batch_size`, `shuffle`, `drop_last` and"
-            f" `collate_fn` as before. Predicted: about one epoch's loading once ({us(found.per_sample)} a sample),"
-            f" then {predicted}. Where they change every epoch, only the library's own options make a sample"
-            " cheaper."
+            f" `collate_fn` as before. Predicted: {_once(found, batches)}, then {predicted}. Where they change every"
+            " epoch, only the library's own options make a sample cheaper."
         )
     dataset = f"`{found.dataset_class}`" if found.dataset_class else "the dataset"
     return (
@@ -184,3 +192,28 @@ def per_sample_advice(found: PerSampleLoading, batches: float) -> str:
         f" `LightningModule.on_after_batch_transfer`. Predicted: the DataLoader's {ms(found.loader_time)} per batch"
         f" falls toward one sample's {us(found.per_sample)}: {predicted}."
     )
+
+
+def _once(found: PerSampleLoading, batches: float) -> str:
+    """What making every sample once costs: ``len(dataset)`` samples at the window's time per sample (one epoch's
+    ``batches`` where the length is unknown), and the epochs that repay it at the most saved per batch."""
+    per_epoch = batches * found.batch_size  # the samples an epoch loads
+    length = found.dataset_length
+    if not length or per_epoch <= 0:
+        return f"about one epoch's loading once ({us(found.per_sample)} a sample)"
+    once = length * found.per_sample
+    whole = (
+        f" ({length} samples at {us(found.per_sample)} a sample: the whole dataset,"
+        f" {length / per_epoch:.1f}x the {round(per_epoch)} samples an epoch loads)"
+        if length > 1.1 * per_epoch
+        else f" ({length} samples at {us(found.per_sample)} a sample: about one epoch's loading)"
+    )
+    saved = found.saving * batches  # per epoch, at the most
+    repaid = once / saved if saved > 0 else None
+    if repaid is None:
+        payback = ""
+    elif found.epochs is not None and repaid > found.epochs:
+        payback = f"; repaid after about {repaid:.0f} epochs, more than this run's {found.epochs}"
+    else:
+        payback = f"; repaid after about {max(repaid, 1):.0f} epoch{'s' if repaid >= 1.5 else ''}"
+    return f"about {seconds_or_ms(once)} once{whole}{payback}"

@@ -159,6 +159,19 @@ def test_a_library_datasets_samples_made_once_as_advised_make_the_run_faster(tmp
     assert made + after < 0.7 * before, (before, made, after, finding.advice)
 
 
+def test_making_a_library_datasets_samples_once_is_priced_by_its_length_not_an_epochs_loading(tmp_path):
+    # `limit_train_batches` makes each epoch load a tenth of the dataset: making every sample once costs ten epochs'
+    # loading, which the advice said was "about one epoch's".
+    callback = PerfCallback(max_windows=3, verbose=0, stages=["train"])
+    with installed_package(tmp_path, "windowlib", WINDOWLIB) as windowlib, torch_threads(1):
+        model = Loaded(windowlib.Windows(32 * 16 * 10), 32)
+        trainer(tmp_path, [callback], max_epochs=3, limit_train_batches=16, limit_val_batches=0).fit(model)
+    advised = [f for f in callback.findings_for("train") if f.id == "dataloader_bound" and "samples = [" in f.advice]
+    assert advised, callback.findings_for("train")
+    assert "(5120 samples at " in advised[0].advice, advised[0]
+    assert "the whole dataset, 10.0x the 512 samples an epoch loads); repaid after about" in advised[0].advice
+
+
 class SlowStart(IterableDataset):
     """Yields ``n`` cheap batches after a ``start_s`` start-up at every iteration (opening a stream)."""
 

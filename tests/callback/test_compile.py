@@ -163,8 +163,10 @@ def test_a_clean_compiled_model_gets_no_compile_warning_and_no_unstable_steps(tm
             busy = bool(listed) and listed[0].id == "cpu_contention"
             loud = listed[0].severity != "info" if busy else False
             unstable = [f for f in listed if f.id == "step_time_unstable"]
-            # Named first and loud, it explains a spread; at info (too few batches) the spread is info too.
-            assert not unstable or (busy and (loud or unstable[0].severity == "info")), listed
+            # Named first and loud, it explains a spread; otherwise a spread is at most information: a few steps late
+            # in one stretch of the epoch are a scheduler's or a virtual machine host's (a freshly booted 2-CPU VM,
+            # nothing else running, read "p90 2.19x the median" here as a warning).
+            assert not unstable or unstable[0].severity == "info" or (busy and loud), listed
     report = json.loads(pathlib.Path(perf.report_path).read_text())
     assert [e["compile"]["graphs"] for e in report["stages"]["train"]["epochs"]] == [first.graphs, 0]
     resumed = PerfCallback(**NO_WINDOWS, stages=["train", "validate"])  # from a checkpoint: the report's numbers

@@ -198,6 +198,7 @@ def test_perf_report_json_parses_after_every_epoch_and_has_its_schema(tmp_path):
         "shared_state": None,
         "dataset_class": "SleepyDataset",
         "dataset_library": None,  # the test's own class
+        "dataset_length": 32,  # its 32 items, whatever an epoch loads of them
     }
     assert run["max_epochs"] == 3
     epoch = report["stages"]["train"]["epochs"][0]

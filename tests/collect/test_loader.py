@@ -82,6 +82,11 @@ def test_a_dataset_is_the_users_unless_an_installed_package_defines_it(tmp_path)
     assert (facts["dataset_class"], facts["dataset_library"]) == ("Windows", "windowlib")
 
 
+def test_a_map_datasets_length_is_recorded_an_iterables_is_not():
+    assert dataset_facts(DataLoader(Subset(TensorDataset(torch.zeros(40, 2)), range(10))), None)["dataset_length"] == 10
+    assert dataset_facts(DataLoader(Stream(None)), None)["dataset_length"] is None
+
+
 def test_the_workers_cpu_time_is_read_from_proc():
     if not os.path.isdir("/proc/self/task"):
         assert children_cpu_seconds() is None

@@ -397,6 +397,24 @@ def test_a_library_datasets_per_sample_work_is_cached_not_batched():
     assert "samples = [" not in once.advice and "__getitems__" not in once.advice
 
 
+def test_making_a_library_datasets_samples_once_is_priced_by_the_whole_dataset():
+    # `limit_train_batches=0.1`: each epoch loads a tenth of the 5120 samples. Making them all once costs ten
+    # epochs' loading, not "about one epoch's", and four epochs of saving do not repay it.
+    tft = dict(wait=0.017, compute=0.027, batches=16, loading_cpu_share=1.0)
+    window = per_sample_window(ops=62.0 * 32, dataloader_time=0.0217)
+    f = judge(epoch(**tft), window, facts=dataclasses.replace(LIBRARY, dataset_length=5120))
+    assert "about one epoch's loading" not in f.advice
+    assert (
+        "Predicted: about 3.47 s once (5120 samples at 678.1 us a sample: the whole dataset, 10.0x the 512 samples"
+        " an epoch loads); repaid after about 13 epochs, more than this run's 4, then" in f.advice
+    )
+    # The whole dataset each epoch: one epoch's loading, repaid in the second.
+    whole = judge(epoch(**tft), window, facts=dataclasses.replace(LIBRARY, dataset_length=512))
+    assert "about 0.35 s once (512 samples at 678.1 us a sample: about one epoch's loading); repaid after about" in (
+        whole.advice
+    )
+
+
 @pytest.mark.parametrize(
     ("facts", "win"),
     [

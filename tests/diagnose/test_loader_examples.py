@@ -89,6 +89,22 @@ def test_an_iterable_dataset_without_shared_state_keeps_its_first_fetch_in_the_w
     assert "the dataset's own code" in f.evidence
 
 
+def test_an_iterable_datasets_slow_first_batch_outweighs_windows_that_cannot_see_it():
+    # An IterableDataset whose `__iter__` sleeps 200 ms an epoch, 16 batches of 2 ms: its window shows the
+    # DataLoader small (it never holds an epoch's first batch). The title said "between batches, outside the
+    # DataLoader" and the advice the progress bar, while the evidence said most of the wait was the first batch.
+    facts = dataclasses.replace(PPO, shared_state=None, torch_threads=1, progress_bar="TQDMProgressBar")
+    facts = dataclasses.replace(facts, progress_bar_refresh=1)
+    f = dataloader_bound(
+        measured([0.200] + [0.0005] * 15, 0.002), facts, window(step_time=0.0025, dataloader_time=0.0001)
+    )
+    assert f.title == "Training waits for data 86% of the time"
+    assert "Most of the wait is each epoch's first batch (199.50 ms more than the others, 96% of the wait)" in (
+        f.advice
+    )
+    assert "once in `setup`" in f.advice and "progress bar" not in f.advice and "ProfilerStep" not in f.advice
+
+
 def test_a_map_datasets_first_batch_and_workers_starting_are_still_start_up():
     # A map-style dataset opening its files on its first item, and workers starting: start-up, left out of the
     # steady wait, as before.

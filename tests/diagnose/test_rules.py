@@ -99,8 +99,10 @@ def fsdp(*, exposed: float, units: int = 12, gather_bytes: int = 64 * 2**20, ste
 
 
 def spread(p50: float, p90: float) -> tuple[float, ...]:
-    """11 step times whose median is ``p50`` and whose p90 is ``p90`` (the 10th of 11, exactly)."""
-    return (p50,) * 9 + (p90, p90)
+    """21 step times whose median is ``p50`` and whose p90 is ``p90`` (the 19th of 21, exactly): the three slow ones
+    at batches 5, 11 and 17, over three quarters of the epoch (``step_time_unstable`` warns of slow steps spread
+    over it)."""
+    return tuple(p90 if i in (5, 11, 17) else p50 for i in range(21))
 
 
 def ctx(epoch_=None, *windows, facts=CPU, **kw) -> StageEpoch:
@@ -921,7 +923,7 @@ def _steps(spikes, n=200, base=0.01, spike=0.05):
 
 
 def test_periodic_spikes_are_named_with_their_period():
-    f = run("step_time_unstable", ctx(step_times=_steps({7, 15, 23, 31, 39})))
+    f = run("step_time_unstable", ctx(step_times=_steps({7, 15, 23, 31, 39}, n=40)))
     assert f.title == "Training stalls every 8 batches"
     assert "5 steps >= 3x the median 10.00 ms at batches 7, 15, 23, 31, 39 (every 8 batches)" in f.evidence
     # On a cadence: the program's, judged from 1 ms above the median (an irregular spike needs a scheduler slice).
@@ -930,31 +932,16 @@ def test_periodic_spikes_are_named_with_their_period():
 
 
 def test_a_stray_spike_does_not_hide_the_period():
-    f = run("step_time_unstable", ctx(step_times=_steps({7, 15, 23, 26, 31, 39})))
+    f = run("step_time_unstable", ctx(step_times=_steps({7, 15, 23, 26, 31, 39}, n=40)))
     assert f.title == "Training stalls every 8 batches"
     assert "at batches 7, 15, 23, 26, 31, 39 (5 of them every 8 batches)" in f.evidence
 
 
-@pytest.mark.parametrize(
-    ("indices", "expected"),
-    [
-        ([7, 15, 23, 31], (8, [7, 15, 23, 31])),
-        ([49, 99, 150, 199], (50, [49, 99, 150, 199])),  # a cadence one batch off is still the cadence
-        ([7, 15, 23, 26, 31, 39], (8, [7, 15, 23, 31, 39])),
-        # a stray spike one batch before a periodic one: gap 7, which the 8s are within one of too
-        ([7, 15, 23, 31, 39, 47, 55, 62, 63, 71, 79], (8, [7, 15, 23, 31, 39, 47, 55, 63, 71, 79])),
-        ([5, 17, 60, 61], None),
-        ([10, 20], None),  # two are no period
-        ([3, 9, 30, 31, 70, 74], None),
-        ([2, 3, 18], None),  # a burst and one more spike: no period of 15 (pytorch-forecasting's TFT)
-        ([1, 2, 3, 18], None),
-        ([4, 8, 12], None),  # three spikes, two gaps: load noise as often as not, no cadence
-    ],
-)
-def test_period(indices, expected):
-    from lightning_perf.diagnose.rules_unstable import period
-
-    assert period(indices) == expected
+def test_spikes_on_a_cadence_in_one_stretch_of_the_epoch_are_no_cadence():
+    # Every 8 batches in the first 40 of 200, then none: the cycle does not hold across the epoch (the cadence's own
+    # tests: tests/diagnose/test_cadence.py).
+    f = run("step_time_unstable", ctx(step_times=_steps({7, 15, 23, 31, 39})))
+    assert "every" not in f.title and "Irregular stalls" in f.advice
 
 
 def test_spikes_every_50_batches_point_at_lightnings_logging_cadence():
@@ -979,7 +966,11 @@ CHECKPOINTS = tuple(0.003 if i % 8 == 7 else 0.0011 for i in range(96))
 def test_slow_steps_on_a_cadence_are_named_from_1_ms_with_their_period():
     f = run("step_time_unstable", ctx(step_times=CHECKPOINTS))
     assert f.title == "Training stalls every 8 batches"
-    assert "12 steps >= 1.5x the median every 8 batches, at batches 7, 15, 23, 31, 39, 47, 55, 63, ..." in f.evidence
+    assert (
+        "every 8 batches (at batches 7, 15, 23, 31, 39, 47, 55, 63, ...) a step 1.90 ms slower than the other batches'"
+        " median 1.10 ms, in 12 of 12 cycles (a cadence: each cycle's slow step at the same position, from 1.00 ms"
+        " above the others and 2% of the epoch)" in f.evidence
+    )
     assert "(warning >= 1.5x and >= 1.00 ms above it)" in f.evidence
     assert "`ModelCheckpoint(every_n_train_steps=...)`" in f.advice
 
@@ -1004,6 +995,30 @@ def test_a_wide_spread_without_spikes():
     assert "p90 step 25.00 ms is 2.50x the median 10.00 ms (warning >= 1.5x and >= 4.00 ms above it)" in f.evidence
     assert "bucket" in f.advice
     assert "dataloader_bound" not in f.advice  # 1% data wait: no such finding to point at
+
+
+# A freshly booted 2-CPU VM, nothing else running: a clean compiled model's 4-ms steps read "p90 2.19x the median", a
+# well-tuned one's "1.57x" (warnings). A few steps late by a scheduler slice, or the host taking the vCPU in a burst.
+VM_BURST = tuple(0.0088 if i in (12, 13, 14, 15) else 0.004 for i in range(32))
+
+
+def test_slow_steps_bunched_in_one_stretch_are_information():
+    f = run("step_time_unstable", ctx(step_times=VM_BURST))
+    assert f.title == "Training step time unstable: p90 2.08x the median" and f.severity == "info"
+    assert f.evidence.startswith(
+        "the slow steps' time beyond the median is bunched: 100% of it in one quarter of the epoch, in 1 of its 4"
+        " quarters (warning: in >= 3, none holding more than half)"
+    )
+    # The same slow steps spread over the epoch: a warning.
+    spread_over = tuple(0.0088 if i in (4, 12, 20, 28) else 0.004 for i in range(32))
+    assert run("step_time_unstable", ctx(step_times=spread_over)).severity == "warning"
+
+
+def test_a_few_spikes_in_a_long_epoch_are_information():
+    # Three stalls of 20 ms among 200 steps of 10 ms: 3% of the epoch, as a busy machine's scheduler makes.
+    f = run("step_time_unstable", ctx(step_times=_steps({40, 100, 160}, spike=0.03)))
+    assert f.title == "Training step time spikes 3 times" and f.severity == "info"
+    assert f.evidence.startswith("the slow steps (>= 1.5x the median and 4.00 ms above it) took 2% of the epoch")
 
 
 def test_a_wide_spread_names_an_uneven_data_wait_where_the_epoch_waits_for_data():
