@@ -40,7 +40,7 @@ DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 Thread = tuple[Any, Any]  # (pid, tid)
 # Fields of events, as functions (``map`` over 10^5 events).
 TS_OF, DUR_OF, NAME_OF, CAT_OF = attrgetter("ts"), attrgetter("dur"), attrgetter("name"), attrgetter("cat")
-_COMPLETE_TYPES = (Complete, ShapedComplete)
+COMPLETE_TYPES = (Complete, ShapedComplete)
 
 
 @dataclass
@@ -68,7 +68,7 @@ class TraceIndex:
         # A trace holds 10^5 events, and each pass over them costs: list comprehensions with type tests (twice
         # as fast as isinstance; faster than one loop sorting the events out with appends).
         events = trace.traceEvents
-        complete: list[Complete] = [e for e in events if type(e) in _COMPLETE_TYPES]
+        complete: list[Complete] = [e for e in events if type(e) in COMPLETE_TYPES]
         threads = _by_thread([e for e in complete if e.cat in HOST_OP_CATEGORIES])
         host, steps, columns = {}, {}, {}
         for thread, spans in threads.items():
