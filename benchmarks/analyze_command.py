@@ -22,6 +22,7 @@ Run it from the repository root::
     python benchmarks/analyze_command.py                                   # the 109k-event A100 fixture
     python benchmarks/analyze_command.py --trees .,/tmp/old --rounds 9     # A/B: this tree, an older copy
     python benchmarks/analyze_command.py path/to/rank0.pt.trace.json.gz
+    python benchmarks/analyze_command.py --no-bytecode     # as run where PYTHONDONTWRITEBYTECODE=1
 
 The output is a line per command with the medians and ranges over the rounds, and each tree's ratios: tb-profiler's
 median over the command's, wall and CPU. On a loaded machine the wall times swing with the load (each waits for
@@ -47,12 +48,16 @@ DEFAULT_TRACE = REPO.parent / "shared" / "fixtures" / "gpu-traces" / "a100_8rank
 TARGET = 5.0  # the issue's: the whole command at least 5x faster than tb-profiler's parse
 
 
-def _env(tree: str, bytecode: str) -> dict[str, str]:
+def _env(tree: str, bytecode: str | None) -> dict[str, str]:
     """The environment of a tree's command: the tree first on ``PYTHONPATH``, its bytecode cached under
-    ``bytecode`` (written by the untimed first run, read by the timed ones), as an installed package has it."""
+    ``bytecode`` (written by the untimed first run, read by the timed ones), as an installed package has it;
+    ``None``: no bytecode written, each run compiles the package's modules again."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(tree), *filter(None, [env.get("PYTHONPATH")])])
-    env["PYTHONPYCACHEPREFIX"] = bytecode  # mirrors each source's absolute path: the trees' do not mix
+    if bytecode is None:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    else:
+        env["PYTHONPYCACHEPREFIX"] = bytecode  # mirrors each source's absolute path: the trees' do not mix
     return env
 
 
@@ -115,6 +120,9 @@ def main() -> None:
     parser.add_argument("--trees", default=str(REPO), help="comma-separated package roots to compare")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-tb", action="store_true", help="time the command only")
+    parser.add_argument(
+        "--no-bytecode", action="store_true", help="compile the package at every run (PYTHONDONTWRITEBYTECODE=1)"
+    )
     args = parser.parse_args()
     trees = args.trees.split(",")
     walls: dict[str, list[float]] = {tree: [] for tree in trees}
@@ -122,7 +130,7 @@ def main() -> None:
     tb: list[float] = []
     tb_cpu: list[float] = []
     bytecode = tempfile.mkdtemp(prefix="analyze_command_pyc_")
-    envs = {tree: _env(tree, bytecode) for tree in trees}
+    envs = {tree: _env(tree, None if args.no_bytecode else bytecode) for tree in trees}
     for tree in trees:  # once each, untimed: the page cache and the bytecode are warm for every round
         _timed(_command(args.trace), envs[tree])
     for _ in range(args.rounds):
@@ -135,7 +143,8 @@ def main() -> None:
                 wall, cpu = tb_seconds(args.trace, workdir)
             tb.append(wall)
             tb_cpu.append(cpu)
-    print(f"{args.trace}: {args.rounds} rounds, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    cached = "compiled at every run" if args.no_bytecode else "bytecode cached"
+    print(f"{args.trace}: {args.rounds} rounds, {cached}, load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
     for tree in trees:
         imports, modules = import_seconds(envs[tree], args.trace)
         line = f"  {tree}: wall {_spread(walls[tree])}, CPU {_spread(cpus[tree])}"
