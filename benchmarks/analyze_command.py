@@ -149,6 +149,10 @@ def main() -> None:
         imports, modules = import_seconds(envs[tree], args.trace)
         line = f"  {tree}: wall {_spread(walls[tree])}, CPU {_spread(cpus[tree])}"
         line += f"; imports {imports:.3f} s, {modules} modules"
+        if tree != trees[0]:  # round by round against the first tree: what the load did to both cancels
+            cpu_change = statistics.median(b / a for a, b in zip(cpus[trees[0]], cpus[tree], strict=True))
+            wall_change = statistics.median(b / a for a, b in zip(walls[trees[0]], walls[tree], strict=True))
+            line += f"; over {trees[0]}'s in the same round: {wall_change:.2f}x wall, {cpu_change:.2f}x CPU"
         if tb:
             ratio = statistics.median(tb) / statistics.median(walls[tree])
             cpu_ratio = statistics.median(tb_cpu) / statistics.median(cpus[tree])

@@ -42,7 +42,7 @@ def default_dirpath(
     1. ``<log_dir>/perf``: the first logger's directory.
     2. ``<root_dir>/perf``: ``default_root_dir`` set to another directory than ``cwd``. Lightning's own
        profilers write there without a logger.
-    3. ``<parent>/perf``, the parent of the first checkpoint directory a ``ModelCheckpoint`` was given. That
+    3. ``<parent>/perf``, the parent of the first local checkpoint directory a ``ModelCheckpoint`` was given. That
        parent is the run's directory in Lightning's own layout (``<log_dir>/checkpoints``) and in libraries that
        follow it (darts: ``darts_logs/<model_name>/checkpoints``). Not inside it: ``ModelCheckpoint`` warns
        when its directory holds other files, and its directory is often copied or pruned as a whole.
@@ -62,7 +62,7 @@ def default_dirpath(
         return os.path.join(log_dir, PERF_SUBDIR), None
     if os.path.abspath(root_dir) != os.path.abspath(cwd):
         return os.path.join(root_dir, PERF_SUBDIR), "in default_root_dir: the Trainer has no logger"
-    checkpoints = next((d for d in checkpoint_dirs if d), None)
+    checkpoints = next((d for d in checkpoint_dirs if d and "://" not in d), None)  # a local one
     if checkpoints is not None:
         parent = os.path.dirname(os.path.normpath(os.path.abspath(checkpoints)))
         return os.path.join(parent, PERF_SUBDIR), "beside the checkpoints: the Trainer has no logger"

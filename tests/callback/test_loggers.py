@@ -245,6 +245,7 @@ def test_without_a_logger_the_output_goes_beside_the_checkpoints_and_the_console
         ("/logs/version_0", "/cwd", ["/run/checkpoints"], "/logs/version_0/perf", None),
         (None, "/root", ["/run/checkpoints"], "/root/perf", "in default_root_dir"),
         (None, "/cwd", [None, "/run/checkpoints/", "/other"], "/run/perf", "beside the checkpoints"),
+        (None, "/cwd", ["s3://bucket/checkpoints", "/run/checkpoints"], "/run/perf", "beside the checkpoints"),
         (None, "/cwd", [None], "/cwd/perf", "in the working directory"),
         (None, "/cwd", [], "/cwd/perf", "in the working directory"),
     ],
