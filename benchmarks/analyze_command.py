@@ -1,6 +1,6 @@
 """
 The whole ``lightning-perf analyze`` command against torch-tb-profiler's parse
-===========================================================================
+==============================================================================
 
 What a user waits for: ``python -m lightning_perf analyze TRACE`` from start to exit, imports included, next to
 what TensorBoard's Profiler tab runs per worker on the same trace (``RunProfileData.parse`` then
@@ -24,9 +24,10 @@ Run it from the repository root::
     python benchmarks/analyze_command.py path/to/rank0.pt.trace.json.gz
     python benchmarks/analyze_command.py --no-bytecode     # as run where PYTHONDONTWRITEBYTECODE=1
 
-The output is a line per command with the medians and ranges over the rounds, and each tree's ratios: tb-profiler's
-median over the command's, wall and CPU. On a loaded machine the wall times swing with the load (each waits for
-a CPU); the CPU ratio holds steadier.
+The output is a line per command with the medians and ranges over the rounds; each later tree's time over the
+first tree's in the same round (the median of the rounds' ratios: what the load did to both cancels); and
+tb-profiler's median over each command's, wall and CPU. On a loaded machine the wall times swing with the load
+(each process waits for a CPU); the CPU ratios hold steadier.
 """
 
 from __future__ import annotations
