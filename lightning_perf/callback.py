@@ -75,9 +75,11 @@ class PerfCallback(StageEvents, ResultsView):
             window, each preceded by ``schedule.warmup`` warm-up batches. Replaces the cycles of ``schedule``.
         stages: Which of ``"train"``, ``"validate"``, ``"test"``, ``"predict"`` to profile.
         max_windows: At most this many windows per stage per run (``0``: none).
-        dirpath: Output directory. Default: ``<logger.log_dir>/perf`` (``<default_root_dir>/perf`` without
-            a logger), so that ``tensorboard --logdir <logger root>`` shows a run's scalars and traces. Under
-            ``Trainer(fast_dev_run=...)`` nothing is written (no window, event file or report).
+        dirpath: Output directory. Default: ``<logger.log_dir>/perf``, so that ``tensorboard --logdir <logger
+            root>`` shows a run's scalars and traces. Without a logger: ``<default_root_dir>/perf`` where it is
+            set, else ``perf`` beside the first ``ModelCheckpoint(dirpath=...)``, else ``./perf``; the console
+            says where, once. Under ``Trainer(fast_dev_run=...)`` nothing is written (no window, event file or
+            report).
         record_shapes: Record operator input shapes (``torch.profiler`` option; larger traces).
         profile_memory: Record tensor allocations (``torch.profiler`` option; slower windows).
         with_stack: Record Python call stacks (``torch.profiler`` option; much larger, slower traces).
@@ -230,6 +232,8 @@ class PerfCallback(StageEvents, ResultsView):
         charted = charted_stages(stage, self.config.stages, ran={e.stage for e in self.epochs})
         places = output_places(trainer, self.config.dirpath, self._report_file, charted)  # all None: fast_dev_run
         self.dirpath, self.tensorboard_logdir = places.dirpath, places.tensorboard_logdir
+        if places.place is not None:
+            self._policy.info_once("output-dir", f"lightning-perf: output in {places.dirpath} ({places.place})")
         self._report_file = places.report_file
         self._epochs.report_path, self._epochs.outputs = places.report_path, places.outputs
         device = trainer.strategy.root_device

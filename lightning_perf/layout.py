@@ -7,7 +7,7 @@ callback, the tests and (later) the offline CLI agree.
 
 ::
 
-    <dirpath>/                                  # default: <logger.log_dir>/perf
+    <dirpath>/                                  # default: <logger.log_dir>/perf (default_dirpath)
         perf_report.json                        # the run's report (lightning_perf.report.json_report)
         report.html                             # the same as one self-contained page (report.html)
         train-epoch000-batches0006-0008/        # one directory per window: a run in the Profiler tab
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 PERF_SUBDIR = "perf"
@@ -29,6 +29,47 @@ REPORT_SCHEMA_VERSION = 1  # perf_report.json's "version" (lightning_perf.report
 TRACE_SUFFIX = ".pt.trace.json.gz"
 OPERATORS_SUFFIX = ".operators.md"
 STAGED_MARK = ".staged"  # in a rank's trace name until every rank of the window has written its own
+
+
+def default_dirpath(
+    log_dir: str | None, root_dir: str, checkpoint_dirs: Sequence[str | None], *, cwd: str
+) -> tuple[str, str | None]:
+    """Where a run's output goes when the ``dirpath`` option is unset, and what chose it.
+
+    A run writes beside the logs and checkpoints of the program or library that built the Trainer. The first
+    of these that the Trainer gives is used:
+
+    1. ``<log_dir>/perf``: the first logger's directory.
+    2. ``<root_dir>/perf``: ``default_root_dir`` set to another directory than ``cwd``. Lightning's own
+       profilers write there without a logger.
+    3. ``<parent>/perf``, the parent of the first local checkpoint directory a ``ModelCheckpoint`` was given. That
+       parent is the run's directory in Lightning's own layout (``<log_dir>/checkpoints``) and in libraries that
+       follow it (darts: ``darts_logs/<model_name>/checkpoints``). Not inside it: ``ModelCheckpoint`` warns
+       when its directory holds other files, and its directory is often copied or pruned as a whole.
+    4. ``<cwd>/perf``.
+
+    Args:
+        log_dir: The first logger's directory; ``None`` without a logger, or where the logger has no directory.
+        root_dir: The Trainer's ``default_root_dir`` (``cwd`` unless set).
+        checkpoint_dirs: The ``dirpath`` of each checkpoint callback, ``None`` where it was left unset.
+        cwd: The working directory.
+
+    Returns:
+        ``(dirpath, place)``: the directory, and ``None`` where a logger chose it, else what did, in words (the
+        console says it once).
+    """
+    if log_dir:
+        return os.path.join(log_dir, PERF_SUBDIR), None
+    if os.path.abspath(root_dir) != os.path.abspath(cwd):
+        return os.path.join(root_dir, PERF_SUBDIR), "in default_root_dir: the Trainer has no logger"
+    checkpoints = next((d for d in checkpoint_dirs if d and "://" not in d), None)  # a local one
+    if checkpoints is not None:
+        parent = os.path.dirname(os.path.normpath(os.path.abspath(checkpoints)))
+        return os.path.join(parent, PERF_SUBDIR), "beside the checkpoints: the Trainer has no logger"
+    return os.path.join(cwd, PERF_SUBDIR), (
+        "in the working directory: the Trainer has no logger, default_root_dir or checkpoint directory;"
+        " PerfCallback(dirpath=...) chooses another"
+    )
 
 
 def staged_path(trace_path: str) -> str:

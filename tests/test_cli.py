@@ -232,6 +232,33 @@ def test_analyzing_a_run_s_traces_loads_neither_torch_nor_lightning(runs):
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+# What `analyze` leaves unimported without --html and --jobs: the other commands, the HTML pages and the
+# operator table (--html), the worker processes (--jobs), and numpy's masked arrays (which np.unique loads).
+NOT_FOR_ANALYZE = (
+    "lightning_perf.cli.compare",
+    "lightning_perf.cli.report",
+    "lightning_perf.report.html",
+    "lightning_perf.report.json_report",
+    "lightning_perf.summarize.operators",
+    "concurrent.futures.process",
+    "multiprocessing",
+    "numpy.ma",
+)
+
+
+def test_analyze_imports_only_what_the_command_runs(gpu_trace):
+    # Each costs start-up time on every `analyze` (and compiling, where bytecode is not cached).
+    code = (
+        "import json, sys\nfrom lightning_perf.cli import main\n"
+        f"assert main(['analyze', {str(gpu_trace('a100_8rank_rank3.json.gz'))!r}]) == 0\n"
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert "communication_bound" in out.stdout  # the trace's own finding: the command ran
+    assert sorted(loaded & set(NOT_FOR_ANALYZE)) == []
+
+
 def test_compare_rounds_shares_down_as_everywhere_else(tmp_path, capsys):
     # A data wait of 99.6% is shown as 99%, not as all of the step (as the findings and the console show it).
     from lightning_perf.report.json_report import report_dict, write_json_atomically

@@ -22,15 +22,13 @@ stderr and exit code 2. Nothing here imports torch or Lightning, so the commands
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 
 from lightning_perf import __version__
-from lightning_perf.cli.analyze import command_analyze
-from lightning_perf.cli.compare import command_compare
 from lightning_perf.cli.inputs import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, UsageError, find_traces
-from lightning_perf.cli.report import command_report
 from lightning_perf.readers import InputError
 from lightning_perf.traces import collector_paused
 
@@ -49,7 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", type=int, default=2, choices=(1, 2), help="2: also info findings and evidence"
     )
     _html_option(report, "report.html", "the run's page (the one the callback writes beside perf_report.json; one run)")
-    report.set_defaults(run=command_report)
 
     analyze = commands.add_parser("analyze", help="the trace-level rules on Kineto traces")
     analyze.add_argument(
@@ -62,7 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("-v", "--verbose", type=int, default=1, choices=(1, 2))
     analyze.add_argument("-j", "--jobs", type=_jobs, default=1, help="read the traces in this many processes")
     _html_option(analyze, "traces.html", "a page of the traces (step breakdowns, findings, operator tables)")
-    analyze.set_defaults(run=command_analyze)
 
     compare = commands.add_parser("compare", help="two runs or two traces side by side")
     compare.add_argument("before", help="a run directory, a perf_report.json, or a trace")
@@ -78,7 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--precision", default=None, help=argparse.SUPPRESS)
     compare.add_argument("--json", action="store_true")
     _html_option(compare, "compare.html", "a page of the two side by side (deltas, findings, operator changes)")
-    compare.set_defaults(run=command_compare)
     return parser
 
 
@@ -106,9 +101,11 @@ def _html_option(command: argparse.ArgumentParser, page_name: str, what: str) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The command's own module only (`lightning_perf.cli.analyze` for `analyze`): a command imports no other's.
+    run = getattr(importlib.import_module(f"lightning_perf.cli.{args.command}"), f"command_{args.command}")
     try:
         with collector_paused():  # a command is short-lived and builds 10^5 acyclic records: it runs without
-            return args.run(args)
+            return run(args)
     except InputError as err:
         print(f"lightning-perf: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -18,7 +18,6 @@ import functools
 import json
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from lightning_perf.cli.inputs import (
@@ -34,13 +33,12 @@ from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnosis_context import cross_rank_findings, trace_context, trace_stage
 from lightning_perf.readers import load_trace
-from lightning_perf.records import CollectiveStats, RankSummary, TraceSummary, share
+from lightning_perf.records import CollectiveStats, OperatorStat, RankSummary, TraceSummary, share
+from lightning_perf.report.analyzed import AnalyzedDirectory, AnalyzedTrace
 from lightning_perf.report.collectives import collectives_table
 from lightning_perf.report.findings import CLEAN, finding_lines, ranks_table, shown_findings
-from lightning_perf.report.html.traces_page import AnalyzedDirectory, AnalyzedTrace, traces_page
 from lightning_perf.summarize.collectives import collective_stats
 from lightning_perf.summarize.events import KinetoTrace, distributed_info
-from lightning_perf.summarize.operators import operator_stats
 from lightning_perf.summarize.ranks import rank_summary_of_trace
 from lightning_perf.summarize.step_summary import summarize_trace
 from lightning_perf.units import count, duration_us, percent
@@ -114,6 +112,8 @@ def command_analyze(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results, indent=1))
     if page_path is not None:
+        from lightning_perf.report.html.traces_page import traces_page  # the page's modules: with --html only
+
         write_page(traces_page(pages), page_path, quiet_stdout=args.json)
     return EXIT_OK
 
@@ -122,7 +122,12 @@ def analyzed_trace(path: str, *, precision: str | None, world_size: int, operato
     """One trace as the page and the printout need it (its operator table only where ``operators``); the trace
     itself is let go: one trace in memory at a time per process."""
     trace, summary, collectives, findings = analyzed(path, precision=precision, world_size=world_size)
-    rank, table = trace_rank(path, trace), operator_stats(trace) if operators else ()
+    table: tuple[OperatorStat, ...] = ()
+    if operators:
+        from lightning_perf.summarize.operators import operator_stats  # for the page only
+
+        table = operator_stats(trace)
+    rank = trace_rank(path, trace)
     del trace
     # Absolute: the page's commands (tensorboard --logdir, perfetto) must work wherever it is opened.
     return AnalyzedTrace(os.path.abspath(path), rank, summary, tuple(findings), table, collectives)
@@ -133,6 +138,8 @@ def _mapped(one: Callable[[str], AnalyzedTrace], paths: Sequence[str], jobs: int
     reads and summarizes its traces on its own CPU and sends back the small results), else here."""
     if jobs <= 1 or len(paths) <= 1:
         return [one(path) for path in paths]
+    from concurrent.futures import ProcessPoolExecutor  # multiprocessing's modules: with --jobs only
+
     with ProcessPoolExecutor(max_workers=min(jobs, len(paths))) as pool:
         return list(pool.map(one, paths, chunksize=max(len(paths) // (4 * jobs), 1)))
 

@@ -92,6 +92,8 @@ class OutputPlaces:
         report_path: ``dirpath`` joined with ``report_file``.
         tensorboard_logdir: The ``tensorboard --logdir`` that shows the run's scalars and traces.
         outputs: The loggers and the event file the callback writes to, its writer already opened.
+        place: What chose ``dirpath`` where no logger or ``dirpath`` option did (:func:`~lightning_perf.layout.
+            default_dirpath`), else ``None``.
     """
 
     dirpath: str | None
@@ -99,6 +101,7 @@ class OutputPlaces:
     report_path: str | None
     tensorboard_logdir: str | None
     outputs: Outputs | None
+    place: str | None = None
 
 
 def output_places(
@@ -109,8 +112,8 @@ def output_places(
 
     Args:
         trainer: The trainer being set up.
-        dirpath: The ``dirpath`` option: default ``<logger.log_dir>/perf`` (``<default_root_dir>/perf``
-            without a logger).
+        dirpath: The ``dirpath`` option: default ``<logger.log_dir>/perf``, and without a logger
+            :func:`~lightning_perf.layout.default_dirpath`.
         report_file: The report's name at an earlier setup of the same callback: kept while that file exists
             (``fit`` then ``test`` write one report).
         stages: The stages measured: TensorBoard's Custom Scalars layout draws theirs.
@@ -124,7 +127,13 @@ def output_places(
         return OutputPlaces(
             dirpath=None, report_file=report_file, report_path=None, tensorboard_logdir=None, outputs=None
         )
-    dirpath = os.path.abspath(dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, layout.PERF_SUBDIR))
+    place = None
+    if dirpath is None:
+        log_dir = trainer.log_dir  # every rank asks: Lightning broadcasts rank 0's
+        checkpoints = [getattr(cb, "dirpath", None) for cb in trainer.checkpoint_callbacks]
+        logger_dir = log_dir if trainer.loggers else None
+        dirpath, place = layout.default_dirpath(logger_dir, trainer.default_root_dir, checkpoints, cwd=os.getcwd())
+    dirpath = os.path.abspath(dirpath)
     try:
         os.makedirs(dirpath, exist_ok=True)
     except OSError as err:
@@ -152,6 +161,7 @@ def output_places(
         report_path=os.path.join(dirpath, report_file),
         tensorboard_logdir=tensorboard_logdir,
         outputs=outputs,
+        place=place,
     )
 
 

@@ -35,9 +35,9 @@ from typing import Any
 
 from lightning_perf.records import CollectiveStats
 from lightning_perf.summarize.events import Complete, KinetoTrace, distributed_info
+from lightning_perf.summarize.index import COMPLETE_TYPES, TraceIndex
 from lightning_perf.summarize.intervals import length_within, union
 from lightning_perf.summarize.kernels import COMMUNICATION_KERNEL_MARK
-from lightning_perf.traces import step_number
 
 #: nccl-tests' bus bandwidth factors (``doc/PERFORMANCE.md``), by the kind's name with ``_`` removed, for
 #: ``n`` ranks: what each rank's link carries for ``S`` bytes, over ``S``.
@@ -85,29 +85,29 @@ def message_bytes(args: Any) -> int | None:
 
 def collective_stats(trace: KinetoTrace) -> tuple[CollectiveStats, ...]:
     """The window's collectives per kind and process group, the most time first (see the module docstring)."""
-    kernels: list[Complete] = []
-    spans: list[Complete] = []  # gloo's
-    steps = 0
-    for e in trace.traceEvents:  # one pass: a window's trace holds tens of thousands of operators
-        if not isinstance(e, Complete):
-            continue
+    # The trace's index (built once for the step summary and the operator table) holds its device events and
+    # ProfilerStep#N spans sorted out: no pass over the 10^5 events here, but for gloo's spans.
+    index = TraceIndex.of(trace)
+    steps = max(sum(e.cat == "user_annotation" for spans in index.steps.values() for e in spans), 1)
+    nccl: list[Complete] = []
+    others: list[Complete] = []
+    for e in index.device:
         if e.cat == "kernel":
-            kernels.append(e)
-        elif e.name.startswith(_BACKEND_PREFIXES) and e.cat != "gpu_user_annotation":
-            spans.append(e)
-        elif e.cat == "user_annotation" and step_number(e.name) is not None:
-            steps += 1
-    steps = max(steps, 1)
-    nccl = [e for e in kernels if COMMUNICATION_KERNEL_MARK in e.name.lower()]
+            (nccl if COMMUNICATION_KERNEL_MARK in e.name.lower() else others).append(e)
     ranks = _world_size(trace)  # where a call does not say its group's size
     if nccl:
-        compute = union((e.ts, e.ts + e.dur) for e in kernels if COMMUNICATION_KERNEL_MARK not in e.name.lower())
+        compute = union((e.ts, e.ts + e.dur) for e in others)
         calls = [
             _Call(kind, e.args, e.dur, e.dur - length_within(compute, [(e.ts, e.ts + e.dur)]), ranks)
             for e in nccl
             if (kind := _kernel_kind(e)) is not None
         ]
         return _grouped(calls, steps, on_device=True)
+    spans = [  # gloo's: any category but a GPU annotation's
+        e
+        for e in trace.traceEvents
+        if type(e) in COMPLETE_TYPES and e.name.startswith(_BACKEND_PREFIXES) and e.cat != "gpu_user_annotation"
+    ]
     calls = [_Call(e.name.split(":", 1)[1], None, e.dur, e.dur, ranks) for e in spans]
     return _grouped(calls, steps, on_device=False)
 

@@ -40,7 +40,7 @@ DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 Thread = tuple[Any, Any]  # (pid, tid)
 # Fields of events, as functions (``map`` over 10^5 events).
 TS_OF, DUR_OF, NAME_OF, CAT_OF = attrgetter("ts"), attrgetter("dur"), attrgetter("name"), attrgetter("cat")
-_COMPLETE_TYPES = (Complete, ShapedComplete)
+COMPLETE_TYPES = (Complete, ShapedComplete)
 
 
 @dataclass
@@ -68,7 +68,7 @@ class TraceIndex:
         # A trace holds 10^5 events, and each pass over them costs: list comprehensions with type tests (twice
         # as fast as isinstance; faster than one loop sorting the events out with appends).
         events = trace.traceEvents
-        complete: list[Complete] = [e for e in events if type(e) in _COMPLETE_TYPES]
+        complete: list[Complete] = [e for e in events if type(e) in COMPLETE_TYPES]
         threads = _by_thread([e for e in complete if e.cat in HOST_OP_CATEGORIES])
         host, steps, columns = {}, {}, {}
         for thread, spans in threads.items():
@@ -111,6 +111,12 @@ class Columns:
         return by_code([category in categories for category in HOST_CATEGORIES], self.category_code)
 
 
+def distinct_codes(code: Any) -> Any:
+    """The distinct values of an array of codes (integers from 0), ascending, as ``np.unique`` gives them,
+    without ``np.unique``'s import of numpy's masked arrays (numpy 2: at its first call)."""
+    return np.flatnonzero(np.bincount(code)) if len(code) else np.zeros(0, dtype=np.intp)
+
+
 def by_code(flags: list[bool], codes: Any) -> Any:
     """Each code's flag, as a boolean array (``flags``: one per distinct value)."""
     return np.array(flags, dtype=bool)[codes] if flags else np.zeros(len(codes), dtype=bool)
@@ -126,8 +132,10 @@ def codes(values: list[Any]) -> tuple[Any, list[Any]]:
 def _first_appearance(code: Any, values: list[Any]) -> tuple[Any, list[Any]]:
     """``code`` (codes into ``values``) renumbered as :func:`codes` numbers them: the values they hold, in
     order of first appearance."""
-    held, first = np.unique(code, return_index=True)
-    held = held[np.argsort(first)]
+    first = np.full(len(values), len(code), dtype=np.intp)  # each value's first position in code
+    np.minimum.at(first, code, np.arange(len(code)))
+    held = np.flatnonzero(first < len(code))
+    held = held[np.argsort(first[held])]
     renumbered = np.zeros(len(values), dtype=np.intp)
     renumbered[held] = np.arange(len(held))
     return renumbered[code], [values[i] for i in held.tolist()]
@@ -153,7 +161,7 @@ def _sorted(spans: list[Complete]) -> tuple[list[Complete], list[Complete], Colu
     ordered = starts[order]
     tied = np.flatnonzero(ordered[1:] == ordered[:-1])
     if len(tied):
-        runs = np.unique(np.concatenate((tied, tied + 1)))  # the positions of the runs of equal starts
+        runs = distinct_codes(np.concatenate((tied, tied + 1)))  # the positions of the runs of equal starts
         order[runs] = order[runs][np.lexsort((-durations[order[runs]], ordered[runs]))]
     is_step = by_code([step_number(name) is not None for name in names], name_code[order])
     steps, order = order[is_step], order[~is_step]

@@ -28,7 +28,18 @@ import numpy as np
 
 from lightning_perf.records import TraceSummary
 from lightning_perf.summarize.events import CPU_DEVICE_TYPE, Complete, KinetoTrace, as_trace
-from lightning_perf.summarize.index import CAT_OF, DUR_OF, NAME_OF, TS_OF, Columns, Thread, TraceIndex, by_code, codes
+from lightning_perf.summarize.index import (
+    CAT_OF,
+    DUR_OF,
+    NAME_OF,
+    TS_OF,
+    Columns,
+    Thread,
+    TraceIndex,
+    by_code,
+    codes,
+    distinct_codes,
+)
 from lightning_perf.summarize.intervals import Interval, merge_arrays, outermost, starts_in, subtract, union
 from lightning_perf.summarize.kernels import COMMUNICATION_KERNEL_MARK, device_properties, is_fp32_gemm
 from lightning_perf.summarize.step_spans import US, Scan, Steps
@@ -301,7 +312,7 @@ class _DeviceSets:
         for low, high in steps.ranges:
             in_steps[np.searchsorted(starts, low, side="left") : np.searchsorted(starts, high, side="left")] = True
         step_kernels = np.flatnonzero(kernel & in_steps)
-        fp32 = {int(code): is_fp32_gemm(names[code]) for code in np.unique(name_code[step_kernels])}
+        fp32 = {int(code): is_fp32_gemm(names[code]) for code in distinct_codes(name_code[step_kernels])}
         times = ends[step_kernels] - starts[step_kernels]
         fp32_kernel = np.array([fp32[code] for code in name_code[step_kernels].tolist()], dtype=bool)
         return cls(

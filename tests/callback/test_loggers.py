@@ -7,8 +7,10 @@ import gc
 import os
 import warnings
 
+import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -16,6 +18,7 @@ from tensorboard.plugins.custom_scalar.metadata import CONFIG_SUMMARY_TAG as LAY
 from torch import nn
 
 from lightning_perf import PerfCallback
+from lightning_perf.layout import default_dirpath
 from models import SleepyDataset, TinyModel, trainer
 from purity import heavy_modules_loaded_by
 
@@ -194,6 +197,65 @@ def test_the_callback_does_not_import_pytorch_lightning():
     # Recognizing the standalone package's classes must not load it into a run that does not use it (the
     # callback imports the modules that look them up).
     assert "pytorch_lightning" not in heavy_modules_loaded_by("lightning_perf.callback")
+
+
+# ------------------------------------------------------------------------------- no logger: beside the checkpoints
+
+
+def _checkpointed_fit(tmp_path, package: str):
+    """A Trainer shaped as darts builds it: no logger, no ``default_root_dir``, checkpoints in the library's own
+    run directory (``<work_dir>/<model_name>/checkpoints``); run from an empty working directory."""
+    if package == "pytorch_lightning":
+        ptl, Standalone = _standalone()
+        trainer_class, checkpoint, model = ptl.Trainer, ptl.callbacks.ModelCheckpoint, Standalone()
+    else:
+        trainer_class, checkpoint, model = pl.Trainer, ModelCheckpoint, Logging(n=32)
+    run_dir = tmp_path / "work" / "model"
+    perf = PerfCallback(**ONE_WINDOW)
+    callbacks = [perf, checkpoint(dirpath=run_dir / "checkpoints", filename="last-{epoch}")]
+    t = trainer(
+        tmp_path, callbacks, trainer_class=trainer_class, logger=False, default_root_dir=None, enable_checkpointing=True
+    )
+    t.fit(model)
+    t.validate(model)
+    return perf, run_dir
+
+
+@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
+def test_without_a_logger_the_output_goes_beside_the_checkpoints_and_the_console_says_so(
+    tmp_path, monkeypatch, caplog, package
+):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    with caplog.at_level("INFO"):
+        perf, run_dir = _checkpointed_fit(tmp_path, package)
+    assert os.listdir(cwd) == []
+    assert perf.dirpath == str(run_dir / "perf") and perf.report_path == str(run_dir / "perf" / "perf_report.json")
+    assert os.path.exists(perf.report_path) and len(perf.windows) == 1
+    assert sorted(os.listdir(run_dir)) == ["checkpoints", "perf"]
+    assert all(f.endswith(".ckpt") for f in os.listdir(run_dir / "checkpoints"))  # nothing of ours in there
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lightning-perf: output in")]
+    assert said == [f"lightning-perf: output in {run_dir / 'perf'} (beside the checkpoints: the Trainer has no logger)"]
+
+
+@pytest.mark.parametrize(
+    ("log_dir", "root_dir", "checkpoints", "expected", "place"),
+    [
+        ("/logs/version_0", "/cwd", ["/run/checkpoints"], "/logs/version_0/perf", None),
+        (None, "/root", ["/run/checkpoints"], "/root/perf", "in default_root_dir"),
+        (None, "/cwd", [None, "/run/checkpoints/", "/other"], "/run/perf", "beside the checkpoints"),
+        (None, "/cwd", ["s3://bucket/checkpoints", "/run/checkpoints"], "/run/perf", "beside the checkpoints"),
+        (None, "/cwd", [None], "/cwd/perf", "in the working directory"),
+        (None, "/cwd", [], "/cwd/perf", "in the working directory"),
+    ],
+)
+def test_the_default_output_directory_follows_the_logger_the_root_then_the_checkpoints(
+    log_dir, root_dir, checkpoints, expected, place
+):
+    dirpath, said = default_dirpath(log_dir, root_dir, checkpoints, cwd="/cwd")
+    assert dirpath == expected
+    assert said is None if place is None else said.startswith(place)
 
 
 # ----------------------------------------------------------------------------------------------- fast_dev_run

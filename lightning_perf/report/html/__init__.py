@@ -10,8 +10,9 @@ written with a chart.
 
 from __future__ import annotations
 
+from lightning_perf.report.analyzed import AnalyzedDirectory, AnalyzedTrace
 from lightning_perf.report.html.document import Page
 from lightning_perf.report.html.run_page import run_page
-from lightning_perf.report.html.traces_page import AnalyzedDirectory, AnalyzedTrace, traces_page
+from lightning_perf.report.html.traces_page import traces_page
 
 __all__ = ["AnalyzedDirectory", "AnalyzedTrace", "Page", "run_page", "traces_page"]

@@ -17,10 +17,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from lightning_perf.diagnose.model import Finding
-from lightning_perf.records import CollectiveStats, OperatorStat, RankSummary, TraceSummary
+from lightning_perf.records import TraceSummary
+from lightning_perf.report.analyzed import AnalyzedDirectory, AnalyzedTrace
 from lightning_perf.report.html.breakdown import step_breakdown
 from lightning_perf.report.html.document import Page, Section, chart, esc, page
 from lightning_perf.report.html.figures import breakdown_figure
@@ -38,44 +37,6 @@ MIN_TRACE_OPERATORS = 10
 CHART_TRACES = 64
 """Traces in a directory's breakdown chart (bars of 28 px: a 64-rank chart is about 1,900 px tall); the rest
 have their breakdown as a table in their own section."""
-
-
-@dataclass(frozen=True)
-class AnalyzedTrace:
-    """One trace as ``analyze`` read it.
-
-    Attributes:
-        path: The trace file.
-        rank: Its global rank.
-        summary: Its summary.
-        findings: The trace-level rules' findings.
-        operators: Its operator table (all rows; the page shows the top ones).
-        collectives: Its collectives per kind and process group.
-    """
-
-    path: str
-    rank: int
-    summary: TraceSummary
-    findings: tuple[Finding, ...] = ()
-    operators: tuple[OperatorStat, ...] = ()
-    collectives: tuple[CollectiveStats, ...] = ()
-
-
-@dataclass(frozen=True)
-class AnalyzedDirectory:
-    """The traces of one directory, and, for distinct ranks of one run, their cross-rank table and findings.
-
-    Attributes:
-        path: The directory.
-        traces: Its traces, by rank.
-        ranks: The per-rank table (empty unless the traces are distinct ranks of one run).
-        findings: The cross-rank findings.
-    """
-
-    path: str
-    traces: tuple[AnalyzedTrace, ...]
-    ranks: tuple[RankSummary, ...] = ()
-    findings: tuple[Finding, ...] = ()
 
 
 def _anchor(directory: int, trace: int) -> str:
