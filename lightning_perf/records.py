@@ -159,10 +159,13 @@ class EpochSummary:
         first_data_wait: The first batch's data wait, profiled or not: it holds the DataLoader's start-up
             (its worker processes, or an iterable dataset's first fetch), also where Lightning starts it
             before the epoch-start hook.
-        loading_cpu_share: The training process's CPU demand (CPU seconds, plus seconds its main thread
-            waited for a CPU) over wall seconds during the data waits of batches 1, 5, 9, ... (sampled):
-            near 1 (or above, with several threads) when it loads batches with its own CPU, near 0 when it
-            waits for workers, a disk or the network.
+        loading_cpu_share: The median, over the data waits of batches 1, 5, 9, ... (sampled), of the training
+            process's CPU seconds over the wait's wall seconds less its main thread's time queued for a CPU (at most
+            1): near 1 when it loads batches with its own CPU, near 0 when it sleeps or waits for workers, a
+            disk or the network, on a busy machine too.
+        loading_queue_share: The share of those sampled waits its main thread waited for a CPU: a busy machine's
+            part of the wait, however the loading uses the CPU (a sleeping dataset's thread queues after each
+            wake).
         worker_cpu: CPU seconds of the process's children (its DataLoader workers) during the epoch.
         wall_time: Seconds from the epoch's start (the DataLoader's start-up included) to its end hook.
         cpu_wait_share: The share of ``wall_time`` the training process's main thread was ready to run but
@@ -201,6 +204,7 @@ class EpochSummary:
     first_data_wait: float | None = None
     epochs: int = 1
     loading_cpu_share: float | None = None
+    loading_queue_share: float | None = None
     worker_cpu: float | None = None
     wall_time: float | None = None
     cpu_wait_share: float | None = None

@@ -7,9 +7,8 @@ DataLoader worker, and whether loading computes or waits.
 
 - :class:`RunQueue`: the seconds the process's main thread was ready to run but waited for a CPU (other
   threads or processes held them), from Linux's ``/proc/<pid>/schedstat``.
-- :class:`CpuDemand`: the process's CPU seconds plus that wait: read around a batch's data wait, close to the
-  wait itself when the training process loads the batch with its CPU (even on a busy machine), close to zero
-  when it waits for workers, a disk or the network.
+  Read around a batch's data wait (:class:`~lightning_perf.collect.steps.StepClock`), with the process's CPU
+  seconds: the wait less this queueing is what loading could spend on a CPU.
 - :func:`children_cpu_seconds`: CPU seconds of this process's children (its DataLoader workers; under
   Lightning's ``ddp`` launcher, rank zero's children are the other ranks too, which :class:`EpochCpu` leaves out).
 - :func:`machine_busy_seconds`: CPU seconds all processes used on the CPUs this process may run on (Linux's
@@ -50,20 +49,6 @@ class RunQueue:
 
     def close(self) -> None:
         self._file.close()
-
-
-class CpuDemand:
-    """Seconds, cumulative, of CPU the process used plus seconds its main thread waited for a CPU.
-
-    The wait (:class:`RunQueue`) keeps loading that is CPU-bound on a contended machine from reading as
-    waiting; where it cannot be read, CPU time alone.
-    """
-
-    def __init__(self) -> None:
-        self._run_queue = RunQueue()
-
-    def __call__(self) -> float:
-        return time.process_time() + (self._run_queue() or 0.0)
 
 
 def children_cpu_seconds() -> float | None:

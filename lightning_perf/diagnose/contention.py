@@ -201,8 +201,7 @@ def load_is_outside(ctx: StageEpoch) -> bool | None:
 _OUTSIDE_ADVICE = (
     "The load comes from outside this run: its {threads} fit its {cpus}, yet the training thread waited for one,"
     " so other processes hold them. Free the CPUs (stop or `renice` the other work, or give the run CPUs of its"
-    " own with `taskset` or a container's CPU limit), and time runs only on an idle machine. The epoch's other"
-    " time-share findings were measured while the machine was busy and are information only."
+    " own with `taskset` or a container's CPU limit), and time runs only on an idle machine."
 )
 
 
@@ -222,13 +221,12 @@ def _own_threads_advice(threads: int, workers: int, device: str, *, unknown: str
             " parallel operator (OpenMP's wait policy), so a training thread that wakes from a wait (loading"
             f" data, a sleep, I/O) may find none free. Call `torch.set_num_threads({threads - 1})` before training"
             " (e.g. at the top of the script or in `LightningModule.setup`) and compare the runs with"
-            " `lightning-perf compare`; the epoch's other time-share findings were measured with that wait in"
-            " them and are information only."
+            " `lightning-perf compare`."
         )
     return (
         f"{opening} (the DataLoader's {plural(workers, 'worker')}, other callbacks' or loggers' threads, a compile"
         " worker pool). Look for threads that spin or poll (`top -H -p <pid>`), and compare runs with fewer of"
-        " them (`lightning-perf compare`); the epoch's other time-share findings are information only."
+        " them (`lightning-perf compare`)."
     )
 
 
@@ -254,11 +252,51 @@ def busy_share(ctx: StageEpoch, t: Thresholds, *, ranks: bool = False) -> float 
 def busy_note(share: float, *, ranks: bool = False) -> str:
     """The evidence's opening for a finding that waiting for a CPU may explain (``ranks``: any rank's wait,
     :func:`wait_share`)."""
-    who = "some rank's training thread" if ranks else "the training thread"
-    return (
-        f"measured while the machine was busy ({who} waited for a CPU {percent(share)} of the"
-        " epoch: see `cpu_contention`), which may explain it; "
-    )
+    waited = f"{_who(ranks)} waited for a CPU {percent(share)} of the epoch"
+    return f"{BUSY_NOTE} ({waited}: see `cpu_contention`), which may explain it; "
+
+
+def kept_note(share: float, why: str, *, ranks: bool = False) -> str:
+    """The evidence's opening for a finding that keeps its severity on a busy machine, and ``why``: what holds on
+    CPU time (``ranks``: any rank's wait, :func:`wait_share`)."""
+    return f"{KEPT_NOTE} ({_who(ranks)} waited for a CPU {percent(share)} of the epoch), as {why}; "
+
+
+def _who(ranks: bool) -> str:
+    return "some rank's training thread" if ranks else "the training thread"
+
+
+def told(findings: Sequence[Finding]) -> list[Finding]:
+    """``findings`` (an epoch's, judged: :func:`measured_while_busy`), with ``cpu_contention``'s advice naming the
+    findings the busy machine made information, and those that keep their severity (their evidence says why):
+    one story on one screen."""
+    demoted = [f.id for f in findings if f.severity == "info" and BUSY_NOTE in f.evidence]
+    kept = [f.id for f in findings if f.severity != "info" and KEPT_NOTE in f.evidence]
+    if not demoted and not kept:
+        return list(findings)
+    parts = []
+    if demoted:
+        parts.append(
+            f"Measured while the machine was busy, this epoch's {_names(demoted)} {_are(demoted)} information only"
+        )
+    if kept:
+        one = len(set(kept)) == 1
+        holds = "keeps its severity: what it measures holds" if one else "keep their severity: what they measure holds"
+        parts.append(f"{_names(kept)} {holds} on CPU time (see {'its' if one else 'their'} evidence)")
+    sentence = "; ".join(parts) + "."
+    sentence = sentence[0].upper() + sentence[1:]
+    return [
+        dataclasses.replace(f, advice=f"{f.advice} {sentence}") if f.id == "cpu_contention" else f for f in findings
+    ]
+
+
+def _names(ids: Sequence[str]) -> str:
+    named = [f"`{i}`" for i in dict.fromkeys(ids)]
+    return named[0] if len(named) == 1 else ", ".join(named[:-1]) + f" and {named[-1]}"
+
+
+def _are(ids: Sequence[str]) -> str:
+    return "is" if len(set(ids)) == 1 else "are"
 
 
 def measured_while_busy(findings: Sequence[Finding], ctx: StageEpoch, t: Thresholds) -> list[Finding]:
@@ -268,13 +306,30 @@ def measured_while_busy(findings: Sequence[Finding], ctx: StageEpoch, t: Thresho
     share = busy_share(ctx, t, ranks=True)
     if share is None:
         return list(findings)
-    note = busy_note(share, ranks=bool(_other_waits(ctx)))
-    return [
-        dataclasses.replace(f, severity="info", evidence=note + f.evidence)
-        if f.id in TIME_SHARE_RULES and f.severity != "info" and _explained(f, ctx, t)
-        else f
-        for f in findings
-    ]
+    ranks = bool(_other_waits(ctx))
+    judged = []
+    for f in findings:
+        if f.id not in TIME_SHARE_RULES or f.severity == "info":
+            judged.append(f)
+        elif _explained(f, ctx, t):
+            judged.append(dataclasses.replace(f, severity="info", evidence=busy_note(share, ranks=ranks) + f.evidence))
+        else:
+            note = kept_note(share, _holds(f, ctx, t), ranks=ranks)
+            judged.append(dataclasses.replace(f, evidence=note + f.evidence))
+    return judged
+
+
+def _holds(f: Finding, ctx: StageEpoch, t: Thresholds) -> str:
+    """Why ``f``, a finding of the :data:`TIME_SHARE_RULES` that waiting for a CPU does not explain
+    (:func:`_explained`), holds on CPU time."""
+    if f.id == "step_time_unstable":
+        if slow_cadence(ctx, t) is not None:
+            return "its slow steps fall on a cadence, which no busy machine keeps"
+        return "its slowest steps took longer beyond the median than the wait for a CPU explains"
+    return (
+        "what it measures, less the training thread's wait for a CPU while its window recorded, still reaches its"
+        " threshold"
+    )
 
 
 def _explained(f: Finding, ctx: StageEpoch, t: Thresholds) -> bool:
@@ -326,6 +381,10 @@ def idle_time(seconds: float, busy: float) -> float:
     return seconds * max(0.0, 1.0 - busy) / BUSY_SLOWDOWN
 
 
+# The evidence's openings of a finding made information on a busy machine, and of one that keeps its severity there
+# (told() finds them by these).
+BUSY_NOTE = "measured while the machine was busy"
+KEPT_NOTE = "kept on a busy machine"
 # A rank whose training thread waited for a CPU less than this share of its epoch adds nothing to the ranks' wait
 # (wait_share): on this project's idle 2-CPU machine a lone fit's training thread (one torch thread) waited
 # 0.0-0.13% of each epoch (3 fits of the tests' TinyModel, 3 epochs each); over many ranks such waits would

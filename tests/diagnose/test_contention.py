@@ -146,11 +146,51 @@ def test_what_a_busy_machine_cannot_explain_keeps_its_severity():
     assert "46% of the step outside any torch operator (7.00 ms of 15.00 ms) once the 5.00 ms" in kept.evidence
 
 
+def test_contention_names_the_findings_it_made_information_and_those_kept_say_why():
+    # One screen, one story: an in-memory data wait made information, 12 ms outside operators in a 20-ms step of
+    # which 5 ms waited for a CPU kept. cpu_contention used to say every other time-share finding was information.
+    busy = dataclasses.replace(busy_epoch(0.6, 0.95), other_cpu_load=2.0)
+    w = window(step_time=0.020, framework_time=0.012, cpu_wait_time=0.005)
+    found = {f.id: f for f in diagnose(StageEpoch(epoch=busy, windows=(w,), facts=TWO_CPUS))}
+    kept, demoted, contention = found["framework_overhead"], found["dataloader_bound"], found["cpu_contention"]
+    assert kept.severity == "warning" and demoted.severity == "info"
+    assert kept.evidence.startswith(
+        "kept on a busy machine (the training thread waited for a CPU 60% of the epoch), as what it measures, less"
+        " the training thread's wait for a CPU while its window recorded, still reaches its threshold; "
+    )
+    assert contention.advice.endswith(
+        "Measured while the machine was busy, this epoch's `dataloader_bound` is information only; `framework_overhead`"
+        " keeps its severity: what it measures holds on CPU time (see its evidence)."
+    )
+    assert "information only" not in diagnose(StageEpoch(epoch=busy, facts=TWO_CPUS))[0].advice.replace(
+        "`dataloader_bound` is information only", ""
+    )
+
+
+def test_a_sleeping_datasets_queueing_for_a_cpu_is_the_busy_machines_and_the_rest_is_kept():
+    # Beside two burners: 92% data wait, 7% of the sampled waits on a CPU, 60% of them queued after a wake. The part
+    # neither running nor queued, 92% x 40% x 93% = 34% of the step, sets the severity, and the evidence says why.
+    sleepy = dataclasses.replace(busy_epoch(0.6, 0.07), data_wait_fraction=0.92, loading_queue_share=0.6)
+    f = {f.id: f for f in diagnose(StageEpoch(epoch=sleepy, facts=TWO_CPUS))}["dataloader_bound"]
+    assert f.severity == "critical"
+    assert f.evidence.startswith(
+        "kept on a busy machine (the training thread waited for a CPU 60% of the epoch), as 34% of the step waited"
+        " off the CPU, neither running nor queued for one: no busy machine explains that; "
+    )
+    assert "used a CPU 7% of the sampled waits (less the 60% of them its thread queued for one)" in f.evidence
+    less = dataclasses.replace(sleepy, loading_queue_share=0.95)  # 4% of the step off the CPU: the busy machine's
+    assert {f.id: f.severity for f in diagnose(StageEpoch(epoch=less, facts=TWO_CPUS))}["dataloader_bound"] == "info"
+
+
 def test_per_sample_loading_is_counted_not_timed_and_keeps_its_severity_on_a_busy_machine():
     facts = dataclasses.replace(TWO_CPUS, batch_size=64)
     per_sample = window(step_time=0.0073, dataloader_time=0.0039, dataloader_ops_per_step=386.0)
     found = {f.id: f for f in diagnose(StageEpoch(epoch=busy_epoch(0.6, 0.95), windows=(per_sample,), facts=facts))}
     assert found["dataloader_bound"].severity == "critical" and "__getitems__" in found["dataloader_bound"].advice
+    assert found["dataloader_bound"].evidence.startswith(
+        "kept on a busy machine (the training thread waited for a CPU 60% of the epoch), as its calls per sample are"
+        " counted, not timed"
+    )
 
 
 def test_a_little_python_slowed_by_a_busy_cpu_is_explained():
