@@ -14,13 +14,19 @@ a window records a few steps by design, and a smoke run opens none.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import Finding, StageEpoch
 from lightning_perf.diagnose.thresholds import Thresholds
 
-# The rules whose measure comes from the epoch's batches (the always-on clocks), not from a window's trace.
-BATCH_RULES = frozenset({"cpu_contention", "dataloader_bound", "step_time_unstable", "cpu_threads"})
+# The rules whose measure comes from the epoch's batches (the always-on clocks), not from a window's trace;
+# validation_heavy's training time among them (fast_dev_run: one training and one validation batch warned in 1 of 6
+# runs). Not rank_straggler: `lightning-perf analyze` judges it on the ranks' traces, a window's few steps each.
+BATCH_RULES = frozenset({"cpu_contention", "dataloader_bound", "step_time_unstable", "cpu_threads", "validation_heavy"})
+# The guard's note, opening the evidence of a finding it made information; held_back() reads it back.
+_NOTE = "from {batches} only (a warning needs {needed}); "
+_HELD = re.compile(r"from (?P<batches>.+?) only \(a warning needs \d+\); ")
 
 
 def from_too_few_batches(findings: Sequence[Finding], ctx: StageEpoch, t: Thresholds) -> list[Finding]:
@@ -32,10 +38,19 @@ def from_too_few_batches(findings: Sequence[Finding], ctx: StageEpoch, t: Thresh
     batches = f"{measured} measured batch{'' if measured == 1 else 'es'}" + (
         f" of the last {ctx.pooled_epochs} epochs" if ctx.pooled_epochs > 1 else ""
     )
-    note = f"from {batches} only (a warning needs {t.evidence_batches}); "
+    note = _NOTE.format(batches=batches, needed=t.evidence_batches)
     return [
         dataclasses.replace(f, severity="info", evidence=note + f.evidence)
         if f.id in BATCH_RULES and f.severity != "info"
         else f
         for f in findings
     ]
+
+
+def held_back(findings: Sequence[Finding]) -> str | None:
+    """The batches that :func:`from_too_few_batches` found too few (``"1 measured batch"``), where it made any of
+    ``findings`` information; else ``None``."""
+    for f in findings:
+        if f.severity == "info" and (match := _HELD.match(f.evidence)):
+            return match["batches"]
+    return None
