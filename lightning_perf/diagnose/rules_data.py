@@ -8,7 +8,7 @@ copy to it).
 
 from __future__ import annotations
 
-from lightning_perf.diagnose.contention import busy_note, busy_share, idle_time, kept_note
+from lightning_perf.diagnose.busy_machine import busy_note, busy_share, idle_time, kept_note
 from lightning_perf.diagnose.loader_advice import loader_advice
 from lightning_perf.diagnose.loading import CPU_BOUND, loading, loading_evidence
 from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch

@@ -332,3 +332,31 @@ def test_evaluation_steps_wait_for_every_rank_only_under_a_sharded_strategy(stra
         facts=dataclasses.replace(ctx.facts, strategy=strategy),
     )
     assert contention.wait_share(ctx) == pytest.approx(1 - 0.95 * 0.7 if lockstep else 0.05)
+
+
+def _straggling(work: dict[int, float], waits: dict[int, float]) -> StageEpoch:
+    """A training epoch of 12-ms steps under ranks whose own work per step is ``work`` and whose training threads
+    waited ``waits`` of the epoch for a CPU."""
+    busy = epoch(step_time=1.2, step_time_p50=0.012, step_time_p90=0.013, cpu_wait_share=waits[0], wall_time=1.2)
+    facts = dataclasses.replace(TWO_CPUS, world_size=len(work))
+    return StageEpoch(epoch=busy, facts=facts, rank_step_times=work, rank_cpu_waits=waits)
+
+
+def test_a_straggler_the_ranks_waits_for_a_cpu_explain_is_information():
+    # Identical ranks on a busy machine: "Rank 0 is 1.40x slower than the median rank", and "Rank 1 is 1.30x" on the
+    # next run. Rank 0's 14 ms of own work a 12-ms step less its 70% wait (8.4 ms a step) is 5.6 ms; rank 1's 6 ms
+    # less 0.6 ms is 5.4 ms: no straggler on CPU time.
+    f = {f.id: f for f in diagnose(_straggling({0: 0.014, 1: 0.006}, {0: 0.7, 1: 0.05}))}["rank_straggler"]
+    assert f.severity == "info" and f.title == "Rank 0 is 1.40x slower than the median rank"
+    assert f.evidence.startswith(
+        "measured while the machine was busy (some rank's training thread waited for a CPU 71% of the epoch"
+    )
+
+
+def test_a_straggler_beyond_the_ranks_waits_keeps_its_warning_and_says_why():
+    # Both ranks waited 30% of the epoch (3.6 ms a step): 16.4 ms of own work against 6.4 ms is a straggler still.
+    found = diagnose(_straggling({0: 0.020, 1: 0.010}, {0: 0.3, 1: 0.3}))
+    f = {f.id: f for f in found}["rank_straggler"]
+    assert f.severity == "warning"
+    assert "as the ranks' own work per step differs beyond their waits for a CPU; " in f.evidence
+    assert "`rank_straggler` keeps its severity" in found[0].advice
