@@ -173,6 +173,9 @@ class EpochSummary:
         other_cpu_load: The CPUs' worth the machine's other processes used during ``wall_time`` (all CPU time
             on the machine less this process's and its children's): near 0 on an idle machine, where a
             ``cpu_wait_share`` is the run's own threads' doing.
+        cpu_steal_share: The share of the CPUs' time (those this process may use) during ``wall_time`` that a
+            virtual machine's host ran something else while they had work (``/proc/stat``'s ``steal``, in 10 ms
+            ticks): a wait for a CPU that the run queue cannot see. 0 on a machine of its own.
         flops_per_batch: The FLOPs of one of the stage's batches, forward and backward, as counted on a batch
             of the run (``torch.utils.flop_counter``), per sample times the epoch's mean batch size; ``None``
             until a batch is counted (training only).
@@ -209,6 +212,7 @@ class EpochSummary:
     wall_time: float | None = None
     cpu_wait_share: float | None = None
     other_cpu_load: float | None = None
+    cpu_steal_share: float | None = None
     flops_per_batch: float | None = None
     flops_per_second: float | None = None
     mfu: float | None = None

@@ -29,7 +29,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 
-from lightning_perf.diagnose.contention import lockstep_waits, wait_share
+from lightning_perf.diagnose.contention import lockstep_waits, own_wait, wait_share
 from lightning_perf.diagnose.model import Finding, StageEpoch
 from lightning_perf.diagnose.rule_helpers import on_cpu, reaches
 from lightning_perf.diagnose.rules_unstable import slow_cadence
@@ -56,7 +56,7 @@ def busy_share(ctx: StageEpoch, t: Thresholds, *, ranks: bool = False) -> float 
     """The share of the epoch the training thread waited for a CPU (``ranks``: the steps, over every rank:
     :func:`~lightning_perf.diagnose.contention.wait_share`), where it reaches ``cpu_contention``; else ``None`` (a
     quiet machine, or not measured). ``dataloader_bound`` reads rank zero's own: its data wait is its own."""
-    share = wait_share(ctx) if ranks else ctx.epoch.cpu_wait_share
+    share = wait_share(ctx) if ranks else own_wait(ctx.epoch)
     return share if share is not None and reaches(share, t.cpu_contention) else None
 
 

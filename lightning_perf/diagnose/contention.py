@@ -25,6 +25,7 @@ from __future__ import annotations
 from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
 from lightning_perf.diagnose.rule_helpers import cpus_per_process, finding, reaches, stage_name
 from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.records import EpochSummary
 from lightning_perf.units import ms, percent, plural, seconds_or_ms
 
 
@@ -44,6 +45,9 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            sample under 2 torch threads left the training thread waiting 13% of the epoch, and
            ``torch.set_num_threads(1)`` made the fit 1.3x faster); else the load comes from outside the run,
            and the advice says so.
+        5. A virtual machine's steal time (:func:`steal_share`: its host ran something else on the CPUs) counts
+           with the wait (:func:`own_wait`); where it is at least :data:`STEAL_CAUSE` of the wait counted, the
+           title and advice name the host.
     """
     share = wait_share(ctx)
     if share is None or not reaches(share, t.cpu_contention):
@@ -62,6 +66,13 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f"the process runs {plural(threads, 'torch thread' if facts.device == 'cpu' else 'thread')} and"
         f" {plural(workers, 'DataLoader worker')}",
     ]
+    stolen = steal_share(ctx.epoch) or 0.0
+    host = stolen >= STEAL_CAUSE * share
+    if stolen > 0:
+        evidence.append(
+            f"the virtual machine's host took the CPUs {percent(stolen)} of the epoch (steal time, counted with the"
+            " wait: the run queue cannot see it)"
+        )
     outside = load_is_outside(ctx)  # None: cannot tell
     if ctx.epoch.other_cpu_load is not None:
         evidence.append(
@@ -70,7 +81,9 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         )
     busy = outside is True
     oversubscribed = cpus is not None and threads + workers > cpus
-    if oversubscribed:
+    if host:
+        advice = [_HOST_ADVICE]
+    elif oversubscribed:
         assert cpus is not None
         fit = max(cpus - workers, 1)
         advice = [
@@ -88,11 +101,13 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         unknown = None if outside is not None else LOAD_NOTE if ctx.epoch.other_cpu_load is not None else UNMEASURED
         advice = [_own_threads_advice(threads, workers, facts.device, unknown=unknown)]
     waited = share * (wall or 0.0) / max(ctx.epoch.batches, 1)
-    if not busy and not oversubscribed and wall and waited < OWN_MIN_WAIT:
+    if not host and not busy and not oversubscribed and wall and waited < OWN_MIN_WAIT:
         severity = "info"
         evidence.append(f"{ms(waited)} a batch: below {ms(OWN_MIN_WAIT)}, fewer threads would cost more than they save")
     why = (
-        "the machine is busy"
+        "the virtual machine's host took the CPU"
+        if host
+        else "the machine is busy"
         if busy
         else "the run's own threads crowd it"
         if oversubscribed or outside is not None
@@ -109,7 +124,8 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 
 
 def wait_share(ctx: StageEpoch) -> float | None:
-    """The share of the epoch the run's steps waited for a CPU: the training thread's own wait; under several
+    """The share of the epoch the run's steps waited for a CPU: the training thread's own (:func:`own_wait`, a
+    virtual machine's steal time in it); under several
     ranks in lockstep, the share during which any rank's did, were their waits independent: ``1 - prod(1 - w)``
     over rank zero's own and each other rank's from :data:`LOCKSTEP_FLOOR` (the module's docstring). ``None``
     where rank zero's own was not measured.
@@ -125,7 +141,7 @@ def wait_share(ctx: StageEpoch) -> float | None:
            strategy that gathers sharded parameters for each forward (:data:`SHARDED`). DDP's validation, test
            and predict steps meet no collective: each rank's wait is its own.
     """
-    own = ctx.epoch.cpu_wait_share
+    own = own_wait(ctx.epoch)
     others = lockstep_waits(ctx)
     if own is None or not others:
         return own
@@ -133,6 +149,32 @@ def wait_share(ctx: StageEpoch) -> float | None:
     for wait in others:
         running *= 1.0 - min(wait, 1.0)
     return 1.0 - running
+
+
+def own_wait(epoch: EpochSummary) -> float | None:
+    """The share of the epoch the training thread waited for a CPU: in the run queue (``cpu_wait_share``), or
+    while a virtual machine's host held the CPUs (:func:`steal_share`), were the two independent:
+    ``1 - (1 - wait) * (1 - steal)``. ``None`` where the run queue was not read.
+
+    Notes:
+        The host's steal is the CPUs' share, not the thread's own: a thread on a CPU the host took stops with it,
+        and Linux counts that neither as its CPU time nor as its wait in the run queue (measured on this
+        project's 2-CPU VM: 1.6% of the time since boot, in bursts).
+    """
+    wait = epoch.cpu_wait_share
+    if wait is None:
+        return None
+    return 1.0 - (1.0 - wait) * (1.0 - (steal_share(epoch) or 0.0))
+
+
+def steal_share(epoch: EpochSummary) -> float | None:
+    """The share of the epoch a virtual machine's host took the CPUs (``EpochSummary.cpu_steal_share``), less
+    what ``/proc/stat``'s 10 ms ticks may add over the epoch's wall time (:data:`LOAD_TICK`: under a tick per
+    CPU); ``None`` where not measured."""
+    steal, wall = epoch.cpu_steal_share, epoch.wall_time
+    if steal is None or not wall:
+        return None
+    return max(steal - LOAD_TICK / wall, 0.0)
 
 
 def lockstep_waits(ctx: StageEpoch) -> list[float]:
@@ -172,6 +214,13 @@ _OUTSIDE_ADVICE = (
     "The load comes from outside this run: its {threads} fit its {cpus}, yet the training thread waited for one,"
     " so other processes hold them. Free the CPUs (stop or `renice` the other work, or give the run CPUs of its"
     " own with `taskset` or a container's CPU limit), and time runs only on an idle machine."
+)
+
+
+_HOST_ADVICE = (
+    "The virtual machine's host ran other work on this machine's CPUs (steal time: `top` shows it as `st`): no"
+    " change to the program removes it. Time runs on a dedicated or larger instance, or where steal stays near"
+    " zero, and compare runs only from such machines."
 )
 
 
@@ -236,6 +285,9 @@ LOAD_TICK = 0.01
 TICKS_NOTE = "other processes' CPU time is counted in 10 ms ticks"
 LOAD_NOTE = f"the epoch was too short: {TICKS_NOTE}"
 UNMEASURED = "other processes' CPU time was not measured"
+# The host's steal is named as the cause (title and advice) where it is at least half of the wait counted (our
+# judgment: the larger part).
+STEAL_CAUSE = 0.5
 # Where the wait is the run's own (or cannot be told to come from outside), a mean wait per batch below this is
 # information only: fewer threads then cost more than the wait. Measured on 2 idle CPUs, Lightning's
 # bug_report_model (200 epochs of 4 batches) waited 0.3 ms a batch (10-16% of its epochs) with torch's 2 threads,

@@ -17,7 +17,7 @@ TWO_CPUS = dataclasses.replace(CPU, cpu_count=2, torch_threads=1, num_workers=0)
 
 
 def judge(cpu_wait: float | None, facts: RunFacts = TWO_CPUS, **kw):
-    context = StageEpoch(epoch=epoch(cpu_wait_share=cpu_wait, wall_time=2.0, **kw), facts=facts)
+    context = StageEpoch(epoch=epoch(**{"cpu_wait_share": cpu_wait, "wall_time": 2.0, **kw}), facts=facts)
     return RULES["cpu_contention"](context, Thresholds())
 
 
@@ -360,3 +360,28 @@ def test_a_straggler_beyond_the_ranks_waits_keeps_its_warning_and_says_why():
     assert f.severity == "warning"
     assert "as the ranks' own work per step differs beyond their waits for a CPU; " in f.evidence
     assert "`rank_straggler` keeps its severity" in found[0].advice
+
+
+def test_a_virtual_machines_steal_time_counts_with_the_wait_and_is_named():
+    # The host took the CPUs 20% of a 2-s epoch while the run queue read 4%: a wait for a CPU all the same, which
+    # the run queue cannot see. 1 - 0.96 x (1 - 0.195) is 22% (the 10 ms ticks' error, 0.5%, taken out).
+    f = judge(0.04, cpu_steal_share=0.2, other_cpu_load=0.0)
+    assert (
+        f.severity == "warning"
+        and f.title == "Training waited for a CPU 22% of the time: the virtual machine's host took the CPU"
+    )
+    assert "the virtual machine's host took the CPUs 19% of the epoch (steal time, counted with the wait" in f.evidence
+    assert f.advice.startswith("The virtual machine's host ran other work on this machine's CPUs (steal time")
+    # A little steal beside a large wait is evidence, not the cause; a short epoch's tick is no steal.
+    busy = judge(0.3, cpu_steal_share=0.02, other_cpu_load=2.0)
+    assert busy.title.endswith(": the machine is busy") and "host took the CPUs 1% of the epoch" in busy.evidence
+    assert judge(0.04, cpu_steal_share=0.2, wall_time=0.05) is None
+    assert judge(0.04, cpu_steal_share=None) is None
+
+
+def test_steal_time_makes_the_time_share_findings_information_too():
+    # An in-memory data wait on a VM whose host took the CPUs 30% of the epoch: a busy machine's, not the program's.
+    stolen = dataclasses.replace(busy_epoch(0.02, 0.95), cpu_steal_share=0.3, wall_time=2.0)
+    found = {f.id: f for f in diagnose(StageEpoch(epoch=stolen, facts=TWO_CPUS))}
+    assert found["cpu_contention"].title.endswith("the virtual machine's host took the CPU")
+    assert found["dataloader_bound"].severity == "info"
