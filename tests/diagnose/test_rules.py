@@ -874,7 +874,7 @@ def test_validation_heavy_from_one_training_batch_is_information():
     # of the epoch in 1 of 6 runs: a warning from one batch each, before.
     smoke = ctx(epoch(step_time=0.02, batches=1), validation=(epoch(stage="validate", step_time=0.2, batches=1),))
     [f] = [f for f in diagnose(smoke) if f.id == "validation_heavy"]
-    assert f.severity == "info" and f.evidence.startswith("from 1 measured batch only (a warning needs 8); ")
+    assert f.severity == "info" and f.evidence.startswith("from 1 batch only (a warning needs 8); ")
 
 
 def test_validation_heavy_judges_the_fit_and_names_step_based_validation():
