@@ -159,10 +159,13 @@ class EpochSummary:
         first_data_wait: The first batch's data wait, profiled or not: it holds the DataLoader's start-up
             (its worker processes, or an iterable dataset's first fetch), also where Lightning starts it
             before the epoch-start hook.
-        loading_cpu_share: The training process's CPU demand (CPU seconds, plus seconds its main thread
-            waited for a CPU) over wall seconds during the data waits of batches 1, 5, 9, ... (sampled):
-            near 1 (or above, with several threads) when it loads batches with its own CPU, near 0 when it
-            waits for workers, a disk or the network.
+        loading_cpu_share: The median, over the data waits of batches 1, 5, 9, ... (sampled), of the training
+            process's CPU seconds over the wait's wall seconds less its main thread's time queued for a CPU (at most
+            1): near 1 when it loads batches with its own CPU, near 0 when it sleeps or waits for workers, a
+            disk or the network, on a busy machine too.
+        loading_queue_share: The share of those sampled waits its main thread waited for a CPU: a busy machine's
+            part of the wait, however the loading uses the CPU (a sleeping dataset's thread queues after each
+            wake).
         worker_cpu: CPU seconds of the process's children (its DataLoader workers) during the epoch.
         wall_time: Seconds from the epoch's start (the DataLoader's start-up included) to its end hook.
         cpu_wait_share: The share of ``wall_time`` the training process's main thread was ready to run but
@@ -170,6 +173,9 @@ class EpochSummary:
         other_cpu_load: The CPUs' worth the machine's other processes used during ``wall_time`` (all CPU time
             on the machine less this process's and its children's): near 0 on an idle machine, where a
             ``cpu_wait_share`` is the run's own threads' doing.
+        cpu_steal_share: The share of the CPUs' time (those this process may use) during ``wall_time`` that a
+            virtual machine's host ran something else while they had work (``/proc/stat``'s ``steal``, in 10 ms
+            ticks): a wait for a CPU that the run queue cannot see. 0 on a machine of its own.
         flops_per_batch: The FLOPs of one of the stage's batches, forward and backward, as counted on a batch
             of the run (``torch.utils.flop_counter``), per sample times the epoch's mean batch size; ``None``
             until a batch is counted (training only).
@@ -201,10 +207,12 @@ class EpochSummary:
     first_data_wait: float | None = None
     epochs: int = 1
     loading_cpu_share: float | None = None
+    loading_queue_share: float | None = None
     worker_cpu: float | None = None
     wall_time: float | None = None
     cpu_wait_share: float | None = None
     other_cpu_load: float | None = None
+    cpu_steal_share: float | None = None
     flops_per_batch: float | None = None
     flops_per_second: float | None = None
     mfu: float | None = None

@@ -7,15 +7,15 @@ DataLoader worker, and whether loading computes or waits.
 
 - :class:`RunQueue`: the seconds the process's main thread was ready to run but waited for a CPU (other
   threads or processes held them), from Linux's ``/proc/<pid>/schedstat``.
-- :class:`CpuDemand`: the process's CPU seconds plus that wait: read around a batch's data wait, close to the
-  wait itself when the training process loads the batch with its CPU (even on a busy machine), close to zero
-  when it waits for workers, a disk or the network.
+  Read around a batch's data wait (:class:`~lightning_perf.collect.steps.StepClock`), with the process's CPU
+  seconds: the wait less this queueing is what loading could spend on a CPU.
 - :func:`children_cpu_seconds`: CPU seconds of this process's children (its DataLoader workers; under
   Lightning's ``ddp`` launcher, rank zero's children are the other ranks too, which :class:`EpochCpu` leaves out).
 - :func:`machine_busy_seconds`: CPU seconds all processes used on the CPUs this process may run on (Linux's
-  ``/proc/stat``).
+  ``/proc/stat``); :func:`machine_cpu_seconds`, with a virtual machine's steal time, in the same read.
 - :class:`EpochCpu`: one stage epoch's wall time, its workers' CPU seconds, the share of it the main
-  thread waited for a CPU, and the CPUs' worth other processes used, read at the epoch's start and end.
+  thread waited for a CPU, the CPUs' worth other processes used, and the share of the CPUs' time a virtual
+  machine's host took (steal), read at the epoch's start and end.
 """
 
 from __future__ import annotations
@@ -50,20 +50,6 @@ class RunQueue:
 
     def close(self) -> None:
         self._file.close()
-
-
-class CpuDemand:
-    """Seconds, cumulative, of CPU the process used plus seconds its main thread waited for a CPU.
-
-    The wait (:class:`RunQueue`) keeps loading that is CPU-bound on a contended machine from reading as
-    waiting; where it cannot be read, CPU time alone.
-    """
-
-    def __init__(self) -> None:
-        self._run_queue = RunQueue()
-
-    def __call__(self) -> float:
-        return time.process_time() + (self._run_queue() or 0.0)
 
 
 def children_cpu_seconds() -> float | None:
@@ -166,21 +152,36 @@ def machine_busy_seconds() -> float | None:
     Where the process may run on every online CPU (the usual case), ``/proc/stat``'s first line, their sum, is
     read alone: one line parsed, where a machine of 128 CPUs has 128 more (read at every stage epoch's start and
     end)."""
+    seconds = machine_cpu_seconds()
+    return None if seconds is None else seconds[0]
+
+
+def machine_cpu_seconds() -> tuple[float, float, int] | None:
+    """From one read of ``/proc/stat``, over the CPUs this process may run on: :func:`machine_busy_seconds`, the
+    seconds, cumulative, a virtual machine's host ran something else while those CPUs had work (``steal``, the
+    8th value of a ``cpu`` line: counted in the busy seconds too), and how many CPUs they are. ``None`` without
+    ``/proc`` (not Linux)."""
     allowed = _allowed_cpus()
-    busy = 0
+    busy = steal = 0
     try:
         with open("/proc/stat") as f:
             if allowed is None:
-                return _busy_ticks(f.readline().split()[1:]) / os.sysconf("SC_CLK_TCK")
-            for line in f:
-                if not line.startswith("cpu"):
-                    break
-                name, *values = line.split()
-                if name != "cpu" and name in allowed:
-                    busy += _busy_ticks(values)
+                values = f.readline().split()[1:]
+                cpus = os.cpu_count() or 1
+                busy, steal = _busy_ticks(values), _steal_ticks(values)
+            else:
+                cpus = len(allowed)
+                for line in f:
+                    if not line.startswith("cpu"):
+                        break
+                    name, *values = line.split()
+                    if name != "cpu" and name in allowed:
+                        busy += _busy_ticks(values)
+                        steal += _steal_ticks(values)
     except (OSError, ValueError, IndexError):
         return None
-    return busy / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return busy / tick, steal / tick, cpus
 
 
 def _allowed_cpus() -> set[str] | None:
@@ -198,6 +199,11 @@ def _busy_ticks(values: list[str]) -> int:
     return sum(fields) - fields[3] - fields[4]
 
 
+def _steal_ticks(values: list[str]) -> int:
+    """A ``/proc/stat`` CPU line's steal ticks (its 8th field after the name; 0 where the kernel has none)."""
+    return int(values[7]) if len(values) > 7 else 0
+
+
 class EpochCpu:
     """One stage epoch's wall time, its DataLoader workers' CPU seconds, the share of it the training thread
     waited for a CPU, and the CPUs' worth the machine's other processes used meanwhile: :meth:`start` at the
@@ -208,7 +214,7 @@ class EpochCpu:
         self._started = time.perf_counter()
         self._waited: float | None = None
         self._workers: float | None = None
-        self._machine: float | None = None
+        self._machine: tuple[float, float, int] | None = None
         self._own: float | None = None
         self._ranks: frozenset[int] = frozenset()
         #: Set while :meth:`pause` holds (a profiler window and its close): a plain attribute, read every batch.
@@ -225,7 +231,7 @@ class EpochCpu:
         self._ranks = frozenset(ranks)
         children = _children_cpu(self._ranks)
         self._workers = children[0] if workers and children is not None else None
-        self._machine = machine_busy_seconds()
+        self._machine = machine_cpu_seconds()
         self._own = _own(children)
         self.paused, self._left_out = False, (0.0, 0.0)
 
@@ -245,9 +251,9 @@ class EpochCpu:
             self.paused = False
 
     def read(self) -> dict[str, float | None]:
-        """``wall_time``, ``worker_cpu``, ``cpu_wait_share`` (less what :meth:`pause` left out) and
-        ``other_cpu_load`` since :meth:`start`, as the :class:`~lightning_perf.records.EpochSummary` fields of those
-        names (``None``: not measured)."""
+        """``wall_time``, ``worker_cpu``, ``cpu_wait_share`` (less what :meth:`pause` left out), ``other_cpu_load``
+        and ``cpu_steal_share`` since :meth:`start`, as the :class:`~lightning_perf.records.EpochSummary` fields of
+        those names (``None``: not measured)."""
         self.resume()
         wall = time.perf_counter() - self._started
         waited = _since(self._run_queue(), self._waited)
@@ -255,7 +261,11 @@ class EpochCpu:
         left_wall, left_waited = self._left_out
         measured = wall - left_wall
         own = _since(_own(children), self._own)
-        machine = _since(machine_busy_seconds(), self._machine)
+        start, end = self._machine, machine_cpu_seconds()
+        machine = stolen = None
+        if start is not None and end is not None:
+            machine, stolen = max(end[0] - start[0], 0.0), max(end[1] - start[1], 0.0)
+        cpus = end[2] if end is not None else 1
         return {
             "wall_time": wall,
             "worker_cpu": None if self._workers is None or children is None else _since(children[0], self._workers),
@@ -263,6 +273,7 @@ class EpochCpu:
                 None if waited is None or measured <= 0 else min(max(waited - left_waited, 0.0) / measured, 1.0)
             ),
             "other_cpu_load": None if machine is None or own is None or wall <= 0 else max(machine - own, 0.0) / wall,
+            "cpu_steal_share": None if stolen is None or wall <= 0 else min(stolen / (wall * cpus), 1.0),
         }
 
 

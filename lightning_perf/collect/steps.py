@@ -21,12 +21,16 @@ How the split is measured, for each batch ``k`` of a stage's epoch:
   the first batch) before ``on_train_epoch_start`` in a fit's first epoch and before every
   ``on_validation_epoch_start``; :mod:`lightning_perf.collect.loops` times that and the caller passes it to
   :meth:`StepClock.epoch_start`.
-- **CPU demand during the wait** (:class:`~lightning_perf.collect.cpu.CpuDemand`): over the data wait of
-  every ``CPU_SAMPLE_EVERY``-th batch (batches 1, 5, 9, ..., 61), then every ``CPU_SAMPLE_SPARSE``-th (65, 97,
-  ...), the process's CPU time (all its threads; not its worker processes') plus the time its main thread waited
-  in the kernel's run queue for a CPU (a busy machine): close to the wait itself when the training process loads
-  the batch with its CPU, close to zero when it waits for workers, a disk or the network. A few microseconds per
-  sampled batch (two system calls).
+- **CPU use during the wait**: over the data wait of every ``CPU_SAMPLE_EVERY``-th batch (batches 1, 5, 9,
+  ..., 61), then every ``CPU_SAMPLE_SPARSE``-th (65, 97, ...), the process's CPU time (all its threads; not its
+  worker processes') and the time its main thread waited in the kernel's run queue for a CPU
+  (:class:`~lightning_perf.collect.cpu.RunQueue`). The share of a wait spent on a CPU is the CPU time over the
+  wait less that queueing: close to 1 when the training process loads the batch with its CPU, close to zero
+  when it sleeps or blocks on workers, a disk or the network; the epoch's is the median over the sampled waits
+  (:meth:`StepClock.loading_cpu_share`). A woken thread that queues for a CPU on a busy machine uses none
+  meanwhile: counted as using one, a dataset sleeping 2 ms per item beside two CPU burners read "on the CPU"
+  (44-58% of its waits, the queueing most of it) in half its epochs. A few microseconds per sampled batch (two
+  system calls).
 
 Accuracy on CUDA: all three are host-side times. The host may run ahead of the device by the kernels it has
 queued, so a single batch's compute can be short and the next batch's data wait long (the host waits in
@@ -36,13 +40,14 @@ more than a bounded queue ahead (any ``.item()``, logging or the caching allocat
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-from lightning_perf.collect.cpu import CpuDemand
+from lightning_perf.collect.cpu import RunQueue
 
 # A stage keeps at most this many batch losses on their device before summing them into one there (no
 # synchronization): a tensor per batch held to the epoch's end would hold a caching-allocator block each.
@@ -71,7 +76,9 @@ class StepClock:
         batch_size: Returns the number of samples in a batch, or ``None`` when it cannot tell.
         keep_loss: Keep each batch's loss (what its step returned) for the epoch's mean and :attr:`last_loss`.
         clock: Seconds, monotonic (``time.perf_counter``).
-        cpu_clock: The process's CPU demand, cumulative seconds (:class:`~lightning_perf.collect.cpu.CpuDemand`).
+        cpu_clock: The process's CPU time, cumulative seconds (``time.process_time``).
+        queue_clock: The seconds, cumulative, the main thread waited for a CPU
+            (:class:`~lightning_perf.collect.cpu.RunQueue`); ``None`` where that cannot be read.
     """
 
     def __init__(
@@ -80,18 +87,23 @@ class StepClock:
         *,
         keep_loss: bool = True,
         clock: Callable[[], float] = time.perf_counter,
-        cpu_clock: Callable[[], float] | None = None,
+        cpu_clock: Callable[[], float] = time.process_time,
+        queue_clock: Callable[[], float | None] | None = None,
     ):
         self._batch_size = batch_size
         self.keep_loss = keep_loss
         self._clock = clock
-        self._cpu_clock = cpu_clock or CpuDemand()
+        self._cpu_clock = cpu_clock
+        self._queue_clock = queue_clock or RunQueue()
         self._last_end = clock()
-        self._last_end_cpu: float | None = None  # set when the coming batch's wait is sampled
+        # Set when the coming batch's wait is sampled: the CPU and queue clocks at its start.
+        self._last_end_cpu: tuple[float, float | None] | None = None
         self._start = self._last_end
         self.data_wait: list[float] = []
         self.sampled_wait = 0.0  # wall seconds of the sampled batches' data waits
         self.sampled_wait_cpu = 0.0  # the process's CPU seconds during them
+        self.sampled_wait_queued = 0.0  # the seconds the main thread waited for a CPU during them
+        self.sampled_on_cpu: list[float] = []  # each sampled wait's share on a CPU (loading_cpu_share)
         self.compute: list[float] = []
         self.batch_sizes: list[int | None] = []
         self.profiled: list[bool] = []  # the batch ran inside a profiler window (warm-up or recording)
@@ -120,7 +132,8 @@ class StepClock:
         self.epoch_starts = [0]
         self.data_wait, self.compute, self.batch_sizes, self.profiled, self.losses = [], [], [], [], []
         self.after_close = []
-        self.sampled_wait = self.sampled_wait_cpu = 0.0
+        self.sampled_wait = self.sampled_wait_cpu = self.sampled_wait_queued = 0.0
+        self.sampled_on_cpu = []
         self._loss_sum, self._loss_count = None, 0
 
     def restart(self, *, after_close: bool = False) -> None:
@@ -131,13 +144,19 @@ class StepClock:
         self._last_end = self._clock()
         n = len(self.compute)
         every = CPU_SAMPLE_EVERY if n < CPU_SAMPLE_DENSE else CPU_SAMPLE_SPARSE
-        self._last_end_cpu = self._cpu_clock() if n % every == 1 else None
+        self._last_end_cpu = (self._cpu_clock(), self._queue_clock()) if n % every == 1 else None
 
     def batch_start(self, batch: Any, profiled: bool = False) -> None:
         now = self._clock()
         if self._last_end_cpu is not None:
-            self.sampled_wait_cpu += self._cpu_clock() - self._last_end_cpu
-            self.sampled_wait += now - self._last_end
+            cpu, queued = self._last_end_cpu
+            wall, used, waited = now - self._last_end, self._cpu_clock() - cpu, 0.0
+            if queued is not None and (queued_now := self._queue_clock()) is not None:
+                waited = min(max(queued_now - queued, 0.0), wall)
+            self.sampled_wait += wall
+            self.sampled_wait_cpu += used
+            self.sampled_wait_queued += waited
+            self.sampled_on_cpu.append(used / max(wall - waited, used, 1e-9))
             self._last_end_cpu = None
         self.data_wait.append(now - self._last_end)
         self._start = now
@@ -185,8 +204,22 @@ class StepClock:
         return [profiled or i in steps for i, profiled in enumerate(self.profiled)]
 
     def loading_cpu_share(self) -> float | None:
-        """The process's CPU seconds over wall seconds in the sampled data waits; ``None`` without any."""
-        return self.sampled_wait_cpu / self.sampled_wait if self.sampled_wait > 0 else None
+        """The median over the sampled data waits of the process's CPU seconds over the wait's wall seconds less
+        those its main thread waited for a CPU (at most 1); ``None`` without any.
+
+        Notes:
+            1. Less the queueing: a woken thread that queues for a CPU uses none meanwhile.
+            2. The median, not the sums' ratio: ``schedstat``'s queueing may land in a later wait than its own (read
+               beside three CPU burners on 2 CPUs: 10-30 ms of queueing in a wait of 0.7-1 ms all on a CPU, and a
+               30-40 ms wait with 2 ms on a CPU and none counted). An in-memory dataset's waits there were mostly
+               0.5-1 ms, all on a CPU: their sums read 8-30% "on the CPU", the median 100%.
+        """
+        return statistics.median(self.sampled_on_cpu) if self.sampled_on_cpu else None
+
+    def loading_queue_share(self) -> float | None:
+        """The seconds the main thread waited for a CPU over the sampled data waits (at most 1); ``None`` without
+        any."""
+        return min(self.sampled_wait_queued / self.sampled_wait, 1.0) if self.sampled_wait > 0 else None
 
     def mean_loss(self) -> float | None:
         """The mean of the epoch's losses: one device synchronization, at the epoch's end."""

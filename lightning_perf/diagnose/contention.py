@@ -2,7 +2,8 @@
 CPU contention
 ==============
 
-A busy machine, as a finding of its own (``cpu_contention``), and what it does to the other findings.
+A busy machine, as a finding of its own (``cpu_contention``). What it does to the other findings is
+:mod:`~lightning_perf.diagnose.busy_machine`.
 
 The training thread's time waiting in the kernel's run queue for a CPU (``EpochSummary.cpu_wait_share``, from
 ``/proc/self/schedstat``) is time every host-side clock counts as work: the data wait of an in-memory
@@ -11,51 +12,21 @@ other CPU-bound processes it reached 50-90% of the epoch, and the other rules th
 ``dataloader_bound`` (critical) on an in-memory dataset, ``framework_overhead`` on a step with no hooks,
 ``step_time_unstable`` advising bucketing for fixed-size batches, ``optimizer_heavy`` on one fused kernel.
 
-So, from ``cpu_contention`` on (:func:`measured_while_busy`), the findings of the :data:`TIME_SHARE_RULES` that
-the waiting may explain (judged on CPU time, they would not fire: :func:`_explained`) are information only,
-their evidence opening with "measured while the machine was busy": no change to the program would remove it.
-Those that measure more (a callback that sleeps, a periodic stall) keep their severity.
-
 **Several ranks** step in lockstep: every step ends at a collective (DDP's gradient all-reduce, FSDP's gathers),
 so a rank preempted for a scheduler slice stalls every other at the next one, and the ranks' steps wait for a
 CPU whenever any rank does (:func:`wait_share`), rank zero's own wait being only its part. Measured:
 Lightning's ``BoringModel`` under ``ddp`` on 2 gloo ranks sharing 2 CPUs, 40 epochs: ``step_time_unstable``
 warned in 6-8 of them (p90 1.9-2.4x of 3.7-5 ms steps, the same on both ranks) while rank zero alone waited
 4.5-9.4% of each, under ``cpu_contention``'s threshold.
-
-``dataloader_bound`` judges itself (in :mod:`~lightning_perf.diagnose.rules_data`, with :func:`busy_share` and
-:func:`busy_note`), on the part of the data wait spent off the CPU, neither running nor queued for a CPU
-(``1 - EpochSummary.loading_cpu_share`` of it: a dataset that sleeps, reads a disk or the network), which
-contention does not explain: where that part alone reaches ``dataloader_warning``, the finding keeps a severity
-set by it, so that a real bottleneck is still found on a busy machine (measured: a dataset sleeping 2 ms per
-item beside two CPU burners on 2 CPUs waited 87% of the step, half of it off the CPU).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Callable, Sequence
-
 from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
-from lightning_perf.diagnose.rule_helpers import cpus_per_process, finding, on_cpu, reaches, stage_name
-from lightning_perf.diagnose.rules_unstable import slow_cadence
-from lightning_perf.diagnose.thresholds import SCHED_SLICE, Thresholds
-from lightning_perf.records import TraceSummary
+from lightning_perf.diagnose.rule_helpers import cpus_per_process, finding, reaches, stage_name
+from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.records import EpochSummary
 from lightning_perf.units import ms, percent, plural, seconds_or_ms
-
-# The rules whose measure is a share of host time that waiting for a CPU inflates, and that do not judge on-CPU
-# time themselves (dataloader_bound does: lightning_perf.diagnose.rules_data).
-TIME_SHARE_RULES = frozenset(
-    {
-        "framework_overhead",
-        "step_time_unstable",
-        "optimizer_heavy",
-        "launch_bound",
-        "cpu_threads",
-        "communication_bound",
-    }
-)
 
 
 def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
@@ -74,6 +45,9 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            sample under 2 torch threads left the training thread waiting 13% of the epoch, and
            ``torch.set_num_threads(1)`` made the fit 1.3x faster); else the load comes from outside the run,
            and the advice says so.
+        5. A virtual machine's steal time (:func:`steal_share`: its host ran something else on the CPUs) counts
+           with the wait (:func:`own_wait`); where it is at least :data:`STEAL_CAUSE` of the wait counted, the
+           title and advice name the host.
     """
     share = wait_share(ctx)
     if share is None or not reaches(share, t.cpu_contention):
@@ -92,6 +66,13 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f"the process runs {plural(threads, 'torch thread' if facts.device == 'cpu' else 'thread')} and"
         f" {plural(workers, 'DataLoader worker')}",
     ]
+    stolen = steal_share(ctx.epoch) or 0.0
+    host = stolen >= STEAL_CAUSE * share
+    if stolen > 0:
+        evidence.append(
+            f"the virtual machine's host took the CPUs {percent(stolen)} of the epoch (steal time, counted with the"
+            " wait: the run queue cannot see it)"
+        )
     outside = load_is_outside(ctx)  # None: cannot tell
     if ctx.epoch.other_cpu_load is not None:
         evidence.append(
@@ -100,7 +81,9 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         )
     busy = outside is True
     oversubscribed = cpus is not None and threads + workers > cpus
-    if oversubscribed:
+    if host:
+        advice = [_HOST_ADVICE]
+    elif oversubscribed:
         assert cpus is not None
         fit = max(cpus - workers, 1)
         advice = [
@@ -118,11 +101,13 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         unknown = None if outside is not None else LOAD_NOTE if ctx.epoch.other_cpu_load is not None else UNMEASURED
         advice = [_own_threads_advice(threads, workers, facts.device, unknown=unknown)]
     waited = share * (wall or 0.0) / max(ctx.epoch.batches, 1)
-    if not busy and not oversubscribed and wall and waited < OWN_MIN_WAIT:
+    if not host and not busy and not oversubscribed and wall and waited < OWN_MIN_WAIT:
         severity = "info"
         evidence.append(f"{ms(waited)} a batch: below {ms(OWN_MIN_WAIT)}, fewer threads would cost more than they save")
     why = (
-        "the machine is busy"
+        "the virtual machine's host took the CPU"
+        if host
+        else "the machine is busy"
         if busy
         else "the run's own threads crowd it"
         if oversubscribed or outside is not None
@@ -139,7 +124,8 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 
 
 def wait_share(ctx: StageEpoch) -> float | None:
-    """The share of the epoch the run's steps waited for a CPU: the training thread's own wait; under several
+    """The share of the epoch the run's steps waited for a CPU: the training thread's own (:func:`own_wait`, a
+    virtual machine's steal time in it); under several
     ranks in lockstep, the share during which any rank's did, were their waits independent: ``1 - prod(1 - w)``
     over rank zero's own and each other rank's from :data:`LOCKSTEP_FLOOR` (the module's docstring). ``None``
     where rank zero's own was not measured.
@@ -155,8 +141,8 @@ def wait_share(ctx: StageEpoch) -> float | None:
            strategy that gathers sharded parameters for each forward (:data:`SHARDED`). DDP's validation, test
            and predict steps meet no collective: each rank's wait is its own.
     """
-    own = ctx.epoch.cpu_wait_share
-    others = _other_waits(ctx)
+    own = own_wait(ctx.epoch)
+    others = lockstep_waits(ctx)
     if own is None or not others:
         return own
     running = 1.0 - own
@@ -165,7 +151,33 @@ def wait_share(ctx: StageEpoch) -> float | None:
     return 1.0 - running
 
 
-def _other_waits(ctx: StageEpoch) -> list[float]:
+def own_wait(epoch: EpochSummary) -> float | None:
+    """The share of the epoch the training thread waited for a CPU: in the run queue (``cpu_wait_share``), or
+    while a virtual machine's host held the CPUs (:func:`steal_share`), were the two independent:
+    ``1 - (1 - wait) * (1 - steal)``. ``None`` where the run queue was not read.
+
+    Notes:
+        The host's steal is the CPUs' share, not the thread's own: a thread on a CPU the host took stops with it,
+        and Linux counts that neither as its CPU time nor as its wait in the run queue (measured on this
+        project's 2-CPU VM: 1.6% of the time since boot, in bursts).
+    """
+    wait = epoch.cpu_wait_share
+    if wait is None:
+        return None
+    return 1.0 - (1.0 - wait) * (1.0 - (steal_share(epoch) or 0.0))
+
+
+def steal_share(epoch: EpochSummary) -> float | None:
+    """The share of the epoch a virtual machine's host took the CPUs (``EpochSummary.cpu_steal_share``), less
+    what ``/proc/stat``'s 10 ms ticks may add over the epoch's wall time (:data:`LOAD_TICK`: under a tick per
+    CPU); ``None`` where not measured."""
+    steal, wall = epoch.cpu_steal_share, epoch.wall_time
+    if steal is None or not wall:
+        return None
+    return max(steal - LOAD_TICK / wall, 0.0)
+
+
+def lockstep_waits(ctx: StageEpoch) -> list[float]:
     """The other ranks' waits that :func:`wait_share` adds to rank zero's own: none outside lockstep (its Notes
     3), and none under :data:`LOCKSTEP_FLOOR`."""
     if ctx.stage != "train" and not any(s in (ctx.facts.strategy or "") for s in SHARDED):
@@ -175,7 +187,7 @@ def _other_waits(ctx: StageEpoch) -> list[float]:
 
 def _waited(ctx: StageEpoch, share: float) -> str:
     """Evidence: how long the epoch's steps waited for a CPU, and on which rank (:func:`wait_share`)."""
-    if not _other_waits(ctx):
+    if not lockstep_waits(ctx):
         return f"the training thread waited for a CPU {percent(share)} of the epoch"
     ranks = ", ".join(f"rank {r} {percent(w)}" for r, w in sorted((ctx.rank_cpu_waits or {}).items()))
     return (
@@ -201,8 +213,14 @@ def load_is_outside(ctx: StageEpoch) -> bool | None:
 _OUTSIDE_ADVICE = (
     "The load comes from outside this run: its {threads} fit its {cpus}, yet the training thread waited for one,"
     " so other processes hold them. Free the CPUs (stop or `renice` the other work, or give the run CPUs of its"
-    " own with `taskset` or a container's CPU limit), and time runs only on an idle machine. The epoch's other"
-    " time-share findings were measured while the machine was busy and are information only."
+    " own with `taskset` or a container's CPU limit), and time runs only on an idle machine."
+)
+
+
+_HOST_ADVICE = (
+    "The virtual machine's host ran other work on this machine's CPUs (steal time: `top` shows it as `st`): no"
+    " change to the program removes it. Time runs on a dedicated or larger instance, or where steal stays near"
+    " zero, and compare runs only from such machines."
 )
 
 
@@ -222,13 +240,12 @@ def _own_threads_advice(threads: int, workers: int, device: str, *, unknown: str
             " parallel operator (OpenMP's wait policy), so a training thread that wakes from a wait (loading"
             f" data, a sleep, I/O) may find none free. Call `torch.set_num_threads({threads - 1})` before training"
             " (e.g. at the top of the script or in `LightningModule.setup`) and compare the runs with"
-            " `lightning-perf compare`; the epoch's other time-share findings were measured with that wait in"
-            " them and are information only."
+            " `lightning-perf compare`."
         )
     return (
         f"{opening} (the DataLoader's {plural(workers, 'worker')}, other callbacks' or loggers' threads, a compile"
         " worker pool). Look for threads that spin or poll (`top -H -p <pid>`), and compare runs with fewer of"
-        " them (`lightning-perf compare`); the epoch's other time-share findings are information only."
+        " them (`lightning-perf compare`)."
     )
 
 
@@ -241,89 +258,6 @@ def _cpus(count: int | None, quota: float | None, per_process: int | None, share
     if shared and per_process is not None:
         where += f", {plural(per_process, 'CPU')} per process of the run on this node"
     return where
-
-
-def busy_share(ctx: StageEpoch, t: Thresholds, *, ranks: bool = False) -> float | None:
-    """The share of the epoch the training thread waited for a CPU (``ranks``: the steps, over every rank:
-    :func:`wait_share`), where it reaches ``cpu_contention``; else ``None`` (a quiet machine, or not measured).
-    ``dataloader_bound`` reads rank zero's own: its data wait is its own."""
-    share = wait_share(ctx) if ranks else ctx.epoch.cpu_wait_share
-    return share if share is not None and reaches(share, t.cpu_contention) else None
-
-
-def busy_note(share: float, *, ranks: bool = False) -> str:
-    """The evidence's opening for a finding that waiting for a CPU may explain (``ranks``: any rank's wait,
-    :func:`wait_share`)."""
-    who = "some rank's training thread" if ranks else "the training thread"
-    return (
-        f"measured while the machine was busy ({who} waited for a CPU {percent(share)} of the"
-        " epoch: see `cpu_contention`), which may explain it; "
-    )
-
-
-def measured_while_busy(findings: Sequence[Finding], ctx: StageEpoch, t: Thresholds) -> list[Finding]:
-    """``findings`` as they stand on a busy machine (see the module's docstring): on an epoch whose training
-    thread waited for a CPU ``cpu_contention`` of the time or more, the findings of the :data:`TIME_SHARE_RULES`
-    above info that the waiting may explain (:func:`_explained`) become information, with what was measured."""
-    share = busy_share(ctx, t, ranks=True)
-    if share is None:
-        return list(findings)
-    note = busy_note(share, ranks=bool(_other_waits(ctx)))
-    return [
-        dataclasses.replace(f, severity="info", evidence=note + f.evidence)
-        if f.id in TIME_SHARE_RULES and f.severity != "info" and _explained(f, ctx, t)
-        else f
-        for f in findings
-    ]
-
-
-def _explained(f: Finding, ctx: StageEpoch, t: Thresholds) -> bool:
-    """Whether waiting for a CPU may explain ``f``: judged on CPU time, it would not reach its rule's threshold.
-
-    Notes:
-        1. A window's finding (``framework_overhead``, ``optimizer_heavy``, a CPU ``launch_bound``): of its measured
-           time per step, what waiting for a CPU cannot hold (less the time the training thread waited for one per
-           step while that window recorded, ``TraceSummary.cpu_wait_time``: :func:`~lightning_perf.diagnose.
-           rule_helpers.on_cpu`), over the step less that wait, is below the rule's threshold, or that part is
-           below the rule's time per step or the wait itself. Python between operators that took its time only
-           because the thread waited for a CPU is explained; what is left beyond the wait, and at least as long,
-           is not.
-        2. ``step_time_unstable``: the step time's spread (p90 over the median) within :data:`STALL_SLICES`
-           times the mean wait for a CPU per step, or a scheduler slice (:data:`SCHED_SLICE`) where that is more:
-           a busy machine delays a step by a slice or a few; or the epoch's wait at least what its slowest tenth
-           of steps took beyond the median (a wait held by a few steps, preempted for whole slices: beside two
-           CPU burners a 22-ms step read p90 2.06x at a 26% wait). Not where the slow steps fall on a cadence
-           (:func:`~lightning_perf.diagnose.rules_unstable.slow_cadence`): a stall every 8 batches is the
-           program's. Under several ranks the wait is any rank's (:func:`wait_share`): a step waits for all.
-        3. Where the wait was not measured, or for a measure that is no time (``cpu_threads``): explained.
-    """
-    if f.id == "step_time_unstable":
-        epoch = ctx.epoch
-        if slow_cadence(ctx, t) is not None:
-            return False  # slow steps every N batches are the program's, busy machine or not
-        share, batches = wait_share(ctx) or 0.0, max(epoch.measured_batches, 1)
-        waited = share * epoch.step_time  # the epoch's steps' wait for a CPU, all of it
-        spread = epoch.step_time_p90 - epoch.step_time_p50
-        tail = math.ceil(batches / 10)  # the steps at or above p90
-        return spread <= STALL_SLICES * max(waited / batches, SCHED_SLICE) or tail * spread <= waited
-    window = next((w for w in ctx.windows if w.window == f.window), None)
-    measure = _WINDOW_MEASURES.get(f.id)
-    if window is None or measure is None or window.cpu_wait_time is None:
-        return True
-    if f.id == "launch_bound" and ctx.facts.device != "cpu":
-        return True
-    threshold, min_time = (getattr(t, name) for name in _THRESHOLDS[f.id])
-    real, on_cpu_step = on_cpu(measure(window), window)
-    # What is left beyond the wait must also reach the wait itself, and its rule's time per step once the busy
-    # machine's slowdown on the CPU is taken out (BUSY_SLOWDOWN).
-    waited = min(window.cpu_wait_time, window.step_time)
-    return on_cpu_step <= 0 or real < max(min_time * BUSY_SLOWDOWN, waited) or real / on_cpu_step < threshold
-
-
-def idle_time(seconds: float, busy: float) -> float:
-    """The least ``seconds`` of host time measured while the training thread waited for a CPU ``busy`` of the
-    epoch could be on an idle machine: less the wait (spread evenly), and less :data:`BUSY_SLOWDOWN`."""
-    return seconds * max(0.0, 1.0 - busy) / BUSY_SLOWDOWN
 
 
 # A rank whose training thread waited for a CPU less than this share of its epoch adds nothing to the ranks' wait
@@ -351,6 +285,9 @@ LOAD_TICK = 0.01
 TICKS_NOTE = "other processes' CPU time is counted in 10 ms ticks"
 LOAD_NOTE = f"the epoch was too short: {TICKS_NOTE}"
 UNMEASURED = "other processes' CPU time was not measured"
+# The host's steal is named as the cause (title and advice) where it is at least half of the wait counted (our
+# judgment: the larger part).
+STEAL_CAUSE = 0.5
 # Where the wait is the run's own (or cannot be told to come from outside), a mean wait per batch below this is
 # information only: fewer threads then cost more than the wait. Measured on 2 idle CPUs, Lightning's
 # bug_report_model (200 epochs of 4 batches) waited 0.3 ms a batch (10-16% of its epochs) with torch's 2 threads,
@@ -358,21 +295,3 @@ UNMEASURED = "other processes' CPU time was not measured"
 # sleeping 5 ms per sample left its training thread waiting 13% of the epoch, and one thread made the fit 1.3x
 # faster. Our judgment between the two.
 OWN_MIN_WAIT = 1e-3
-# A busy machine slows a thread on its CPU too (shared caches, a busy SMT sibling), not only by the wait for one.
-# Measured on this project's 2-CPU machine beside two burners: an in-memory MLP's Python between operators,
-# 0.8 ms a step idle, 1.1-1.5 ms beyond the wait for a CPU (1.4-1.9x); Intel quotes up to 2x per SMT thread.
-BUSY_SLOWDOWN = 2.0
-# A busy machine delays a step by a scheduler slice or a few (Linux's CFS: a few ms each); our judgment.
-STALL_SLICES = 3
-# What a window's time-share finding measures per step, and the threshold its rule fires at.
-_WINDOW_MEASURES: dict[str, Callable[[TraceSummary], float]] = {
-    "framework_overhead": lambda w: w.framework_time,
-    "optimizer_heavy": lambda w: w.optimizer_update_time,
-    "launch_bound": lambda w: w.tiny_op_time or 0.0,
-}
-# The thresholds its rule fires at: the share of the step, and the time per step.
-_THRESHOLDS = {
-    "framework_overhead": ("framework_overhead", "framework_min_time"),
-    "optimizer_heavy": ("optimizer_update", "optimizer_min_time"),
-    "launch_bound": ("launch_cpu_tiny_ops", "launch_cpu_min_time"),
-}

@@ -14,28 +14,46 @@ a window records a few steps by design, and a smoke run opens none.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import Finding, StageEpoch
 from lightning_perf.diagnose.thresholds import Thresholds
 
-# The rules whose measure comes from the epoch's batches (the always-on clocks), not from a window's trace.
+# The rules whose measure comes from the epoch's batches (the always-on clocks), not from a window's trace. Not
+# rank_straggler: `lightning-perf analyze` judges it on the ranks' traces, a window's few steps each.
 BATCH_RULES = frozenset({"cpu_contention", "dataloader_bound", "step_time_unstable", "cpu_threads"})
+# ... and those that count every batch of the epoch, the profiled ones at the mean of the others: validation_heavy's
+# training time (fast_dev_run: one training batch and one validation batch warned in 1 of 6 runs).
+EVERY_BATCH_RULES = frozenset({"validation_heavy"})
+# The guard's note, opening the evidence of a finding it made information; held_back() reads it back.
+_NOTE = "from {batches} only (a warning needs {needed}); "
+_HELD = re.compile(r"from (?P<batches>.+?) only \(a warning needs \d+\); ")
 
 
 def from_too_few_batches(findings: Sequence[Finding], ctx: StageEpoch, t: Thresholds) -> list[Finding]:
     """``findings``, the time-share ones made information where the epoch (pooled with its latest epochs) has
-    fewer than ``t.evidence_batches`` measured batches."""
-    measured = ctx.epoch.measured_batches
-    if measured >= t.evidence_batches:
-        return list(findings)
-    batches = f"{measured} measured batch{'' if measured == 1 else 'es'}" + (
-        f" of the last {ctx.pooled_epochs} epochs" if ctx.pooled_epochs > 1 else ""
-    )
-    note = f"from {batches} only (a warning needs {t.evidence_batches}); "
-    return [
-        dataclasses.replace(f, severity="info", evidence=note + f.evidence)
-        if f.id in BATCH_RULES and f.severity != "info"
-        else f
-        for f in findings
-    ]
+    fewer than ``t.evidence_batches`` measured batches (:data:`BATCH_RULES`), or batches (:data:`EVERY_BATCH_RULES`)."""
+    counts = {"measured batch": ctx.epoch.measured_batches, "batch": ctx.epoch.batches}
+    judged = []
+    for f in findings:
+        kind = "measured batch" if f.id in BATCH_RULES else "batch" if f.id in EVERY_BATCH_RULES else None
+        if kind is None or f.severity == "info" or counts[kind] >= t.evidence_batches:
+            judged.append(f)
+            continue
+        n = counts[kind]
+        batches = f"{n} {kind}{'' if n == 1 else 'es'}" + (
+            f" of the last {ctx.pooled_epochs} epochs" if ctx.pooled_epochs > 1 else ""
+        )
+        note = _NOTE.format(batches=batches, needed=t.evidence_batches)
+        judged.append(dataclasses.replace(f, severity="info", evidence=note + f.evidence))
+    return judged
+
+
+def held_back(findings: Sequence[Finding]) -> str | None:
+    """The batches that :func:`from_too_few_batches` found too few (``"1 measured batch"``), where it made any of
+    ``findings`` information; else ``None``."""
+    for f in findings:
+        if f.severity == "info" and (match := _HELD.match(f.evidence)):
+            return match["batches"]
+    return None

@@ -7,9 +7,10 @@ What an epoch says about its loading, per batch (means over the measured batches
 
 - ``wait`` (W): the data wait; ``compute`` (C): the rest of the step.
 - Loading is **CPU-bound** when the training process used its CPU for at least ``CPU_BOUND`` of the wait
-  (``EpochSummary.loading_cpu_share``, with ``num_workers=0``), or when the workers used at least
-  ``CPU_BOUND`` of the CPUs they could (one each, at most this process's share: ``EpochSummary.worker_cpu``
-  over the epoch's wall time).
+  (``EpochSummary.loading_cpu_share``, with ``num_workers=0``: of the wait less its main thread's time queued
+  for a CPU, which a busy machine adds to a sleeping loader's wait as much as to a computing one's), or when the
+  workers used at least ``CPU_BOUND`` of the CPUs they could (one each, at most this process's share:
+  ``EpochSummary.worker_cpu`` over the epoch's wall time).
 - **Spare CPUs**: this process's share of the CPUs less those its own compute needs (torch's intra-op
   threads on a CPU run; one thread feeding the GPU on CUDA). Lightning suggests CPUs per device minus one
   (``suggested_max_num_workers``), the same on a GPU. None are spare on a busy machine: when the training
@@ -61,6 +62,9 @@ HANDOFF = 1.5e-3
 # judgment: on an idle machine it waits well under 1%; on this project's shared 2-CPU machine, at load 2-5,
 # 20-60%, and no worker setting made a real program faster there): cpu_contention's threshold.
 CONTENDED = CPU_CONTENTION
+# The evidence names the share of the sampled waits the training thread queued for a CPU from this much: on an
+# idle machine it queued under 1% of them (our judgment, above that).
+QUEUE_NOTE = 0.05
 EPS = 1e-9  # 0.016 / 0.004 is 4.000000000000001: not 5 workers
 # Lightning's own start of a worker-less DataLoader at each epoch, in its first batch's wait (the loop's iterator
 # and fetcher): a 16-item map-style dataset's validation epochs of 2 batches, 300 epochs on this project's 2-CPU
@@ -80,7 +84,8 @@ class Loading:
         batches: Measured batches.
         startup: The part of ``first`` that is start-up (workers starting, a map-style dataset's set-up): all of
             it or none.
-        cpu_share: The training process's CPU over wall time during the steady waits.
+        cpu_share: The training process's CPU over the sampled waits' wall time less its queueing for a CPU.
+        queue_share: The share of the sampled waits its main thread queued for a CPU.
         worker_cpus: CPUs' worth the workers used over the epoch.
         spare: CPUs free for workers (at least 0); ``None``: unknown.
         cpu_wait: The share of the epoch the training thread waited for a CPU; ``None``: unknown.
@@ -99,6 +104,7 @@ class Loading:
     worker_cpus: float | None
     spare: int | None
     cpu_wait: float | None = None
+    queue_share: float | None = None
     workers: int = 0
     first: float = 0.0
     epochs: int = 1
@@ -185,6 +191,7 @@ def loading(ctx: StageEpoch) -> Loading:
         worker_cpus=worker_cpus,
         spare=spare_cpus(facts),
         cpu_wait=epoch.cpu_wait_share,
+        queue_share=epoch.loading_queue_share,
         workers=facts.num_workers or 0,
         first=extra,
         epochs=epochs,
@@ -244,7 +251,12 @@ def loading_evidence(load: Loading, facts: RunFacts) -> list[str]:
             )
     if load.cpu_share is not None:
         parts.append(
-            f"the training process used or waited for a CPU {percent(min(load.cpu_share, 1.0))} of the sampled waits"
+            f"the training process used a CPU {percent(min(load.cpu_share, 1.0))} of the sampled waits"
+            + (
+                f" (less the {percent(load.queue_share)} of them its thread queued for one)"
+                if load.queue_share is not None and load.queue_share >= QUEUE_NOTE
+                else ""
+            )
         )
     if load.worker_cpus is not None and facts.num_workers:
         parts.append(f"the {facts.num_workers} workers used {cpus(load.worker_cpus)}")

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 
-from lightning_perf.diagnose.contention import cpu_contention, measured_while_busy
+from lightning_perf.diagnose.busy_machine import measured_while_busy, told
+from lightning_perf.diagnose.contention import cpu_contention
 from lightning_perf.diagnose.evidence import from_too_few_batches
 from lightning_perf.diagnose.model import SEVERITIES, Finding, StageEpoch
 from lightning_perf.diagnose.rule_helpers import Rule, SummaryRule
@@ -88,12 +89,14 @@ def diagnose(
     Notes:
         1. The :data:`RULES` run first, each on ``ctx`` alone.
         2. On a busy machine (``cpu_contention`` fires), the time-share findings that waiting for a CPU may
-           explain become information (:func:`~lightning_perf.diagnose.contention.measured_while_busy`), and so
+           explain become information (:func:`~lightning_perf.diagnose.busy_machine.measured_while_busy`), and so
            do those from too few batches (:func:`~lightning_perf.diagnose.evidence.from_too_few_batches`).
         3. Then the :data:`SUMMARY_RULES`, each given the findings of step 1 in catalogue order. When one of
            them is among ``rules``, every rule of step 1 runs for it, so that a summary rule always sees the
            whole epoch: their findings are returned only when named too, their errors reach ``on_error``.
-        4. ``cpu_contention`` comes first: what it says changes how to read the rest.
+        4. ``cpu_contention`` comes first: what it says changes how to read the rest. Its advice names the
+           findings the busy machine made information, and those that keep their severity
+           (:func:`~lightning_perf.diagnose.busy_machine.told`).
 
     Args:
         ctx: The stage's epoch, its history, trace windows and run facts.
@@ -128,7 +131,7 @@ def diagnose(
         results = _run(rule_id, on_error, SUMMARY_RULES[rule_id], ctx, thresholds, tuple(found))
         findings.extend((_rank(f), order, f) for f in results)
     findings.sort(key=lambda item: item[:2])
-    return [f for _, _, f in findings]
+    return told([f for _, _, f in findings])
 
 
 def _rank(f: Finding) -> int:

@@ -8,7 +8,7 @@ copy to it).
 
 from __future__ import annotations
 
-from lightning_perf.diagnose.contention import busy_note, busy_share, idle_time
+from lightning_perf.diagnose.busy_machine import busy_note, busy_share, idle_time, kept_note
 from lightning_perf.diagnose.loader_advice import loader_advice
 from lightning_perf.diagnose.loading import CPU_BOUND, loading, loading_evidence
 from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch
@@ -121,6 +121,9 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             if below(idle_time(epoch.data_wait / measured, busy), t.dataloader_min_wait):
                 severity = "info"
                 evidence.insert(0, busy_note(busy).removesuffix("; "))
+            else:
+                why = "its calls per sample are counted, not timed, and an idle machine's wait would still reach"
+                evidence.insert(0, kept_note(busy, f"{why} {ms(t.dataloader_min_wait)} per batch").removesuffix("; "))
         elif elsewhere:
             # Between batches outside the DataLoader (the loop, hooks), a busy machine explains the time off the
             # CPU too: a descheduled thread holding the GIL blocks the training thread there.
@@ -141,21 +144,20 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 
 def _on_a_busy_machine(ctx: StageEpoch, t: Thresholds, busy: float, evidence: list[str]) -> Severity:
     """The severity of a data wait measured while the training thread waited for a CPU ``busy`` of the epoch:
-    kept only where loading is mostly off the CPU, neither running nor queued for one
-    (``EpochSummary.loading_cpu_share`` below ``CPU_BOUND``: a dataset that sleeps, reads a disk or the network),
-    which a busy machine does not explain, and set by that part of the step; else ``info``. Opens ``evidence``
-    with why. (Loading on the CPU also shows time off it on a busy machine: a thread of the process holding the
-    GIL is descheduled, and the training thread blocks on it.)"""
-    on_cpu = ctx.epoch.loading_cpu_share
-    off = None if on_cpu is None else ctx.epoch.data_wait_fraction * max(0.0, 1.0 - on_cpu)
+    kept only where loading is mostly off the CPU (``EpochSummary.loading_cpu_share`` below ``CPU_BOUND``: a
+    dataset that sleeps, reads a disk or the network), which a busy machine does not explain; and set by that
+    part of the step, neither running nor queued for a CPU (``EpochSummary.loading_queue_share``: a woken
+    thread's queueing is the busy machine's); else ``info``. Opens ``evidence`` with why. (Loading on the CPU also
+    shows time off it on a busy machine: a thread of the process holding the GIL is descheduled, and the training
+    thread blocks on it.)"""
+    epoch = ctx.epoch
+    on_cpu, queued = epoch.loading_cpu_share, min(epoch.loading_queue_share or 0.0, 1.0)
+    off = None if on_cpu is None else epoch.data_wait_fraction * (1.0 - queued) * max(0.0, 1.0 - on_cpu)
     if off is None or on_cpu is None or on_cpu >= CPU_BOUND or not reaches(off, t.dataloader_warning):
         evidence.insert(0, busy_note(busy).removesuffix("; "))
         return "info"
-    evidence.insert(
-        0,
-        f"{percent(off)} of the step waited off the CPU (not explained by the busy machine: the training thread"
-        f" waited for a CPU {percent(busy)} of the epoch)",
-    )
+    why = f"{percent(off)} of the step waited off the CPU, neither running nor queued for one"
+    evidence.insert(0, kept_note(busy, f"{why}: no busy machine explains that").removesuffix("; "))
     return "critical" if reaches(off, t.dataloader_critical) else "warning"
 
 

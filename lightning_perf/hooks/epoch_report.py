@@ -275,6 +275,7 @@ class EpochReporter:
             profiled=left_out,
             loss=clock.mean_loss(),
             loading_cpu_share=clock.loading_cpu_share(),
+            loading_queue_share=clock.loading_queue_share(),
             epoch_starts=clock.epoch_starts,
             **st.cpu.read(),
             host_rss=rss,

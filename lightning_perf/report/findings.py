@@ -16,6 +16,7 @@ import statistics
 from collections import deque
 from collections.abc import Container, Sequence
 
+from lightning_perf.diagnose.evidence import held_back
 from lightning_perf.diagnose.model import SEVERITIES, Finding
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary
 from lightning_perf.units import count, duration, flops_rate, mib, ms, percent, plural
@@ -175,9 +176,14 @@ def compile_line(stats: CompileStats | None) -> str | None:
 def _clean(findings: Sequence[Finding]) -> str:
     """The headline's end for an epoch with nothing to show: :data:`CLEAN`, or, where it has information findings
     (not shown at ``verbose=1``), their ids, so that a data wait nothing would help (``dataloader_bound`` at info)
-    is not read as none."""
+    is not read as none; where too few batches held findings back (``"1 measured batch: too little to judge"``),
+    that first, which no clean result is."""
     notes = [f.id for f in findings if f.severity == "info"]
-    return f"nothing to change found (notes: {', '.join(notes)}; verbose=2 shows them)" if notes else CLEAN
+    if not notes:
+        return CLEAN
+    listed = f"(notes: {', '.join(notes)}; verbose=2 shows them)"
+    batches = held_back(findings)
+    return f"{batches}: too little to judge {listed}" if batches else f"nothing to change found {listed}"
 
 
 def console_report(

@@ -125,9 +125,9 @@ def pool_epochs(epochs: Sequence[EpochSummary]) -> EpochSummary:
         1. ``first_data_wait`` is the sum of the epochs' first waits: each epoch's first batch waits for the
            DataLoader's start-up, so over epochs of one batch each, all of the wait is start-up, which is what
            ``dataloader_bound``'s advice then says.
-        2. ``cpu_wait_share`` and ``other_cpu_load`` are over the epochs' wall time together (each epoch's
-           weighted by its wall time: the seconds waited and the other processes' CPU seconds, summed), where
-           every epoch has them; a short epoch's own is noise (``/proc/stat`` counts in 10 ms ticks).
+        2. ``cpu_wait_share``, ``other_cpu_load`` and ``cpu_steal_share`` are over the epochs' wall time together
+           (each epoch's weighted by its wall time: the seconds waited and the other processes' CPU seconds,
+           summed), where every epoch has them; a short epoch's own is noise (``/proc/stat`` counts in 10 ms ticks).
     """
     last = epochs[-1]
     total = sum(e.step_time for e in epochs)
@@ -152,6 +152,7 @@ def pool_epochs(epochs: Sequence[EpochSummary]) -> EpochSummary:
         wall_time=None if None in walls else sum(w or 0.0 for w in walls),
         cpu_wait_share=_over_wall(epochs, [e.cpu_wait_share for e in epochs]),
         other_cpu_load=_over_wall(epochs, [e.other_cpu_load for e in epochs]),
+        cpu_steal_share=_over_wall(epochs, [e.cpu_steal_share for e in epochs]),
     )
 
 

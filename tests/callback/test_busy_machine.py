@@ -33,8 +33,14 @@ def test_a_busy_machine_is_named_first_and_the_program_is_not_blamed(tmp_path):
     last = perf.findings_for("train", epoch=perf.epochs[-1].epoch)
     assert last and last[0].id == "cpu_contention", last
     assert "The load comes from outside this run" in last[0].advice
-    loud = [f.id for f in last[1:] if f.severity != "info"]
-    assert loud == [], [(f.id, f.severity, f.title, f.evidence) for f in last]
+    # One story: a finding that keeps its severity says why (what holds on CPU time), and cpu_contention names it.
+    # A loaded machine (load 10 on 2 CPUs) showed dataloader_bound critical beside "the epoch's other time-share
+    # findings ... are information only". (Its in-memory data wait still reads off the CPU in some epochs on a
+    # loaded machine, as before: 4 of 9 epochs beside 3 burners at load 10, the training thread neither running nor
+    # counted queued for 30-40 ms of some waits; then dataloader_bound is kept, and says why.)
+    loud = [f for f in last[1:] if f.severity != "info"]
+    story = [(f.id, f.severity, f.title, f.evidence, last[0].advice) for f in last]
+    assert all(f.evidence.startswith("kept on a busy machine") and f"`{f.id}`" in last[0].advice for f in loud), story
 
 
 def test_a_real_data_bottleneck_is_still_found_on_a_busy_machine(tmp_path):
@@ -43,6 +49,20 @@ def test_a_real_data_bottleneck_is_still_found_on_a_busy_machine(tmp_path):
     perf = fit_busy(tmp_path / "slow", TinyModel(n=256, batch_size=8, sleep_s=0.002))
     last = {f.id: f for f in perf.findings_for("train", epoch=perf.epochs[-1].epoch)}
     assert last["dataloader_bound"].severity == "critical", last
+
+
+def test_a_sleeping_dataset_is_found_in_every_epoch_beside_two_cpu_burners(tmp_path):
+    # 2 ms of sleeping per item, 16 items a batch, beside two CPU burners on 2 CPUs: after each wake the loading
+    # thread queues for a CPU, 50-70% of the epoch. Counted as using one, that made loading read "on the CPU" in
+    # about half the epochs (44-58% of the sampled waits), and dataloader_bound became information there.
+    perf = PerfCallback(verbose=0)
+    with torch_threads(1), cpu_burners(2):
+        trainer(tmp_path, [perf], max_epochs=4, limit_val_batches=0).fit(TinyModel(n=256, batch_size=16, sleep_s=0.002))
+    found = {e.epoch: {f.id: f.severity for f in perf.findings_for("train", epoch=e.epoch)} for e in perf.epochs}
+    assert len(found) == 4 and all(f.get("dataloader_bound") in ("warning", "critical") for f in found.values()), (
+        found,
+        [(e.loading_cpu_share, getattr(e, "loading_queue_share", None), e.cpu_wait_share) for e in perf.epochs],
+    )
 
 
 def test_the_cpu_a_windows_processing_takes_is_no_contention_of_the_run(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ TWO_CPUS = dataclasses.replace(CPU, cpu_count=2, torch_threads=1, num_workers=0)
 
 
 def judge(cpu_wait: float | None, facts: RunFacts = TWO_CPUS, **kw):
-    context = StageEpoch(epoch=epoch(cpu_wait_share=cpu_wait, wall_time=2.0, **kw), facts=facts)
+    context = StageEpoch(epoch=epoch(**{"cpu_wait_share": cpu_wait, "wall_time": 2.0, **kw}), facts=facts)
     return RULES["cpu_contention"](context, Thresholds())
 
 
@@ -146,11 +146,51 @@ def test_what_a_busy_machine_cannot_explain_keeps_its_severity():
     assert "46% of the step outside any torch operator (7.00 ms of 15.00 ms) once the 5.00 ms" in kept.evidence
 
 
+def test_contention_names_the_findings_it_made_information_and_those_kept_say_why():
+    # One screen, one story: an in-memory data wait made information, 12 ms outside operators in a 20-ms step of
+    # which 5 ms waited for a CPU kept. cpu_contention used to say every other time-share finding was information.
+    busy = dataclasses.replace(busy_epoch(0.6, 0.95), other_cpu_load=2.0)
+    w = window(step_time=0.020, framework_time=0.012, cpu_wait_time=0.005)
+    found = {f.id: f for f in diagnose(StageEpoch(epoch=busy, windows=(w,), facts=TWO_CPUS))}
+    kept, demoted, contention = found["framework_overhead"], found["dataloader_bound"], found["cpu_contention"]
+    assert kept.severity == "warning" and demoted.severity == "info"
+    assert kept.evidence.startswith(
+        "kept on a busy machine (the training thread waited for a CPU 60% of the epoch), as what it measures, less"
+        " the training thread's wait for a CPU while its window recorded, still reaches its threshold; "
+    )
+    assert contention.advice.endswith(
+        "Measured while the machine was busy, this epoch's `dataloader_bound` is information only; `framework_overhead`"
+        " keeps its severity: what it measures holds on CPU time (see its evidence)."
+    )
+    assert "information only" not in diagnose(StageEpoch(epoch=busy, facts=TWO_CPUS))[0].advice.replace(
+        "`dataloader_bound` is information only", ""
+    )
+
+
+def test_a_sleeping_datasets_queueing_for_a_cpu_is_the_busy_machines_and_the_rest_is_kept():
+    # Beside two burners: 92% data wait, 7% of the sampled waits on a CPU, 60% of them queued after a wake. The part
+    # neither running nor queued, 92% x 40% x 93% = 34% of the step, sets the severity, and the evidence says why.
+    sleepy = dataclasses.replace(busy_epoch(0.6, 0.07), data_wait_fraction=0.92, loading_queue_share=0.6)
+    f = {f.id: f for f in diagnose(StageEpoch(epoch=sleepy, facts=TWO_CPUS))}["dataloader_bound"]
+    assert f.severity == "critical"
+    assert f.evidence.startswith(
+        "kept on a busy machine (the training thread waited for a CPU 60% of the epoch), as 34% of the step waited"
+        " off the CPU, neither running nor queued for one: no busy machine explains that; "
+    )
+    assert "used a CPU 7% of the sampled waits (less the 60% of them its thread queued for one)" in f.evidence
+    less = dataclasses.replace(sleepy, loading_queue_share=0.95)  # 4% of the step off the CPU: the busy machine's
+    assert {f.id: f.severity for f in diagnose(StageEpoch(epoch=less, facts=TWO_CPUS))}["dataloader_bound"] == "info"
+
+
 def test_per_sample_loading_is_counted_not_timed_and_keeps_its_severity_on_a_busy_machine():
     facts = dataclasses.replace(TWO_CPUS, batch_size=64)
     per_sample = window(step_time=0.0073, dataloader_time=0.0039, dataloader_ops_per_step=386.0)
     found = {f.id: f for f in diagnose(StageEpoch(epoch=busy_epoch(0.6, 0.95), windows=(per_sample,), facts=facts))}
     assert found["dataloader_bound"].severity == "critical" and "__getitems__" in found["dataloader_bound"].advice
+    assert found["dataloader_bound"].evidence.startswith(
+        "kept on a busy machine (the training thread waited for a CPU 60% of the epoch), as its calls per sample are"
+        " counted, not timed"
+    )
 
 
 def test_a_little_python_slowed_by_a_busy_cpu_is_explained():
@@ -292,3 +332,56 @@ def test_evaluation_steps_wait_for_every_rank_only_under_a_sharded_strategy(stra
         facts=dataclasses.replace(ctx.facts, strategy=strategy),
     )
     assert contention.wait_share(ctx) == pytest.approx(1 - 0.95 * 0.7 if lockstep else 0.05)
+
+
+def _straggling(work: dict[int, float], waits: dict[int, float]) -> StageEpoch:
+    """A training epoch of 12-ms steps under ranks whose own work per step is ``work`` and whose training threads
+    waited ``waits`` of the epoch for a CPU."""
+    busy = epoch(step_time=1.2, step_time_p50=0.012, step_time_p90=0.013, cpu_wait_share=waits[0], wall_time=1.2)
+    facts = dataclasses.replace(TWO_CPUS, world_size=len(work))
+    return StageEpoch(epoch=busy, facts=facts, rank_step_times=work, rank_cpu_waits=waits)
+
+
+def test_a_straggler_the_ranks_waits_for_a_cpu_explain_is_information():
+    # Identical ranks on a busy machine: "Rank 0 is 1.40x slower than the median rank", and "Rank 1 is 1.30x" on the
+    # next run. Rank 0's 14 ms of own work a 12-ms step less its 70% wait (8.4 ms a step) is 5.6 ms; rank 1's 6 ms
+    # less 0.6 ms is 5.4 ms: no straggler on CPU time.
+    f = {f.id: f for f in diagnose(_straggling({0: 0.014, 1: 0.006}, {0: 0.7, 1: 0.05}))}["rank_straggler"]
+    assert f.severity == "info" and f.title == "Rank 0 is 1.40x slower than the median rank"
+    assert f.evidence.startswith(
+        "measured while the machine was busy (some rank's training thread waited for a CPU 71% of the epoch"
+    )
+
+
+def test_a_straggler_beyond_the_ranks_waits_keeps_its_warning_and_says_why():
+    # Both ranks waited 30% of the epoch (3.6 ms a step): 16.4 ms of own work against 6.4 ms is a straggler still.
+    found = diagnose(_straggling({0: 0.020, 1: 0.010}, {0: 0.3, 1: 0.3}))
+    f = {f.id: f for f in found}["rank_straggler"]
+    assert f.severity == "warning"
+    assert "as the ranks' own work per step differs beyond their waits for a CPU; " in f.evidence
+    assert "`rank_straggler` keeps its severity" in found[0].advice
+
+
+def test_a_virtual_machines_steal_time_counts_with_the_wait_and_is_named():
+    # The host took the CPUs 20% of a 2-s epoch while the run queue read 4%: a wait for a CPU all the same, which
+    # the run queue cannot see. 1 - 0.96 x (1 - 0.195) is 22% (the 10 ms ticks' error, 0.5%, taken out).
+    f = judge(0.04, cpu_steal_share=0.2, other_cpu_load=0.0)
+    assert (
+        f.severity == "warning"
+        and f.title == "Training waited for a CPU 22% of the time: the virtual machine's host took the CPU"
+    )
+    assert "the virtual machine's host took the CPUs 19% of the epoch (steal time, counted with the wait" in f.evidence
+    assert f.advice.startswith("The virtual machine's host ran other work on this machine's CPUs (steal time")
+    # A little steal beside a large wait is evidence, not the cause; a short epoch's tick is no steal.
+    busy = judge(0.3, cpu_steal_share=0.02, other_cpu_load=2.0)
+    assert busy.title.endswith(": the machine is busy") and "host took the CPUs 1% of the epoch" in busy.evidence
+    assert judge(0.04, cpu_steal_share=0.2, wall_time=0.05) is None
+    assert judge(0.04, cpu_steal_share=None) is None
+
+
+def test_steal_time_makes_the_time_share_findings_information_too():
+    # An in-memory data wait on a VM whose host took the CPUs 30% of the epoch: a busy machine's, not the program's.
+    stolen = dataclasses.replace(busy_epoch(0.02, 0.95), cpu_steal_share=0.3, wall_time=2.0)
+    found = {f.id: f for f in diagnose(StageEpoch(epoch=stolen, facts=TWO_CPUS))}
+    assert found["cpu_contention"].title.endswith("the virtual machine's host took the CPU")
+    assert found["dataloader_bound"].severity == "info"

@@ -871,6 +871,14 @@ def test_validation_heavy_counts_every_validation_run_of_the_epoch():
     assert "val_check_interval" in f.advice  # several runs per epoch
 
 
+def test_validation_heavy_from_one_training_batch_is_information():
+    # Trainer(fast_dev_run=True): one training batch and one validation batch, whose start-up made validation 31%
+    # of the epoch in 1 of 6 runs: a warning from one batch each, before.
+    smoke = ctx(epoch(step_time=0.02, batches=1), validation=(epoch(stage="validate", step_time=0.2, batches=1),))
+    [f] = [f for f in diagnose(smoke) if f.id == "validation_heavy"]
+    assert f.severity == "info" and f.evidence.startswith("from 1 batch only (a warning needs 8); ")
+
+
 def test_validation_heavy_judges_the_fit_and_names_step_based_validation():
     # Validation every 100 steps across one-batch epochs: one epoch holds a whole run (49% of that epoch), the
     # fit so far 5%: no finding.

@@ -133,6 +133,19 @@ def test_a_clean_headline_names_the_notes_it_does_not_show():
     assert CLEAN not in text
 
 
+def test_a_headline_says_when_too_few_batches_held_findings_back():
+    # fast_dev_run's one batch, waiting 36% of its step for the DataLoader's start-up: dataloader_bound is held back
+    # to info by the minimum-evidence guard. "nothing to change found" read as a clean result.
+    from lightning_perf.diagnose.model import StageEpoch
+    from lightning_perf.diagnose.registry import diagnose
+
+    summary = summarize_epoch(stage="train", epoch=0, data_wait=[0.036], compute=[0.064], batch_sizes=[8])
+    found = diagnose(StageEpoch(epoch=summary))
+    assert [f.severity for f in found if f.id == "dataloader_bound"] == ["info"]
+    text = console_report(summary, found, verbose=1)
+    assert text.endswith("| 1 measured batch: too little to judge (notes: dataloader_bound; verbose=2 shows them)")
+
+
 def _counted(summary, *, flops_per_second=4.12e13, mfu=0.3149):
     """``summary`` as an epoch whose FLOPs were counted (the callback fills these in)."""
     import dataclasses
