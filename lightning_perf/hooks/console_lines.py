@@ -59,10 +59,12 @@ class ConsoleLines:
         now: bool = False,
         ranks: tuple[RankSummary, ...] = (),
         compiled: CompileStats | None = None,
+        note: str | None = None,
     ) -> None:
         """A reported stage epoch's line (``order``: its epoch's among the run's; ``first``: the stage's first in
-        this process, with its per-rank table): printed ``now``, where something is new, or where the stage's last
-        line is :data:`STATUS_SECONDS` old; else held back, until a later line of the stage or the end."""
+        this process, with its per-rank table; ``note``: after its headline, e.g. why its FLOPs are not counted):
+        printed ``now``, where something is new, or where the stage's last line is :data:`STATUS_SECONDS` old;
+        else held back, until a later line of the stage or the end."""
         stage = summary.stage
         fresh, unchanged = self._shown.split(stage, findings)
         message = console_report(
@@ -72,6 +74,7 @@ class ConsoleLines:
             ranks=ranks if fresh or first else (),
             unchanged=unchanged,
             compile=compiled,
+            note=note,
         )
         if not message:
             return

@@ -132,6 +132,8 @@ class StageEvents(StageHooks):
                 closed = self._profiler_windows.save(to_save) or closed
         except Exception as err:
             self._policy.fail(stage, err)
+        if closed and stage == "train":  # the FLOP count takes the next batch (flop_count, Notes 2)
+            self._flops.window_closed(self._positions["train"].batch)  # moved on to the next one
         if not st.cpu.paused:  # between windows: the next batch's data wait starts now
             st.clock.restart(after_close=closed)
             return
@@ -150,7 +152,8 @@ class StageEvents(StageHooks):
         if st is None:
             return
         try:
-            self._profiler_windows.save(self._control.close(stage, shortened=True))  # a window the epoch cut short
+            if self._profiler_windows.save(self._control.close(stage, shortened=True)) and stage == "train":
+                self._flops.window_closed(self._positions["train"].batch)  # a window the epoch cut short
         except Exception as err:
             self._policy.fail(stage, err)
         waited = self._profiler_windows.join()  # the epoch's windows are written and in _epochs.windows before reading
