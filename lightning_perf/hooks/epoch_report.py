@@ -117,10 +117,17 @@ def grouped_epochs(stage: str, epoch: int) -> str:
     )
 
 
-def draw_page(report: Mapping[str, Any], *, source: str) -> Page:
+def draw_page(report: Mapping[str, Any], *, source: str) -> Page | None:
     """The run's page beside its report: with its charts once the run has a profiler window; without them
     (no Plotly: tens of kB, not megabytes) before, so that a loop of short window-less Trainer calls leaves
-    small pages (:func:`~lightning_perf.report.html.run_page`)."""
+    small pages (:func:`~lightning_perf.report.html.run_page`). ``None``, no page, for a report of predict
+    epochs alone with no window and nothing to change found (no warning, nothing critical): the page would repeat
+    ``perf_report.json``'s numbers, and a loop of short predict calls (one Trainer each, as forecasting libraries
+    make them) paid 0.7 ms a call for it."""
+    if not report.get("windows") and set(report.get("stages", {})) == {"predict"}:
+        epochs = report["stages"]["predict"]["epochs"]
+        if all(f.get("severity") == "info" for epoch in epochs for f in epoch.get("findings", ())):
+            return None
     return run_page(report, source=source, charts=bool(report.get("windows")))
 
 
