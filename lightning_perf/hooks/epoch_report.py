@@ -171,12 +171,11 @@ class EpochReporter:
         self._report: ReportFile | None = None  # on rank zero, from the first write on
         #: Each stage's records the report on disk holds (at its last write, or taken back): ``hooks/run_state``.
         self.reported: dict[str, int] = {}
-        self._lines = ConsoleLines(config.verbose)  # what the console says of each epoch, and when
         self.budget = ProfilingBudget(config.profile_budget, config.schedule.warmup)  # the profiling's cost, its budget
         # The training batches' FLOP counts, per sample as the epoch counts them, within the budget.
-        self.flops = FlopCounting(
-            batch_size, self.budget, windows_planned=config.max_windows != 0, asked=config.peak_flops is not None
-        )
+        asked = config.peak_flops is not None
+        self.flops = FlopCounting(batch_size, self.budget, windows_planned=config.max_windows != 0, asked=asked)
+        self._lines = ConsoleLines(config.verbose, flops=self.flops.not_counted)  # what the console says, and when
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
         self.memory = MemoryTracking(self.flops)  # what the model holds, after each training epoch's first batch
         self.oom: Finding | None = None  # an out-of-memory error's finding, until its epoch is reported
@@ -403,17 +402,8 @@ class EpochReporter:
             if trainer.is_global_zero:
                 first = not review.history  # the stage's first epoch in this process shows its per-rank table
                 now = always or stage is None
-                why = self.flops.not_counted() if name == "train" and summary.flops_per_batch is None else None
                 self._lines.epoch(
-                    say_it,
-                    summary,
-                    findings,
-                    order=review.order,
-                    first=first,
-                    now=now,
-                    ranks=ranks,
-                    compiled=compiled,
-                    note=why and f"FLOPs not counted yet: {why}",
+                    say_it, summary, findings, order=review.order, first=first, now=now, ranks=ranks, compiled=compiled
                 )
         if stage is None:  # the call's end: each stage's latest line held back (its latest status)
             self._lines.flush(say_it)

@@ -21,11 +21,13 @@ Notes:
        - ``PerfCallback(peak_flops=...)``: the user asked for MFU, so the first candidate is counted, whatever
          the budget says (issue 46: a 30-batch fit never showed the MFU it was asked for).
        - Else the count waits for the run's first training window, whose findings come first, and takes the
-         first batch outside a window after its close (:meth:`FlopCounting.window_closed`), whatever the budget
-         says: that batch is already left out of the epoch's times and charged to the budget (the window's
-         processing runs beside it: :class:`~lightning_perf.collect.steps.StepClock`), so the count costs its
-         own slowdown and takes no other batch from the epoch. A run of 30 batches, whose budget never had room
-         after its window, had no FLOP count before.
+         first batch outside a window after its close (:meth:`FlopCounting.window_closed`) where the count fits
+         the budget over the run's planned length (:func:`count_fits`), rather than over the time run so far:
+         that batch is already left out of the epoch's times and charged to the budget (the window's processing
+         runs beside it: :class:`~lightning_perf.collect.steps.StepClock`), so the count costs its own slowdown
+         and takes no other batch from the epoch. A run planned long enough counts in its first epoch, where it
+         waited for room before; a short run of a costly model still waits (on ``benchmarks/forecaster.py`` a
+         count took 366 ms against a 97-ms step, 2% of a 4-epoch fit), and says why.
        - A run that plans no window (``max_windows=0``) has no first window to wait for, nor has an epoch too
          short for the plan (a run of short epochs counts in its first, before the window the plan moves into a
          later one: :mod:`~lightning_perf.hooks.window_control`, Notes 7), and one whose first training epoch
@@ -48,6 +50,8 @@ Notes:
 
 from __future__ import annotations
 
+import math
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -58,6 +62,7 @@ from torch import nn
 from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.activations import SavedSizes
 from lightning_perf.collect.flops import BatchFlopCounter, BatchFlops
+from lightning_perf.collect.steps import StepClock
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.peak_table import dtype_for, peak_flops
 from lightning_perf.summarize.flops import FlopCount
@@ -84,6 +89,22 @@ once the budget has room. Our judgment."""
 
 NEVER = sys.maxsize
 """:attr:`FlopCounting.offer_from` where no batch of the epoch is to be offered."""
+
+COUNT_STEPS = 3.0
+"""What a counted batch costs beyond its step, in steps (:func:`count_fits`): every op goes through Python under
+``FlopCounterMode``, and the saved-tensor hooks name what the backward keeps: 366 ms against a 97-ms step on a
+``benchmarks/forecaster.py`` batch (2.8 steps; 2-CPU machine, one thread). Measured."""
+
+
+def count_fits(share: float | None, spent: float, step: float, planned_batches: float) -> bool:
+    """Whether a count fits the budget over the run's plan (Notes 2): what the profiling has cost so far
+    (``spent``, seconds) and a count (:data:`COUNT_STEPS` steps of ``step`` seconds, the median so far) within
+    ``share`` of ``planned_batches`` such steps (the training batches the Trainer plans; ``inf``: no end
+    planned). No budget (``share`` ``None``): it fits."""
+    if share is None or math.isinf(planned_batches):
+        return True
+    return spent + COUNT_STEPS * step <= share * planned_batches * step
+
 
 UNCOUNTED_NAMED = 4
 """Ops with no FLOP formula named in the warning (:func:`uncounted_warning`), most calls first."""
@@ -219,13 +240,14 @@ class FlopCounting:
         :attr:`~lightning_perf.budget.ProfilingBudget.flops_held`, which its last line reads."""
         return self._budget is not None and self._budget.flops_held
 
-    def window_closed(self, next_batch: int) -> None:
-        """A training window closed at the end of the epoch's batch ``next_batch - 1``: where the run's FLOPs are
-        not counted yet, the next batch outside a window is offered, whatever the budget says (Notes 2)."""
+    def window_closed(self, next_batch: int, *, fits: bool = True) -> None:
+        """The run's first training window closed at the end of the epoch's batch ``next_batch - 1``: where the
+        run's FLOPs are not counted yet and the count ``fits`` the budget over the run's plan
+        (:func:`count_fits`), the next batch outside a window is offered, whatever the budget says now (Notes 2)."""
         if self._window_closed:
             return
         self._window_closed = True
-        if self.counts:
+        if self.counts or not fits:
             return
         self._free = True
         self.offer_from = min(self.offer_from, next_batch)
@@ -233,8 +255,13 @@ class FlopCounting:
         self._last_offered = max(self._last_offered, next_batch - 1)
 
     def not_counted(self) -> str | None:
-        """Why the run's FLOPs are not counted yet, for a training epoch's console line; ``None`` where they are,
-        or where no count is to come (Notes 2)."""
+        """``"FLOPs not counted yet: "`` and why (:meth:`not_counted_why`), for a training epoch's console line."""
+        why = self.not_counted_why()
+        return None if why is None else f"FLOPs not counted yet: {why}"
+
+    def not_counted_why(self) -> str | None:
+        """Why the run's FLOPs are not counted yet; ``None`` where they are, or where no count is to come (Notes
+        2)."""
         if self.counts or not self.pending:
             return None
         budget = None if self._free else self._budget  # a free offer waits for nothing
@@ -300,3 +327,20 @@ class FlopCounting:
         self.active = False
         self._saved.cancel()
         self._counter.cancel()
+
+
+def after_window(flops: FlopCounting, budget: ProfilingBudget, clock: StepClock, trainer: Any, next_batch: int) -> None:
+    """A training window closed before the epoch's batch ``next_batch``: ``flops`` may take it, where a count fits
+    ``budget`` over the fit's planned training batches (:func:`count_fits`, with the epoch's median step so far
+    from ``clock``; Notes 2). Once per window, never per batch."""
+    if flops.counts or budget.share is None:
+        flops.window_closed(next_batch)
+        return
+    steps = [wait + work for wait, work in zip(clock.data_wait, clock.compute, strict=False)]
+    max_epochs = trainer.max_epochs if trainer.max_epochs is not None else -1
+    planned = trainer.num_training_batches * max_epochs if max_epochs >= 0 else math.inf
+    if trainer.max_steps is not None and trainer.max_steps >= 0:
+        planned = min(planned, trainer.max_steps)
+    spent = budget.cost(time.perf_counter()).seconds
+    fits = bool(steps) and count_fits(budget.share, spent, statistics.median(steps), planned)
+    flops.window_closed(next_batch, fits=fits)

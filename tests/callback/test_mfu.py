@@ -5,6 +5,7 @@ import json
 import logging
 import pathlib
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from torch import nn
@@ -207,9 +208,30 @@ def test_a_user_who_gives_peak_flops_gets_mfu_from_30_epochs_of_one_batch(tmp_pa
     assert epochs[0]["mfu"] is None and epochs[-1]["mfu"] > 0  # the first epoch's only batch is not counted
 
 
-def test_a_default_30_batch_fit_counts_the_batch_after_its_window(tmp_path):
+def _train_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("lightning-perf | train epoch")]
+
+
+def test_a_default_30_batch_fit_counts_or_says_why_not(tmp_path, caplog):
     perf = PerfCallback()
-    trainer(tmp_path, [perf], limit_val_batches=0).fit(TinyModel(n=120))
+    with caplog.at_level(logging.INFO):
+        trainer(tmp_path, [perf], limit_val_batches=0).fit(TinyModel(n=120))
+    report = json.loads(pathlib.Path(perf.report_path).read_text())
+    (line,) = _train_lines(caplog)
+    # 2% of 30 steps has no room for a count (3 steps): said, unless the budget found room later
+    assert _counted(report) == [True] or "| FLOPs not counted yet: the profiling budget (2%) had no room" in line
+
+
+class StopAfterFirstEpoch(pl.Callback):
+    def on_train_epoch_end(self, trainer, pl_module):
+        trainer.should_stop = True
+
+
+def test_a_fit_planned_long_counts_right_after_its_first_window(tmp_path):
+    # 100 epochs of 30 batches planned: 2% of them has room for the count at once, where the time run so far had
+    # none (the fit stops after its first epoch).
+    perf = PerfCallback()
+    trainer(tmp_path, [perf, StopAfterFirstEpoch()], max_epochs=100, limit_val_batches=0).fit(TinyModel(n=120))
     report = json.loads(pathlib.Path(perf.report_path).read_text())
     assert _counted(report) == [True] and report["run"]["profiling"]["flops_held"] is False
     assert report["stages"]["train"]["epochs"][0]["steps"]["profiled"] == [[5, 7]]  # warm-up, recorded, counted
@@ -219,8 +241,6 @@ def test_default_epochs_of_one_batch_say_why_the_first_is_not_counted(tmp_path, 
     perf = PerfCallback()
     with caplog.at_level(logging.INFO):
         trainer(tmp_path, [perf], max_epochs=30, limit_val_batches=0).fit(TinyModel(n=4))
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lightning-perf | train epoch 0 ")]
+    lines = [line for line in _train_lines(caplog) if line.startswith("lightning-perf | train epoch 0 ")]
     assert len(lines) == 1
     assert "| FLOPs not counted yet: an epoch's first batch is not counted (its data wait holds" in lines[0]
-    report = json.loads(pathlib.Path(perf.report_path).read_text())
-    assert len(report["run"]["flops"]["counted"]) == 1 and _counted(report)[-1]

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from lightning_perf.budget import ProfilingBudget
-from lightning_perf.hooks.flop_count import HELD_STRIDE, FlopCounting
+from lightning_perf.hooks.flop_count import HELD_STRIDE, FlopCounting, count_fits
 from lightning_perf.report.profiling import profiling_line
 
 BATCH = torch.randn(4, 8)
@@ -150,20 +150,20 @@ def test_a_user_who_gives_peak_flops_gets_the_first_candidate_counted_whatever_t
     budget.charge(0.1)  # no room before 9.9 s
     flops.epoch_start()
     assert offer(flops, range(10)) == 1
-    assert not flops.held and flops.not_counted() is None
+    assert not flops.held and flops.not_counted_why() is None
 
 
 def test_the_batch_after_the_first_window_is_counted_whatever_the_budget():
     flops, budget, _ = counting(0.02)
     flops.epoch_start()
     assert offer(flops, range(1, 5)) is None  # no window yet
-    assert flops.not_counted() == "they wait for the first profiler window"
+    assert flops.not_counted_why() == "they wait for the first profiler window"
     budget.opened()  # the window: batches 5 and 6; no room after it before 9.9 s
     budget.charge(0.1)
     flops.window_closed(7)
-    assert flops.not_counted() == "they are counted on the next batch, after the profiler window"
+    assert flops.not_counted_why() == "they are counted on the next batch, after the profiler window"
     assert offer(flops, range(7, 30)) == 7
-    assert not flops.held and flops.not_counted() is None
+    assert not flops.held and flops.not_counted_why() is None
 
 
 def test_a_window_closed_at_an_epochs_end_has_the_next_epochs_second_batch_counted():
@@ -182,7 +182,7 @@ def test_a_count_held_for_the_budget_says_why():
     budget.charge(0.1)
     flops.epoch_start()
     assert offer(flops, range(10)) is None
-    assert flops.not_counted() == "the profiling budget (2%) had no room"
+    assert flops.not_counted_why() == "the profiling budget (2%) had no room"
 
 
 def test_an_epoch_of_one_batch_says_its_first_batch_is_not_counted():
@@ -190,7 +190,35 @@ def test_an_epoch_of_one_batch_says_its_first_batch_is_not_counted():
     flops.epoch_start()
     assert offer(flops, range(1)) is None
     assert (
-        flops.not_counted() == "an epoch's first batch is not counted (its data wait holds the DataLoader's start-up)"
+        flops.not_counted_why()
+        == "an epoch's first batch is not counted (its data wait holds the DataLoader's start-up)"
     )
     flops.epoch_start()
-    assert offer(flops, range(1)) == 0 and flops.not_counted() is None
+    assert offer(flops, range(1)) == 0 and flops.not_counted_why() is None
+
+
+@pytest.mark.parametrize(
+    ("share", "spent", "planned", "fits"),
+    [
+        (0.02, 0.0, 30, False),  # 2% of 30 steps: 0.6 steps, no room for a count of 3
+        (0.02, 0.0, 150, True),  # 3 steps of 150
+        (0.02, 0.1, 150, False),  # ... less what the window cost
+        (0.02, 0.1, 1000, True),
+        (0.02, 10.0, float("inf"), True),  # no end planned
+        (None, 10.0, 30, True),  # no budget
+    ],
+)
+def test_a_count_fits_the_budget_over_the_runs_planned_batches(share, spent, planned, fits):
+    assert count_fits(share, spent, step=0.01, planned_batches=planned) is fits
+
+
+def test_a_count_that_does_not_fit_the_plan_waits_for_room_after_the_first_window():
+    flops, budget, clock = counting(0.02)
+    flops.epoch_start()
+    budget.opened()
+    budget.charge(0.1)
+    flops.window_closed(7, fits=False)
+    assert offer(flops, range(7, 10)) is None
+    assert flops.not_counted_why() == "the profiling budget (2%) had no room"
+    clock.now = 20.0
+    assert offer(flops, range(10, 40)) == 10
