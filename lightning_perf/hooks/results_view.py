@@ -55,5 +55,6 @@ class ResultsView:
 
     @property
     def page_path(self) -> str | None:
-        """The run's HTML report, beside :attr:`report_path` (``report.html``); ``None`` where that is."""
+        """The run's HTML report, beside :attr:`report_path` (``report.html``); ``None`` where that is. A run of
+        predict calls alone with no window and no finding writes none (``hooks/epoch_report.draw_page``)."""
         return None if self._epochs.report_path is None else page_path(self._epochs.report_path)

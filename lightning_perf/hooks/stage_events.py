@@ -23,7 +23,7 @@ from lightning_perf.collect.loops import LoopStartTimer
 from lightning_perf.diagnosis_context import window_summaries
 from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.error_policy import ErrorPolicy
-from lightning_perf.hooks.flop_count import FlopCounting
+from lightning_perf.hooks.flop_count import FlopCounting, after_window
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
 from lightning_perf.hooks.rank_staging import RankStaging
 from lightning_perf.hooks.stage_hooks import StageHooks
@@ -132,6 +132,8 @@ class StageEvents(StageHooks):
                 closed = self._profiler_windows.save(to_save) or closed
         except Exception as err:
             self._policy.fail(stage, err)
+        if closed and stage == "train":  # the FLOP count may take the next batch (flop_count, Notes 2)
+            self._policy.safely(stage, self._flops_after_window, trainer)
         if not st.cpu.paused:  # between windows: the next batch's data wait starts now
             st.clock.restart(after_close=closed)
             return
@@ -149,7 +151,8 @@ class StageEvents(StageHooks):
         if st is None:
             return
         try:
-            self._profiler_windows.save(self._control.close(stage, shortened=True))  # a window the epoch cut short
+            if self._profiler_windows.save(self._control.close(stage, shortened=True)) and stage == "train":
+                self._flops_after_window(trainer)  # a window the epoch cut short
         except Exception as err:
             self._policy.fail(stage, err)
         waited = self._profiler_windows.join()  # the epoch's windows are written and in _epochs.windows before reading
@@ -168,6 +171,12 @@ class StageEvents(StageHooks):
         if summary is not None:
             self._policy.safely(stage, self._epochs.report_epoch, summary, trainer, ranks)
         self._control.epoch_end(stage)
+
+    def _flops_after_window(self, trainer: pl.Trainer) -> None:
+        """A training window closed: the FLOP count may take the next batch (flop_count, Notes 2)."""
+        after_window(
+            self._flops, self._epochs.budget, self._stages["train"].clock, trainer, self._positions["train"].batch
+        )
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:

@@ -194,6 +194,7 @@ def console_report(
     ranks: Sequence[RankSummary] = (),
     unchanged: Sequence[Finding] = (),
     compile: CompileStats | None = None,
+    note: str | None = None,
 ) -> str | None:
     """What the console shows at an epoch's end: ``None`` at ``verbose=0``.
 
@@ -201,7 +202,8 @@ def console_report(
     something (``compile``: its stats), the per-rank table of a distributed run and, per warning or critical
     finding, its title, window and advice; a clean single-process epoch is one line. ``verbose=2``: info
     findings too, and each finding's evidence. ``unchanged`` findings (shown at an earlier epoch, see
-    :class:`ShownFindings`) are only named on the headline.
+    :class:`ShownFindings`) are only named on the headline. ``note`` follows the headline's numbers (e.g. why the
+    epoch's FLOPs are not counted yet).
     """
     if verbose <= 0:
         return None
@@ -209,6 +211,8 @@ def console_report(
     still = [f.id for f in shown_findings(unchanged, verbose)]
     head = f"lightning-perf | {summary.stage} {epoch_label(summary)}{' (interrupted)' if summary.interrupted else ''}"
     head += f" | {headline(summary)}"
+    if note:
+        head += f" | {note}"
     if still:
         head += f" | unchanged: {', '.join(still)}"
     elif not shown:

@@ -348,8 +348,9 @@ class ReportFile:
         min_interval: The fewest seconds between two rewrites of a file by :meth:`update` (:meth:`write` is not
             held back).
         page: Where the page goes and what draws it from the report's data
-            (:func:`lightning_perf.report.html.run_page`); ``None``: no page. :meth:`update` first draws it
-            ``min_interval`` seconds after this report file is made (:meth:`write`, at once).
+            (:func:`lightning_perf.report.html.run_page`; a drawing of ``None``: no page for this data);
+            ``None``: no page. :meth:`update` first draws it ``min_interval`` seconds after this report file is
+            made (:meth:`write`, at once).
 
     Example::
 
@@ -365,7 +366,7 @@ class ReportFile:
         clock: Callable[[], float] = time.perf_counter,
         *,
         min_interval: float = 0.0,
-        page: tuple[str, Callable[[Mapping[str, Any]], Page]] | None = None,
+        page: tuple[str, Callable[[Mapping[str, Any]], Page | None]] | None = None,
     ) -> None:
         self.path = path
         self.min_interval = min_interval
@@ -399,8 +400,8 @@ class ReportFile:
             if part == "report":
                 write_json_atomically(data, self.path)
                 self.writes += 1
-            elif self._draw is not None and self.page_path is not None:
-                self._draw(data).write(self.page_path)
+            elif self._draw is not None and self.page_path is not None and (page := self._draw(data)) is not None:
+                page.write(self.page_path)
             end = self._clock()
             self._next_due[part] = end + max((end - start) / REWRITE_TIME_SHARE, self.min_interval)
             start = end

@@ -26,6 +26,11 @@ Where our scalars, text and images go.
   file of our own in the output directory, on the per-stage axes.
 
 Everything here happens on rank zero only.
+
+A moment's scalars go to a TensorBoard event file as one event holding them all (:func:`one_event`), where
+Lightning's ``TensorBoardLogger`` writes an event per scalar: each event is a queue put that wakes the writer's
+thread, and 8 scalars took 1.0 ms where one event of 8 took 0.12 ms (2-CPU machine). TensorBoard reads either
+alike.
 """
 
 from __future__ import annotations
@@ -89,13 +94,13 @@ class Outputs:
             epoch: The trainer's current epoch, added to the rows of those loggers as ``epoch``.
         """
         for logger in self._tensorboards:
-            logger.log_metrics(dict(metrics), step=step)
+            if not (_logs_as_lightning(logger) and one_event(logger.experiment, metrics, step)):
+                logger.log_metrics(dict(metrics), step=step)
         if logger_step is not None and self._single_axis:
             row = {**metrics, "epoch": epoch}
             for logger in self._single_axis:
                 logger.log_metrics(dict(row), step=logger_step)
-        if self._tensorboard is None:
-            writer = self._writer()
+        if self._tensorboard is None and not one_event(writer := self._writer(), metrics, step):
             for tag, value in metrics.items():
                 writer.add_scalar(tag, value, global_step=step)
 
@@ -142,3 +147,24 @@ class Outputs:
         if self._own is not None:
             self._own.close()
             self._own = None
+
+
+def _logs_as_lightning(logger: Any) -> bool:
+    """Whether ``logger`` writes scalars as Lightning's ``TensorBoardLogger`` does, unprefixed: an event per scalar
+    under its own tag (its ``log_metrics`` is not overridden by a subclass; no ``prefix``)."""
+    from lightning.fabric.loggers import TensorBoardLogger
+
+    return type(logger).log_metrics is TensorBoardLogger.log_metrics and not getattr(logger, "_prefix", "")
+
+
+def one_event(writer: Any, metrics: Mapping[str, float], step: int) -> bool:
+    """Writes ``metrics`` to a ``SummaryWriter``'s event file as one event, each value under its tag as
+    ``add_scalar`` writes it; whether it did (``False``: the writer has no open file writer, nothing written)."""
+    file_writer = getattr(writer, "file_writer", None)
+    if file_writer is None:
+        return False
+    from torch.utils.tensorboard.summary import Summary  # tensorboard's, as add_scalar makes it
+
+    values = [Summary.Value(tag=tag, simple_value=float(value)) for tag, value in metrics.items()]
+    file_writer.add_summary(Summary(value=values), step)
+    return True

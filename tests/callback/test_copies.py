@@ -5,6 +5,7 @@ call (one forecast each)."""
 
 import copy
 import io
+import json
 import os
 import pickle
 
@@ -87,11 +88,17 @@ def test_a_loop_of_short_predict_calls_writes_one_small_report_per_call(tmp_path
         trainer(tmp_path / str(call), [used[-1]], log_every_n_steps=50).predict(model)  # the default
     for copied in used:
         assert copied.windows == [] and len(copied.epochs) == 1
-        with open(copied.page_path, encoding="utf-8") as f:
-            page = f.read()
-        assert len(page) < 200_000 and "plotly" not in page.lower()  # no Plotly (4.6 MiB) on a page
-        assert "No charts on this page" in page
-        assert sorted(os.listdir(copied.dirpath)) == ["perf_report.json", "report.html"]  # no event file of ours
+        with open(copied.report_path, encoding="utf-8") as f:
+            (epoch,) = json.load(f)["stages"]["predict"]["epochs"]
+        # A page only where there is something to change (issue 46: 0.7 ms a call for a page repeating the report)
+        to_change = any(finding["severity"] != "info" for finding in epoch["findings"])
+        files = ["perf_report.json", "report.html"] if to_change else ["perf_report.json"]
+        assert sorted(os.listdir(copied.dirpath)) == files  # no event file of ours
+        if to_change:  # a busy machine's warning
+            with open(copied.page_path, encoding="utf-8") as f:
+                page = f.read()
+            assert len(page) < 200_000 and "plotly" not in page.lower()  # no Plotly (4.6 MiB) on a page
+            assert "No charts on this page" in page
     assert writes == [c.report_path for c in used]  # once per call, at its end
     assert perf.report_path is None  # the user's own instance never ran: the results are in the copies
 

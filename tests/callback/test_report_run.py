@@ -66,3 +66,26 @@ def test_the_progress_bar_and_how_often_it_redraws_are_in_the_report(tmp_path, b
     trainer(tmp_path, [callback, *bars], enable_progress_bar=enabled).fit(TinyModel(n=16))
     run = _report(callback)["run"]
     assert (run["progress_bar"], run["progress_bar_refresh"]) == expected
+
+
+def test_a_predict_call_with_nothing_to_change_writes_its_report_and_no_page(tmp_path, caplog):
+    # Issue 46: a loop of short predict calls, one Trainer each, paid 0.7 ms a call for a page that repeats the
+    # report's numbers. A window, or a finding, makes the page worth drawing.
+    quiet = PerfCallback()
+    with caplog.at_level("INFO"):
+        trainer(tmp_path / "quiet", [quiet]).predict(TinyModel(n=8), return_predictions=False)
+    assert _report(quiet)["stages"]["predict"]["epochs"][0]["batches"] == 2
+    assert not (tmp_path / "quiet" / "lightning_logs" / "version_0" / "perf" / "report.html").exists()
+    assert "report (opens offline in a browser)" not in caplog.text
+    windowed = PerfCallback(batches=[1])
+    trainer(tmp_path / "windowed", [windowed]).predict(TinyModel(n=16), return_predictions=False)
+    assert (
+        _report(windowed)["windows"]
+        and (tmp_path / "windowed" / "lightning_logs" / "version_0" / "perf" / "report.html").exists()
+    )
+    fitted = PerfCallback()
+    t = trainer(tmp_path / "fitted", [fitted])
+    t.fit(TinyModel(n=8))
+    t.predict(TinyModel(n=8), return_predictions=False)
+    assert set(_report(fitted)["stages"]) == {"train", "validate", "predict"}
+    assert (tmp_path / "fitted" / "lightning_logs" / "version_0" / "perf" / "report.html").exists()

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from lightning_perf.budget import ProfilingBudget
-from lightning_perf.hooks.flop_count import HELD_STRIDE, FlopCounting
+from lightning_perf.hooks.flop_count import HELD_STRIDE, FlopCounting, count_fits
 from lightning_perf.report.profiling import profiling_line
 
 BATCH = torch.randn(4, 8)
@@ -25,12 +25,12 @@ class Clock:
 
 
 def counting(
-    share: float | None = 0.02, *, windows_planned: bool = True
+    share: float | None = 0.02, *, windows_planned: bool = True, asked: bool = False
 ) -> tuple[FlopCounting, ProfilingBudget, Clock]:
     clock = Clock()
     budget = ProfilingBudget(share)
     budget.call_started(0.0)
-    return FlopCounting(budget=budget, windows_planned=windows_planned, clock=clock), budget, clock
+    return FlopCounting(budget=budget, windows_planned=windows_planned, asked=asked, clock=clock), budget, clock
 
 
 def offer(flops: FlopCounting, batches: range) -> int | None:
@@ -141,3 +141,84 @@ def test_a_later_count_held_back_does_not_say_the_runs_flops_were():
     flops.epoch_start()
     assert offer(flops, range(10)) is None  # no room for another count (were its shapes new)
     assert not flops.held and not budget.cost(clock.now).flops_held
+
+
+def test_a_user_who_gives_peak_flops_gets_the_first_candidate_counted_whatever_the_budget():
+    # Issue 46: PerfCallback(peak_flops=1e12) on a 30-batch fit never showed the MFU it asked for.
+    flops, budget, _ = counting(0.02, asked=True)
+    budget.opened()
+    budget.charge(0.1)  # no room before 9.9 s
+    flops.epoch_start()
+    assert offer(flops, range(10)) == 1
+    assert not flops.held and flops.not_counted_why() is None
+
+
+def test_the_batch_after_the_first_window_is_counted_whatever_the_budget():
+    flops, budget, _ = counting(0.02)
+    flops.epoch_start()
+    assert offer(flops, range(1, 5)) is None  # no window yet
+    assert flops.not_counted_why() == "they wait for the first profiler window"
+    budget.opened()  # the window: batches 5 and 6; no room after it before 9.9 s
+    budget.charge(0.1)
+    flops.window_closed(7)
+    assert flops.not_counted_why() == "they are counted on the next batch, after the profiler window"
+    assert offer(flops, range(7, 30)) == 7
+    assert not flops.held and flops.not_counted_why() is None
+
+
+def test_a_window_closed_at_an_epochs_end_has_the_next_epochs_second_batch_counted():
+    flops, budget, _ = counting(0.02)
+    flops.epoch_start()
+    budget.opened()
+    budget.charge(0.1)
+    flops.window_closed(8)  # its last batch, 7, closed it
+    flops.epoch_start()
+    assert offer(flops, range(8)) == 1  # not its first: its data wait holds the DataLoader's start-up
+
+
+def test_a_count_held_for_the_budget_says_why():
+    flops, budget, _ = counting(0.02, windows_planned=False)
+    budget.opened()
+    budget.charge(0.1)
+    flops.epoch_start()
+    assert offer(flops, range(10)) is None
+    assert flops.not_counted_why() == "the profiling budget (2%) had no room"
+
+
+def test_an_epoch_of_one_batch_says_its_first_batch_is_not_counted():
+    flops, _, _ = counting(None, asked=True)
+    flops.epoch_start()
+    assert offer(flops, range(1)) is None
+    assert (
+        flops.not_counted_why()
+        == "an epoch's first batch is not counted (its data wait holds the DataLoader's start-up)"
+    )
+    flops.epoch_start()
+    assert offer(flops, range(1)) == 0 and flops.not_counted_why() is None
+
+
+@pytest.mark.parametrize(
+    ("share", "spent", "planned", "fits"),
+    [
+        (0.02, 0.0, 30, False),  # 2% of 30 steps: 0.6 steps, no room for a count of 3
+        (0.02, 0.0, 150, True),  # 3 steps of 150
+        (0.02, 0.1, 150, False),  # ... less what the window cost
+        (0.02, 0.1, 1000, True),
+        (0.02, 10.0, float("inf"), True),  # no end planned
+        (None, 10.0, 30, True),  # no budget
+    ],
+)
+def test_a_count_fits_the_budget_over_the_runs_planned_batches(share, spent, planned, fits):
+    assert count_fits(share, spent, step=0.01, planned_batches=planned) is fits
+
+
+def test_a_count_that_does_not_fit_the_plan_waits_for_room_after_the_first_window():
+    flops, budget, clock = counting(0.02)
+    flops.epoch_start()
+    budget.opened()
+    budget.charge(0.1)
+    flops.window_closed(7, fits=False)
+    assert offer(flops, range(7, 10)) is None
+    assert flops.not_counted_why() == "the profiling budget (2%) had no room"
+    clock.now = 20.0
+    assert offer(flops, range(10, 40)) == 10
