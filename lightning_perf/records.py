@@ -24,6 +24,18 @@ class OperatorStat:
 
     Times are in microseconds, memory in bytes. Device fields are ``None`` when no device activity was
     recorded, memory fields when ``profile_memory`` was off, ``input_shapes`` when ``record_shapes`` was.
+
+    Attributes:
+        name: The operator's name, as the profiler records it (``aten::addmm``, ``Optimizer.step#Adam.step``).
+        calls: How many times it ran in the window.
+        self_cpu_time: Host time in the operator itself, its children left out.
+        cpu_time: Host time in the operator, its children included.
+        self_device_time: Device time of the kernels it launched itself.
+        device_time: Device time of the kernels it and its children launched.
+        self_cpu_memory: Host memory it allocated itself, less what it freed.
+        self_device_memory: Device memory it allocated itself, less what it freed.
+        input_shapes: Its inputs' shapes, with ``record_shapes`` (one row per operator and shapes).
+        flops: The FLOPs the profiler estimated for it, with ``with_flops``.
     """
 
     name: str
@@ -49,7 +61,8 @@ class CollectiveStats:
         calls: Calls in the window.
         per_step: Calls per recorded step.
         bytes: Bytes moved in all (each call's larger of input and output); ``None`` where a dtype is unknown.
-        seconds: Their time in all; ``exposed_seconds``: of it, the time no compute overlapped.
+        seconds: Their time in all.
+        exposed_seconds: Of ``seconds``, the time no compute overlapped.
         on_device: Timed on the device (NCCL kernels), not on the host (gloo).
         algorithm_bandwidth: ``bytes / seconds``, in bytes per second (``None`` without bytes or time).
         bus_bandwidth: The algorithm bandwidth times nccl-tests' factor for the kind and ``ranks`` (``None`` for a
