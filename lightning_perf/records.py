@@ -22,20 +22,16 @@ if TYPE_CHECKING:
 class OperatorStat:
     """One operator (or one operator and input shape) aggregated over a window.
 
-    Times are in microseconds, memory in bytes. Device fields are ``None`` when no device activity was
-    recorded, memory fields when ``profile_memory`` was off, ``input_shapes`` when ``record_shapes`` was.
+    Times are in microseconds, memory in bytes; a field is ``None`` where the window did not record it.
 
     Attributes:
-        name: The operator's name, as the profiler records it (``aten::addmm``, ``Optimizer.step#Adam.step``).
+        name: The operator's name as recorded (``aten::addmm``, ``Optimizer.step#Adam.step``).
         calls: How many times it ran in the window.
-        self_cpu_time: Host time in the operator itself, its children left out.
-        cpu_time: Host time in the operator, its children included.
-        self_device_time: Device time of the kernels it launched itself.
-        device_time: Device time of the kernels it and its children launched.
-        self_cpu_memory: Host memory it allocated itself, less what it freed.
-        self_device_memory: Device memory it allocated itself, less what it freed.
-        input_shapes: Its inputs' shapes, with ``record_shapes`` (one row per operator and shapes).
-        flops: The FLOPs the profiler estimated for it, with ``with_flops``.
+        self_cpu_time, cpu_time: Host time in the operator, without and with its children.
+        self_device_time, device_time: Device time of its kernels, without and with its children's.
+        self_cpu_memory, self_device_memory: Memory it allocated less what it freed (``profile_memory``).
+        input_shapes: Its inputs' shapes (``record_shapes``: one row per operator and shapes).
+        flops: The FLOPs the profiler estimated for it (``with_flops``).
     """
 
     name: str
@@ -93,7 +89,7 @@ class WindowRecord:
         last_batch: Last recorded batch index within the epoch.
         name: The window's directory name, also its run name in TensorBoard's PyTorch Profiler tab.
         trace_path: The Kineto trace this rank wrote.
-        step: The TensorBoard step its operator table is logged at (see README, "Output").
+        step: The TensorBoard step its operator table is logged at (see docs/output.md).
         device: ``"cuda"`` when device activity was profiled, else ``"cpu"``.
         shortened: The stage's epoch ended before the window recorded all its planned batches.
         close_seconds: The training thread's stall when the window closed: stopping the profiler and torch's
