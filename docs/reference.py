@@ -175,10 +175,14 @@ def threshold_rows(
     comments = constant_comments(source)
     constants = threshold_constants(cls)
     rows: dict[str, list[tuple[str, str, str, str]]] = {}
+    previous: list[str] = []
     for name in cls.names():
         meaning = meanings.get(name, "")
         comment = comments.get(constants.get(name, ""), "")
-        for rule in rules_of(meaning) or [""]:
+        # "...with device busy / step time below this": the sentence, and the rule, of the entry before it
+        rules = rules_of(meaning) or (previous if meaning.startswith("...") else [])
+        previous = rules
+        for rule in rules or [""]:
             rows.setdefault(rule, []).append(
                 (name, threshold_default(name, cls), rst_to_markdown(meaning), rst_to_markdown(comment))
             )
