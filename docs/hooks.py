@@ -20,6 +20,9 @@ sys.path.insert(0, str(DOCS))
 
 import reference  # noqa: E402  (docs/reference.py, beside this file)
 
+#: A Sphinx role left in a docstring, as Markdown renders it: ``:class:<code>~lightning_perf.Schedule</code>``.
+ROLE = re.compile(r":(?:class|func|mod|meth|attr|data|exc):<code>(~?)([\w.]*?)(\w+)</code>")
+
 #: A script, style sheet, image or frame loaded from another host: what a page opened offline cannot load.
 REMOTE = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=\"(?:https?:)?//[^\"]*\"")
 
@@ -34,6 +37,11 @@ def on_pre_build(config: Any) -> None:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     """Each marker of the page followed by its generated block."""
     return reference.expand(markdown)
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """The docstrings' Sphinx roles as plain code: ``~a.b.C`` as ``C``, ``a.b.C`` as ``a.b.C``."""
+    return ROLE.sub(lambda m: f"<code>{m.group(3) if m.group(1) else m.group(2) + m.group(3)}</code>", html)
 
 
 def on_post_page(output: str, page: Any, config: Any) -> str:
