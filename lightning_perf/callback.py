@@ -78,8 +78,10 @@ class PerfCallback(StageEvents, ResultsView):
         dirpath: Output directory. Default: ``<logger.log_dir>/perf`` (``<default_root_dir>/perf`` without
             a logger), so that ``tensorboard --logdir <logger root>`` shows a run's scalars and traces. Under
             ``Trainer(fast_dev_run=...)`` nothing is written (no window, event file or report).
-        record_shapes: Record operator input shapes (``torch.profiler`` option; larger traces).
-        profile_memory: Record tensor allocations (``torch.profiler`` option; slower windows).
+        record_shapes: Record operator input shapes (``torch.profiler`` option; larger traces; an "Input shapes"
+            column in the operator table).
+        profile_memory: Record tensor allocations (``torch.profiler`` option; slower windows; memory columns in
+            the operator table).
         with_stack: Record Python call stacks (``torch.profiler`` option; much larger, slower traces).
         with_flops: Estimate FLOPs of matmul and conv operators (``torch.profiler`` option).
         row_limit: Operators per window in the operator table.
