@@ -6,12 +6,13 @@
 #   make lint   # ruff check, ruff format --check and mypy (settings in pyproject.toml), all three reported
 #   make format # applies ruff's fixes and its formatting to the tree
 #   make screenshot # a fresh demo run, then the README's picture of its report page (docs/report-page.png)
+#   make docs   # the documentation site, built offline with warnings as errors into site/ (open site/index.html)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet -c constraints.txt
 
-.PHONY: demo test lint format install browser screenshot clean
+.PHONY: demo test lint format install browser screenshot docs clean
 
 $(VENV)/.base: constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +27,10 @@ $(VENV)/.demo: $(VENV)/.base pyproject.toml
 
 $(VENV)/.test: $(VENV)/.base pyproject.toml
 	$(PIP) -e '.[test]'
+	touch $@
+
+$(VENV)/.docs: $(VENV)/.base pyproject.toml
+	$(PIP) -e '.[docs]'
 	touch $@
 
 install: $(VENV)/.test
@@ -61,6 +66,11 @@ browser:
 test: lint browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The site (mkdocs.yml, docs/): --strict turns every warning (a broken link or anchor, a page left out of the nav)
+# into an error, and docs/hooks.py fails it where a rule, threshold, CLI flag or report field has no text.
+docs: $(VENV)/.docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 # The README's picture of a run's report page, made by the project: the demo in a fresh directory, then its
 # report.html in headless Chromium (examples/report_screenshot.py).
 SCREENSHOT_RUN := demo_logs/screenshot
@@ -73,4 +83,4 @@ screenshot: $(VENV)/.demo browser
 
 clean:
 	rm -rf $(VENV) lightning_logs demo_logs ddp_logs before_after_logs test-artifacts .pytest_cache .ruff_cache \
-	  .mypy_cache
+	  .mypy_cache site

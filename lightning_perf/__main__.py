@@ -4,4 +4,5 @@ import sys
 
 from lightning_perf.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not on import: the docs' API reference imports every module to read its defaults
+    sys.exit(main())

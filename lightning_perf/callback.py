@@ -80,8 +80,10 @@ class PerfCallback(StageEvents, ResultsView):
             set, else ``perf`` beside the first ``ModelCheckpoint(dirpath=...)``, else ``./perf``; the console
             says where, once. Under ``Trainer(fast_dev_run=...)`` nothing is written (no window, event file or
             report).
-        record_shapes: Record operator input shapes (``torch.profiler`` option; larger traces).
-        profile_memory: Record tensor allocations (``torch.profiler`` option; slower windows).
+        record_shapes: Record operator input shapes (``torch.profiler`` option; larger traces; an "Input shapes"
+            column in the operator table).
+        profile_memory: Record tensor allocations (``torch.profiler`` option; slower windows; memory columns in
+            the operator table).
         with_stack: Record Python call stacks (``torch.profiler`` option; much larger, slower traces).
         with_flops: Estimate FLOPs of matmul and conv operators (``torch.profiler`` option).
         row_limit: Operators per window in the operator table.
@@ -92,7 +94,7 @@ class PerfCallback(StageEvents, ResultsView):
             Overview shows the DataLoader and Runtime shares (see :mod:`lightning_perf.traces`).
         log_loss: Log the loss each ``*_step`` returns (a tensor, or a mapping's ``"loss"``).
         batch_size_fn: ``batch -> int``, the samples in a batch; default: the first dimension of the first
-            tensor found in it.
+            tensor found in it (in tensors, dicts, lists, tuples and dataclasses, nested).
         thresholds: Overrides of the bottleneck rules' thresholds, by name (see
             :class:`~lightning_perf.diagnose.thresholds.Thresholds`), e.g. ``{"dataloader_warning": 0.2}``.
         verbose: What the console shows at each epoch end: ``0`` nothing, ``1`` one line per epoch and the
@@ -100,8 +102,8 @@ class PerfCallback(StageEvents, ResultsView):
             finding that persists unchanged is printed once, then named on the epoch's line.
         ranks: The global ranks that record profiler windows (default: all). Every rank measures its
             batches and joins the per-epoch cross-rank summary either way.
-        max_trace_mb: The most a window's trace may hold, in MB of (uncompressed) JSON; a larger one keeps
-            its first steps that fit, with a warning.
+        max_trace_mb: The most a window's trace may hold, in MB of (uncompressed) JSON, about ten times
+            its gzipped file; a larger one keeps its first steps that fit, with a warning.
         strict: Re-raise a failure of our own collection or reporting instead of warning once and going on.
             Default (``None``): the environment variable ``LIGHTNING_PERF_STRICT`` (``1`` = strict), else off.
         peak_flops: The device's peak FLOP/s for the run's dtype, what MFU divides by; default (``None``): the
@@ -122,7 +124,7 @@ class PerfCallback(StageEvents, ResultsView):
         MisconfigurationException: At setup, if another torch profiler would run at the same time
             (``Trainer(profiler="pytorch")`` or an active ``torch.profiler.profile``).
 
-    Logged (see README, "Logged metrics", for units and cadence):
+    Logged (see docs/output.md, "Logged metrics", for units and cadence):
         ``perf/<stage>/batch/*`` and ``perf/<stage>/epoch/*`` scalars to every logger, and TensorBoard's Custom
         Scalars charts of them (a batch's step time with its data wait and compute); the text
         ``perf/operators/<stage>`` (one operator table per window) and ``perf/findings/<stage>`` (each epoch's

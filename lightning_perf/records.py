@@ -14,6 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+# The compile records live apart, and are imported from here like the others.
+from lightning_perf.compile_records import CompileStats as CompileStats
+from lightning_perf.compile_records import GraphBreak as GraphBreak
+from lightning_perf.compile_records import Recompile as Recompile
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -22,8 +27,16 @@ if TYPE_CHECKING:
 class OperatorStat:
     """One operator (or one operator and input shape) aggregated over a window.
 
-    Times are in microseconds, memory in bytes. Device fields are ``None`` when no device activity was
-    recorded, memory fields when ``profile_memory`` was off, ``input_shapes`` when ``record_shapes`` was.
+    Times are in microseconds, memory in bytes; a field is ``None`` where the window did not record it.
+
+    Attributes:
+        name: The operator's name as recorded (``aten::addmm``, ``Optimizer.step#Adam.step``).
+        calls: How many times it ran in the window.
+        self_cpu_time, cpu_time: Host time in the operator, without and with its children.
+        self_device_time, device_time: Device time of its kernels, without and with its children's.
+        self_cpu_memory, self_device_memory: Memory it allocated less what it freed (``profile_memory``).
+        input_shapes: Its inputs' shapes (``record_shapes``: one row per operator and shapes).
+        flops: The FLOPs the profiler estimated for it (``with_flops``).
     """
 
     name: str
@@ -49,7 +62,8 @@ class CollectiveStats:
         calls: Calls in the window.
         per_step: Calls per recorded step.
         bytes: Bytes moved in all (each call's larger of input and output); ``None`` where a dtype is unknown.
-        seconds: Their time in all; ``exposed_seconds``: of it, the time no compute overlapped.
+        seconds: Their time in all.
+        exposed_seconds: Of ``seconds``, the time no compute overlapped.
         on_device: Timed on the device (NCCL kernels), not on the host (gloo).
         algorithm_bandwidth: ``bytes / seconds``, in bytes per second (``None`` without bytes or time).
         bus_bandwidth: The algorithm bandwidth times nccl-tests' factor for the kind and ``ranks`` (``None`` for a
@@ -80,7 +94,7 @@ class WindowRecord:
         last_batch: Last recorded batch index within the epoch.
         name: The window's directory name, also its run name in TensorBoard's PyTorch Profiler tab.
         trace_path: The Kineto trace this rank wrote.
-        step: The TensorBoard step its operator table is logged at (see README, "Output").
+        step: The TensorBoard step its operator table is logged at (see docs/output.md).
         device: ``"cuda"`` when device activity was profiled, else ``"cpu"``.
         shortened: The stage's epoch ended before the window recorded all its planned batches.
         close_seconds: The training thread's stall when the window closed: stopping the profiler and torch's
@@ -358,70 +372,6 @@ class RankSummary:
     communication_share: float | None
     flops_per_second: float | None = None
     cpu_wait_share: float | None = None
-
-
-@dataclass(frozen=True)
-class GraphBreak:
-    """A place where ``torch.compile`` split a graph, as found while compiling in one stage epoch.
-
-    Attributes:
-        reason: Dynamo's reason, its first line (e.g. ``"Unsupported Tensor.item() call with
-            capture_scalar_outputs=False"``).
-        location: The user's line that caused it, ``"path/to/file.py:42"``; ``None`` where torch did not say.
-        count: The compiles in the epoch that met it: one break splits the frame it is in and each frame that
-            called it (Dynamo compiles each), and a recompile meets it again.
-    """
-
-    reason: str
-    location: str | None
-    count: int
-
-
-@dataclass(frozen=True)
-class Recompile:
-    """A function ``torch.compile`` compiled again in one stage epoch, and why.
-
-    Attributes:
-        function: The compiled function, ``"forward (model.py:30)"``; ``None`` where torch did not say.
-        guard: The guard that failed (e.g. ``"L['n'] == 3"``, or a tensor's size mismatch); ``None`` where
-            torch did not say.
-        count: Recompiles of that function for that guard in the epoch.
-    """
-
-    function: str | None
-    guard: str | None
-    count: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class CompileStats:
-    """What ``torch.compile`` did during one stage epoch (deltas over the epoch, read at compile events only).
-
-    Attributes:
-        graphs: Graphs Dynamo compiled (a function's first compile, each piece a graph break leaves, each
-            recompile).
-        breaks: Places in the code where compiling found a graph break (distinct reason and line).
-        recompiles: Compiles of a function already compiled, because a guard failed.
-        limit_reached: A function hit ``torch._dynamo.config.recompile_limit``: it runs eager from then on.
-        seconds: Wall seconds spent compiling (Dynamo, the backend, a backward compiled at its first call).
-        seconds_before: Of ``seconds``, those before the epoch's first batch (the sanity check's compiles,
-            counted in the first validation epoch).
-        break_sites: The breaks by reason and place, most frequent first.
-        recompile_guards: The recompiles by function and failed guard, most frequent first.
-        limit_function: The function that hit the recompile limit (``"forward (model.py:30)"``), where known.
-        steps: The epoch's batches (0-based) during which something compiled: their step times hold it.
-    """
-
-    graphs: int
-    breaks: int
-    recompiles: int
-    limit_reached: bool
-    seconds: float
-    seconds_before: float = 0.0
-    break_sites: tuple[GraphBreak, ...] = ()
-    recompile_guards: tuple[Recompile, ...] = ()
-    limit_function: str | None = None
-    steps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

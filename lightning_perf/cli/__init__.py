@@ -55,8 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument(
         "--precision", default=None, help='the run\'s Lightning precision, e.g. "32-true" (enables the precision rule)'
     )
-    analyze.add_argument("--json", action="store_true")
-    analyze.add_argument("-v", "--verbose", type=int, default=1, choices=(1, 2))
+    analyze.add_argument("--json", action="store_true", help="print the summaries and findings as JSON")
+    analyze.add_argument(
+        "-v", "--verbose", type=int, default=1, choices=(1, 2), help="2: also info findings and evidence"
+    )
     analyze.add_argument("-j", "--jobs", type=_jobs, default=1, help="read the traces in this many processes")
     _html_option(analyze, "traces.html", "a page of the traces (step breakdowns, findings, operator tables)")
 
@@ -72,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("--operators", type=int, default=10, help="how many operators to list")
     compare.add_argument("--precision", default=None, help=argparse.SUPPRESS)
-    compare.add_argument("--json", action="store_true")
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
     _html_option(compare, "compare.html", "a page of the two side by side (deltas, findings, operator changes)")
     return parser
 

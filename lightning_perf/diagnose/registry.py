@@ -5,7 +5,8 @@ Rule registry
 Every bottleneck rule, by id, in catalogue order, and :func:`diagnose`, which runs them all on one stage's
 epoch: first the :data:`RULES`, each on the epoch alone, then the :data:`SUMMARY_RULES`, which also read the
 others' findings of the epoch (``low_mfu`` names the findings that explain a low MFU). The catalogue (what
-each rule measures, its thresholds and why) is in README.md, "Bottleneck rules".
+each rule measures, its thresholds and why) is docs/findings.md, whose generated part comes from each rule's
+docstring and from :mod:`~lightning_perf.diagnose.thresholds`: a rule added here needs both, and a section there.
 """
 
 from __future__ import annotations
