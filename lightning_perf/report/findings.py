@@ -22,6 +22,13 @@ from lightning_perf.records import CompileStats, EpochSummary, RankSummary
 from lightning_perf.units import count, duration, flops_rate, mib, ms, percent, plural
 
 CLEAN = "no bottleneck found"
+
+#: The page of the documentation site (``docs/``) with a section per rule, each anchored by its rule's id.
+DOCS_FINDINGS = "docs/findings.md"
+# Rules that share the section of the first rule its heading names (the anchor is that rule's id).
+_SHARED_SECTION = dict.fromkeys(("compile_recompiles", "compile_time", "compile_unused"), "compile_graph_breaks")
+# Findings with no section of their own on that page (the OOM diagnosis has its own on the memory page).
+_OTHER_PAGES = {"out_of_memory": "docs/memory.md#out_of_memory"}
 _SHOWN = {0: (), 1: ("warning", "critical"), 2: ("info", "warning", "critical")}
 
 # A finding the console showed is shown again at a later epoch only when it changed: one of the numbers in its
@@ -233,10 +240,17 @@ def shown_findings(findings: Sequence[Finding], verbose: int) -> list[Finding]:
     return [f for f in findings if f.severity in severities]
 
 
+def docs_section(rule_id: str) -> str:
+    """Where the documentation explains a finding: its page and section, ``docs/findings.md#dataloader_bound``."""
+    if rule_id in _OTHER_PAGES:
+        return _OTHER_PAGES[rule_id]
+    return f"{DOCS_FINDINGS}#{_SHARED_SECTION.get(rule_id, rule_id)}"
+
+
 def finding_lines(findings: Sequence[Finding], *, verbose: int) -> list[str]:
     """Each finding as lines of text, ids aligned: severity, id, title and trace window; the evidence
-    (``verbose >= 2``); the advice after ``->``. The caller indents them, and chooses which to show
-    (:func:`shown_findings`)."""
+    (``verbose >= 2``); the advice after ``->``, then the documentation's section (:func:`docs_section`). The
+    caller indents them, and chooses which to show (:func:`shown_findings`)."""
     lines = []
     width = max((len(f.id) for f in findings), default=0)
     for f in findings:
@@ -245,6 +259,7 @@ def finding_lines(findings: Sequence[Finding], *, verbose: int) -> list[str]:
         if verbose >= 2:
             lines.append(f"{'':<8} {'':<{width}}  evidence: {f.evidence}")
         lines.append(f"{'':<8} {'':<{width}}  -> {f.advice}")
+        lines.append(f"{'':<8} {'':<{width}}  docs: {docs_section(f.id)}")
     return lines
 
 

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import importlib.util
 import inspect
+import re
 import sys
 
 import pytest
@@ -20,6 +21,7 @@ from lightning_perf.callback import PerfCallback
 from lightning_perf.diagnose import thresholds as thresholds_module
 from lightning_perf.diagnose.registry import RULE_IDS
 from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.report.findings import docs_section
 
 DOCS = ROOT / "docs"
 
@@ -137,3 +139,11 @@ def test_site_config_names_every_page() -> None:
     config = (ROOT / "mkdocs.yml").read_text()
     pages = {page.name for page in DOCS.glob("*.md")}
     assert {page for page in pages if f": {page}" not in config} == set()
+
+
+@pytest.mark.parametrize("rule_id", [*RULE_IDS, "out_of_memory"])
+def test_each_finding_names_a_section_the_site_has(rule_id: str) -> None:
+    # The console's "docs:" line under each finding leads to its section: the page exists, with that anchor.
+    page, _, anchor = docs_section(rule_id).partition("#")
+    text = (ROOT / page).read_text(encoding="utf-8")
+    assert re.search(rf"^#+ .*\{{#{anchor}\}}$", text, re.MULTILINE), f"{page} has no section {{#{anchor}}}"

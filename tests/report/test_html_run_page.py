@@ -287,6 +287,10 @@ def test_findings_are_grouped_most_severe_first_and_link_to_their_window(rich):
     # The window shows the finding of epoch 0; the group shows the latest (epoch 2), which names no window.
     assert "#window-" not in findings
     assert "<code>num_workers=4</code>" in findings  # advice's code spans
+    # Each finding names the documentation's section that explains it.
+    ids = re.findall(r'class="finding \w+"><p>.*?<code>(\w+)</code>', findings)
+    docs = re.findall(r"Explained in the documentation: <code>([^<]+)</code>", findings)
+    assert len(docs) == len(ids) == 4 and docs == [f"docs/findings.md#{i}" for i in ids]
 
 
 def test_a_finding_of_epochs_measured_together_counts_each_of_them():

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from lightning_perf.diagnose.model import SEVERITIES, Finding
+from lightning_perf.report.findings import docs_section
 from lightning_perf.report.html.document import esc
 from lightning_perf.units import count, plural
 
@@ -99,7 +100,8 @@ def finding_html(
     anchors: Mapping[str, str] | None = None,
 ) -> str:
     """One finding as a block: severity, title, id, ``where`` (e.g. its stage and epochs) and its window (a
-    link where ``anchors`` maps the window's name to a section id on the page), then evidence and advice."""
+    link where ``anchors`` maps the window's name to a section id on the page), then evidence and advice, and the
+    documentation's section that explains it (:func:`~lightning_perf.report.findings.docs_section`)."""
     head = [f'<span class="severity">{esc(finding.severity)}</span><strong>{rich_text(finding.title)}</strong>']
     head.append(f"<code>{esc(finding.id)}</code>")
     if where:
@@ -111,7 +113,8 @@ def finding_html(
     return (
         f'<div class="finding {esc(finding.severity)}"><p>{" · ".join(head)}</p>'
         f"<p><b>Evidence:</b> {rich_text(finding.evidence)}</p>"
-        f"<p><b>Advice:</b> {rich_text(finding.advice)}</p></div>"
+        f"<p><b>Advice:</b> {rich_text(finding.advice)}</p>"
+        f'<p class="docs">Explained in the documentation: <code>{esc(docs_section(finding.id))}</code></p></div>'
     )
 
 
