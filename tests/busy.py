@@ -19,6 +19,11 @@ _DETACH = (
 )
 
 
+#: The most CPUs other programs may use while a timing test runs for its contrast to be judged; beyond, a test whose
+#: contrast another program's load can hide skips, saying the load it saw (:func:`others_cpus`).
+QUIET_CPUS = 0.5
+
+
 @contextlib.contextmanager
 def cpu_burners(n: int | None = None) -> Iterator[None]:
     """Runs ``n`` processes that spin on a CPU each (default: as many as this process may use), like

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from busy import others_cpus
+from busy import QUIET_CPUS, others_cpus
 from lightning_perf.cli import main
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "before_after" / "train.py"
@@ -17,7 +17,6 @@ SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "before_after" / "tr
 pytestmark = pytest.mark.slow
 
 RUNS = ("before", "after")
-QUIET_CPUS = 0.5  # the most CPUs other programs may use meanwhile for two runs' throughputs to be compared
 
 
 def _run(config: str, root: Path) -> Path:

