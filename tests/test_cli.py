@@ -220,16 +220,22 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(runs):
     assert proc.returncode == 141 and proc.stderr.decode() == "", proc.stderr.decode()
 
 
+def _modules_loaded_by(args: list[str]) -> tuple[set[str], str]:
+    """The modules a fresh interpreter has loaded after ``main(args)`` (which must succeed), and what it printed."""
+    code = (
+        "import json, sys\nfrom lightning_perf.cli import main\n"
+        f"assert main({args!r}) == 0\n"
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1])), out.stdout
+
+
 def test_analyzing_a_run_s_traces_loads_neither_torch_nor_lightning(runs):
     # What keeps the command quick to start: torch and Lightning take seconds to import. (numpy, 45 ms, holds
     # the trace analyses' columns.)
-    code = (
-        "import sys\nfrom lightning_perf.cli import main\n"
-        f"assert main(['analyze', {str(runs['slow'])!r}, '--json']) == 0\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lightning', 'pytorch_lightning'}))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    loaded, _ = _modules_loaded_by(["analyze", str(runs["slow"]), "--json"])
+    assert sorted({m.split(".")[0] for m in loaded} & {"torch", "lightning", "pytorch_lightning"}) == []
 
 
 # What `analyze` leaves unimported without --html and --jobs: the other commands, the HTML pages and the
@@ -248,14 +254,8 @@ NOT_FOR_ANALYZE = (
 
 def test_analyze_imports_only_what_the_command_runs(gpu_trace):
     # Each costs start-up time on every `analyze` (and compiling, where bytecode is not cached).
-    code = (
-        "import json, sys\nfrom lightning_perf.cli import main\n"
-        f"assert main(['analyze', {str(gpu_trace('a100_8rank_rank3.json.gz'))!r}]) == 0\n"
-        "print(json.dumps(sorted(sys.modules)))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
-    assert "communication_bound" in out.stdout  # the trace's own finding: the command ran
+    loaded, printed = _modules_loaded_by(["analyze", str(gpu_trace("a100_8rank_rank3.json.gz"))])
+    assert "communication_bound" in printed  # the trace's own finding: the command ran
     assert sorted(loaded & set(NOT_FOR_ANALYZE)) == []
 
 
