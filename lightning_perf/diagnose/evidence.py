@@ -50,6 +50,17 @@ def from_too_few_batches(findings: Sequence[Finding], ctx: StageEpoch, t: Thresh
     return judged
 
 
+def too_little(ctx: StageEpoch, t: Thresholds) -> str | None:
+    """``"1 measured batch"`` where the epoch (pooled with its latest epochs) has fewer than
+    ``t.evidence_batches`` measured batches, so that the rules of :data:`BATCH_RULES` could not warn; else
+    ``None``. The console says so instead of a clean result, whether or not any rule fired."""
+    n = ctx.epoch.measured_batches
+    if n >= t.evidence_batches:
+        return None
+    pooled = f" of the last {ctx.pooled_epochs} epochs" if ctx.pooled_epochs > 1 else ""
+    return f"{n} measured batch{'' if n == 1 else 'es'}{pooled}"
+
+
 def held_back(findings: Sequence[Finding]) -> str | None:
     """The batches that :func:`from_too_few_batches` found too few (``"1 measured batch"``), where it made any of
     ``findings`` information; else ``None``."""

@@ -67,10 +67,13 @@ class ConsoleLines:
         now: bool = False,
         ranks: tuple[RankSummary, ...] = (),
         compiled: CompileStats | None = None,
+        too_little: str | None = None,
     ) -> None:
         """A reported stage epoch's line (``order``: its epoch's among the run's; ``first``: the stage's first in
         this process, with its per-rank table): printed ``now``, where something is new, or where the stage's last
-        line is :data:`STATUS_SECONDS` old; else held back, until a later line of the stage or the end."""
+        line is :data:`STATUS_SECONDS` old; else held back, until a later line of the stage or the end.
+        ``too_little``: the epoch's batches where too few to judge (``"1 measured batch"``), said instead of a clean
+        result."""
         stage = summary.stage
         uncounted = stage == "train" and summary.flops_per_batch is None
         note = self._flops() if uncounted and self._flops is not None else None
@@ -83,6 +86,7 @@ class ConsoleLines:
             unchanged=unchanged,
             compile=compiled,
             note=note,
+            too_little=too_little,
         )
         if not message:
             return

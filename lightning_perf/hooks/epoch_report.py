@@ -59,6 +59,7 @@ from lightning_perf.collect.run_info import (
     stage_dataloaders,
 )
 from lightning_perf.config import PerfConfig
+from lightning_perf.diagnose.evidence import too_little
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnosis_context import epoch_context, epoch_windows, run_facts, with_cpu_use
@@ -159,6 +160,7 @@ class EpochReporter:
         self.epochs: list[EpochSummary] = []
         #: The findings of the latest stage epoch that ended (on rank zero).
         self.findings: list[Finding] = []
+        self.too_little: str | None = None  # the latest diagnosed epoch's batches, where too few to judge
         self.findings_by_epoch: dict[tuple[str, int], list[Finding]] = {}
         self.ranks: dict[tuple[str, int], tuple[RankSummary, ...]] = {}
         #: What torch.compile did, by stage epoch (none for a run that compiles nothing).
@@ -404,7 +406,15 @@ class EpochReporter:
                 first = not review.history  # the stage's first epoch in this process shows its per-rank table
                 now = always or stage is None
                 self._lines.epoch(
-                    say_it, summary, findings, order=review.order, first=first, now=now, ranks=ranks, compiled=compiled
+                    say_it,
+                    summary,
+                    findings,
+                    order=review.order,
+                    first=first,
+                    now=now,
+                    ranks=ranks,
+                    compiled=compiled,
+                    too_little=self.too_little,
                 )
         if stage is None:  # the call's end: each stage's latest line held back (its latest status)
             self._lines.flush(say_it)
@@ -475,6 +485,7 @@ class EpochReporter:
             fit_seconds=review.fit_seconds,
         )
         findings = diagnose(context, self.config.thresholds, on_error=self._policy.rule_failed)
+        self.too_little = too_little(context, self.config.thresholds)
         if self.oom is not None and (self.oom.stage, self.oom.epoch) == (stage, summary.epoch):
             findings, self.oom = [self.oom, *findings], None
         self.findings_by_epoch[(stage, summary.epoch)] = findings

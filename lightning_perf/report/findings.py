@@ -180,16 +180,16 @@ def compile_line(stats: CompileStats | None) -> str | None:
     return line + (", recompile limit reached" if stats.limit_reached else "")
 
 
-def _clean(findings: Sequence[Finding]) -> str:
+def _clean(findings: Sequence[Finding], too_little: str | None = None) -> str:
     """The headline's end for an epoch with nothing to show: :data:`CLEAN`, or, where it has information findings
     (not shown at ``verbose=1``), their ids, so that a data wait nothing would help (``dataloader_bound`` at info)
-    is not read as none; where too few batches held findings back (``"1 measured batch: too little to judge"``),
-    that first, which no clean result is."""
+    is not read as none; where the epoch had too few batches to judge (``too_little``, or a finding the guard held
+    back: ``"1 measured batch: too little to judge"``), that first, which no clean result is."""
     notes = [f.id for f in findings if f.severity == "info"]
+    batches = too_little or held_back(findings)
     if not notes:
-        return CLEAN
+        return f"{batches}: too little to judge" if batches else CLEAN
     listed = f"(notes: {', '.join(notes)}; verbose=2 shows them)"
-    batches = held_back(findings)
     return f"{batches}: too little to judge {listed}" if batches else f"nothing to change found {listed}"
 
 
@@ -202,6 +202,7 @@ def console_report(
     unchanged: Sequence[Finding] = (),
     compile: CompileStats | None = None,
     note: str | None = None,
+    too_little: str | None = None,
 ) -> str | None:
     """What the console shows at an epoch's end: ``None`` at ``verbose=0``.
 
@@ -210,7 +211,8 @@ def console_report(
     finding, its title, window and advice; a clean single-process epoch is one line. ``verbose=2``: info
     findings too, and each finding's evidence. ``unchanged`` findings (shown at an earlier epoch, see
     :class:`ShownFindings`) are only named on the headline. ``note`` follows the headline's numbers (e.g. why the
-    epoch's FLOPs are not counted yet).
+    epoch's FLOPs are not counted yet). ``too_little``: the epoch's batches, where too few to judge
+    (:func:`~lightning_perf.diagnose.evidence.too_little`), said instead of a clean result.
     """
     if verbose <= 0:
         return None
@@ -223,7 +225,7 @@ def console_report(
     if still:
         head += f" | unchanged: {', '.join(still)}"
     elif not shown:
-        head += f" | {_clean(findings)}"
+        head += f" | {_clean(findings, too_little)}"
     compiled = compile_line(compile)
     if not shown and not ranks and compiled is None:
         return head

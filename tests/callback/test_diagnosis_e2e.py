@@ -316,6 +316,21 @@ def test_a_smoke_run_gets_no_warning_or_critical_finding(tmp_path):
     assert loud == []
 
 
+def test_a_smoke_runs_epoch_lines_say_too_little_to_judge(tmp_path, caplog):
+    # One batch per stage: no line may read as a clean result ("no bottleneck found", "nothing to change found").
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    with caplog.at_level("INFO"):
+        run = trainer(tmp_path, [PerfCallback()], fast_dev_run=True, default_root_dir=tmp_path)
+        run.fit(BoringModel())
+        run.validate(BoringModel())
+    lines = [r.getMessage().splitlines()[0] for r in caplog.records if r.getMessage().startswith("lightning-perf |")]
+    assert {line.split(" | ")[1].split(" epoch")[0] for line in lines} == {"train", "validate"}, lines
+    judged = r"\| \d measured batch(es of the last \d epochs)?: too little to judge"
+    assert all(re.search(judged, line) for line in lines), lines
+    assert "| 1 measured batch: too little to judge" in lines[0], lines
+
+
 def test_one_batch_epochs_are_judged_over_the_stages_recent_batches(tmp_path):
     perf = PerfCallback(verbose=0, max_windows=0)
     # A dataset waiting 3 ms per item (a disk): every batch waits, so the finding is there to judge at every epoch.
