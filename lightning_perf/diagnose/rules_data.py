@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from lightning_perf.diagnose.busy_machine import busy_note, busy_share, idle_time, kept_note
 from lightning_perf.diagnose.loader_advice import loader_advice
-from lightning_perf.diagnose.loading import CPU_BOUND, loading, loading_evidence
+from lightning_perf.diagnose.loading import CPU_BOUND, Loading, loading, loading_evidence
 from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch
 from lightning_perf.diagnose.rule_helpers import below, finding, in_window, on_cuda, reaches, stage_name, strongest
 from lightning_perf.diagnose.sample_loading import per_sample_advice, per_sample_evidence, per_sample_loading
@@ -130,7 +130,7 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             severity = "info"
             evidence.insert(0, busy_note(busy).removesuffix("; "))
         else:
-            severity = _on_a_busy_machine(ctx, t, busy, evidence)
+            severity = _on_a_busy_machine(ctx, t, busy, evidence, load)
     return finding(
         ctx,
         "dataloader_bound",
@@ -142,15 +142,26 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     )
 
 
-def _on_a_busy_machine(ctx: StageEpoch, t: Thresholds, busy: float, evidence: list[str]) -> Severity:
+def _on_a_busy_machine(ctx: StageEpoch, t: Thresholds, busy: float, evidence: list[str], load: Loading) -> Severity:
     """The severity of a data wait measured while the training thread waited for a CPU ``busy`` of the epoch:
     kept only where loading is mostly off the CPU (``EpochSummary.loading_cpu_share`` below ``CPU_BOUND``: a
     dataset that sleeps, reads a disk or the network), which a busy machine does not explain; and set by that
     part of the step, neither running nor queued for a CPU (``EpochSummary.loading_queue_share``: a woken
     thread's queueing is the busy machine's); else ``info``. Opens ``evidence`` with why. (Loading on the CPU also
     shows time off it on a busy machine: a thread of the process holding the GIL is descheduled, and the training
-    thread blocks on it.)"""
+    thread blocks on it.) The sampled waits never include an epoch's first batch: where its wait beyond a steady
+    batch's is longer than the epoch's whole wait for a CPU (an iterable dataset that sets up in ``__iter__``), no
+    busy machine explains it either, and that part of the step sets the severity."""
     epoch = ctx.epoch
+    waited = busy * (epoch.wall_time or 0.0)
+    first = epoch.data_wait_fraction * load.first_share
+    if epoch.wall_time and load.first > waited and reaches(first, t.dataloader_warning):
+        why = (
+            f"the first batch waited {ms(load.first_wait())}, {ms(load.first / max(load.epochs, 1))} beyond a steady"
+            f" batch's: more than the machine made the run wait in all ({ms(waited)})"
+        )
+        evidence.insert(0, kept_note(busy, why).removesuffix("; "))
+        return "critical" if reaches(first, t.dataloader_critical) else "warning"
     on_cpu, queued = epoch.loading_cpu_share, min(epoch.loading_queue_share or 0.0, 1.0)
     off = None if on_cpu is None else epoch.data_wait_fraction * (1.0 - queued) * max(0.0, 1.0 - on_cpu)
     if off is None or on_cpu is None or on_cpu >= CPU_BOUND or not reaches(off, t.dataloader_warning):

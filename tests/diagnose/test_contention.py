@@ -127,6 +127,29 @@ def test_a_wait_that_is_not_on_a_cpu_is_still_found_on_a_busy_machine():
     assert {f.id: f.severity for f in diagnose(sleepy)}["dataloader_bound"] == "critical"
 
 
+def test_a_first_batch_longer_than_the_epochs_whole_wait_for_a_cpu_keeps_its_severity():
+    # An iterable dataset that sets up 200 ms in __iter__, beside one burner: its steady waits ran on the CPU, but
+    # the machine made the run wait 0.15 s in all, less than the first batch's 200 ms beyond a steady batch's.
+    iterstart = epoch(
+        batches=16,
+        step_time=0.64,
+        data_wait=0.30,
+        data_wait_fraction=0.47,
+        first_data_wait=0.2065,
+        cpu_wait_share=0.23,
+        wall_time=0.66,
+        loading_cpu_share=1.0,
+    )
+    facts = dataclasses.replace(TWO_CPUS, dataset="iterable")
+    found = {f.id: f for f in diagnose(StageEpoch(epoch=iterstart, facts=facts))}
+    assert found["dataloader_bound"].severity in ("warning", "critical"), found["dataloader_bound"]
+    assert found["dataloader_bound"].evidence.startswith("kept on a busy machine"), found["dataloader_bound"]
+    assert "more than the machine made the run wait in all" in found["dataloader_bound"].evidence
+    # The same wait spread over the steady batches is the busy machine's: information.
+    spread = dataclasses.replace(iterstart, first_data_wait=0.018)
+    assert {f.id: f.severity for f in diagnose(StageEpoch(epoch=spread, facts=facts))}["dataloader_bound"] == "info"
+
+
 def test_what_a_busy_machine_cannot_explain_keeps_its_severity():
     # While the window recorded, the thread waited 5 ms of each 20 ms step for a CPU. 5 ms outside operators may be
     # all that waiting (not found); 8 ms leaves 3 ms beyond it, less than the wait, which a busy machine's slower
