@@ -46,7 +46,8 @@ def default_dirpath(
        parent is the run's directory in Lightning's own layout (``<log_dir>/checkpoints``) and in libraries that
        follow it (darts: ``darts_logs/<model_name>/checkpoints``). Not inside it: ``ModelCheckpoint`` warns
        when its directory holds other files, and its directory is often copied or pruned as a whole.
-    4. ``<cwd>/perf``.
+    4. ``<root_dir>/perf`` beside a ``ModelCheckpoint`` of no ``dirpath`` (it writes to ``<root_dir>/checkpoints``),
+       else ``<cwd>/perf``.
 
     Args:
         log_dir: The first logger's directory; ``None`` without a logger, or where the logger has no directory.
@@ -66,6 +67,8 @@ def default_dirpath(
     if checkpoints is not None:
         parent = os.path.dirname(os.path.normpath(os.path.abspath(checkpoints)))
         return os.path.join(parent, PERF_SUBDIR), "beside the checkpoints: the Trainer has no logger"
+    if None in checkpoint_dirs:  # a ModelCheckpoint of no dirpath writes to <root_dir>/checkpoints: beside it
+        return os.path.join(root_dir, PERF_SUBDIR), "beside the checkpoints: the Trainer has no logger"
     return os.path.join(cwd, PERF_SUBDIR), (
         "in the working directory: the Trainer has no logger, default_root_dir or checkpoint directory;"
         " PerfCallback(dirpath=...) chooses another"

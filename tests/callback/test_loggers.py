@@ -246,7 +246,7 @@ def test_without_a_logger_the_output_goes_beside_the_checkpoints_and_the_console
         (None, "/root", ["/run/checkpoints"], "/root/perf", "in default_root_dir"),
         (None, "/cwd", [None, "/run/checkpoints/", "/other"], "/run/perf", "beside the checkpoints"),
         (None, "/cwd", ["s3://bucket/checkpoints", "/run/checkpoints"], "/run/perf", "beside the checkpoints"),
-        (None, "/cwd", [None], "/cwd/perf", "in the working directory"),
+        (None, "/cwd", [None], "/cwd/perf", "beside the checkpoints"),  # a default ModelCheckpoint: ./checkpoints
         (None, "/cwd", [], "/cwd/perf", "in the working directory"),
     ],
 )
