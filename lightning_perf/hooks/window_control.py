@@ -399,7 +399,8 @@ class WindowControl:
         ):
             pos.short_epochs += 1
             moved = (
-                "; the stage's next epoch records one of its batches instead (until a window saves)"
+                "; the stage's next epoch under this callback (a later epoch or Trainer call) records one of its"
+                " batches instead (until a window saves)"
                 if not self._chosen
                 else ". Lower `schedule.skip_first`/`wait`, or pass `batches=[...]`"
             )
