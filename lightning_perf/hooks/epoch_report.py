@@ -82,11 +82,7 @@ from lightning_perf.hooks.stage_measure import (
 from lightning_perf.hooks.window_control import StagePosition
 from lightning_perf.layout import page_path
 from lightning_perf.records import CompileStats, EpochSummary, RankSummary, StepSplit, WindowRecord
-from lightning_perf.report.findings import (
-    finding_lines,
-    findings_markdown,
-    ranks_markdown,
-)
+from lightning_perf.report.findings import finding_lines, findings_text
 from lightning_perf.report.html import Page, run_page
 from lightning_perf.report.json_report import REWRITE_MIN_SECONDS, ReportFile, keep_step_split, report_dict
 from lightning_perf.report.metrics import epoch_metrics
@@ -94,9 +90,6 @@ from lightning_perf.report.outputs import Outputs
 from lightning_perf.summarize.flops import epoch_flops
 from lightning_perf.summarize.steps import step_split, summarize_epoch
 from lightning_perf.units import limit, seconds_or_ms
-
-FINDINGS_TAG = "perf/findings/{stage}"
-RANKS_TAG = "perf/ranks/{stage}"
 
 
 def paced_reports(stage: str, summary: EpochSummary) -> str:
@@ -160,7 +153,6 @@ class EpochReporter:
         self.epochs: list[EpochSummary] = []
         #: The findings of the latest stage epoch that ended (on rank zero).
         self.findings: list[Finding] = []
-        self.too_little: str | None = None  # the latest diagnosed epoch's batches, where too few to judge
         self.findings_by_epoch: dict[tuple[str, int], list[Finding]] = {}
         self.ranks: dict[tuple[str, int], tuple[RankSummary, ...]] = {}
         #: What torch.compile did, by stage epoch (none for a run that compiles nothing).
@@ -390,31 +382,24 @@ class EpochReporter:
         say_it = functools.partial(say, trainer)
         for review in sorted(reviews, key=lambda r: r.order):  # in the order the epochs ended
             name = review.summary.stage
-            st = self.stages[name]
-            st.pending = None
+            self.stages[name].pending = None
             summary, ranks = review.summary, review.ranks
-            findings = self._diagnose(review, trainer) if trainer.is_global_zero else []
+            findings, held = self._diagnose(review, trainer) if trainer.is_global_zero else ([], None)
             compiled = self.compile_stats.get((name, summary.epoch))
             if self.outputs is not None:
-                step = stage_step(name, trainer, st.total_batches)
-                self.outputs.add_text(
-                    FINDINGS_TAG.format(stage=name), findings_markdown(summary, findings, compile=compiled), step
-                )
-                if ranks:
-                    self.outputs.add_text(RANKS_TAG.format(stage=name), ranks_markdown(summary, ranks), step)
+                step = stage_step(name, trainer, self.stages[name].total_batches)
+                findings_text(self.outputs.add_text, step, summary, findings, ranks, compiled)
             if trainer.is_global_zero:
-                first = not review.history  # the stage's first epoch in this process shows its per-rank table
-                now = always or stage is None
                 self._lines.epoch(
                     say_it,
                     summary,
                     findings,
                     order=review.order,
-                    first=first,
-                    now=now,
+                    first=not review.history,  # the stage's first epoch in this process shows its per-rank table
+                    now=always or stage is None,
                     ranks=ranks,
                     compiled=compiled,
-                    too_little=self.too_little,
+                    too_little=held,
                 )
         if stage is None:  # the call's end: each stage's latest line held back (its latest status)
             self._lines.flush(say_it)
@@ -463,7 +448,7 @@ class EpochReporter:
         if self._report.writes != writes:
             self.reported = {stage: st.records for stage, st in self.stages.items()}
 
-    def _diagnose(self, review: EpochReview, trainer: pl.Trainer) -> list[Finding]:
+    def _diagnose(self, review: EpochReview, trainer: pl.Trainer) -> tuple[list[Finding], str | None]:
         summary = review.summary
         stage = summary.stage
         st = self.stages[stage]
@@ -485,9 +470,8 @@ class EpochReporter:
             fit_seconds=review.fit_seconds,
         )
         findings = diagnose(context, self.config.thresholds, on_error=self._policy.rule_failed)
-        self.too_little = too_little(context, self.config.thresholds)
         if self.oom is not None and (self.oom.stage, self.oom.epoch) == (stage, summary.epoch):
             findings, self.oom = [self.oom, *findings], None
         self.findings_by_epoch[(stage, summary.epoch)] = findings
         self.findings = findings
-        return findings
+        return findings, too_little(context, self.config.thresholds)

@@ -14,7 +14,7 @@ import math
 import re
 import statistics
 from collections import deque
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 
 from lightning_perf.diagnose.evidence import held_back
 from lightning_perf.diagnose.model import SEVERITIES, Finding
@@ -22,6 +22,8 @@ from lightning_perf.records import CompileStats, EpochSummary, RankSummary
 from lightning_perf.units import count, duration, flops_rate, mib, ms, percent, plural
 
 CLEAN = "no bottleneck found"
+FINDINGS_TAG = "perf/findings/{stage}"  # TensorBoard's text: an epoch's findings, and its per-rank table
+RANKS_TAG = "perf/ranks/{stage}"
 
 #: The page of the documentation site (``docs/``) with a section per rule, each anchored by its rule's id.
 DOCS_FINDINGS = "docs/findings.md"
@@ -375,3 +377,17 @@ def findings_markdown(
         cells = [f.severity, f"**{f.title}** (`{f.id}`)", f.evidence, f.advice, f"`{f.window}`" if f.window else ""]
         lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def findings_text(
+    add_text: Callable[[str, str, int], None],
+    step: int,
+    summary: EpochSummary,
+    findings: Sequence[Finding],
+    ranks: Sequence[RankSummary],
+    compiled: CompileStats | None,
+) -> None:
+    """An epoch's findings (and its per-rank table, where several ranks ran) as TensorBoard text at ``step``."""
+    add_text(FINDINGS_TAG.format(stage=summary.stage), findings_markdown(summary, findings, compile=compiled), step)
+    if ranks:
+        add_text(RANKS_TAG.format(stage=summary.stage), ranks_markdown(summary, ranks), step)
