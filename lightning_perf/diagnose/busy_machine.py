@@ -92,8 +92,8 @@ def told(findings: Sequence[Finding]) -> list[Finding]:
         )
     if kept:
         one = len(set(kept)) == 1
-        holds = "keeps its severity: what it measures holds" if one else "keep their severity: what they measure holds"
-        parts.append(f"{_names(kept)} {holds} on CPU time (see {'its' if one else 'their'} evidence)")
+        holds = "keeps its severity" if one else "keep their severity"
+        parts.append(f"{_names(kept)} {holds}: no wait for a CPU explains {'it' if one else 'them'} (see the evidence)")
     sentence = "; ".join(parts) + "."
     sentence = sentence[0].upper() + sentence[1:]
     return [

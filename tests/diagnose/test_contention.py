@@ -183,7 +183,7 @@ def test_contention_names_the_findings_it_made_information_and_those_kept_say_wh
     )
     assert contention.advice.endswith(
         "Measured while the machine was busy, this epoch's `dataloader_bound` is information only; `framework_overhead`"
-        " keeps its severity: what it measures holds on CPU time (see its evidence)."
+        " keeps its severity: no wait for a CPU explains it (see the evidence)."
     )
     assert "information only" not in diagnose(StageEpoch(epoch=busy, facts=TWO_CPUS))[0].advice.replace(
         "`dataloader_bound` is information only", ""
