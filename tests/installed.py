@@ -41,12 +41,19 @@ class Windows(Dataset):
 
 
 @contextlib.contextmanager
-def installed_package(root: Path, name: str, source: str) -> Iterator[ModuleType]:
-    """``source`` as the package ``name`` under ``root / "site-packages"``, on ``sys.path`` and imported for the
-    ``with`` block; unloaded after."""
-    folder = root / "site-packages" / name
+def installed_package(
+    root: Path, name: str, source: str, *, under: str = "site-packages", metadata: bool = False
+) -> Iterator[ModuleType]:
+    """``source`` as the package ``name`` under ``root / under``, on ``sys.path`` and imported for the ``with``
+    block; unloaded after. ``metadata``: with its distribution's ``*.dist-info`` beside it (``top_level.txt``), as
+    ``pip install --target`` leaves it."""
+    folder = root / under / name
     folder.mkdir(parents=True)
     (folder / "__init__.py").write_text(textwrap.dedent(source))
+    if metadata:
+        info = root / under / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "top_level.txt").write_text(f"{name}\n")
     sys.path.insert(0, str(folder.parent))
     try:
         yield importlib.import_module(name)

@@ -82,6 +82,16 @@ def test_a_dataset_is_the_users_unless_an_installed_package_defines_it(tmp_path)
     assert (facts["dataset_class"], facts["dataset_library"]) == ("Windows", "windowlib")
 
 
+def test_a_package_installed_with_pip_target_is_a_librarys_and_a_project_folder_is_not(tmp_path):
+    # `pip install --target DIR`: no site-packages in its path, its dist-info beside it.
+    with installed_package(tmp_path / "a", "windowlib", WINDOWLIB, under="target", metadata=True) as windowlib:
+        facts = dataset_facts(DataLoader(windowlib.Windows(8)), None)
+    assert (facts["dataset_class"], facts["dataset_library"]) == ("Windows", "windowlib")
+    with installed_package(tmp_path / "b", "windowlib", WINDOWLIB, under="project") as windowlib:
+        facts = dataset_facts(DataLoader(windowlib.Windows(8)), None)
+    assert (facts["dataset_class"], facts["dataset_library"]) == ("Windows", None)
+
+
 def test_a_map_datasets_length_is_recorded_an_iterables_is_not():
     assert dataset_facts(DataLoader(Subset(TensorDataset(torch.zeros(40, 2)), range(10))), None)["dataset_length"] == 10
     assert dataset_facts(DataLoader(Stream(None)), None)["dataset_length"] is None
