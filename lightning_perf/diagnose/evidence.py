@@ -41,11 +41,7 @@ def from_too_few_batches(findings: Sequence[Finding], ctx: StageEpoch, t: Thresh
         if kind is None or f.severity == "info" or counts[kind] >= t.evidence_batches:
             judged.append(f)
             continue
-        n = counts[kind]
-        batches = f"{n} {kind}{'' if n == 1 else 'es'}" + (
-            f" of the last {ctx.pooled_epochs} epochs" if ctx.pooled_epochs > 1 else ""
-        )
-        note = _NOTE.format(batches=batches, needed=t.evidence_batches)
+        note = _NOTE.format(batches=_batches(counts[kind], kind, ctx), needed=t.evidence_batches)
         judged.append(dataclasses.replace(f, severity="info", evidence=note + f.evidence))
     return judged
 
@@ -55,10 +51,13 @@ def too_little(ctx: StageEpoch, t: Thresholds) -> str | None:
     ``t.evidence_batches`` measured batches, so that the rules of :data:`BATCH_RULES` could not warn; else
     ``None``. The console says so instead of a clean result, whether or not any rule fired."""
     n = ctx.epoch.measured_batches
-    if n >= t.evidence_batches:
-        return None
+    return _batches(n, "measured batch", ctx) if n < t.evidence_batches else None
+
+
+def _batches(n: int, kind: str, ctx: StageEpoch) -> str:
+    """``"1 measured batch"``, ``"5 batches of the last 3 epochs"``: ``n`` of ``kind``, and the epochs pooled."""
     pooled = f" of the last {ctx.pooled_epochs} epochs" if ctx.pooled_epochs > 1 else ""
-    return f"{n} measured batch{'' if n == 1 else 'es'}{pooled}"
+    return f"{n} {kind}{'' if n == 1 else 'es'}{pooled}"
 
 
 def held_back(findings: Sequence[Finding]) -> str | None:
