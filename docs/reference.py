@@ -29,6 +29,7 @@ from lightning_perf.cli import build_parser
 from lightning_perf.diagnose import thresholds as thresholds_module
 from lightning_perf.diagnose.registry import RULES, SUMMARY_RULES
 from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.docstrings import plain_roles, summary_and_notes
 from lightning_perf.validation import BYTES, COUNT, FRACTION, RATIO, SECONDS, kinds_of
 
 #: The rules' catalogue, by id, in the registry's order.
@@ -84,29 +85,6 @@ def doc_entries(doc: str | None, section: str) -> dict[str, str]:
             for name in names:
                 entries[name] += " " + line.strip()
     return entries
-
-
-def rst_to_markdown(text: str) -> str:
-    """Sphinx's roles and double backticks as Markdown code spans: ``:func:`~a.b``` -> `` `b` ``."""
-    text = re.sub(r":\w+:`~[\w.]*\.(\w+)`", r"`\1`", text)
-    text = re.sub(r":\w+:`([^`]+)`", r"`\1`", text)
-    return text.replace("``", "`")
-
-
-def summary_and_notes(doc: str | None) -> tuple[str, list[str]]:
-    """A docstring's first line, and its ``Notes:`` items (numbered ``1.``, ``2.``...), each on one line."""
-    lines = inspect.cleandoc(doc or "").splitlines()
-    summary = lines[0].strip() if lines else ""
-    notes: list[str] = []
-    if "Notes:" in lines:
-        for line in lines[lines.index("Notes:") + 1 :]:
-            if line and not line.startswith(" "):
-                break
-            if match := re.match(r"^ {4}\d+\. (.*)$", line):
-                notes.append(match.group(1).strip())
-            elif line.strip() and notes:
-                notes[-1] += " " + line.strip()
-    return summary, notes
 
 
 # --- thresholds ----------------------------------------------------------------------------------------------
@@ -184,7 +162,7 @@ def threshold_rows(
         previous = rules
         for rule in rules or [""]:
             rows.setdefault(rule, []).append(
-                (name, threshold_default(name, cls), rst_to_markdown(meaning), rst_to_markdown(comment))
+                (name, threshold_default(name, cls), plain_roles(meaning), plain_roles(comment))
             )
     return rows
 
@@ -216,8 +194,8 @@ def catalogue_problems(
 def rule_block(rule_id: str) -> str:
     """One rule's generated reference: its summary, its notes, and its thresholds' table."""
     summary, notes = summary_and_notes(ALL_RULES[rule_id].__doc__)
-    lines = [f'??? info "`{rule_id}` in the code: {rst_to_markdown(summary)}"', ""]
-    lines += [f"    {i}. {rst_to_markdown(note)}" for i, note in enumerate(notes, start=1)]
+    lines = [f'??? info "`{rule_id}` in the code: {summary}"', ""]
+    lines += [f"    {i}. {note}" for i, note in enumerate(notes, start=1)]
     rows = threshold_rows().get(rule_id, [])
     if rows:
         lines += ["", *_indent(_threshold_table(rows))]
@@ -231,7 +209,7 @@ def overview_block() -> str:
     for rule_id, rule in ALL_RULES.items():
         summary, _ = summary_and_notes(rule.__doc__)
         limits = ", ".join(f"`{name}` {default}" for name, default, _, _ in by_rule.get(rule_id, []))
-        lines.append(f"| [`{rule_id}`](#{section_anchor(rule_id)}) | {_cell(rst_to_markdown(summary))} | {limits} |")
+        lines.append(f"| [`{rule_id}`](#{section_anchor(rule_id)}) | {_cell(summary)} | {limits} |")
     return "\n".join(lines) + "\n"
 
 
@@ -339,10 +317,10 @@ def schema_reference(classes: tuple[type, ...] = REPORT_RECORDS) -> str:
     lines: list[str] = []
     for cls in classes:
         summary = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].replace("\n", " ")
-        lines += [f"### `{cls.__name__}`", "", rst_to_markdown(summary), ""]
+        lines += [f"### `{cls.__name__}`", "", plain_roles(summary), ""]
         lines += ["| field | type | meaning |", "|---|---|---|"]
         lines += [
-            f"| `{name}` | `{_cell(type_)}` | {_cell(rst_to_markdown(meaning))} |"
+            f"| `{name}` | `{_cell(type_)}` | {_cell(plain_roles(meaning))} |"
             for name, type_, meaning in record_fields(cls)
         ]
         lines.append("")

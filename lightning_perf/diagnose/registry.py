@@ -33,6 +33,7 @@ from lightning_perf.diagnose.rules_memory import memory_breakdown, memory_growth
 from lightning_perf.diagnose.rules_step import framework_overhead, optimizer_heavy, validation_heavy
 from lightning_perf.diagnose.rules_unstable import step_time_unstable
 from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.docstrings import summary_and_notes
 
 __all__ = ["CROSS_RANK_RULES", "RULES", "RULE_IDS", "SUMMARY_RULES", "Rule", "SummaryRule", "diagnose"]
 
@@ -154,3 +155,11 @@ def _run(
             on_error(rule_id, err)
         return ()
     return () if result is None else (result,) if isinstance(result, Finding) else result
+
+
+def rule_explanation(rule_id: str) -> tuple[str, list[str]] | None:
+    """What a rule measures: its docstring's first line and its ``Notes:``
+    (:func:`~lightning_perf.docstrings.summary_and_notes`); ``None`` for no such rule. One text for the
+    documentation site's catalogue and the report page's "About these findings"."""
+    rule = RULES.get(rule_id) or SUMMARY_RULES.get(rule_id)
+    return None if rule is None else summary_and_notes(rule.__doc__)

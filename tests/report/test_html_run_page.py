@@ -6,6 +6,7 @@ hand-made records, read back with the reader; and a real Trainer's, opened in he
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from html.parser import HTMLParser
@@ -18,6 +19,7 @@ import browser
 from html_pages import assert_self_contained, figures_in
 from lightning_perf import PerfCallback
 from lightning_perf.diagnose.model import Finding
+from lightning_perf.diagnose.registry import rule_explanation
 from lightning_perf.readers import load_report
 from lightning_perf.records import (
     CompileStats,
@@ -260,7 +262,7 @@ def test_the_page_reads_in_order_and_every_link_lands(rich):
     _, page = rich
     parsed = Page(page)
     top = [s for s in parsed.sections if not s.startswith("window-")]
-    assert top == ["run", "findings", "charts", "windows", "flops", "compile"]
+    assert top == ["run", "findings", "charts", "windows", "flops", "compile", "about-findings"]
     assert set(parsed.links) <= set(parsed.ids)
     assert len(parsed.ids) == len(set(parsed.ids))
     text = "".join(parsed.text)
@@ -289,8 +291,25 @@ def test_findings_are_grouped_most_severe_first_and_link_to_their_window(rich):
     assert "<code>num_workers=4</code>" in findings  # advice's code spans
     # Each finding names the documentation's section that explains it.
     ids = re.findall(r'class="finding \w+"><p>.*?<code>(\w+)</code>', findings)
-    docs = re.findall(r"Explained in the documentation: <code>([^<]+)</code>", findings)
+    docs = re.findall(r"explained in the documentation: <code>([^<]+)</code>", findings)
     assert len(docs) == len(ids) == 4 and docs == [f"docs/findings.md#{i}" for i in ids]
+
+
+def test_each_finding_links_to_what_its_rule_measures_on_the_page_itself(rich):
+    _, page = rich
+    findings = page[page.index('<section id="findings">') : page.index('<section id="charts">')]
+    ids = re.findall(r'class="finding \w+"><p>.*?<code>(\w+)</code>', findings)
+    links = re.findall(r'<a href="#about-(\w+)">what this rule measures</a>', findings)
+    assert links == ids
+    about = page[page.index('<section id="about-findings">') :]
+    for rule_id in set(ids):
+        # The link's target is on the page, with the rule's own docstring: the text of the site's catalogue.
+        summary, notes = rule_explanation(rule_id)
+        entry = about[about.index(f'<div id="about-{rule_id}">') :]
+        entry = entry[: entry.index("</div>")]
+        assert html.unescape(re.sub(r"<[^>]+>", "", entry)).count(summary.replace("`", "")) == 1
+        assert len(re.findall("<li>", entry)) == len(notes) > 0
+    assert about.count('<div id="about-') == len(set(ids))  # once per rule, however many findings
 
 
 def test_a_finding_of_epochs_measured_together_counts_each_of_them():

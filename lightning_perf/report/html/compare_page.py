@@ -41,7 +41,7 @@ from lightning_perf.report.comparison import (
 )
 from lightning_perf.report.html.document import Cell, Page, Section, chart, esc, number_cell, page, table
 from lightning_perf.report.html.figures import thinned
-from lightning_perf.report.html.findings_html import finding_html
+from lightning_perf.report.html.findings_html import about_findings, finding_html
 from lightning_perf.units import change, count, duration_us, plural
 
 OPERATOR_ROWS = 100
@@ -75,6 +75,9 @@ def compare_page(before: ComparedSide, after: ComparedSide) -> Page:
     ]
     if before.epochs and after.epochs:
         sections.append(Section("epochs", "Per epoch", _epochs(before, after)))
+    changes = finding_changes(before, after)
+    if (about := about_findings([*changes.new, *(a for _, a in changes.kept), *changes.fixed])) is not None:
+        sections.append(about)
     kind = "runs" if before.kind == after.kind == "run" else "traces" if before.kind == after.kind else "sides"
     return page(f"lightning-perf compare: two {kind}", f"before: {before.label} · after: {after.label}", sections)
 

@@ -15,8 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from lightning_perf.diagnose.model import SEVERITIES, Finding
+from lightning_perf.diagnose.registry import rule_explanation
 from lightning_perf.report.findings import docs_section
-from lightning_perf.report.html.document import esc
+from lightning_perf.report.html.document import Section, esc
 from lightning_perf.units import count, plural
 
 MAX_EPOCH_RANGES = 12
@@ -114,8 +115,41 @@ def finding_html(
         f'<div class="finding {esc(finding.severity)}"><p>{" · ".join(head)}</p>'
         f"<p><b>Evidence:</b> {rich_text(finding.evidence)}</p>"
         f"<p><b>Advice:</b> {rich_text(finding.advice)}</p>"
-        f'<p class="docs">Explained in the documentation: <code>{esc(docs_section(finding.id))}</code></p></div>'
+        f"{_explained(finding.id)}</div>"
     )
+
+
+def _explained(rule_id: str) -> str:
+    """A finding's line to its rule's explanation: on this page (:func:`about_findings`), and in the documentation."""
+    here = ""
+    if rule_explanation(rule_id) is not None:
+        here = f'<a href="#{esc(about_anchor(rule_id))}">what this rule measures</a> · '
+    return f'<p class="docs">{here}explained in the documentation: <code>{esc(docs_section(rule_id))}</code></p>'
+
+
+def about_anchor(rule_id: str) -> str:
+    """The id of a rule's entry in :func:`about_findings`."""
+    return f"about-{rule_id}"
+
+
+def about_findings(findings: Iterable[Finding]) -> Section | None:
+    """The page's "About these findings": for each rule among ``findings``, in the order first met, what it
+    measures (its first line and notes, the same text as the documentation site's catalogue: see
+    :func:`~lightning_perf.diagnose.registry.rule_explanation`), so that the page explains itself offline;
+    ``None`` where no finding has such a rule."""
+    entries = []
+    for rule_id in dict.fromkeys(f.id for f in findings):
+        if (explanation := rule_explanation(rule_id)) is None:
+            continue
+        summary, notes = explanation
+        items = "".join(f"<li>{rich_text(note)}</li>" for note in notes)
+        entries.append(
+            f'<div id="{esc(about_anchor(rule_id))}"><h3><code>{esc(rule_id)}</code>: {rich_text(summary)}</h3>'
+            + (f"<ol>{items}</ol>" if items else "")
+            + f'<p class="docs">More, with its thresholds and their sources: <code>{esc(docs_section(rule_id))}</code>'
+            " (the documentation site; <code>make docs</code> builds it offline).</p></div>"
+        )
+    return Section("about-findings", "About these findings", "".join(entries)) if entries else None
 
 
 def findings_html(

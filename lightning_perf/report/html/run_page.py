@@ -34,7 +34,13 @@ from lightning_perf.records import EpochSummary
 from lightning_perf.report.findings import epoch_label, epoch_numbers, headline
 from lightning_perf.report.html.compile_html import compile_html
 from lightning_perf.report.html.document import Cell, Page, Section, esc, number_cell, page, table
-from lightning_perf.report.html.findings_html import STAGE_ORDER, findings_html, grouped, severity_counts
+from lightning_perf.report.html.findings_html import (
+    STAGE_ORDER,
+    about_findings,
+    findings_html,
+    grouped,
+    severity_counts,
+)
 from lightning_perf.report.html.flops_html import flops_html
 from lightning_perf.report.html.memory_html import memory_html
 from lightning_perf.report.html.run_charts import charts_html
@@ -265,6 +271,8 @@ def run_page(report: Mapping[str, Any], *, source: str | None = None, charts: bo
         sections.append(Section("memory", "What fills memory", memory))
     if (compiled := compile_html(stages)) is not None:
         sections.append(Section("compile", "torch.compile", compiled))
+    if (explained := about_findings(g.latest for g in groups)) is not None:
+        sections.append(explained)
     subtitle = " · ".join(part for part in (source, generated, _device(run, world_size)) if part)
     return page(TITLE, subtitle, sections)
 

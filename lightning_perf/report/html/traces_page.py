@@ -23,7 +23,7 @@ from lightning_perf.report.analyzed import AnalyzedDirectory, AnalyzedTrace
 from lightning_perf.report.html.breakdown import step_breakdown
 from lightning_perf.report.html.document import Page, Section, chart, esc, page
 from lightning_perf.report.html.figures import breakdown_figure
-from lightning_perf.report.html.findings_html import finding_html
+from lightning_perf.report.html.findings_html import about_findings, finding_html
 from lightning_perf.report.html.run_charts import rank_table
 from lightning_perf.report.html.windows import window_body
 from lightning_perf.report.json_report import OPERATOR_ROWS
@@ -104,6 +104,9 @@ def traces_page(directories: Sequence[AnalyzedDirectory]) -> Page:
     sections = [_directory(i, d, operators) for i, d in enumerate(directories)]
     if not sections:
         sections = [Section("traces", "Traces", '<p class="note">No trace was analyzed.</p>')]
+    findings = [f for d in directories for f in (*d.findings, *(f for t in d.traces for f in t.findings))]
+    if (about := about_findings(findings)) is not None:
+        sections.append(about)
     where = "1 directory" if len(directories) == 1 else f"{count(len(directories))} directories"
     subtitle = f"{plural(traces, 'trace')} in {where}"
     return page(TITLE, subtitle, sections)
