@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--options", default="{}", help='PerfCallback\'s arguments as JSON, e.g. \'{"max_windows": 0}\'')
+    parser.add_argument("--options", default="{}", help="PerfCallback's arguments as JSON: '{\"max_windows\": 0}'")
     parser.add_argument("--child", choices=("bare", "perf"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -34,7 +34,7 @@ Reading the output:
 * ``other load``: the CPU time other processes used during the rounds, as a share of all CPUs; above a few %
   the figures are disturbed.
 
-Figures (README, "Many short Trainer calls"): on the project's 2-core machine, 5 rounds, (b)/(a) was 5.08x
+Figures (docs/cost.md, "Many short Trainer calls"): on the project's 2-core machine, 5 rounds, (b)/(a) was 5.08x
 (4.44-5.30) with 4.8 MB written per call before issue 29's changes (82342be), and 1.22x (1.15-1.44) with
 9.4 kB after.
 """

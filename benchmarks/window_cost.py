@@ -35,7 +35,7 @@ medians over rounds, and their range.
 Run it from the repository root::
 
     python benchmarks/window_cost.py                        # 3 rounds: about 3 min on 2 idle cores
-    python benchmarks/window_cost.py --rounds 5 --threads 1 # the README's figures
+    python benchmarks/window_cost.py --rounds 5 --threads 1 # docs/cost.md's figures
 
 Reading the output, per configuration: ``wall`` (median over rounds of a run's wall time), ``windows`` (per
 run), ``cost per window`` (median and range over rounds), ``cost per window, beyond the median step`` (the

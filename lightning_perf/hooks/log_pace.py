@@ -13,7 +13,7 @@ The callback writes its per-batch scalars (step time, data wait, compute, throug
 loggers, TensorBoard's writer thread serializing them on the same GIL, a ``/proc`` read, the loss's
 ``.item()``): nothing at Lightning's default of 50, but at ``log_every_n_steps=1`` a tiny MLP's fit took 1.31x
 as long with the callback as without it, 1.84x where the model logged nothing of its own (``benchmarks/
-log_cadence.py``; README, Cost).
+log_cadence.py``; docs/cost.md).
 
 Notes:
     1. A stage writes while what its writes cost so far stays within :data:`LOG_SHARE` of the wall time since its
@@ -45,7 +45,7 @@ from lightning_perf.collect.cpu import RunQueue
 
 # What the per-batch scalars may cost, as a share of the wall time: the standing goal is 1-2% for all the
 # callback's work between windows, and its per-batch hooks take 7-20 us a batch, 0.2% of a 3-ms step and 2% of a
-# 1-ms one (README, Cost).
+# 1-ms one (docs/cost.md).
 LOG_SHARE = 0.01
 # What they may cost before the share applies: 50-100 writes at 0.2-0.4 ms, of all stages together (Notes 3).
 # The demo's 16 writes and the tests' short runs write at every logging point. 0.01 while each stage had a pace

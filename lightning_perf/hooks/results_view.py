@@ -39,7 +39,7 @@ class ResultsView:
 
     @property
     def report(self) -> dict[str, Any]:
-        """Everything measured so far, as written to ``perf_report.json`` (see README for the schema)."""
+        """Everything measured so far, as written to ``perf_report.json`` (see docs/schema.md)."""
         return self._epochs.report()
 
     def findings_for(self, stage: str, epoch: int | None = None) -> list[Finding]:

@@ -6,7 +6,7 @@ The stage events of :class:`~lightning_perf.hooks.stage_hooks.StageHooks` wired 
 each stage epoch's and batch's clocks, the profiler windows opened and saved at their batches, the FLOP count's
 batch, and each epoch measured and reported at its end (or carried into the next). The batch hooks run on every
 batch and the epoch hooks at every epoch of a run of thousands of short ones: what they do between windows is
-kept to clock reads, appends and comparisons (README, Cost).
+kept to clock reads, appends and comparisons (docs/cost.md).
 
 :class:`~lightning_perf.PerfCallback` makes the units and inherits these events; its own part is construction,
 setup, the end of a Trainer call and the checkpoint state.

@@ -23,7 +23,7 @@ its CPU work, most of a window's cost, holds that process's GIL, not the trainin
 process, :class:`WindowWorker` runs each window's job on one background thread, one at a time and in the
 order they came: the job hands the window to the child, waits for its record without the GIL, and adds the
 record (and the table's TensorBoard text); where the child cannot run, the job processes the window itself,
-as before (see README, "Cost"). This module imports neither torch nor Lightning, so that the child starts
+as before (see docs/cost.md). This module imports neither torch nor Lightning, so that the child starts
 fast.
 
 The callback joins the worker before an epoch's diagnosis reads the windows, before a checkpoint stores them

@@ -3,7 +3,7 @@ Window control
 ==============
 
 Which batches of each stage the profiler warms up on and records, and the one window open at a time: the
-window semantics of README section "Windows, exactly", as plain code over any
+window semantics of "Windows, exactly" in docs/schedule.md, as plain code over any
 :class:`~lightning_perf.collect.window.Window`. No Lightning and no ``torch.profiler`` here:
 :class:`~lightning_perf.PerfCallback` calls a :class:`WindowControl` from its hooks and hands what it closes
 to the per-window pipeline (:mod:`lightning_perf.hooks.window_close`); the tests drive one with a fake window.

@@ -186,7 +186,7 @@ def _rate(v: float) -> str:
 NOISE_RATIO = 0.05
 """A relative change under 5% is the "same" (shown uncoloured, not as better or worse): it is within the
 run-to-run noise of an unchanged program. Where the number comes from: this project's overhead benchmark
-(README, "Overhead") ran the same Trainer in interleaved rounds, and the rounds' step times spread 0.95-1.12 of
+(docs/cost.md) ran the same Trainer in interleaved rounds, and the rounds' step times spread 0.95-1.12 of
 their median; a GPU's clocks and a shared host move step times and operator totals by a few percent between
 runs too. Used for every metric but shares and counts, and for operators' self times."""
 NOISE_POINTS = 0.01

@@ -5,7 +5,7 @@ Metric names
 The scalars we log, named under one ``perf/`` namespace, with their units in their names. Every stage has
 its own step axis: training series are logged at the trainer's ``global_step``; validation, test and
 predict series at the number of batches that stage has run so far, so they never pile onto the training
-steps (see README, "Logged metrics").
+steps (see docs/output.md, "Logged metrics").
 """
 
 from __future__ import annotations

@@ -46,8 +46,9 @@ def test_the_fixes_remove_the_findings_and_compare_shows_the_gain(tmp_path, caps
     assert throughput.endswith("(better)"), others
     assert not result["findings"]["new"]
     # The data-wait share of "before" sits near the 30% line between warning and critical on a 2-core
-    # machine (33% when the README was written, under 30% on a loaded CI runner), so the severity is not
-    # asserted: the finding fires on every training epoch before and the share falls by more than half.
+    # machine (33% when examples/before_after/README.md was written, under 30% on a loaded CI runner), so the
+    # severity is not asserted: the finding fires on every training epoch before and the share falls by more than
+    # half.
     shares = {}
     for name, run in (("before", before), ("after", after)):
         report = json.loads(next(run.rglob("perf_report.json")).read_text())

@@ -229,7 +229,7 @@ def test_a_callback_that_sleeps_is_framework_overhead(tmp_path, one_thread):
     trainer(tmp_path, [SleepyCallback(), callback], limit_val_batches=0).fit(Tuned())
     if "cpu_contention" in _ids(callback):
         # The rule counts only what is beyond the thread's wait for a CPU, and a busy machine's wait can be as long
-        # as the sleep: a documented limit (README, framework_overhead).
+        # as the sleep: a documented limit (docs/findings.md#framework_overhead).
         pytest.skip("the machine was busy: its wait for a CPU may hold the sleep's time")
     assert "framework_overhead" in _ids(callback)
 

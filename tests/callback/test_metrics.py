@@ -59,7 +59,7 @@ def test_loss_curve_decreases_on_a_learnable_task_even_when_the_user_logs_nothin
 
 def test_at_log_every_n_steps_1_the_batch_scalars_are_thinned_to_their_share_of_the_run(tmp_path):
     # 512 batches of about 1.5 ms, a logging point after each: written at every one, the scalars took 0.4-0.6 ms a
-    # batch and the run 1.5x as long (README, Cost). The first points are all written (the pace's burst), later
+    # batch and the run 1.5x as long (docs/cost.md). The first points are all written (the pace's burst), later
     # ones at logging points of the Trainer's, and the epoch's own summary still counts every batch.
     callback = PerfCallback(**NO_WINDOWS)
     # A share small enough to thin on any machine: at the default 1%, a busy machine's slower steps (beside two CPU
@@ -174,7 +174,7 @@ def test_perf_report_json_parses_after_every_epoch_and_has_its_schema(tmp_path):
     reader = ReportReader(perf)
     trainer(tmp_path, [perf, reader], max_epochs=3).fit(TinyModel(n=32, val_n=16))
     # PerfCallback comes first in the list: it has written each stage's first epoch when the reader looks, and
-    # later epochs as its time budget allows (README, "perf_report.json"); every read parses.
+    # later epochs as its time budget allows (docs/schema.md); every read parses.
     for stage in ("train", "validate"):
         counts = [len(r["stages"][stage]["epochs"]) for r in reader.seen]
         assert counts[0] == 1 and counts == sorted(counts) and counts[-1] <= 3, (stage, counts)

@@ -1,4 +1,4 @@
-"""The window semantics of README section "Windows, exactly" and the schedule's, on WindowControl with a fake
+"""The window semantics of "Windows, exactly" (docs/schedule.md) and the schedule's, on WindowControl with a fake
 window: no Trainer, no profiler. The calls come in the order PerfCallback makes them from Lightning's hooks
 (a Driver plays the hooks); the real-Trainer tests of the same semantics are in callback/test_windows.py and
 callback/test_lifecycle.py."""
