@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning_perf import records, units
+from lightning_perf import records, run_record, units
 from lightning_perf.cli import build_parser
 from lightning_perf.diagnose import thresholds as thresholds_module
 from lightning_perf.diagnose.registry import RULES, SUMMARY_RULES
@@ -37,6 +37,8 @@ ALL_RULES: dict[str, Callable[..., Any]] = {**RULES, **SUMMARY_RULES}
 
 #: The records ``perf_report.json`` holds, in the order the schema page lists them.
 REPORT_RECORDS: tuple[type, ...] = (
+    run_record.RunInfo,
+    run_record.LoaderInfo,
     records.EpochSummary,
     records.WindowRecord,
     records.TraceSummary,
@@ -299,6 +301,8 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
 def record_fields(cls: type) -> list[tuple[str, str, str]]:
     """A record's fields as ``(name, type, meaning)``, the meaning from its ``Attributes:`` (``""`` if none)."""
     meanings = doc_entries(cls.__doc__, "Attributes")
+    if not dataclasses.is_dataclass(cls):  # a TypedDict: the run's JSON object (lightning_perf.run_record)
+        return [(name, str(type_), meanings.get(name, "")) for name, type_ in cls.__annotations__.items()]
     return [(f.name, str(f.type), meanings.get(f.name, "")) for f in dataclasses.fields(cls)]
 
 

@@ -13,6 +13,7 @@ import importlib.util
 import inspect
 import re
 import sys
+from typing import TypedDict
 
 import pytest
 from markdown_blocks import ROOT
@@ -21,7 +22,10 @@ from lightning_perf.callback import PerfCallback
 from lightning_perf.diagnose import thresholds as thresholds_module
 from lightning_perf.diagnose.registry import RULE_IDS
 from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.readers import load_report
 from lightning_perf.report.findings import docs_section
+from lightning_perf.run_record import LoaderInfo, RunInfo
+from models import TinyModel, trainer
 
 DOCS = ROOT / "docs"
 
@@ -117,6 +121,31 @@ def test_a_report_field_without_its_attributes_entry_is_reported() -> None:
         lost: int
 
     assert reference.schema_problems((Record,)) == ["Record.lost: no entry in its Attributes:"]
+
+
+def test_the_run_objects_schema_holds_every_key_a_real_run_writes_and_no_other(tmp_path) -> None:
+    # A fit whose FLOPs are counted at once (no budget) and whose memory is measured: every key of "run" there.
+    callback = PerfCallback(profile_budget=None, verbose=0)
+    fit = trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=8, limit_val_batches=2)
+    fit.fit(TinyModel())
+    run = load_report(callback.report_path)["run"]
+    assert set(run) == set(RunInfo.__annotations__)
+    assert set(run["dataloaders"]["train"]) == set(LoaderInfo.__annotations__)
+    assert not reference.schema_problems((RunInfo, LoaderInfo))
+
+
+def test_a_run_key_without_its_attributes_entry_is_reported() -> None:
+    class Run(TypedDict, total=False):
+        """The run.
+
+        Attributes:
+            kept: Documented.
+        """
+
+        kept: int
+        lost: str
+
+    assert reference.schema_problems((Run,)) == ["Run.lost: no entry in its Attributes:"]
 
 
 def test_every_marker_expands() -> None:
