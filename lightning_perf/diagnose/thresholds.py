@@ -41,6 +41,12 @@ DATALOADER_CRITICAL = 0.30
 # in-memory DataLoader's `next` take 0.1-0.5 ms (measured on the before/after example: 0.05-0.15 ms in the
 # DataLoader, ~0.3 ms in the loop); below 1 ms no DataLoader setting has anything to remove.
 DATALOADER_MIN_WAIT = 1e-3
+# A DataLoader setting tried on the run's own data (issue 48) is advised only where the advised loader fetched
+# batches at least 1.1x as fast as the current one: our judgment, from the trial's own noise. Alternated
+# repetitions of the same setting against itself on a 2-CPU machine shared with other work differ by up to
+# 5-8% (the median of 8 batches each), so a smaller gain cannot be told from the noise, and a gain of a few
+# percent is worth no extra processes and memory.
+ADVICE_TRIAL_MIN_GAIN = 1.1
 
 # --- host_sync ------------------------------------------------------------------------------------------
 # One blocking sync per step (a `.item()` on the loss, a `print(loss)`) is enough to drain the CUDA queue:
@@ -318,6 +324,8 @@ class Thresholds:
     Args:
         dataloader_warning, dataloader_critical: ``dataloader_bound``: data wait / step time.
         dataloader_min_wait: ``dataloader_bound``: and the mean data wait per batch reaches this (seconds).
+        advice_trial_min_gain: ``dataloader_bound``: a DataLoader setting tried on the run's data is advised only
+            where its batches came this many times as fast as the current settings'; else it is withdrawn.
         host_sync_per_step: ``host_sync``: host-device synchronizations per step.
         host_sync_idle: ``host_sync``: device idle time inside those syncs / step time.
         host_sync_min_idle: ``host_sync``: and that idle time reaches this per step (seconds).
@@ -396,6 +404,7 @@ class Thresholds:
     dataloader_warning: float = declared(FRACTION, DATALOADER_WARNING)
     dataloader_critical: float = declared(FRACTION, DATALOADER_CRITICAL)
     dataloader_min_wait: float = declared(SECONDS, DATALOADER_MIN_WAIT)
+    advice_trial_min_gain: float = declared(RATIO, ADVICE_TRIAL_MIN_GAIN)
     host_sync_per_step: float = declared(NON_NEGATIVE, HOST_SYNC_PER_STEP)
     host_sync_idle: float = declared(FRACTION, HOST_SYNC_IDLE)
     host_sync_min_idle: float = declared(SECONDS, HOST_SYNC_MIN_IDLE)

@@ -1,0 +1,197 @@
+"""
+DataLoader trials
+=================
+
+An advised DataLoader setting tried on the run's own dataset, side by side with the current settings (issue 48,
+"What is tried" 1): what :mod:`~lightning_perf.diagnose.advice_tried` reports instead of the rule's prediction.
+
+Notes:
+    1. Two new ``DataLoader`` s over the same map-style dataset, ``batch_size``, ``collate_fn``, ``drop_last``,
+       ``worker_init_fn``, ``timeout`` and multiprocessing context: the current settings, and the same with the
+       advised ones. Their indices are a fixed sequence, the dataset's first :data:`TRIAL_WARMUP` +
+       :data:`TRIAL_BATCHES` batches in order (wrapping round a smaller dataset), never the training's sampler,
+       whose generator must not move; each loader draws its workers' base seed from a private generator.
+    2. :data:`TRIAL_REPETITIONS` repetitions, the two loaders alternating (current first, then advised first):
+       each builds its loader, fetches its warm-up batch (the workers' start-up), then times each of the next
+       :data:`TRIAL_BATCHES` batches' fetch (``next`` on the iterator, wall time), and stops its workers. Nothing
+       consumes the batches between fetches, so a loader with workers is timed at the pace its workers deliver.
+    3. The medians are over every timed batch of a setting; the ratio is ``current / advised``; the spread is the
+       lowest and highest of the repetitions' own ratios (each of their medians).
+    4. Every random stream the dataset's ``__getitem__`` or the DataLoader could draw from is saved before the
+       trial and put back after it (:func:`kept_random_state`): torch's CPU generator, CUDA's (where it was
+       initialized), numpy's global one and Python's ``random``. The training goes on bit-identical.
+    5. Not tried (:func:`untriable`): an ``IterableDataset`` (it is read as a stream: a trial would read other
+       items than the training, or consume them), a dataset without ``__len__`` (no indices to choose), a
+       DataLoader whose batches a ``batch_sampler`` makes (no ``batch_size`` to rebuild them with).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_perf.trial_records import AdviceTrial
+
+TRIAL_BATCHES = 8
+"""Batches timed per setting per repetition: a few dozen in all (Notes 2). Our judgment: the median of 8 fetches
+of a loader with workers covers several rounds of its workers' prefetch."""
+
+TRIAL_REPETITIONS = 3
+"""Repetitions of the pair (Notes 2): enough for a spread, at the cost of starting the workers this many times."""
+
+TRIAL_WARMUP = 1
+"""Untimed batches at each repetition's start: the first waits for the workers to start."""
+
+
+def untriable(loader: Any) -> str | None:
+    """Why ``loader``'s dataset cannot be tried (Notes 5); ``None`` where it can."""
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None:
+        return "the DataLoader has no dataset"
+    if isinstance(dataset, IterableDataset):
+        return (
+            "an `IterableDataset` is read as a stream: a trial would read other samples than the training, or use"
+            " them up"
+        )
+    try:
+        length = len(dataset)
+    except (TypeError, NotImplementedError):
+        return "the dataset has no `__len__`, so no indices to read in a trial"
+    if length <= 0:
+        return "the dataset is empty"
+    if getattr(loader, "batch_size", None) is None:
+        return "a `batch_sampler` makes the batches, and a trial has no `batch_size` to rebuild them with"
+    return None
+
+
+@contextlib.contextmanager
+def kept_random_state() -> Iterator[None]:
+    """Saves every random stream the trial could draw from, and puts each back after it (Notes 4)."""
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    py = random.getstate()
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
+        np = None  # type: ignore[assignment]
+    npy = np.random.get_state() if np is not None else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        random.setstate(py)
+        if np is not None and npy is not None:
+            np.random.set_state(npy)
+
+
+def trial_loader(loader: DataLoader, indices: list[int], setting: Mapping[str, Any]) -> DataLoader:
+    """A new DataLoader over ``loader``'s dataset and batching, reading ``indices`` in order, with ``setting`` over
+    its worker settings (Notes 1)."""
+    workers = int(setting.get("num_workers", loader.num_workers))
+    kwargs: dict[str, Any] = {
+        "batch_size": loader.batch_size,
+        "sampler": indices,
+        "collate_fn": loader.collate_fn,
+        "drop_last": loader.drop_last,
+        "num_workers": workers,
+        "pin_memory": bool(setting.get("pin_memory", loader.pin_memory)),
+        "generator": torch.Generator().manual_seed(0),  # the workers' base seed: not torch's global generator
+    }
+    if workers:
+        kwargs["timeout"] = loader.timeout
+        kwargs["worker_init_fn"] = loader.worker_init_fn
+        kwargs["multiprocessing_context"] = loader.multiprocessing_context
+        kwargs["persistent_workers"] = bool(setting.get("persistent_workers", loader.persistent_workers))
+        kwargs["prefetch_factor"] = setting.get("prefetch_factor", loader.prefetch_factor or 2)
+    return DataLoader(loader.dataset, **kwargs)
+
+
+def fetch_times(loader: DataLoader, warmup: int, clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Each batch's fetch after the first ``warmup`` (seconds), the loader read to its end; its workers stopped."""
+    iterator = iter(loader)
+    times: list[float] = []
+    try:
+        for _ in range(warmup):
+            next(iterator)
+        while True:
+            start = clock()
+            try:
+                next(iterator)
+            except StopIteration:
+                break
+            times.append(clock() - start)
+    finally:
+        shutdown = getattr(iterator, "_shutdown_workers", None)  # persistent workers stay up until told
+        if shutdown is not None:
+            shutdown()
+    return times
+
+
+def try_loader_setting(
+    loader: DataLoader,
+    setting: Mapping[str, Any],
+    *,
+    rule: str,
+    written: str,
+    epoch: int,
+    batches: int = TRIAL_BATCHES,
+    repetitions: int = TRIAL_REPETITIONS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> AdviceTrial:
+    """``setting`` tried against ``loader``'s current settings (module Notes), as ``rule``'s advice ``written``.
+
+    Args:
+        loader: The training DataLoader.
+        setting: The advised arguments (``{"num_workers": 2, "persistent_workers": True}``).
+        rule: The rule whose advice it is.
+        written: The setting as the advice writes it.
+        epoch: The training epoch it is tried at the end of.
+        batches: Batches timed per setting per repetition.
+        repetitions: Repetitions of the pair.
+        clock: Seconds, monotonic.
+    """
+    started = clock()
+    why = untriable(loader)
+    if why is not None:
+        return AdviceTrial(rule=rule, setting=written, epoch=epoch, untried=why)
+    length = len(loader.dataset)  # type: ignore[arg-type]
+    indices = [i % length for i in range((TRIAL_WARMUP + batches) * int(loader.batch_size or 1))]
+    timed: dict[str, list[float]] = {"current": [], "advised": []}
+    ratios = []
+    with kept_random_state(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the user's DataLoader warnings were said by the training's own loader
+        for rep in range(repetitions):
+            medians = {}
+            order = ("current", "advised") if rep % 2 == 0 else ("advised", "current")
+            for name in order:
+                made = trial_loader(loader, indices, setting if name == "advised" else {})
+                times = fetch_times(made, TRIAL_WARMUP, clock)
+                del made
+                timed[name] += times
+                medians[name] = statistics.median(times) if times else 0.0
+            if medians["advised"] > 0:
+                ratios.append(medians["current"] / medians["advised"])
+    current = statistics.median(timed["current"]) if timed["current"] else 0.0
+    advised = statistics.median(timed["advised"]) if timed["advised"] else 0.0
+    return AdviceTrial(
+        rule=rule,
+        setting=written,
+        epoch=epoch,
+        current=current,
+        advised=advised,
+        ratio=current / advised if advised > 0 else None,
+        spread=(min(ratios), max(ratios)) if ratios else None,
+        batches=len(timed["advised"]),
+        repetitions=repetitions,
+        seconds=clock() - started,
+    )

@@ -1,0 +1,142 @@
+"""
+Advice trials
+=============
+
+When the callback tries a finding's advised setting on the run's own data, and where the result goes (issue 48).
+
+Notes:
+    1. A training epoch's diagnosis (on rank zero) asks :meth:`AdviceTrials.attempt` after the rules ran. A
+       ``dataloader_bound`` finding (warning or critical) whose advice sets a triable DataLoader setting
+       (:func:`~lightning_perf.diagnose.advice_tried.advised_setting`) is tried once per run
+       (:func:`~lightning_perf.collect.loader_trial.try_loader_setting`) and the epoch is diagnosed again with the
+       record, so that its advice reports the measurement.
+    2. **The budget.** A trial is profiling work the budget pays for: it runs only where its estimated cost (the
+       epoch's data wait per batch, for every batch it fetches, and :data:`~lightning_perf.diagnose.loader_advice.
+       WORKER_STARTUP_GUESS` per worker started) fits ``profile_budget`` of the run's wall time so far or of its
+       plan, where longer (:func:`~lightning_perf.budget.trial_fits`), and its measured wall time is charged.
+       Where it does not fit, the finding says the advice is untried and why, and a later epoch asks again.
+    3. A dataset the trial cannot read (an ``IterableDataset``, no ``__len__``) is recorded as untried, once. A
+       trial that raises is warned of once (re-raised under ``strict``), recorded as untried, and training goes on.
+    4. The record is ``run.advice_trials.<rule>`` in ``perf_report.json``; the diagnosis reads it back from there
+       (:func:`~lightning_perf.diagnosis_context.advice_trials`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lightning_perf.budget import ProfilingBudget, trial_fits
+from lightning_perf.collect.loader_trial import TRIAL_BATCHES, TRIAL_REPETITIONS, TRIAL_WARMUP, try_loader_setting
+from lightning_perf.collect.run_info import first_dataloader, stage_dataloaders
+from lightning_perf.diagnose.advice_tried import advised_setting, loader_setting
+from lightning_perf.diagnose.loader_advice import WORKER_STARTUP_GUESS
+from lightning_perf.diagnose.model import Finding
+from lightning_perf.hooks.error_policy import ErrorPolicy
+from lightning_perf.records import EpochSummary
+from lightning_perf.trial_records import AdviceTrial
+from lightning_perf.units import limit, seconds_or_ms
+
+RULE = "dataloader_bound"
+
+
+def trial_estimate(wait: float, current_workers: int, setting: dict[str, Any]) -> float:
+    """What a DataLoader trial should cost, in seconds (Notes 2): every batch it fetches at ``wait`` (the epoch's
+    data wait per batch, an upper bound for the faster setting) and each worker it starts."""
+    fetched = 2 * TRIAL_REPETITIONS * (TRIAL_WARMUP + TRIAL_BATCHES)
+    workers = TRIAL_REPETITIONS * (current_workers + int(setting.get("num_workers", current_workers)))
+    return fetched * max(wait, 0.0) + workers * WORKER_STARTUP_GUESS
+
+
+class AdviceTrials:
+    """The run's advice trials: which finding's setting to try, when the budget lets it, and the records.
+
+    Args:
+        budget: The run's profiling budget, which a trial asks and is charged to.
+        policy: Where a trial's failure goes.
+        enabled: ``PerfCallback(try_advice=...)``.
+        clock: Seconds, monotonic (the budget's clock).
+    """
+
+    def __init__(
+        self,
+        budget: ProfilingBudget,
+        policy: ErrorPolicy,
+        *,
+        enabled: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._budget = budget
+        self._policy = policy
+        self.enabled = enabled
+        self._clock = clock
+        self._done = False  # tried, or found untriable: never again in this run
+
+    def due(self, summary: EpochSummary, findings: Sequence[Finding]) -> str | None:
+        """The advised setting to try after this epoch's ``findings`` (as the advice writes it), or ``None``."""
+        if not self.enabled or self._done or summary.stage != "train":
+            return None
+        for finding in findings:
+            if finding.id == RULE and finding.severity in ("warning", "critical"):
+                return advised_setting(finding.advice)
+        return None
+
+    def attempt(self, trainer: Any, summary: EpochSummary, findings: Sequence[Finding], run: dict[str, Any]) -> bool:
+        """Tries the setting :meth:`due` names, where the budget has room (Notes 2), and keeps its record in
+        ``run["advice_trials"]``; whether a new record was kept (the epoch is then diagnosed again)."""
+        written = self.due(summary, findings)
+        if written is None:
+            return False
+        setting = loader_setting(written) or {}
+        loader = first_dataloader(stage_dataloaders(trainer, "train"))
+        if loader is None:
+            return False
+        wait = summary.data_wait / max(summary.measured_batches, 1)
+        estimate = trial_estimate(wait, int(loader.num_workers), setting)
+        record = self._room(summary, written, estimate, trainer)
+        if record is None:
+            record = self._try(loader, setting, written, summary.epoch)
+            self._budget.charge(record.seconds)
+            self._done = True
+        run.setdefault("advice_trials", {})[RULE] = record.as_dict()
+        return True
+
+    def _room(self, summary: EpochSummary, written: str, estimate: float, trainer: Any) -> AdviceTrial | None:
+        """``None`` where the trial fits the budget; else the untried record that says why."""
+        budget = self._budget
+        spent, elapsed = budget.cost(self._clock()).seconds, budget.elapsed(self._clock())
+        planned = _planned_seconds(trainer, summary)
+        if trial_fits(budget.share, spent, estimate, max(elapsed, planned)):
+            return None
+        why = (
+            f"the profiling budget ({limit(budget.share or 0.0)} of the run's time) has no room for a trial of about"
+            f" {seconds_or_ms(estimate)}; `PerfCallback(profile_budget=...)` sets it"
+        )
+        return AdviceTrial(rule=RULE, setting=written, epoch=summary.epoch, untried=why)
+
+    def _try(self, loader: Any, setting: dict[str, Any], written: str, epoch: int) -> AdviceTrial:
+        try:
+            return try_loader_setting(loader, setting, rule=RULE, written=written, epoch=epoch, clock=self._clock)
+        except Exception as err:
+            if self._policy.strict:
+                raise
+            self._policy.warn_once(
+                f"trial:{RULE}",
+                f"PerfCallback: trying `DataLoader({written})` on the training data failed ({type(err).__name__}:"
+                f" {err}); the advice stays a prediction, and training goes on.",
+            )
+            return AdviceTrial(
+                rule=RULE, setting=written, epoch=epoch, untried=f"the trial failed: {type(err).__name__}"
+            )
+
+
+def _planned_seconds(trainer: Any, summary: EpochSummary) -> float:
+    """The fit's planned training time: its planned batches at the epoch's median step (0 where unknown)."""
+    max_epochs = trainer.max_epochs if trainer.max_epochs is not None else -1
+    batches = trainer.num_training_batches * max_epochs if max_epochs >= 0 else math.inf
+    if trainer.max_steps is not None and trainer.max_steps >= 0:
+        batches = min(batches, trainer.max_steps)
+    step = summary.step_time_p50 or 0.0
+    return 0.0 if math.isinf(batches) or not step else float(batches) * step
