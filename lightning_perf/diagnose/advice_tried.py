@@ -61,19 +61,29 @@ def tried_advice(
     """The advice ``lines`` of ``rule`` with its trial's result, and whether the trial withdrew the setting.
 
     Notes:
-        1. No trial of the setting the lines advise (none ran, or it tried another setting): unchanged.
+        1. No trial of ``rule``'s advice, or one of other arguments (``pin_memory`` tried, ``num_workers``
+           advised now): unchanged.
         2. Not tried: a sentence after the setting's says why (the advice stays a prediction).
-        3. Tried, at least ``min_gain`` times as fast: the measurement leads the advice.
-        4. Tried, slower than that: the setting's sentence is replaced by the measurement and "not advised".
+        3. The setting advised was tried and was at least ``min_gain`` times as fast: the measurement leads the
+           advice, in place of the prediction.
+        4. It was tried and was slower than that: the setting's sentence is replaced by the measurement and "not
+           advised".
+        5. The same arguments with other values were tried (the advice, predicted anew each epoch, moved from
+           ``num_workers=3`` to ``4``): the measurement of the setting tried leads, and the advice stays as it is.
     """
     setting = advised_setting(lines)
     trial = trials.get(rule)
-    if setting is None or trial is None or trial.setting != setting:
+    if (
+        setting is None
+        or trial is None
+        or set(loader_setting(trial.setting) or ()) != set(loader_setting(setting) or ())
+    ):
         return lines, False
     at = next(i for i, line in enumerate(lines) if f"`DataLoader({setting})`" in line)
     if trial.untried is not None or trial.ratio is None or trial.current is None or trial.advised is None:
-        why = trial.untried or "no measurement"
-        note = f"This is a prediction: `{setting}` was not tried on this run ({why})."
+        if trial.setting != setting:
+            return lines, False
+        note = f"This is a prediction: `{setting}` was not tried on this run ({trial.untried or 'no measurement'})."
         return [*lines[: at + 1], note, *lines[at + 1 :]], False
     spread = (
         f", {times(trial.spread[0])}-{times(trial.spread[1])} over {plural(trial.repetitions, 'repetition')}"
@@ -81,17 +91,20 @@ def tried_advice(
         else ""
     )
     cost = f"; the trial took {seconds_or_ms(trial.seconds)}"
+    same = trial.setting == setting
     if trial.ratio >= min_gain:
         measured = (
-            f"Tried on {_batches(trial.batches)} of your data: `{setting}` loads a batch in"
+            f"Tried on {_batches(trial.batches)} of your data: `{trial.setting}` loads a batch in"
             f" {ms(trial.advised)} against {ms(trial.current)} now ({times(trial.ratio)}{spread}{cost})."
         )
-        return [measured, *(_PREDICTED.sub("", line) for line in lines)], False
-    withdrawn = (
-        f"Tried `{setting}` on {_batches(trial.batches)} of your data: {times(trial.ratio)}"
-        f" ({ms(trial.advised)} a batch against {ms(trial.current)} now{spread}{cost}), no gain; not advised."
+        return [measured, *(_PREDICTED.sub("", line) if same else line for line in lines)], False
+    measured = (
+        f"Tried `{trial.setting}` on {_batches(trial.batches)} of your data: {times(trial.ratio)}"
+        f" ({ms(trial.advised)} a batch against {ms(trial.current)} now{spread}{cost}), no gain"
     )
-    return [*lines[:at], withdrawn, *lines[at + 1 :]], True
+    if not same:
+        return [f"{measured}.", *lines], False
+    return [*lines[:at], f"{measured}; not advised.", *lines[at + 1 :]], True
 
 
 def _batches(n: int) -> str:

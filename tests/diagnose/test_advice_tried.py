@@ -83,7 +83,7 @@ def test_an_untried_setting_says_it_is_a_prediction_and_why():
     assert f.severity == "critical" and settings(f.advice) == {"num_workers": 2, "persistent_workers": True}
 
 
-@pytest.mark.parametrize("other", ["num_workers=4, persistent_workers=True", "pin_memory=True"])
+@pytest.mark.parametrize("other", ["pin_memory=True", "num_workers=4"])
 def test_a_trial_of_another_setting_leaves_the_advice_as_it_was(other):
     assert judge({"dataloader_bound": tried(0.5, setting=other)}).advice == judge({}).advice
 
@@ -91,3 +91,16 @@ def test_a_trial_of_another_setting_leaves_the_advice_as_it_was(other):
 def test_the_record_goes_through_the_reports_json_and_back():
     record = tried(2.5)
     assert AdviceTrial.from_dict({**record.as_dict(), "later_key": 1}) == record
+
+
+def test_a_trial_of_the_same_arguments_with_other_values_leads_and_leaves_the_advice():
+    # The advice is predicted anew each epoch: 3 workers tried at one epoch's end, 2 advised at the next.
+    other = "num_workers=3, persistent_workers=True"
+    f = judge({"dataloader_bound": tried(2.6, setting=other)})
+    assert f.advice.startswith(f"Tried on 24 batches of your data: `{other}` loads a batch in 4.65 ms")
+    assert settings(f.advice) == {"num_workers": 2, "persistent_workers": True} and f.severity == "critical"
+    slower = judge({"dataloader_bound": tried(0.9, setting=other)})
+    assert (
+        slower.advice.startswith(f"Tried `{other}` on 24 batches of your data: 0.90x") and "no gain." in slower.advice
+    )
+    assert settings(slower.advice) == {"num_workers": 2, "persistent_workers": True}  # not what was tried
