@@ -45,7 +45,8 @@ DATALOADER_MIN_WAIT = 1e-3
 # batches at least 1.1x as fast as the current one: our judgment, from the trial's own noise. Alternated
 # repetitions of the same setting against itself on a 2-CPU machine shared with other work differ by up to
 # 5-8% (the median of 8 batches each), so a smaller gain cannot be told from the noise, and a gain of a few
-# percent is worth no extra processes and memory.
+# percent is worth no extra processes and memory. A trial any of whose repetitions found the setting slower
+# (a ratio below 1) shows no gain either, whatever its overall ratio (diagnose/advice_tried.py, Notes 4).
 ADVICE_TRIAL_MIN_GAIN = 1.1
 
 # --- host_sync ------------------------------------------------------------------------------------------

@@ -11,9 +11,10 @@ Notes:
        (:func:`~lightning_perf.collect.loader_trial.try_loader_setting`) and the epoch is diagnosed again with the
        record, so that its advice reports the measurement.
     2. **The budget.** A trial is profiling work the budget pays for: it runs only where its estimated cost (the
-       epoch's data wait per batch, for every batch it fetches, and :data:`~lightning_perf.diagnose.loader_advice.
-       WORKER_STARTUP_GUESS` per worker started) fits ``profile_budget`` of the run's wall time so far or of its
-       plan, where longer (:func:`~lightning_perf.budget.trial_fits`), and its measured wall time is charged.
+       epoch's data wait and compute per batch, for every batch it fetches, and
+       :data:`~lightning_perf.diagnose.loader_advice.WORKER_STARTUP_GUESS` per worker started) fits
+       ``profile_budget`` of the run's wall time so far or of its plan, where longer
+       (:func:`~lightning_perf.budget.trial_fits`), and its measured wall time is charged.
        Where it does not fit, the finding says the advice is untried and why, and a later epoch asks again.
     3. A dataset the trial cannot read (an ``IterableDataset``, no ``__len__``) is recorded as untried, once. A
        trial that raises is warned of once (re-raised under ``strict``), recorded as untried, and training goes on.
@@ -40,14 +41,19 @@ from lightning_perf.trial_records import AdviceTrial
 from lightning_perf.units import limit, seconds_or_ms
 
 RULE = "dataloader_bound"
+PREFETCH_GUESS = 2
+"""The batches each worker holds in advance, for the estimate: the DataLoader's default ``prefetch_factor``."""
 
 
-def trial_estimate(wait: float, current_workers: int, setting: dict[str, Any]) -> float:
+def trial_estimate(wait: float, compute: float, current_workers: int, setting: dict[str, Any]) -> float:
     """What a DataLoader trial should cost, in seconds (Notes 2): every batch it fetches at ``wait`` (the epoch's
-    data wait per batch, an upper bound for the faster setting) and each worker it starts."""
-    fetched = 2 * TRIAL_REPETITIONS * (TRIAL_WARMUP + TRIAL_BATCHES)
-    workers = TRIAL_REPETITIONS * (current_workers + int(setting.get("num_workers", current_workers)))
-    return fetched * max(wait, 0.0) + workers * WORKER_STARTUP_GUESS
+    data wait per batch, an upper bound for the faster setting) and ``compute`` (the step's, slept after each
+    fetch), and each worker it starts."""
+    advised = int(setting.get("num_workers", current_workers))
+    prefetch = PREFETCH_GUESS * (current_workers + advised)  # the warm-up batches the workers hold in advance
+    fetched = TRIAL_REPETITIONS * (2 * (TRIAL_WARMUP + TRIAL_BATCHES) + prefetch)
+    workers = TRIAL_REPETITIONS * (current_workers + advised)
+    return fetched * (max(wait, 0.0) + max(compute, 0.0)) + workers * WORKER_STARTUP_GUESS
 
 
 class AdviceTrials:
@@ -93,11 +99,12 @@ class AdviceTrials:
         loader = first_dataloader(stage_dataloaders(trainer, "train"))
         if loader is None:
             return False
-        wait = summary.data_wait / max(summary.measured_batches, 1)
-        estimate = trial_estimate(wait, int(loader.num_workers), setting)
+        measured = max(summary.measured_batches, 1)
+        wait, compute = summary.data_wait / measured, max(summary.step_time - summary.data_wait, 0.0) / measured
+        estimate = trial_estimate(wait, compute, int(loader.num_workers), setting)
         record = self._room(summary, written, estimate, trainer)
         if record is None:
-            record = self._try(loader, setting, written, summary.epoch)
+            record = self._try(loader, setting, written, summary.epoch, compute)
             self._budget.charge(record.seconds)
             self._done = True
         run.setdefault("advice_trials", {})[RULE] = record.as_dict()
@@ -116,9 +123,11 @@ class AdviceTrials:
         )
         return AdviceTrial(rule=RULE, setting=written, epoch=summary.epoch, untried=why)
 
-    def _try(self, loader: Any, setting: dict[str, Any], written: str, epoch: int) -> AdviceTrial:
+    def _try(self, loader: Any, setting: dict[str, Any], written: str, epoch: int, compute: float) -> AdviceTrial:
         try:
-            return try_loader_setting(loader, setting, rule=RULE, written=written, epoch=epoch, clock=self._clock)
+            return try_loader_setting(
+                loader, setting, rule=RULE, written=written, epoch=epoch, compute=compute, clock=self._clock
+            )
         except Exception as err:
             if self._policy.strict:
                 raise
