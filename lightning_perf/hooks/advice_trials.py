@@ -5,7 +5,8 @@ Advice trials
 When the callback tries a finding's advised setting on the run's own data, and where the result goes (issue 48).
 
 Notes:
-    1. A training epoch's diagnosis (on rank zero) asks :meth:`AdviceTrials.attempt` after the rules ran. A
+    1. A stage epoch's diagnosis (on rank zero) goes through :meth:`AdviceTrials.diagnose`: the rules run with the
+       run's trials so far, then :meth:`AdviceTrials.attempt` looks at a training epoch's findings. A
        ``dataloader_bound`` finding (warning or critical) whose advice sets a triable DataLoader setting
        (:func:`~lightning_perf.diagnose.advice_tried.advised_setting`) is tried once per run
        (:func:`~lightning_perf.collect.loader_trial.try_loader_setting`) and the epoch is diagnosed again with the
@@ -24,6 +25,7 @@ Notes:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +36,10 @@ from lightning_perf.collect.loader_trial import TRIAL_BATCHES, TRIAL_REPETITIONS
 from lightning_perf.collect.run_info import first_dataloader, stage_dataloaders
 from lightning_perf.diagnose.advice_tried import advised_setting, loader_setting
 from lightning_perf.diagnose.loader_advice import WORKER_STARTUP_GUESS
-from lightning_perf.diagnose.model import Finding
+from lightning_perf.diagnose.model import Finding, StageEpoch
+from lightning_perf.diagnose.registry import diagnose
+from lightning_perf.diagnose.thresholds import Thresholds
+from lightning_perf.diagnosis_context import advice_trials
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.records import EpochSummary
 from lightning_perf.trial_records import AdviceTrial
@@ -61,7 +66,8 @@ class AdviceTrials:
 
     Args:
         budget: The run's profiling budget, which a trial asks and is charged to.
-        policy: Where a trial's failure goes.
+        policy: Where a trial's failure goes, and a rule's.
+        thresholds: The rules' thresholds.
         enabled: ``PerfCallback(try_advice=...)``.
         clock: Seconds, monotonic (the budget's clock).
     """
@@ -70,15 +76,28 @@ class AdviceTrials:
         self,
         budget: ProfilingBudget,
         policy: ErrorPolicy,
+        thresholds: Thresholds | None = None,
         *,
         enabled: bool = True,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._budget = budget
         self._policy = policy
+        self._thresholds = thresholds
         self.enabled = enabled
         self._clock = clock
         self._done = False  # tried, or found untriable: never again in this run
+
+    def diagnose(self, context: StageEpoch, run: dict[str, Any], trainer: Any) -> list[Finding]:
+        """The epoch's findings, with the run's trials so far (``run["advice_trials"]``); a trial the findings call
+        for (:meth:`attempt`) runs, and the epoch is diagnosed again with its record (Notes 1)."""
+        stage = context.stage
+        context = dataclasses.replace(context, advice_trials=advice_trials(run, stage))
+        findings = diagnose(context, self._thresholds, on_error=self._policy.rule_failed)
+        if self.attempt(trainer, context.epoch, findings, run):  # the advice reports the measurement
+            context = dataclasses.replace(context, advice_trials=advice_trials(run, stage))
+            findings = diagnose(context, self._thresholds, on_error=self._policy.rule_failed)
+        return findings
 
     def due(self, summary: EpochSummary, findings: Sequence[Finding]) -> str | None:
         """The advised setting to try after this epoch's ``findings`` (as the advice writes it), or ``None``."""
