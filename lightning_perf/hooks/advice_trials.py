@@ -15,7 +15,9 @@ Notes:
        epoch's data wait and compute per batch, for every batch it fetches, and
        :data:`~lightning_perf.diagnose.loader_advice.WORKER_STARTUP_GUESS` per worker started) fits
        ``profile_budget`` of the run's wall time so far or of its plan, where longer
-       (:func:`~lightning_perf.budget.trial_fits`), and its measured wall time is charged.
+       (:func:`~lightning_perf.budget.trial_fits`), and its measured wall time is charged to the budget, and left
+       out of the training stage's report and measurement paces (:class:`~lightning_perf.hooks.log_pace.LogPace`),
+       which would otherwise hold back the next epochs' findings and group their measurement.
        Where it does not fit, the finding says the advice is untried and why, and a later epoch asks again.
     3. A dataset the trial cannot read (an ``IterableDataset``, no ``__len__``) is recorded as untried, once. A
        trial that raises is warned of once (re-raised under ``strict``), recorded as untried, and training goes on.
@@ -28,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lightning_perf.budget import ProfilingBudget, trial_fits
@@ -41,6 +43,7 @@ from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.diagnosis_context import advice_trials
 from lightning_perf.hooks.error_policy import ErrorPolicy
+from lightning_perf.hooks.stage_measure import StageMeasure
 from lightning_perf.records import EpochSummary
 from lightning_perf.trial_records import AdviceTrial
 from lightning_perf.units import limit, seconds_or_ms
@@ -68,6 +71,7 @@ class AdviceTrials:
         budget: The run's profiling budget, which a trial asks and is charged to.
         policy: Where a trial's failure goes, and a rule's.
         thresholds: The rules' thresholds.
+        stages: The stages' measures, whose paces leave a trial's time out (Notes 2).
         enabled: ``PerfCallback(try_advice=...)``.
         clock: Seconds, monotonic (the budget's clock).
     """
@@ -77,6 +81,7 @@ class AdviceTrials:
         budget: ProfilingBudget,
         policy: ErrorPolicy,
         thresholds: Thresholds | None = None,
+        stages: Mapping[str, StageMeasure] | None = None,
         *,
         enabled: bool = True,
         clock: Callable[[], float] = time.perf_counter,
@@ -84,6 +89,7 @@ class AdviceTrials:
         self._budget = budget
         self._policy = policy
         self._thresholds = thresholds
+        self._stages = stages or {}
         self.enabled = enabled
         self._clock = clock
         self._done = False  # tried, or found untriable: never again in this run
@@ -125,6 +131,9 @@ class AdviceTrials:
         if record is None:
             record = self._try(loader, setting, written, summary.epoch, compute)
             self._budget.charge(record.seconds)
+            if (st := self._stages.get("train")) is not None:  # the budget pays for it, not the epoch's reports
+                st.report_pace.leave_out(record.seconds)
+                st.measure_pace.leave_out(record.seconds)
             self._done = True
         run.setdefault("advice_trials", {})[RULE] = record.as_dict()
         return True

@@ -172,7 +172,7 @@ class EpochReporter:
         self._lines = ConsoleLines(config.verbose, flops=self.flops.not_counted)  # what the console says, and when
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
         self.memory = MemoryTracking(self.flops)  # what the model holds, after each training epoch's first batch
-        self.trials = AdviceTrials(self.budget, policy, config.thresholds, enabled=config.try_advice)
+        self.trials = AdviceTrials(self.budget, policy, config.thresholds, self.stages, enabled=config.try_advice)
         self.oom: Finding | None = None  # an out-of-memory error's finding, until its epoch is reported
         #: A batch's end has work to do (:meth:`batch_ended`): a plain attribute, read after every batch.
         self.batch_due = False
