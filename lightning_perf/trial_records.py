@@ -23,9 +23,10 @@ class AdviceTrial:
         rule: The rule whose advice was tried (``"dataloader_bound"``).
         setting: The advised setting as the advice writes it, e.g. ``"num_workers=2, persistent_workers=True"``.
         epoch: The training epoch at whose end it was tried (or found untriable).
-        compute: The step's compute per batch (seconds) the trial slept between fetches, as the step would take it.
-        current: The median wait for a batch with the current settings (seconds); ``None`` where not tried.
-        advised: The median wait for a batch with the advised setting (seconds); ``None`` where not tried.
+        compute: The step's compute per batch (seconds) the trial spent between fetches, as the step would.
+        current: The wait for a batch with the current settings (seconds: the median of the repetitions' mean waits);
+            ``None`` where not tried.
+        advised: The wait for a batch with the advised setting (seconds, as ``current``); ``None`` where not tried.
         ratio: ``current / advised``: how many times shorter the advised setting's wait is (below 1: longer).
         spread: The lowest and highest of the repetitions' own ratios.
         batches: The batches timed with each setting, all repetitions together.

@@ -14,15 +14,18 @@ Notes:
     2. :data:`TRIAL_REPETITIONS` repetitions, the two loaders alternating (current first, then advised first):
        each builds its loader, fetches its warm-up batch (the workers' start-up), then times each of the next
        :data:`TRIAL_BATCHES` batches' fetch (``next`` on the iterator, wall time), and stops its workers. After
-       each fetch the training process sleeps for the step's compute (the epoch's mean compute per batch), as the
-       step would take it: workers load the next batches meanwhile, as they do in training, so a fetch's time is
-       the wait the step would see. (Without it a loader with workers was timed at the pace they deliver to an
-       idle consumer: one worker on the wide model of ``tests/callback/test_advice_trial.py`` timed 0.99x, and
-       applied it shortened the wait 1.08x and the epoch 1.11x.) The sleep leaves the CPUs to the workers, which
-       the step's own threads would use: on a machine with no CPU to spare, the trial is optimistic for workers
-       that compute (the rule advises those only where a CPU is free).
-    3. The medians are over every timed batch of a setting; the ratio is ``current / advised``; the spread is the
-       lowest and highest of the repetitions' own ratios (each of their medians).
+       each fetch the training process spends the step's compute (the epoch's mean compute per batch) spinning on
+       a CPU, as a step on one thread would: workers load the next batches meanwhile, as they do in training, so
+       a fetch's time is the wait the step would see. (Timed against an idle consumer, one worker on a wide model
+       read 0.99x where applied it shortened the wait 1.08x and the epoch 1.11x; with the compute slept instead
+       of spun, which leaves the CPU to the workers, one worker over an in-memory ``TensorDataset`` read 1.24x and
+       1.76x where applied it made the epoch 0.89x and 0.83x as fast: ``benchmarks/advice_trial.py``.) A step on
+       several threads takes more CPUs than the spin: there the trial is optimistic for workers that compute.
+    3. Each repetition's wait of a setting is its mean over the timed batches: with workers the waits are
+       bimodal (none for a batch they loaded ahead, a long one when they fell behind), and their median read 12.3x
+       for 2 workers where applied they shortened the wait 3.5x (``benchmarks/advice_trial.py``). Each setting's
+       figure is the median of its repetitions' means; the ratio is ``current / advised``; the spread is the lowest
+       and highest of the repetitions' own ratios.
     4. Every random stream the dataset's ``__getitem__`` or the DataLoader could draw from is saved before the
        trial and put back after it (:func:`kept_random_state`): torch's CPU generator, CUDA's (where it was
        initialized), numpy's global one and Python's ``random``. The training goes on bit-identical.
@@ -55,10 +58,11 @@ TRIAL_REPETITIONS = 3
 
 TRIAL_WARMUP = 1
 """Untimed batches at each repetition's start: the first waits for the workers to start. A loader with workers
-warms up on as many more as its workers hold in advance (``num_workers * prefetch_factor``,
-:func:`warmup_batches`): those are loaded while the first waits, and timed they would show a steady state no
-training epoch reaches (4 workers on the sleepy dataset of ``tests/callback/test_advice_trial.py`` timed 10.8x
-with one warm-up batch, where applied they shortened the wait 4.8x)."""
+warms up on twice as many more as its workers hold in advance (``2 * num_workers * prefetch_factor``,
+:func:`warmup_batches`): those are loaded while the first waits, and a step faster than the workers drains them
+at the difference of the two paces, so timed they would show a steady state no training epoch reaches (4 workers
+on a dataset sleeping 5 ms a sample timed 10.8x with one warm-up batch, where applied they shortened the wait
+4.8x; 2 workers, with ``num_workers * prefetch_factor`` more, timed 9.2x against 2.8x applied)."""
 
 
 def untriable(loader: Any) -> str | None:
@@ -128,20 +132,27 @@ def trial_loader(loader: DataLoader, indices: list[int], setting: Mapping[str, A
 
 def warmup_batches(loader: DataLoader) -> int:
     """The untimed batches at the start of each of ``loader``'s passes (:data:`TRIAL_WARMUP`)."""
-    return TRIAL_WARMUP + loader.num_workers * (loader.prefetch_factor or 0)
+    return TRIAL_WARMUP + 2 * loader.num_workers * (loader.prefetch_factor or 0)
+
+
+def _compute(seconds: float, clock: Callable[[], float]) -> None:
+    """The step's compute, as the training process would spend it: on a CPU (a spin), not asleep (Notes 2)."""
+    end = clock() + seconds
+    while clock() < end:
+        pass
 
 
 def fetch_times(
     loader: DataLoader, warmup: int, compute: float = 0.0, clock: Callable[[], float] = time.perf_counter
 ) -> list[float]:
     """Each batch's fetch after the first ``warmup`` (seconds), the loader read to its end, ``compute`` seconds
-    slept after each fetch (the step's compute, Notes 2); its workers stopped."""
+    spent on the CPU after each fetch (the step's compute, Notes 2); its workers stopped."""
     iterator = iter(loader)
     times: list[float] = []
     try:
         for _ in range(warmup):
             next(iterator)
-            time.sleep(compute)
+            _compute(compute, clock)
         while True:
             start = clock()
             try:
@@ -149,7 +160,7 @@ def fetch_times(
             except StopIteration:
                 break
             times.append(clock() - start)
-            time.sleep(compute)
+            _compute(compute, clock)
     finally:
         shutdown = getattr(iterator, "_shutdown_workers", None)  # persistent workers stay up until told
         if shutdown is not None:
@@ -177,7 +188,7 @@ def try_loader_setting(
         rule: The rule whose advice it is.
         written: The setting as the advice writes it.
         epoch: The training epoch it is tried at the end of.
-        compute: The step's compute per batch (seconds), slept after each fetch (Notes 2).
+        compute: The step's compute per batch (seconds), spent after each fetch (Notes 2).
         batches: Batches timed per setting per repetition.
         repetitions: Repetitions of the pair.
         clock: Seconds, monotonic.
@@ -188,12 +199,13 @@ def try_loader_setting(
         return AdviceTrial(rule=rule, setting=written, epoch=epoch, untried=why)
     length = len(loader.dataset)  # type: ignore[arg-type]
     size = int(loader.batch_size or 1)
-    timed: dict[str, list[float]] = {"current": [], "advised": []}
+    timed: dict[str, list[float]] = {"current": [], "advised": []}  # each repetition's mean wait per batch
+    counted = 0
     ratios = []
     with kept_random_state(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the user's DataLoader warnings were said by the training's own loader
         for rep in range(repetitions):
-            medians = {}
+            means = {}
             order = ("current", "advised") if rep % 2 == 0 else ("advised", "current")
             for name in order:
                 arguments = setting if name == "advised" else {}
@@ -202,10 +214,11 @@ def try_loader_setting(
                 made = trial_loader(loader, indices, arguments)
                 times = fetch_times(made, warmup, compute, clock)
                 del made
-                timed[name] += times
-                medians[name] = statistics.median(times) if times else 0.0
-            if medians["advised"] > 0:
-                ratios.append(medians["current"] / medians["advised"])
+                means[name] = statistics.fmean(times) if times else 0.0
+                timed[name].append(means[name])
+                counted += len(times) if name == "advised" else 0
+            if means["advised"] > 0:
+                ratios.append(means["current"] / means["advised"])
     current = statistics.median(timed["current"]) if timed["current"] else 0.0
     advised = statistics.median(timed["advised"]) if timed["advised"] else 0.0
     return AdviceTrial(
@@ -217,7 +230,7 @@ def try_loader_setting(
         advised=advised,
         ratio=current / advised if advised > 0 else None,
         spread=(min(ratios), max(ratios)) if ratios else None,
-        batches=len(timed["advised"]),
+        batches=counted,
         repetitions=repetitions,
         seconds=clock() - started,
     )

@@ -92,8 +92,8 @@ def tried_advice(
         if trial.spread is not None
         else ""
     )
-    slept = f", the step's {ms(trial.compute)} of compute slept between batches" if trial.compute > 0 else ""
-    cost = f"{slept}; the trial took {seconds_or_ms(trial.seconds)}"
+    between = f", the step's {ms(trial.compute)} of compute between batches" if trial.compute > 0 else ""
+    cost = f"{between}; the trial took {seconds_or_ms(trial.seconds)}"
     same = trial.setting == setting
     if trial.ratio >= min_gain and (trial.spread is None or trial.spread[0] >= 1.0):
         measured = (

@@ -55,10 +55,10 @@ PREFETCH_GUESS = 2
 
 def trial_estimate(wait: float, compute: float, current_workers: int, setting: dict[str, Any]) -> float:
     """What a DataLoader trial should cost, in seconds (Notes 2): every batch it fetches at ``wait`` (the epoch's
-    data wait per batch, an upper bound for the faster setting) and ``compute`` (the step's, slept after each
+    data wait per batch, an upper bound for the faster setting) and ``compute`` (the step's, spent after each
     fetch), and each worker it starts."""
     advised = int(setting.get("num_workers", current_workers))
-    prefetch = PREFETCH_GUESS * (current_workers + advised)  # the warm-up batches the workers hold in advance
+    prefetch = 2 * PREFETCH_GUESS * (current_workers + advised)  # warm-up past what the workers hold in advance
     fetched = TRIAL_REPETITIONS * (2 * (TRIAL_WARMUP + TRIAL_BATCHES) + prefetch)
     workers = TRIAL_REPETITIONS * (current_workers + advised)
     return fetched * (max(wait, 0.0) + max(compute, 0.0)) + workers * WORKER_STARTUP_GUESS

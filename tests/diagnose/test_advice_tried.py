@@ -62,7 +62,7 @@ def test_a_tried_gain_leads_the_advice_with_the_measurement_instead_of_the_predi
     assert f.advice.startswith(
         "Tried on 24 batches of your data: with `num_workers=2, persistent_workers=True` the step waits 3.78 ms"
         " for a batch against 12.10 ms now (3.20x, 2.88x-3.52x over 3 repetitions, the step's 1.00 ms of compute"
-        " slept between batches; the trial took 0.42 s)."
+        " between batches; the trial took 0.42 s)."
     )
     assert settings(f.advice) == {"num_workers": 2, "persistent_workers": True} and f.severity == "critical"
     assert "predicted data wait" not in f.advice
