@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning_perf import records, run_record, units
+from lightning_perf import records, run_record, trial_records, units
 from lightning_perf.cli import build_parser
 from lightning_perf.diagnose import thresholds as thresholds_module
 from lightning_perf.diagnose.registry import RULES, SUMMARY_RULES
@@ -49,6 +49,7 @@ REPORT_RECORDS: tuple[type, ...] = (
     records.GraphBreak,
     records.Recompile,
     records.ModelMemory,
+    trial_records.AdviceTrial,
 )
 
 #: The page whose sections the findings catalogue fills.

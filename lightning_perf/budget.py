@@ -40,7 +40,7 @@ class ProfilingCost:
     Attributes:
         budget: The share of the run's wall time windows may cost (``None``: no budget; every planned window
             opens).
-        seconds: What the windows and the FLOP count cost, measured (see :func:`window_cost`).
+        seconds: What the windows, the FLOP count and the advice trials cost, measured (see :func:`window_cost`).
         run_seconds: The run's wall time so far: its Trainer calls', setup to teardown.
         windows: The windows that opened.
         skipped: The planned windows the budget did not open.
@@ -154,6 +154,13 @@ class ProfilingBudget:
         self._closed_calls = float(state.get("run_seconds", 0.0))
         self._windows = int(state.get("windows", 0))
         self._skipped = int(state.get("skipped", 0))
+
+
+def trial_fits(share: float | None, spent: float, estimate: float, run_seconds: float) -> bool:
+    """Whether an advice trial of about ``estimate`` seconds fits the budget: what the profiling has cost so far
+    (``spent``) and the trial within ``share`` of ``run_seconds`` (the run's wall time so far, or its plan where
+    longer: :class:`~lightning_perf.hooks.advice_trials.AdviceTrials`). No budget (``share`` ``None``): it fits."""
+    return share is None or spent + max(estimate, 0.0) <= share * run_seconds
 
 
 def excess_time(step_times: Sequence[float], batches: Sequence[int], median: float) -> float:

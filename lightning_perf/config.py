@@ -208,6 +208,7 @@ class PerfConfig:
     peak_flops: float | None = declared(_PEAK_FLOPS, None)
     profile_budget: float | None = None  # resolved by build: "auto" is a number or None
     memory_history: bool = declared(_FLAG, False)
+    try_advice: bool = declared(_FLAG, True)
     #: The user chose the plan (a ``schedule`` or ``batches`` of their own), not the default schedule.
     chosen_plan: bool = False
 
@@ -277,6 +278,7 @@ class PerfConfig:
             profile_budget=None if budget is None else DEFAULT_PROFILE_BUDGET if budget == "auto" else float(budget),
             chosen_plan=chosen,
             memory_history=kwargs.get("memory_history", False),
+            try_advice=kwargs.get("try_advice", True),
         )
 
 

@@ -41,6 +41,7 @@ from lightning_perf.summarize.memory import checked_memory
 from lightning_perf.summarize.ranks import rank_cpu_waits, rank_waits, rank_work_times
 from lightning_perf.summarize.steps import percentile, pool_epochs, summarize_epoch
 from lightning_perf.traces import METADATA_KEY
+from lightning_perf.trial_records import AdviceTrial
 
 
 def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
@@ -102,6 +103,7 @@ def epoch_context(
     evidence_batches: int = EVIDENCE_BATCHES,
     fit_seconds: tuple[float, float] | None = None,
     collectives: Mapping[str, tuple[CollectiveStats, ...]] | None = None,
+    advice_trials: Mapping[str, AdviceTrial] | None = None,
 ) -> StageEpoch:
     """A measured stage epoch, as the rules see it: an epoch of fewer than ``evidence_batches`` measured batches
     is judged together with the latest epochs of ``history`` (:func:`~lightning_perf.summarize.steps.pool_epochs`)
@@ -124,6 +126,8 @@ def epoch_context(
         fit_seconds: For a training epoch, the training and the validation step time of the fit so far, this
             epoch included (``validation_heavy`` judges the fit's share).
         collectives: Each window's collectives, by the window's name.
+        advice_trials: The run's advice trials so far, by rule id (a training epoch's; ``run.advice_trials`` of a
+            report, through :func:`advice_trials`).
 
     Example::
 
@@ -149,7 +153,22 @@ def epoch_context(
         compile=compile,
         fit_seconds=fit_seconds,
         collectives=dict(collectives or {}),
+        advice_trials=dict(advice_trials or {}),
     )
+
+
+def advice_trials(run: Mapping[str, Any], stage: str) -> dict[str, AdviceTrial]:
+    """The advice trials a report's ``run`` holds (``run.advice_trials``), for ``stage``: the training DataLoader's
+    are the training stage's; a record the report cannot give back is left out."""
+    if stage != "train":
+        return {}
+    trials = {}
+    for rule, values in (run.get("advice_trials") or {}).items():
+        try:
+            trials[rule] = AdviceTrial.from_dict(values)
+        except (TypeError, ValueError):
+            continue
+    return trials
 
 
 def _recent(summary: EpochSummary, history: Sequence[EpochSummary], batches: int) -> list[EpochSummary]:

@@ -81,6 +81,8 @@ class RunInfo(TypedDict, total=False):
             counted.
         profiling: What the profiling cost so far: ``budget``, ``seconds``, ``run_seconds``, ``share``,
             ``windows``, ``skipped``, ``flops_held``.
+        advice_trials: Absent until a finding's advised setting is tried on the run's data (``PerfCallback(
+            try_advice=True)``): each trial's record (see AdviceTrial), by the rule whose advice it tried.
     """
 
     torch: str
@@ -107,3 +109,4 @@ class RunInfo(TypedDict, total=False):
     flops: dict[str, Any]
     memory: dict[str, Any]
     profiling: dict[str, Any]
+    advice_trials: dict[str, dict[str, Any]]

@@ -57,6 +57,7 @@ BAD_ARGUMENTS = [
     ({"profile_budget": "off"}, r"profile_budget must be .*, got 'off' \(string\)"),
     ({"strict": "yes"}, r"strict must be True, False or None \(from the environment\), got 'yes' \(string\)"),
     ({"memory_history": "on"}, r"memory_history must be True or False, got 'on' \(string\)"),
+    ({"try_advice": 1}, r"try_advice must be True or False, got 1 \(integer\)"),
 ]
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lightning_perf.records import CollectiveStats, CompileStats, EpochSummary, TraceSummary
+from lightning_perf.trial_records import AdviceTrial
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
@@ -78,6 +79,8 @@ class StageEpoch:
             compute overlapping (from its windows): who waits for whom.
         rank_cpu_waits: Per global rank of a distributed run, the share of its epoch its training thread waited
             for a CPU (``EpochSummary.cpu_wait_share``, rank zero's own included): the rules run on rank zero.
+        advice_trials: The run's advice trials so far, by rule id (:class:`~lightning_perf.trial_records.
+            AdviceTrial`): a rule whose advised setting was tried on the run's data reports the measurement.
     """
 
     epoch: EpochSummary
@@ -93,6 +96,7 @@ class StageEpoch:
     collectives: Mapping[str, tuple[CollectiveStats, ...]] = field(default_factory=dict)
     rank_waits: Mapping[int, float] | None = None
     rank_cpu_waits: Mapping[int, float] | None = None
+    advice_trials: Mapping[str, AdviceTrial] = field(default_factory=dict)
 
     @property
     def stage(self) -> str:

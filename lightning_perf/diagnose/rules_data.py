@@ -8,6 +8,7 @@ copy to it).
 
 from __future__ import annotations
 
+from lightning_perf.diagnose.advice_tried import tried_advice
 from lightning_perf.diagnose.busy_machine import busy_note, busy_share, idle_time, kept_note
 from lightning_perf.diagnose.loader_advice import loader_advice
 from lightning_perf.diagnose.loading import CPU_BOUND, Loading, loading, loading_evidence
@@ -69,6 +70,10 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            whose evidence is a count of calls per sample, which no busy machine changes: it is kept unless the
            wait per batch, as an idle machine could have it (:func:`~lightning_perf.diagnose.contention.
            idle_time`), is below ``dataloader_min_wait``.
+        9. Where the advised DataLoader setting was tried on the run's own data (``StageEpoch.advice_trials``,
+           :mod:`~lightning_perf.diagnose.advice_tried`), the advice leads with the measurement; a setting whose
+           trial was not ``advice_trial_min_gain`` times as fast is withdrawn, and the finding is ``info`` unless
+           per-sample loading holds it up; one that could not be tried says why.
     """
     epoch = ctx.epoch
     fraction = epoch.data_wait_fraction
@@ -115,6 +120,9 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         severity = "warning" if severity == "critical" else severity
     elif not advice.predicted_gain:
         severity = "info"
+    lines, withdrawn = tried_advice(ctx.advice_trials, "dataloader_bound", lines, t.advice_trial_min_gain)
+    if withdrawn and per_sample is None:
+        severity = "info"  # the trial measured no gain from the advised setting, and nothing else holds it up
     if (busy := busy_share(ctx, t)) is not None and severity != "info":
         if per_sample is not None:
             # Its calls per sample are no busy machine's doing, but their time is: judged on an idle machine's.

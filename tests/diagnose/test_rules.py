@@ -1374,7 +1374,7 @@ FORBIDDEN = {"torch", "lightning", "pytorch_lightning", "numpy"}
 # The package's modules below every layer (records, number formatting, value checks) may be imported.
 BELOW = [
     ROOT / "lightning_perf" / f"{name}.py"
-    for name in ("records", "compile_records", "units", "validation", "docstrings")
+    for name in ("records", "compile_records", "trial_records", "units", "validation", "docstrings")
 ]
 PURE = [*sorted((ROOT / "lightning_perf" / "diagnose").glob("*.py")), *BELOW]
 

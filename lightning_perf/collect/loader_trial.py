@@ -1,0 +1,236 @@
+"""
+DataLoader trials
+=================
+
+An advised DataLoader setting tried on the run's own dataset, side by side with the current settings (issue 48,
+"What is tried" 1): what :mod:`~lightning_perf.diagnose.advice_tried` reports instead of the rule's prediction.
+
+Notes:
+    1. Two new ``DataLoader`` s over the same map-style dataset, ``batch_size``, ``collate_fn``, ``drop_last``,
+       ``worker_init_fn``, ``timeout`` and multiprocessing context: the current settings, and the same with the
+       advised ones. Their indices are a fixed sequence, the dataset's first batches in order (its warm-up,
+       :func:`warmup_batches`, and :data:`TRIAL_BATCHES`; wrapping round a smaller dataset), never the training's
+       sampler, whose generator must not move; each loader draws its workers' base seed from a private generator.
+    2. :data:`TRIAL_REPETITIONS` repetitions, the two loaders alternating (current first, then advised first):
+       each builds its loader, fetches its warm-up batch (the workers' start-up), then times each of the next
+       :data:`TRIAL_BATCHES` batches' fetch (``next`` on the iterator, wall time), and stops its workers. After
+       each fetch the training process spends the step's compute (the epoch's mean compute per batch) spinning on
+       a CPU, as a step on one thread would: workers load the next batches meanwhile, as they do in training, so
+       a fetch's time is the wait the step would see. (Timed against an idle consumer, one worker on a wide model
+       read 0.99x where applied it shortened the wait 1.08x and the epoch 1.11x; with the compute slept instead
+       of spun, which leaves the CPU to the workers, one worker over an in-memory ``TensorDataset`` read 1.24x and
+       1.76x where applied it made the epoch 0.89x and 0.83x as fast: ``benchmarks/advice_trial.py``.) A step on
+       several threads takes more CPUs than the spin: there the trial is optimistic for workers that compute.
+    3. Each repetition's wait of a setting is its mean over the timed batches: with workers the waits are
+       bimodal (none for a batch they loaded ahead, a long one when they fell behind), and their median read 12.3x
+       for 2 workers where applied they shortened the wait 3.5x (``benchmarks/advice_trial.py``). Each setting's
+       figure is the median of its repetitions' means; the ratio is ``current / advised``; the spread is the lowest
+       and highest of the repetitions' own ratios.
+    4. Every random stream the dataset's ``__getitem__`` or the DataLoader could draw from is saved before the
+       trial and put back after it (:func:`kept_random_state`): torch's CPU generator, CUDA's (where it was
+       initialized), numpy's global one and Python's ``random``. The training goes on bit-identical.
+    5. Not tried (:func:`untriable`): an ``IterableDataset`` (it is read as a stream: a trial would read other
+       items than the training, or consume them), a dataset without ``__len__`` (no indices to choose), a
+       DataLoader whose batches a ``batch_sampler`` makes (no ``batch_size`` to rebuild them with).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_perf.trial_records import AdviceTrial
+
+TRIAL_BATCHES = 8
+"""Batches timed per setting per repetition: a few dozen in all (Notes 2). Our judgment: the median of 8 fetches
+of a loader with workers covers several rounds of its workers' prefetch."""
+
+TRIAL_REPETITIONS = 3
+"""Repetitions of the pair (Notes 2): enough for a spread, at the cost of starting the workers this many times."""
+
+TRIAL_WARMUP = 1
+"""Untimed batches at each repetition's start: the first waits for the workers to start. A loader with workers
+warms up on twice as many more as its workers hold in advance (``2 * num_workers * prefetch_factor``,
+:func:`warmup_batches`): those are loaded while the first waits, and a step faster than the workers drains them
+at the difference of the two paces, so timed they would show a steady state no training epoch reaches (4 workers
+on a dataset sleeping 5 ms a sample timed 10.8x with one warm-up batch, where applied they shortened the wait
+4.8x; 2 workers, with ``num_workers * prefetch_factor`` more, timed 9.2x against 2.8x applied)."""
+
+
+def untriable(loader: Any) -> str | None:
+    """Why ``loader``'s dataset cannot be tried (Notes 5); ``None`` where it can."""
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None:
+        return "the DataLoader has no dataset"
+    if isinstance(dataset, IterableDataset):
+        return (
+            "an `IterableDataset` is read as a stream: a trial would read other samples than the training, or use"
+            " them up"
+        )
+    try:
+        length = len(dataset)
+    except (TypeError, NotImplementedError):
+        return "the dataset has no `__len__`, so no indices to read in a trial"
+    if length <= 0:
+        return "the dataset is empty"
+    if getattr(loader, "batch_size", None) is None:
+        return "a `batch_sampler` makes the batches, and a trial has no `batch_size` to rebuild them with"
+    return None
+
+
+@contextlib.contextmanager
+def kept_random_state() -> Iterator[None]:
+    """Saves every random stream the trial could draw from, and puts each back after it (Notes 4)."""
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    py = random.getstate()
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
+        np = None  # type: ignore[assignment]
+    npy = np.random.get_state() if np is not None else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        random.setstate(py)
+        if np is not None and npy is not None:
+            np.random.set_state(npy)
+
+
+def trial_loader(loader: DataLoader, indices: list[int], setting: Mapping[str, Any]) -> DataLoader:
+    """A new DataLoader over ``loader``'s dataset and batching, reading ``indices`` in order, with ``setting`` over
+    its worker settings (Notes 1)."""
+    workers = int(setting.get("num_workers", loader.num_workers))
+    kwargs: dict[str, Any] = {
+        "batch_size": loader.batch_size,
+        "sampler": indices,
+        "collate_fn": loader.collate_fn,
+        "drop_last": loader.drop_last,
+        "num_workers": workers,
+        "pin_memory": bool(setting.get("pin_memory", loader.pin_memory)),
+        "generator": torch.Generator().manual_seed(0),  # the workers' base seed: not torch's global generator
+    }
+    if workers:
+        kwargs["timeout"] = loader.timeout
+        kwargs["worker_init_fn"] = loader.worker_init_fn
+        kwargs["multiprocessing_context"] = loader.multiprocessing_context
+        kwargs["persistent_workers"] = bool(setting.get("persistent_workers", loader.persistent_workers))
+        kwargs["prefetch_factor"] = setting.get("prefetch_factor", loader.prefetch_factor or 2)
+    return DataLoader(loader.dataset, **kwargs)
+
+
+def warmup_batches(loader: DataLoader) -> int:
+    """The untimed batches at the start of each of ``loader``'s passes (:data:`TRIAL_WARMUP`)."""
+    return TRIAL_WARMUP + 2 * loader.num_workers * (loader.prefetch_factor or 0)
+
+
+def _compute(seconds: float, clock: Callable[[], float]) -> None:
+    """The step's compute, as the training process would spend it: on a CPU (a spin), not asleep (Notes 2)."""
+    end = clock() + seconds
+    while clock() < end:
+        pass
+
+
+def fetch_times(
+    loader: DataLoader, warmup: int, compute: float = 0.0, clock: Callable[[], float] = time.perf_counter
+) -> list[float]:
+    """Each batch's fetch after the first ``warmup`` (seconds), the loader read to its end, ``compute`` seconds
+    spent on the CPU after each fetch (the step's compute, Notes 2); its workers stopped."""
+    iterator = iter(loader)
+    times: list[float] = []
+    try:
+        for _ in range(warmup):
+            next(iterator)
+            _compute(compute, clock)
+        while True:
+            start = clock()
+            try:
+                next(iterator)
+            except StopIteration:
+                break
+            times.append(clock() - start)
+            _compute(compute, clock)
+    finally:
+        shutdown = getattr(iterator, "_shutdown_workers", None)  # persistent workers stay up until told
+        if shutdown is not None:
+            shutdown()
+    return times
+
+
+def try_loader_setting(
+    loader: DataLoader,
+    setting: Mapping[str, Any],
+    *,
+    rule: str,
+    written: str,
+    epoch: int,
+    compute: float = 0.0,
+    batches: int = TRIAL_BATCHES,
+    repetitions: int = TRIAL_REPETITIONS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> AdviceTrial:
+    """``setting`` tried against ``loader``'s current settings (module Notes), as ``rule``'s advice ``written``.
+
+    Args:
+        loader: The training DataLoader.
+        setting: The advised arguments (``{"num_workers": 2, "persistent_workers": True}``).
+        rule: The rule whose advice it is.
+        written: The setting as the advice writes it.
+        epoch: The training epoch it is tried at the end of.
+        compute: The step's compute per batch (seconds), spent after each fetch (Notes 2).
+        batches: Batches timed per setting per repetition.
+        repetitions: Repetitions of the pair.
+        clock: Seconds, monotonic.
+    """
+    started = clock()
+    why = untriable(loader)
+    if why is not None:
+        return AdviceTrial(rule=rule, setting=written, epoch=epoch, untried=why)
+    length = len(loader.dataset)  # type: ignore[arg-type]
+    size = int(loader.batch_size or 1)
+    timed: dict[str, list[float]] = {"current": [], "advised": []}  # each repetition's mean wait per batch
+    counted = 0
+    ratios = []
+    with kept_random_state(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the user's DataLoader warnings were said by the training's own loader
+        for rep in range(repetitions):
+            means = {}
+            order = ("current", "advised") if rep % 2 == 0 else ("advised", "current")
+            for name in order:
+                arguments = setting if name == "advised" else {}
+                warmup = warmup_batches(trial_loader(loader, [], arguments))
+                indices = [i % length for i in range((warmup + batches) * size)]
+                made = trial_loader(loader, indices, arguments)
+                times = fetch_times(made, warmup, compute, clock)
+                del made
+                means[name] = statistics.fmean(times) if times else 0.0
+                timed[name].append(means[name])
+                counted += len(times) if name == "advised" else 0
+            if means["advised"] > 0:
+                ratios.append(means["current"] / means["advised"])
+    current = statistics.median(timed["current"]) if timed["current"] else 0.0
+    advised = statistics.median(timed["advised"]) if timed["advised"] else 0.0
+    return AdviceTrial(
+        rule=rule,
+        setting=written,
+        epoch=epoch,
+        compute=compute,
+        current=current,
+        advised=advised,
+        ratio=current / advised if advised > 0 else None,
+        spread=(min(ratios), max(ratios)) if ratios else None,
+        batches=counted,
+        repetitions=repetitions,
+        seconds=clock() - started,
+    )

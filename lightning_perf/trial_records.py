@@ -1,0 +1,65 @@
+"""
+Advice trials
+=============
+
+The record of an advised setting tried on the run's own data, side by side with the current one (issue 48):
+what the finding's advice reports instead of its prediction, and what ``perf_report.json`` keeps
+(``run.advice_trials``, by rule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdviceTrial:
+    """An advised setting tried once in the run, alternately with the current one, after a warm-up.
+
+    Attributes:
+        rule: The rule whose advice was tried (``"dataloader_bound"``).
+        setting: The advised setting as the advice writes it, e.g. ``"num_workers=2, persistent_workers=True"``.
+        epoch: The training epoch at whose end it was tried (or found untriable).
+        compute: The step's compute per batch (seconds) the trial spent between fetches, as the step would.
+        current: The wait for a batch with the current settings (seconds: the median of the repetitions' mean waits);
+            ``None`` where not tried.
+        advised: The wait for a batch with the advised setting (seconds, as ``current``); ``None`` where not tried.
+        ratio: ``current / advised``: how many times shorter the advised setting's wait is (below 1: longer).
+        spread: The lowest and highest of the repetitions' own ratios.
+        batches: The batches timed with each setting, all repetitions together.
+        repetitions: The repetitions, each timing both settings (their order alternating).
+        seconds: The trial's own wall time, charged to the profiling budget.
+        untried: Why the setting was not tried (``None``: it was).
+    """
+
+    rule: str
+    setting: str
+    epoch: int
+    compute: float = 0.0
+    current: float | None = None
+    advised: float | None = None
+    ratio: float | None = None
+    spread: tuple[float, float] | None = None
+    batches: int = 0
+    repetitions: int = 0
+    seconds: float = 0.0
+    untried: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values, for ``perf_report.json``."""
+        values = dataclasses.asdict(self)
+        values["spread"] = list(self.spread) if self.spread is not None else None
+        return values
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> AdviceTrial:
+        """The record :meth:`as_dict` wrote (keys it does not know are left out)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kept = {name: value for name, value in values.items() if name in known}
+        if kept.get("spread") is not None:
+            low, high = kept["spread"]
+            kept["spread"] = (float(low), float(high))
+        return cls(**kept)
