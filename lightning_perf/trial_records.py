@@ -23,9 +23,10 @@ class AdviceTrial:
         rule: The rule whose advice was tried (``"dataloader_bound"``).
         setting: The advised setting as the advice writes it, e.g. ``"num_workers=2, persistent_workers=True"``.
         epoch: The training epoch at whose end it was tried (or found untriable).
-        current: The median seconds to fetch a batch with the current settings; ``None`` where not tried.
-        advised: The median seconds to fetch a batch with the advised setting; ``None`` where not tried.
-        ratio: ``current / advised``: how many times as fast the advised setting is (below 1: slower).
+        compute: The step's compute per batch (seconds) the trial slept between fetches, as the step would take it.
+        current: The median wait for a batch with the current settings (seconds); ``None`` where not tried.
+        advised: The median wait for a batch with the advised setting (seconds); ``None`` where not tried.
+        ratio: ``current / advised``: how many times shorter the advised setting's wait is (below 1: longer).
         spread: The lowest and highest of the repetitions' own ratios.
         batches: The batches timed with each setting, all repetitions together.
         repetitions: The repetitions, each timing both settings (their order alternating).
@@ -36,6 +37,7 @@ class AdviceTrial:
     rule: str
     setting: str
     epoch: int
+    compute: float = 0.0
     current: float | None = None
     advised: float | None = None
     ratio: float | None = None

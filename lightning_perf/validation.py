@@ -221,3 +221,18 @@ def field_problems(
 def problems_message(owner: str, problems: Sequence[str]) -> str:
     """All of ``owner``'s problems in one message: a line naming it, then one line per problem."""
     return "\n".join([f"{owner} got invalid arguments:", *(f"  - {p}" for p in problems)])
+
+
+class class_or_instance_method:
+    """A method that receives the instance when called on one, and the class's defaults when called on it."""
+
+    def __init__(self, func: Any) -> None:
+        self.func = func
+        self.__doc__ = func.__doc__
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            return self.func(owner() if instance is None else instance, *args, **kwargs)
+
+        bound.__doc__ = self.func.__doc__
+        return bound

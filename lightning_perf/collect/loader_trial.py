@@ -8,13 +8,19 @@ An advised DataLoader setting tried on the run's own dataset, side by side with 
 Notes:
     1. Two new ``DataLoader`` s over the same map-style dataset, ``batch_size``, ``collate_fn``, ``drop_last``,
        ``worker_init_fn``, ``timeout`` and multiprocessing context: the current settings, and the same with the
-       advised ones. Their indices are a fixed sequence, the dataset's first :data:`TRIAL_WARMUP` +
-       :data:`TRIAL_BATCHES` batches in order (wrapping round a smaller dataset), never the training's sampler,
-       whose generator must not move; each loader draws its workers' base seed from a private generator.
+       advised ones. Their indices are a fixed sequence, the dataset's first batches in order (its warm-up,
+       :func:`warmup_batches`, and :data:`TRIAL_BATCHES`; wrapping round a smaller dataset), never the training's
+       sampler, whose generator must not move; each loader draws its workers' base seed from a private generator.
     2. :data:`TRIAL_REPETITIONS` repetitions, the two loaders alternating (current first, then advised first):
        each builds its loader, fetches its warm-up batch (the workers' start-up), then times each of the next
-       :data:`TRIAL_BATCHES` batches' fetch (``next`` on the iterator, wall time), and stops its workers. Nothing
-       consumes the batches between fetches, so a loader with workers is timed at the pace its workers deliver.
+       :data:`TRIAL_BATCHES` batches' fetch (``next`` on the iterator, wall time), and stops its workers. After
+       each fetch the training process sleeps for the step's compute (the epoch's mean compute per batch), as the
+       step would take it: workers load the next batches meanwhile, as they do in training, so a fetch's time is
+       the wait the step would see. (Without it a loader with workers was timed at the pace they deliver to an
+       idle consumer: one worker on the wide model of ``tests/callback/test_advice_trial.py`` timed 0.99x, and
+       applied it shortened the wait 1.08x and the epoch 1.11x.) The sleep leaves the CPUs to the workers, which
+       the step's own threads would use: on a machine with no CPU to spare, the trial is optimistic for workers
+       that compute (the rule advises those only where a CPU is free).
     3. The medians are over every timed batch of a setting; the ratio is ``current / advised``; the spread is the
        lowest and highest of the repetitions' own ratios (each of their medians).
     4. Every random stream the dataset's ``__getitem__`` or the DataLoader could draw from is saved before the
@@ -48,7 +54,11 @@ TRIAL_REPETITIONS = 3
 """Repetitions of the pair (Notes 2): enough for a spread, at the cost of starting the workers this many times."""
 
 TRIAL_WARMUP = 1
-"""Untimed batches at each repetition's start: the first waits for the workers to start."""
+"""Untimed batches at each repetition's start: the first waits for the workers to start. A loader with workers
+warms up on as many more as its workers hold in advance (``num_workers * prefetch_factor``,
+:func:`warmup_batches`): those are loaded while the first waits, and timed they would show a steady state no
+training epoch reaches (4 workers on the sleepy dataset of ``tests/callback/test_advice_trial.py`` timed 10.8x
+with one warm-up batch, where applied they shortened the wait 4.8x)."""
 
 
 def untriable(loader: Any) -> str | None:
@@ -116,13 +126,22 @@ def trial_loader(loader: DataLoader, indices: list[int], setting: Mapping[str, A
     return DataLoader(loader.dataset, **kwargs)
 
 
-def fetch_times(loader: DataLoader, warmup: int, clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Each batch's fetch after the first ``warmup`` (seconds), the loader read to its end; its workers stopped."""
+def warmup_batches(loader: DataLoader) -> int:
+    """The untimed batches at the start of each of ``loader``'s passes (:data:`TRIAL_WARMUP`)."""
+    return TRIAL_WARMUP + loader.num_workers * (loader.prefetch_factor or 0)
+
+
+def fetch_times(
+    loader: DataLoader, warmup: int, compute: float = 0.0, clock: Callable[[], float] = time.perf_counter
+) -> list[float]:
+    """Each batch's fetch after the first ``warmup`` (seconds), the loader read to its end, ``compute`` seconds
+    slept after each fetch (the step's compute, Notes 2); its workers stopped."""
     iterator = iter(loader)
     times: list[float] = []
     try:
         for _ in range(warmup):
             next(iterator)
+            time.sleep(compute)
         while True:
             start = clock()
             try:
@@ -130,6 +149,7 @@ def fetch_times(loader: DataLoader, warmup: int, clock: Callable[[], float] = ti
             except StopIteration:
                 break
             times.append(clock() - start)
+            time.sleep(compute)
     finally:
         shutdown = getattr(iterator, "_shutdown_workers", None)  # persistent workers stay up until told
         if shutdown is not None:
@@ -144,6 +164,7 @@ def try_loader_setting(
     rule: str,
     written: str,
     epoch: int,
+    compute: float = 0.0,
     batches: int = TRIAL_BATCHES,
     repetitions: int = TRIAL_REPETITIONS,
     clock: Callable[[], float] = time.perf_counter,
@@ -156,6 +177,7 @@ def try_loader_setting(
         rule: The rule whose advice it is.
         written: The setting as the advice writes it.
         epoch: The training epoch it is tried at the end of.
+        compute: The step's compute per batch (seconds), slept after each fetch (Notes 2).
         batches: Batches timed per setting per repetition.
         repetitions: Repetitions of the pair.
         clock: Seconds, monotonic.
@@ -165,7 +187,7 @@ def try_loader_setting(
     if why is not None:
         return AdviceTrial(rule=rule, setting=written, epoch=epoch, untried=why)
     length = len(loader.dataset)  # type: ignore[arg-type]
-    indices = [i % length for i in range((TRIAL_WARMUP + batches) * int(loader.batch_size or 1))]
+    size = int(loader.batch_size or 1)
     timed: dict[str, list[float]] = {"current": [], "advised": []}
     ratios = []
     with kept_random_state(), warnings.catch_warnings():
@@ -174,8 +196,11 @@ def try_loader_setting(
             medians = {}
             order = ("current", "advised") if rep % 2 == 0 else ("advised", "current")
             for name in order:
-                made = trial_loader(loader, indices, setting if name == "advised" else {})
-                times = fetch_times(made, TRIAL_WARMUP, clock)
+                arguments = setting if name == "advised" else {}
+                warmup = warmup_batches(trial_loader(loader, [], arguments))
+                indices = [i % length for i in range((warmup + batches) * size)]
+                made = trial_loader(loader, indices, arguments)
+                times = fetch_times(made, warmup, compute, clock)
                 del made
                 timed[name] += times
                 medians[name] = statistics.median(times) if times else 0.0
@@ -187,6 +212,7 @@ def try_loader_setting(
         rule=rule,
         setting=written,
         epoch=epoch,
+        compute=compute,
         current=current,
         advised=advised,
         ratio=current / advised if advised > 0 else None,

@@ -22,6 +22,7 @@ from lightning_perf.validation import (
     NON_NEGATIVE,
     RATIO,
     SECONDS,
+    class_or_instance_method,
     declared,
     field_problems,
     kinds_of,
@@ -41,11 +42,8 @@ DATALOADER_CRITICAL = 0.30
 # in-memory DataLoader's `next` take 0.1-0.5 ms (measured on the before/after example: 0.05-0.15 ms in the
 # DataLoader, ~0.3 ms in the loop); below 1 ms no DataLoader setting has anything to remove.
 DATALOADER_MIN_WAIT = 1e-3
-# A DataLoader setting tried on the run's own data (issue 48) is advised only where the advised loader fetched
-# batches at least 1.1x as fast as the current one: our judgment, from the trial's own noise. Alternated
-# repetitions of the same setting against itself on a 2-CPU machine shared with other work differ by up to
-# 5-8% (the median of 8 batches each), so a smaller gain cannot be told from the noise, and a gain of a few
-# percent is worth no extra processes and memory.
+# A DataLoader setting tried on the run's data (issue 48) is advised where the step's wait was 1.1x as short and no
+# repetition found it longer: our judgment (a few percent is within a shared machine's noise; not worth workers).
 ADVICE_TRIAL_MIN_GAIN = 1.1
 
 # --- host_sync ------------------------------------------------------------------------------------------
@@ -299,21 +297,6 @@ _ORDERED = (
 )
 
 
-class _class_or_instance_method:
-    """A method that receives the instance when called on one, and the class's defaults when called on it."""
-
-    def __init__(self, func: Any) -> None:
-        self.func = func
-        self.__doc__ = func.__doc__
-
-    def __get__(self, instance: Any, owner: type) -> Any:
-        def bound(*args: Any, **kwargs: Any) -> Any:
-            return self.func(owner() if instance is None else instance, *args, **kwargs)
-
-        bound.__doc__ = self.func.__doc__
-        return bound
-
-
 @dataclass(frozen=True, kw_only=True)
 class Thresholds:
     """The thresholds of every bottleneck rule; the defaults and their sources are in this module's comments.
@@ -324,8 +307,7 @@ class Thresholds:
     Args:
         dataloader_warning, dataloader_critical: ``dataloader_bound``: data wait / step time.
         dataloader_min_wait: ``dataloader_bound``: and the mean data wait per batch reaches this (seconds).
-        advice_trial_min_gain: ``dataloader_bound``: a DataLoader setting tried on the run's data is advised only
-            where its batches came this many times as fast as the current settings'; else it is withdrawn.
+        advice_trial_min_gain: ``dataloader_bound``: a setting tried on the run's data must shorten the wait this much.
         host_sync_per_step: ``host_sync``: host-device synchronizations per step.
         host_sync_idle: ``host_sync``: device idle time inside those syncs / step time.
         host_sync_min_idle: ``host_sync``: and that idle time reaches this per step (seconds).
@@ -473,7 +455,7 @@ class Thresholds:
         """Every threshold's name, in declaration order."""
         return tuple(f.name for f in fields(cls))
 
-    @_class_or_instance_method
+    @class_or_instance_method
     def with_overrides(self, overrides: Mapping[str, Any]) -> Thresholds:
         """A copy with ``overrides`` applied, checked as a whole.
 

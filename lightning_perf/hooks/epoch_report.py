@@ -61,8 +61,7 @@ from lightning_perf.collect.run_info import (
 from lightning_perf.config import PerfConfig
 from lightning_perf.diagnose.evidence import too_little
 from lightning_perf.diagnose.model import Finding
-from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.diagnosis_context import advice_trials, epoch_context, epoch_windows, run_facts, with_cpu_use
+from lightning_perf.diagnosis_context import epoch_context, epoch_windows, run_facts, with_cpu_use
 from lightning_perf.hooks.advice_trials import AdviceTrials
 from lightning_perf.hooks.compile_tracking import CompileTracking
 from lightning_perf.hooks.console_lines import ConsoleLines
@@ -173,7 +172,7 @@ class EpochReporter:
         self._lines = ConsoleLines(config.verbose, flops=self.flops.not_counted)  # what the console says, and when
         self.compile = CompileTracking(self.stages)  # what torch.compile does, per stage epoch
         self.memory = MemoryTracking(self.flops)  # what the model holds, after each training epoch's first batch
-        self.trials = AdviceTrials(self.budget, policy, enabled=config.try_advice)  # advice tried on the run's data
+        self.trials = AdviceTrials(self.budget, policy, config.thresholds, self.stages, enabled=config.try_advice)
         self.oom: Finding | None = None  # an out-of-memory error's finding, until its epoch is reported
         #: A batch's end has work to do (:meth:`batch_ended`): a plain attribute, read after every batch.
         self.batch_due = False
@@ -451,8 +450,7 @@ class EpochReporter:
             self.reported = {stage: st.records for stage, st in self.stages.items()}
 
     def _diagnose(self, review: EpochReview, trainer: pl.Trainer) -> tuple[list[Finding], str | None]:
-        summary = review.summary
-        stage = summary.stage
+        summary, stage = review.summary, review.summary.stage
         st = self.stages[stage]
         compiled = self.compile_stats.get((stage, summary.epoch))
         shown = epoch_windows(self.windows, stage, summary.epoch, latest=True)
@@ -470,12 +468,8 @@ class EpochReporter:
             compile=compiled,
             evidence_batches=self.config.thresholds.evidence_batches,
             fit_seconds=review.fit_seconds,
-            advice_trials=advice_trials(self.run_info, stage),
         )
-        findings = diagnose(context, self.config.thresholds, on_error=self._policy.rule_failed)
-        if self.trials.attempt(trainer, summary, findings, self.run_info):  # its advice reports the measurement
-            context = dataclasses.replace(context, advice_trials=advice_trials(self.run_info, stage))
-            findings = diagnose(context, self.config.thresholds, on_error=self._policy.rule_failed)
+        findings = self.trials.diagnose(context, self.run_info, trainer)  # with the advice tried on the run's data
         if self.oom is not None and (self.oom.stage, self.oom.epoch) == (stage, summary.epoch):
             findings, self.oom = [self.oom, *findings], None
         self.findings_by_epoch[(stage, summary.epoch)] = findings

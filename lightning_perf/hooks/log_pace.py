@@ -138,6 +138,12 @@ class LogPace:
         clock, waited = self._started
         self.spent(self._clock() - clock - max((self._waited() or 0.0) - waited, 0.0))
 
+    def leave_out(self, seconds: float) -> None:
+        """Leaves ``seconds`` of the write under way out of its cost: work the profiling budget pays for instead (an
+        advice trial: :mod:`~lightning_perf.hooks.advice_trials`)."""
+        clock, waited = self._started
+        self._started = (clock + max(seconds, 0.0), waited)
+
     def spent(self, seconds: float) -> None:
         """A write took ``seconds``: charged up to the stall cap (Notes 4)."""
         seconds = max(seconds, 0.0)

@@ -31,6 +31,7 @@ def tried(ratio: float, *, setting: str = SETTING, current: float = 0.0121) -> A
         rule="dataloader_bound",
         setting=setting,
         epoch=0,
+        compute=0.001,
         current=current,
         advised=current / ratio,
         ratio=ratio,
@@ -59,8 +60,9 @@ def test_without_a_trial_the_advice_is_the_prediction():
 def test_a_tried_gain_leads_the_advice_with_the_measurement_instead_of_the_prediction():
     f = judge({"dataloader_bound": tried(3.2)})
     assert f.advice.startswith(
-        "Tried on 24 batches of your data: `num_workers=2, persistent_workers=True` loads a batch in 3.78 ms"
-        " against 12.10 ms now (3.20x, 2.88x-3.52x over 3 repetitions; the trial took 0.42 s)."
+        "Tried on 24 batches of your data: with `num_workers=2, persistent_workers=True` the step waits 3.78 ms"
+        " for a batch against 12.10 ms now (3.20x, 2.88x-3.52x over 3 repetitions, the step's 1.00 ms of compute"
+        " slept between batches; the trial took 0.42 s)."
     )
     assert settings(f.advice) == {"num_workers": 2, "persistent_workers": True} and f.severity == "critical"
     assert "predicted data wait" not in f.advice
@@ -73,7 +75,12 @@ def test_a_trial_with_no_gain_withdraws_the_setting_and_the_finding_falls_to_inf
     assert settings(f.advice) == {} and f.severity == "info"
     # The threshold is the gain that counts: 1.05x is no gain at the default 1.1x, a gain at 1.02x.
     assert judge({"dataloader_bound": tried(1.05)}).severity == "info"
-    assert judge({"dataloader_bound": tried(1.05)}, advice_trial_min_gain=1.02).severity == "critical"
+    steady = dataclasses.replace(tried(1.05), spread=(1.01, 1.1))
+    assert judge({"dataloader_bound": steady}, advice_trial_min_gain=1.02).severity == "critical"
+    # A gain overall that a repetition contradicts (it found the setting slower) is no gain either.
+    doubtful = dataclasses.replace(tried(1.3), spread=(0.95, 1.5))
+    assert judge({"dataloader_bound": doubtful}).severity == "info"
+    assert "1.30x (the step waits" in judge({"dataloader_bound": doubtful}).advice
 
 
 def test_an_untried_setting_says_it_is_a_prediction_and_why():
@@ -97,7 +104,7 @@ def test_a_trial_of_the_same_arguments_with_other_values_leads_and_leaves_the_ad
     # The advice is predicted anew each epoch: 3 workers tried at one epoch's end, 2 advised at the next.
     other = "num_workers=3, persistent_workers=True"
     f = judge({"dataloader_bound": tried(2.6, setting=other)})
-    assert f.advice.startswith(f"Tried on 24 batches of your data: `{other}` loads a batch in 4.65 ms")
+    assert f.advice.startswith(f"Tried on 24 batches of your data: with `{other}` the step waits 4.65 ms for a batch")
     assert settings(f.advice) == {"num_workers": 2, "persistent_workers": True} and f.severity == "critical"
     slower = judge({"dataloader_bound": tried(0.9, setting=other)})
     assert (

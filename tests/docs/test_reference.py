@@ -124,11 +124,11 @@ def test_a_report_field_without_its_attributes_entry_is_reported() -> None:
 
 
 def test_the_run_objects_schema_holds_every_key_a_real_run_writes_and_no_other(tmp_path) -> None:
-    # A fit whose FLOPs are counted at once (no budget), whose memory is measured, and whose data wait (5 ms a
+    # A fit whose FLOPs are counted at once (no budget), whose memory is measured, and whose data wait (20 ms a
     # sample) has its advised DataLoader setting tried: every key of "run" there.
     callback = PerfCallback(profile_budget=None, verbose=0)
     fit = trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=8, limit_val_batches=2)
-    fit.fit(TinyModel(sleep_s=0.005))
+    fit.fit(TinyModel(sleep_s=0.02))
     run = load_report(callback.report_path)["run"]
     assert set(run) == set(RunInfo.__annotations__)
     assert set(run["dataloaders"]["train"]) == set(LoaderInfo.__annotations__)
