@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from lightning_perf.diagnose.loader_advice import BAR_REFRESH
 from lightning_perf.diagnose.model import Finding, StageEpoch
+from lightning_perf.diagnose.optimizer_tried import tried_optimizer_advice
 from lightning_perf.diagnose.rule_helpers import (
     batch_end_hook,
     epoch_end_hook,
@@ -49,6 +50,9 @@ def optimizer_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            ``fused`` is advised: ``foreach`` runs the same per-parameter loop there
            (measured with torch 2.13 on one CPU thread, Adam: 400 tensors of 4 floats 30 ms per step looped,
            29 ms foreach, 11 ms fused; 20 tensors of 256x256 9.6, 17 and 5.0 ms).
+        5. Where the advised implementation was tried on copies of the run's optimizer (``StageEpoch.advice_trials``,
+           :mod:`~lightning_perf.diagnose.optimizer_tried`), the advice leads with the measurement; one whose trial
+           was not ``advice_trial_min_gain`` times as fast is withdrawn, and the finding is ``info``.
     """
     if ctx.stage != "train":
         return None
@@ -71,11 +75,13 @@ def optimizer_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         if foreach
         else "a loop over the parameters (no foreach)",
     ]
-    advice = [_optimizer_advice(ctx, foreach)]
+    advice, withdrawn = tried_optimizer_advice(
+        ctx.advice_trials, [_optimizer_advice(ctx, foreach)], t.advice_trial_min_gain
+    )
     return finding(
         ctx,
         "optimizer_heavy",
-        "warning",
+        "info" if withdrawn else "warning",
         f"Optimizer update takes {percent(value)} of each training step",
         evidence,
         advice,

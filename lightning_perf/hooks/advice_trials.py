@@ -35,10 +35,16 @@ from typing import Any
 
 from lightning_perf.budget import ProfilingBudget, trial_fits
 from lightning_perf.collect.loader_trial import TRIAL_BATCHES, TRIAL_REPETITIONS, TRIAL_WARMUP, try_loader_setting
+from lightning_perf.collect.optimizer_trial import TRIAL_REPETITIONS as OPTIMIZER_REPETITIONS
+from lightning_perf.collect.optimizer_trial import TRIAL_STEPS as OPTIMIZER_STEPS
+from lightning_perf.collect.optimizer_trial import TRIAL_WARMUP as OPTIMIZER_WARMUP
+from lightning_perf.collect.optimizer_trial import optimizer_copy, step_times, try_optimizer_setting
+from lightning_perf.collect.optimizer_trial import untriable as untriable_optimizer
 from lightning_perf.collect.run_info import first_dataloader, stage_dataloaders
 from lightning_perf.diagnose.advice_tried import advised_setting, loader_setting
 from lightning_perf.diagnose.loader_advice import WORKER_STARTUP_GUESS
 from lightning_perf.diagnose.model import Finding, StageEpoch
+from lightning_perf.diagnose.optimizer_tried import optimizer_setting
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.diagnosis_context import advice_trials
@@ -49,6 +55,7 @@ from lightning_perf.trial_records import AdviceTrial
 from lightning_perf.units import limit, seconds_or_ms
 
 RULE = "dataloader_bound"
+OPTIMIZER_RULE = "optimizer_heavy"
 PREFETCH_GUESS = 2
 """The batches each worker holds in advance, for the estimate: the DataLoader's default ``prefetch_factor``."""
 
@@ -92,7 +99,7 @@ class AdviceTrials:
         self._stages = stages or {}
         self.enabled = enabled
         self._clock = clock
-        self._done = False  # tried, or found untriable: never again in this run
+        self._done: set[str] = set()  # the rules tried, or found untriable: never again in this run
 
     def diagnose(self, context: StageEpoch, run: dict[str, Any], trainer: Any) -> list[Finding]:
         """The epoch's findings, with the run's trials so far (``run["advice_trials"]``); a trial the findings call
@@ -105,40 +112,77 @@ class AdviceTrials:
             findings = diagnose(context, self._thresholds, on_error=self._policy.rule_failed)
         return findings
 
-    def due(self, summary: EpochSummary, findings: Sequence[Finding]) -> str | None:
-        """The advised setting to try after this epoch's ``findings`` (as the advice writes it), or ``None``."""
-        if not self.enabled or self._done or summary.stage != "train":
+    def due(self, summary: EpochSummary, findings: Sequence[Finding], rule: str = RULE) -> Finding | None:
+        """The finding of ``rule`` (warning or critical) whose advice this training epoch may try, or ``None``."""
+        if not self.enabled or rule in self._done or summary.stage != "train":
             return None
-        for finding in findings:
-            if finding.id == RULE and finding.severity in ("warning", "critical"):
-                return advised_setting(finding.advice)
-        return None
+        return next((f for f in findings if f.id == rule and f.severity in ("warning", "critical")), None)
 
     def attempt(self, trainer: Any, summary: EpochSummary, findings: Sequence[Finding], run: dict[str, Any]) -> bool:
-        """Tries the setting :meth:`due` names, where the budget has room (Notes 2), and keeps its record in
-        ``run["advice_trials"]``; whether a new record was kept (the epoch is then diagnosed again)."""
-        written = self.due(summary, findings)
-        if written is None:
-            return False
+        """Tries each setting a finding advises (DataLoader, optimizer), where the budget has room (Notes 2), and
+        keeps its record in ``run["advice_trials"]``; whether a new record was kept (the epoch is then diagnosed
+        again)."""
+        records = [
+            record
+            for record in (self._loader(trainer, summary, findings), self._optimizer(trainer, summary, findings))
+            if record is not None
+        ]
+        for record in records:
+            run.setdefault("advice_trials", {})[record.rule] = record.as_dict()
+        return bool(records)
+
+    def _loader(self, trainer: Any, summary: EpochSummary, findings: Sequence[Finding]) -> AdviceTrial | None:
+        """``dataloader_bound``'s advised DataLoader setting, tried (or why not); ``None``: nothing to try."""
+        finding = self.due(summary, findings, RULE)
+        written = None if finding is None else advised_setting(finding.advice)
+        loader = first_dataloader(stage_dataloaders(trainer, "train")) if written is not None else None
+        if written is None or loader is None:
+            return None
         setting = loader_setting(written) or {}
-        loader = first_dataloader(stage_dataloaders(trainer, "train"))
-        if loader is None:
-            return False
         measured = max(summary.measured_batches, 1)
         wait, compute = summary.data_wait / measured, max(summary.step_time - summary.data_wait, 0.0) / measured
         estimate = trial_estimate(wait, compute, int(loader.num_workers), setting)
-        record = self._room(summary, written, estimate, trainer)
-        if record is None:
-            record = self._try(loader, setting, written, summary.epoch, compute)
-            self._budget.charge(record.seconds)
-            if (st := self._stages.get("train")) is not None:  # the budget pays for it, not the epoch's reports
-                st.report_pace.leave_out(record.seconds)
-                st.measure_pace.leave_out(record.seconds)
-            self._done = True
-        run.setdefault("advice_trials", {})[RULE] = record.as_dict()
-        return True
+        return self._room(RULE, summary, written, estimate, trainer) or self._run(
+            RULE,
+            written,
+            summary.epoch,
+            f"`DataLoader({written})` on the training data",
+            lambda: try_loader_setting(
+                loader, setting, rule=RULE, written=written, epoch=summary.epoch, compute=compute, clock=self._clock
+            ),
+        )
 
-    def _room(self, summary: EpochSummary, written: str, estimate: float, trainer: Any) -> AdviceTrial | None:
+    def _optimizer(self, trainer: Any, summary: EpochSummary, findings: Sequence[Finding]) -> AdviceTrial | None:
+        """``optimizer_heavy``'s advised implementation, tried on a copy of the first optimizer (or why not);
+        ``None``: nothing to try. Its estimate is one step of a copy, timed first (and charged)."""
+        finding = self.due(summary, findings, OPTIMIZER_RULE)
+        written = None if finding is None else optimizer_setting(finding.advice)
+        optimizers = list(getattr(trainer, "optimizers", None) or ())
+        if written is None or not optimizers or untriable_optimizer(optimizers[0]) is not None:
+            return None if written is None or not optimizers else self._untried(optimizers[0], written, summary)
+        optimizer, setting = optimizers[0], {written.partition("=")[0]: True}
+        started = self._clock()
+        probe = step_times(optimizer_copy(optimizer, {}), 1, 0, self._clock)[0]
+        self._budget.charge(self._clock() - started)
+        estimate = 2 * OPTIMIZER_REPETITIONS * (OPTIMIZER_WARMUP + OPTIMIZER_STEPS) * probe
+        return self._room(OPTIMIZER_RULE, summary, written, estimate, trainer) or self._run(
+            OPTIMIZER_RULE,
+            written,
+            summary.epoch,
+            f"`{written}` on a copy of the optimizer",
+            lambda: try_optimizer_setting(
+                optimizer, setting, rule=OPTIMIZER_RULE, written=written, epoch=summary.epoch, clock=self._clock
+            ),
+        )
+
+    def _untried(self, optimizer: Any, written: str, summary: EpochSummary) -> AdviceTrial:
+        self._done.add(OPTIMIZER_RULE)
+        why = untriable_optimizer(optimizer) or "no optimizer"
+        return AdviceTrial(rule=OPTIMIZER_RULE, setting=written, epoch=summary.epoch, untried=why)
+
+    def _room(
+        self, rule: str, summary: EpochSummary, written: str, estimate: float, trainer: Any
+    ) -> AdviceTrial | None:
         """``None`` where the trial fits the budget; else the untried record that says why."""
         budget = self._budget
         spent, elapsed = budget.cost(self._clock()).seconds, budget.elapsed(self._clock())
@@ -149,24 +193,32 @@ class AdviceTrials:
             f"the profiling budget ({limit(budget.share or 0.0)} of the run's time) has no room for a trial of about"
             f" {seconds_or_ms(estimate)}; `PerfCallback(profile_budget=...)` sets it"
         )
-        return AdviceTrial(rule=RULE, setting=written, epoch=summary.epoch, untried=why)
+        return AdviceTrial(rule=rule, setting=written, epoch=summary.epoch, untried=why)
 
-    def _try(self, loader: Any, setting: dict[str, Any], written: str, epoch: int, compute: float) -> AdviceTrial:
+    def _run(self, rule: str, written: str, epoch: int, what: str, trial: Callable[[], AdviceTrial]) -> AdviceTrial:
+        """Runs ``trial`` once in the run: its time charged to the budget and left out of the training stage's
+        paces (Notes 2); a failure is warned of once and recorded as untried (Notes 3)."""
+        started = self._clock()
         try:
-            return try_loader_setting(
-                loader, setting, rule=RULE, written=written, epoch=epoch, compute=compute, clock=self._clock
-            )
+            record = trial()
         except Exception as err:
             if self._policy.strict:
                 raise
             self._policy.warn_once(
-                f"trial:{RULE}",
-                f"PerfCallback: trying `DataLoader({written})` on the training data failed ({type(err).__name__}:"
-                f" {err}); the advice stays a prediction, and training goes on.",
+                f"trial:{rule}",
+                f"PerfCallback: trying {what} failed ({type(err).__name__}: {err}); the advice stays a prediction,"
+                " and training goes on.",
             )
-            return AdviceTrial(
-                rule=RULE, setting=written, epoch=epoch, untried=f"the trial failed: {type(err).__name__}"
+            record = AdviceTrial(
+                rule=rule, setting=written, epoch=epoch, untried=f"the trial failed: {type(err).__name__}"
             )
+        seconds = self._clock() - started
+        self._budget.charge(seconds)
+        if (st := self._stages.get("train")) is not None:  # the budget pays for it, not the epoch's reports
+            st.report_pace.leave_out(seconds)
+            st.measure_pace.leave_out(seconds)
+        self._done.add(rule)
+        return record
 
 
 def _planned_seconds(trainer: Any, summary: EpochSummary) -> float:

@@ -1,0 +1,59 @@
+"""optimizer_heavy's advised implementation tried on copies of the run's own optimizer (issue 48, "What is tried"
+2): a real Trainer, an Adam over many small parameters on CPU; the trial's record in the report, its measurement
+in the advice, and a training unchanged by it."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_perf import PerfCallback
+from models import trainer
+
+
+class ManySmall(pl.LightningModule):
+    """400 parameters of 16 floats and a tiny forward: the update (a loop over 400 tensors) is most of the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList(nn.Parameter(torch.randn(16) * 0.1) for _ in range(400))
+
+    def training_step(self, batch, batch_idx):
+        x = batch[0]
+        return sum((x * w).sum() for w in self.weights[:8]) ** 2 + sum(w.square().sum() for w in self.weights) * 1e-4
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3, foreach=False)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.randn(24 * 4, 16, generator=g)), batch_size=4)
+
+
+def fit(tmp_path, **options):
+    torch.manual_seed(0)
+    model = ManySmall()
+    callback = PerfCallback(profile_budget=None, verbose=0, **options)
+    trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=0).fit(model)
+    return callback, model
+
+
+def test_fused_adam_is_tried_on_the_runs_own_optimizer_and_leads_the_advice(tmp_path):
+    callback, _ = fit(tmp_path)
+    record = (callback.report["run"].get("advice_trials") or {}).get("optimizer_heavy")
+    assert record is not None and record["untried"] is None and record["setting"] == "fused=True", record
+    # 400 tensors stepped one by one against one fused pass: several times faster on any CPU, however loaded.
+    assert record["ratio"] >= 2.0, record
+    [finding] = [f for f in callback.findings_for("train", epoch=1) if f.id == "optimizer_heavy"]
+    assert finding.advice.startswith("Tried on a copy of your optimizer, 30 steps each: with `fused=True`")
+
+
+def test_the_trial_leaves_the_training_bit_identical_and_try_advice_false_tries_nothing(tmp_path):
+    tried, with_trial = fit(tmp_path / "on")
+    untried, without = fit(tmp_path / "off", try_advice=False)
+    assert (tried.report["run"].get("advice_trials") or {}).get("optimizer_heavy") is not None
+    assert "optimizer_heavy" not in (untried.report["run"].get("advice_trials") or {})
+    for a, b in zip(with_trial.parameters(), without.parameters(), strict=True):
+        assert torch.equal(a, b)
