@@ -84,7 +84,7 @@ class RunsOutOfMemory(TinyModel):
     def training_step(self, batch, batch_idx):
         if (self.current_epoch, batch_idx) == (1, 2):
             total = torch.cuda.get_device_properties(batch[0].device).total_memory
-            torch.empty(total, dtype=torch.uint8, device=batch[0].device)  # noqa: the allocation that fails
+            torch.empty(total, dtype=torch.uint8, device=batch[0].device)  # the allocation that fails
         return super().training_step(batch, batch_idx)
 
 
