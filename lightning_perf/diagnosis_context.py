@@ -41,7 +41,7 @@ from lightning_perf.summarize.memory import checked_memory
 from lightning_perf.summarize.ranks import rank_cpu_waits, rank_waits, rank_work_times
 from lightning_perf.summarize.steps import percentile, pool_epochs, summarize_epoch
 from lightning_perf.traces import METADATA_KEY
-from lightning_perf.trial_records import AdviceTrial
+from lightning_perf.trial_records import AdviceTrial, trials_of
 
 
 def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
@@ -160,15 +160,7 @@ def epoch_context(
 def advice_trials(run: Mapping[str, Any], stage: str) -> dict[str, AdviceTrial]:
     """The advice trials a report's ``run`` holds (``run.advice_trials``), for ``stage``: the training DataLoader's
     are the training stage's; a record the report cannot give back is left out."""
-    if stage != "train":
-        return {}
-    trials = {}
-    for rule, values in (run.get("advice_trials") or {}).items():
-        try:
-            trials[rule] = AdviceTrial.from_dict(values)
-        except (TypeError, ValueError):
-            continue
-    return trials
+    return trials_of(run) if stage == "train" else {}
 
 
 def _recent(summary: EpochSummary, history: Sequence[EpochSummary], batches: int) -> list[EpochSummary]:

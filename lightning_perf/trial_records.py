@@ -63,3 +63,15 @@ class AdviceTrial:
             low, high = kept["spread"]
             kept["spread"] = (float(low), float(high))
         return cls(**kept)
+
+
+def trials_of(run: Mapping[str, Any]) -> dict[str, AdviceTrial]:
+    """The advice trials a report's ``run`` holds (``run.advice_trials``), by rule; a record the report cannot give
+    back is left out."""
+    trials = {}
+    for rule, values in (run.get("advice_trials") or {}).items():
+        try:
+            trials[rule] = AdviceTrial.from_dict(values)
+        except (TypeError, ValueError):
+            continue
+    return trials

@@ -4,6 +4,8 @@ in the advice, and a training unchanged by it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning.pytorch as pl
 import torch
 from torch import nn
@@ -48,6 +50,12 @@ def test_fused_adam_is_tried_on_the_runs_own_optimizer_and_leads_the_advice(tmp_
     assert record["ratio"] >= 2.0, record
     [finding] = [f for f in callback.findings_for("train", epoch=1) if f.id == "optimizer_heavy"]
     assert finding.advice.startswith("Tried on a copy of your optimizer, 30 steps each: with `fused=True`")
+    # The page shows the trial's record beside its finding.
+    page = Path(callback.page_path).read_text()
+    block = page[page.index('<div class="finding warning"><p><span class="severity">warning</span>') :]
+    block = block[block.index("optimizer_heavy") :]
+    block = block[: block.index('<p class="docs">')]
+    assert "<b>Tried on this run:</b>" in block and "<code>fused=True</code>" in block and "30 x 3" in block
 
 
 def test_the_trial_leaves_the_training_bit_identical_and_try_advice_false_tries_nothing(tmp_path):

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from lightning_perf.diagnose.model import SEVERITIES, Finding
 from lightning_perf.diagnose.registry import rule_explanation
 from lightning_perf.report.findings import docs_section
-from lightning_perf.report.html.document import Section, esc
-from lightning_perf.units import count, plural
+from lightning_perf.report.html.document import Cell, Section, esc, table
+from lightning_perf.trial_records import AdviceTrial
+from lightning_perf.units import count, ms, plural, seconds_or_ms, times
 
 MAX_EPOCH_RANGES = 12
 """Epoch ranges named per finding (a rule firing every other epoch of a long run would name hundreds); the
@@ -99,10 +100,12 @@ def finding_html(
     *,
     where: str = "",
     anchors: Mapping[str, str] | None = None,
+    trial: AdviceTrial | None = None,
 ) -> str:
     """One finding as a block: severity, title, id, ``where`` (e.g. its stage and epochs) and its window (a
-    link where ``anchors`` maps the window's name to a section id on the page), then evidence and advice, and the
-    documentation's section that explains it (:func:`~lightning_perf.report.findings.docs_section`)."""
+    link where ``anchors`` maps the window's name to a section id on the page), then evidence and advice, the
+    ``trial`` of its advice where one was made (:func:`trial_html`), and the documentation's section that explains
+    it (:func:`~lightning_perf.report.findings.docs_section`)."""
     head = [f'<span class="severity">{esc(finding.severity)}</span><strong>{rich_text(finding.title)}</strong>']
     head.append(f"<code>{esc(finding.id)}</code>")
     if where:
@@ -115,8 +118,29 @@ def finding_html(
         f'<div class="finding {esc(finding.severity)}"><p>{" · ".join(head)}</p>'
         f"<p><b>Evidence:</b> {rich_text(finding.evidence)}</p>"
         f"<p><b>Advice:</b> {rich_text(finding.advice)}</p>"
-        f"{_explained(finding.id)}</div>"
+        f"{trial_html(trial) if trial is not None else ''}{_explained(finding.id)}</div>"
     )
+
+
+def trial_html(trial: AdviceTrial) -> str:
+    """The record of a finding's advice tried on the run (issue 48): the setting, both medians, the ratio and its
+    spread, what was timed and what the trial cost; or why it was not tried."""
+    if trial.untried is not None or trial.ratio is None or trial.current is None or trial.advised is None:
+        return (
+            f'<p class="note"><b>Not tried:</b> <code>{esc(trial.setting)}</code>: {rich_text(trial.untried or "")}</p>'
+        )
+    spread = "-" if trial.spread is None else f"{times(trial.spread[0])}-{times(trial.spread[1])}"
+    row = [
+        Cell(f"<code>{esc(trial.setting)}</code>", html=True),
+        Cell(ms(trial.current), num=True),
+        Cell(ms(trial.advised), num=True),
+        Cell(times(trial.ratio), num=True),
+        Cell(spread, num=True),
+        Cell(f"{count(trial.batches)} x {count(trial.repetitions)}", num=True),
+        Cell(seconds_or_ms(trial.seconds), num=True),
+    ]
+    headers = ["tried", "now", "with it", "gain", "spread", "timed x repetitions", "cost"]
+    return "<p><b>Tried on this run:</b></p>" + table(headers, [row], numeric=[False, *[True] * 6])
 
 
 def _explained(rule_id: str) -> str:
@@ -158,6 +182,7 @@ def findings_html(
     anchors: Mapping[str, str] | None = None,
     latest_epochs: Mapping[str, int] | None = None,
     clean: str = "No bottleneck found.",
+    trials: Mapping[str, AdviceTrial] | None = None,
 ) -> str:
     """The grouped findings, one block each (``clean`` where there are none). ``latest_epochs``: each stage's
     latest epoch, to say of a finding that it no longer fires."""
@@ -170,7 +195,8 @@ def findings_html(
         latest = (latest_epochs or {}).get(f.stage)
         if latest is not None and f.epoch < latest:
             where += f" (not in the latest, {latest})"
-        blocks.append(finding_html(f, where=where, anchors=anchors))
+        trial = (trials or {}).get(f.id) if f.stage == "train" else None
+        blocks.append(finding_html(f, where=where, anchors=anchors, trial=trial))
     return "".join(blocks)
 
 

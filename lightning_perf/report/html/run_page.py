@@ -46,6 +46,7 @@ from lightning_perf.report.html.memory_html import memory_html
 from lightning_perf.report.html.run_charts import charts_html
 from lightning_perf.report.html.run_windows import anchor, shown_windows, windows_html
 from lightning_perf.report.json_report import ReportEpoch, report_epochs, window_record
+from lightning_perf.trial_records import trials_of
 from lightning_perf.units import count, flops_rate, ms, percent
 
 TITLE = "lightning-perf run report"
@@ -255,7 +256,13 @@ def run_page(report: Mapping[str, Any], *, source: str | None = None, charts: bo
         Section(
             "findings",
             f"Findings ({counts})" if counts else "Findings",
-            findings_html(groups, anchors=anchors, latest_epochs=latest, clean="No bottleneck found in any epoch."),
+            findings_html(
+                groups,
+                anchors=anchors,
+                latest_epochs=latest,
+                clean="No bottleneck found in any epoch.",
+                trials=trials_of(run),
+            ),
         ),
         Section("charts", "Charts", charts_html(stages, windows, world_size=world_size) if charts else NO_CHARTS),
         Section(
