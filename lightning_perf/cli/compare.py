@@ -39,6 +39,7 @@ from lightning_perf.report.comparison import (
     NOISE_US,
     ComparedSide,
     Metric,
+    advice_state,
     finding_changes,
     headline_metrics,
     kept_label,
@@ -113,7 +114,7 @@ def _print_comparison(before: ComparedSide, after: ComparedSide, args: argparse.
             f"  (same: within run-to-run noise, a change under {NOISE_RATIO:.0%}; a share's, in percentage points,"
             f" under {NOISE_POINTS * 100:g} pp)\n"
         )
-        fixed, new, kept = _finding_ids(before, after)
+        fixed, new, kept = _finding_ids(before, after, tried=True)
         print(f"findings fixed: {', '.join(fixed) or 'none'}")
         print(f"findings new:   {', '.join(new) or 'none'}")
         print(f"findings kept:  {', '.join(kept) or 'none'}")
@@ -130,10 +131,23 @@ def _print_comparison(before: ComparedSide, after: ComparedSide, args: argparse.
     return EXIT_OK
 
 
-def _finding_ids(before: ComparedSide, after: ComparedSide) -> tuple[list[str], list[str], list[str]]:
-    """Finding ids fixed, new and kept (a kept one with its change of severity, e.g. ``critical -> warning``)."""
+def _finding_ids(
+    before: ComparedSide, after: ComparedSide, *, tried: bool = False
+) -> tuple[list[str], list[str], list[str]]:
+    """Finding ids fixed, new and kept (a kept one with its change of severity, e.g. ``critical -> warning``);
+    ``tried``: each with whether its advice was tried on its side's run (:func:`advice_state`), as
+    ``dataloader_bound [advice tried: 7.04x]``."""
     changes = finding_changes(before, after)
-    return [f.id for f in changes.fixed], [f.id for f in changes.new], [kept_label(b, a) for b, a in changes.kept]
+
+    def label(side: ComparedSide, rule: str, text: str) -> str:
+        state = advice_state(side, rule) if tried else ""
+        return f"{text} [advice {state}]" if state else text
+
+    return (
+        [label(before, f.id, f.id) for f in changes.fixed],
+        [label(after, f.id, f.id) for f in changes.new],
+        [label(after, a.id, kept_label(b, a)) for b, a in changes.kept],
+    )
 
 
 def _print_operator_changes(before: ComparedSide, after: ComparedSide, limit: int) -> None:
@@ -164,6 +178,10 @@ def _comparison_json(before: ComparedSide, after: ComparedSide, metrics: Sequenc
             for m in metrics
         },
         "findings": dict(zip(("fixed", "new", "kept"), _finding_ids(before, after), strict=True)),
+        "advice_trials": {
+            name: {rule: advice_state(side, rule) for rule in side.trials}
+            for name, side in (("before", before), ("after", after))
+        },
         "operators": [
             {"name": c.name, "before_us": c.before, "after_us": c.after, "change": c.word}
             for c in operator_changes(before, after)[:20]

@@ -23,7 +23,8 @@ from lightning_perf.diagnose.model import Finding
 from lightning_perf.records import EpochSummary, OperatorStat, TraceSummary, share
 from lightning_perf.report.findings import epoch_label
 from lightning_perf.report.json_report import ReportEpoch, report_epochs
-from lightning_perf.units import TOLERANCE, change, count, duration_us, flops_rate, mib, percent, points
+from lightning_perf.trial_records import AdviceTrial, trials_of
+from lightning_perf.units import TOLERANCE, change, count, duration_us, flops_rate, mib, percent, points, times
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class ComparedSide:
             ``None``: it compiled nothing there (or a trace).
         compiled_share, guard_share: A trace's share of the step in compiled regions and in Dynamo's guard
             checks; ``None``: none in it (or a run).
+        trials: A run's advice trials, by rule (:class:`~lightning_perf.trial_records.AdviceTrial`): which
+            findings' advice was measured on that run, and which stayed a prediction.
     """
 
     label: str
@@ -69,6 +72,19 @@ class ComparedSide:
     recompiles: int | None = None
     compiled_share: float | None = None
     guard_share: float | None = None
+    trials: Mapping[str, AdviceTrial] = field(default_factory=dict)
+
+
+def advice_state(side: ComparedSide, rule: str) -> str:
+    """Whether a finding's advice was tried on ``side``'s run: ``"tried: 7.04x"`` (the advised setting's gain it
+    measured; below ``advice_trial_min_gain`` the advice was withdrawn), ``"not tried"`` (the finding says why), or
+    ``""`` where no trial was asked for (the advice is a prediction)."""
+    trial = side.trials.get(rule)
+    if trial is None:
+        return ""
+    if trial.untried is not None or trial.ratio is None:
+        return "not tried"
+    return f"tried: {times(trial.ratio)}"
 
 
 def measured_train_epochs(report: Mapping[str, Any]) -> list[ReportEpoch]:
@@ -109,6 +125,7 @@ def run_side(
         compile_seconds=sum(s.seconds for s in stats) if stats else None,
         graph_breaks=sum(s.breaks for s in stats) if stats else None,
         recompiles=sum(s.recompiles for s in stats) if stats else None,
+        trials=trials_of(report.get("run", {})),
     )
 
 

@@ -4,6 +4,9 @@ in the advice, and a training unchanged by it."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -12,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_perf import PerfCallback
+from lightning_perf.cli import main
 from models import trainer
 
 
@@ -65,3 +69,20 @@ def test_the_trial_leaves_the_training_bit_identical_and_try_advice_false_tries_
     assert "optimizer_heavy" not in (untried.report["run"].get("advice_trials") or {})
     for a, b in zip(with_trial.parameters(), without.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_compare_tells_a_tried_advice_from_an_untried_one(tmp_path, capsys):
+    untried, _ = fit(tmp_path / "untried", try_advice=False)
+    tried, _ = fit(tmp_path / "tried")
+    before, after = os.path.dirname(untried.report_path), os.path.dirname(tried.report_path)
+    assert main(["compare", before, after]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"findings kept: .*optimizer_heavy \[advice tried: \d+\.\d\dx\]", out), out
+    assert main(["compare", before, after, "--json"]) == 0
+    trials = json.loads(capsys.readouterr().out)["advice_trials"]
+    assert trials["before"] == {} and trials["after"]["optimizer_heavy"].startswith("tried: ")
+    # The kept finding is labelled with the side it is shown from (after), and so is the page's table.
+    assert "optimizer_heavy" in json.dumps(trials["after"]) and "optimizer_heavy" not in json.dumps(trials["before"])
+    page = tmp_path / "compare.html"
+    assert main(["compare", before, after, "--html", str(page)]) == 0
+    assert "advice tried (on its side)" in page.read_text() and "tried: " in page.read_text()

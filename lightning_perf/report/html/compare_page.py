@@ -33,6 +33,7 @@ from lightning_perf.report.comparison import (
     ComparedSide,
     Metric,
     OperatorChange,
+    advice_state,
     finding_changes,
     headline_metrics,
     operator_changes,
@@ -134,18 +135,18 @@ def _findings(before: ComparedSide, after: ComparedSide) -> str:
     changes = finding_changes(before, after)
     rows: list[Sequence[Cell | str]] = []
     for f in changes.fixed:
-        rows.append(("fixed", f.id, f.severity, "-", f.title))
+        rows.append(("fixed", f.id, f.severity, "-", advice_state(before, f.id), f.title))
     for f in changes.new:
-        rows.append(("new", f.id, "-", f.severity, f.title))
+        rows.append(("new", f.id, "-", f.severity, advice_state(after, f.id), f.title))
     for b, a in changes.kept:
-        rows.append(("kept", a.id, b.severity, a.severity, a.title))
+        rows.append(("kept", a.id, b.severity, a.severity, advice_state(after, a.id), a.title))
     counts = (
         f"{count(len(changes.fixed))} fixed, {count(len(changes.new))} new, {count(len(changes.kept))} kept"
         " (warnings and critical findings; info ones are left out)"
     )
     if not rows:
         return f'<p class="note">No warning or critical finding on either side: {esc(counts)}.</p>'
-    headers = ["change", "rule", "severity before", "severity after", "title"]
+    headers = ["change", "rule", "severity before", "severity after", "advice tried (on its side)", "title"]
     parts = [f'<p class="note">{esc(counts)}.</p>', table(headers, rows, sortable=True, id="findings-table")]
     groups: list[tuple[str, list[tuple[Finding, str]]]] = [
         ("New (after)", [(f, "new") for f in changes.new]),
