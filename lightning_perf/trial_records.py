@@ -10,7 +10,8 @@ what the finding's advice reports instead of its prediction, and what ``perf_rep
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import statistics
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,3 +76,46 @@ def trials_of(run: Mapping[str, Any]) -> dict[str, AdviceTrial]:
         except (TypeError, ValueError):
             continue
     return trials
+
+
+def alternated(
+    measure: Callable[[str], float],
+    repetitions: int,
+    *,
+    rule: str,
+    setting: str,
+    epoch: int,
+    batches: int,
+    started: float,
+    clock: Callable[[], float],
+    compute: float = 0.0,
+) -> AdviceTrial:
+    """A trial's record from ``repetitions`` of ``measure("current")`` and ``measure("advised")`` (each a
+    repetition's time per batch or step, in seconds), current first then advised first by turns, so that a
+    machine's drift falls on both: the medians over the repetitions, their ratio, and the spread of the
+    repetitions' own ratios. ``batches``: what each setting timed in all; ``started``: the trial's start by
+    ``clock``."""
+    timed: dict[str, list[float]] = {"current": [], "advised": []}
+    ratios = []
+    for rep in range(repetitions):
+        values = {}
+        for name in ("current", "advised") if rep % 2 == 0 else ("advised", "current"):
+            values[name] = measure(name)
+            timed[name].append(values[name])
+        if values["advised"] > 0:
+            ratios.append(values["current"] / values["advised"])
+    current = statistics.median(timed["current"]) if timed["current"] else 0.0
+    advised = statistics.median(timed["advised"]) if timed["advised"] else 0.0
+    return AdviceTrial(
+        rule=rule,
+        setting=setting,
+        epoch=epoch,
+        compute=compute,
+        current=current,
+        advised=advised,
+        ratio=current / advised if advised > 0 else None,
+        spread=(min(ratios), max(ratios)) if ratios else None,
+        batches=batches,
+        repetitions=repetitions,
+        seconds=clock() - started,
+    )

@@ -37,6 +37,7 @@ Notes:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import statistics
 import time
@@ -47,7 +48,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_perf.trial_records import AdviceTrial
+from lightning_perf.trial_records import AdviceTrial, alternated
 
 TRIAL_BATCHES = 8
 """Batches timed per setting per repetition: a few dozen in all (Notes 2). Our judgment: the median of 8 fetches
@@ -199,38 +200,31 @@ def try_loader_setting(
         return AdviceTrial(rule=rule, setting=written, epoch=epoch, untried=why)
     length = len(loader.dataset)  # type: ignore[arg-type]
     size = int(loader.batch_size or 1)
-    timed: dict[str, list[float]] = {"current": [], "advised": []}  # each repetition's mean wait per batch
     counted = 0
-    ratios = []
+
+    def measure(name: str) -> float:
+        """One repetition of one setting: its loader's mean wait per timed batch."""
+        nonlocal counted
+        arguments = setting if name == "advised" else {}
+        warmup = warmup_batches(trial_loader(loader, [], arguments))
+        indices = [i % length for i in range((warmup + batches) * size)]
+        made = trial_loader(loader, indices, arguments)
+        times = fetch_times(made, warmup, compute, clock)
+        del made
+        counted += len(times) if name == "advised" else 0
+        return statistics.fmean(times) if times else 0.0
+
     with kept_random_state(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the user's DataLoader warnings were said by the training's own loader
-        for rep in range(repetitions):
-            means = {}
-            order = ("current", "advised") if rep % 2 == 0 else ("advised", "current")
-            for name in order:
-                arguments = setting if name == "advised" else {}
-                warmup = warmup_batches(trial_loader(loader, [], arguments))
-                indices = [i % length for i in range((warmup + batches) * size)]
-                made = trial_loader(loader, indices, arguments)
-                times = fetch_times(made, warmup, compute, clock)
-                del made
-                means[name] = statistics.fmean(times) if times else 0.0
-                timed[name].append(means[name])
-                counted += len(times) if name == "advised" else 0
-            if means["advised"] > 0:
-                ratios.append(means["current"] / means["advised"])
-    current = statistics.median(timed["current"]) if timed["current"] else 0.0
-    advised = statistics.median(timed["advised"]) if timed["advised"] else 0.0
-    return AdviceTrial(
-        rule=rule,
-        setting=written,
-        epoch=epoch,
-        compute=compute,
-        current=current,
-        advised=advised,
-        ratio=current / advised if advised > 0 else None,
-        spread=(min(ratios), max(ratios)) if ratios else None,
-        batches=counted,
-        repetitions=repetitions,
-        seconds=clock() - started,
-    )
+        trial = alternated(
+            measure,
+            repetitions,
+            rule=rule,
+            setting=written,
+            epoch=epoch,
+            batches=0,
+            started=started,
+            clock=clock,
+            compute=compute,
+        )
+    return dataclasses.replace(trial, batches=counted)

@@ -15,8 +15,9 @@ Notes:
        steps :data:`TRIAL_WARMUP` times untimed (a fused kernel's first call, a foreach buffer), then times each of
        :data:`TRIAL_STEPS` steps (wall time; on CUDA the step is synchronized, since a step only launches
        kernels). The gradients stay as they were: every step does the same work.
-    3. The medians are over every timed step of a setting; the ratio is ``current / advised``; the spread is the
-       lowest and highest of the repetitions' own ratios.
+    3. Each repetition gives a setting its median step; the medians over the repetitions, their ratio
+       ``current / advised`` and the spread of the repetitions' own ratios make the record
+       (:func:`~lightning_perf.trial_records.alternated`).
     4. Not tried (:func:`untriable`): an optimizer with no gradient to step; on CUDA, where the free device memory
        does not hold a copy of the parameters, gradients and state (twice what they take, with a margin). An
        implementation the optimizer refuses (``fused=True`` on a device or dtype it does not support) is recorded
@@ -34,7 +35,7 @@ from typing import Any
 
 import torch
 
-from lightning_perf.trial_records import AdviceTrial
+from lightning_perf.trial_records import AdviceTrial, alternated
 
 TRIAL_STEPS = 10
 """Steps timed per implementation per repetition (Notes 2). Our judgment: an optimizer step is the same work
@@ -135,33 +136,18 @@ def try_optimizer_setting(
     why = untriable(optimizer)
     if why is not None:
         return AdviceTrial(rule=rule, setting=written, epoch=epoch, untried=why)
-    timed: dict[str, list[float]] = {"current": [], "advised": []}
-    ratios = []
     copies = {"current": optimizer_copy(optimizer, {}), "advised": optimizer_copy(optimizer, setting)}
     try:
-        for rep in range(repetitions):
-            medians = {}
-            for name in ("current", "advised") if rep % 2 == 0 else ("advised", "current"):
-                times = step_times(copies[name], steps, TRIAL_WARMUP, clock)
-                timed[name] += times
-                medians[name] = statistics.median(times)
-            if medians["advised"] > 0:
-                ratios.append(medians["current"] / medians["advised"])
+        return alternated(
+            lambda name: statistics.median(step_times(copies[name], steps, TRIAL_WARMUP, clock)),
+            repetitions,
+            rule=rule,
+            setting=written,
+            epoch=epoch,
+            batches=steps * repetitions,
+            started=started,
+            clock=clock,
+        )
     except (RuntimeError, ValueError) as err:  # an implementation this optimizer, device or dtype refuses
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         return AdviceTrial(rule=rule, setting=written, epoch=epoch, untried=f"torch refused it: {reason}")
-    finally:
-        del copies
-    current, advised = statistics.median(timed["current"]), statistics.median(timed["advised"])
-    return AdviceTrial(
-        rule=rule,
-        setting=written,
-        epoch=epoch,
-        current=current,
-        advised=advised,
-        ratio=current / advised if advised > 0 else None,
-        spread=(min(ratios), max(ratios)) if ratios else None,
-        batches=len(timed["advised"]),
-        repetitions=repetitions,
-        seconds=clock() - started,
-    )

@@ -100,6 +100,7 @@ class AdviceTrials:
         self.enabled = enabled
         self._clock = clock
         self._done: set[str] = set()  # the rules tried, or found untriable: never again in this run
+        self._optimizer_step: float | None = None  # one step of a copy of the optimizer, for the estimate
 
     def diagnose(self, context: StageEpoch, run: dict[str, Any], trainer: Any) -> list[Finding]:
         """The epoch's findings, with the run's trials so far (``run["advice_trials"]``); a trial the findings call
@@ -161,10 +162,11 @@ class AdviceTrials:
         if written is None or not optimizers or untriable_optimizer(optimizers[0]) is not None:
             return None if written is None or not optimizers else self._untried(optimizers[0], written, summary)
         optimizer, setting = optimizers[0], {written.partition("=")[0]: True}
-        started = self._clock()
-        probe = step_times(optimizer_copy(optimizer, {}), 1, 0, self._clock)[0]
-        self._budget.charge(self._clock() - started)
-        estimate = 2 * OPTIMIZER_REPETITIONS * (OPTIMIZER_WARMUP + OPTIMIZER_STEPS) * probe
+        if self._optimizer_step is None:  # timed once: a copy of a large optimizer is not made every epoch
+            started = self._clock()
+            self._optimizer_step = step_times(optimizer_copy(optimizer, {}), 1, 0, self._clock)[0]
+            self._budget.charge(self._clock() - started)
+        estimate = 2 * OPTIMIZER_REPETITIONS * (OPTIMIZER_WARMUP + OPTIMIZER_STEPS) * self._optimizer_step
         return self._room(OPTIMIZER_RULE, summary, written, estimate, trainer) or self._run(
             OPTIMIZER_RULE,
             written,

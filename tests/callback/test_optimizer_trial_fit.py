@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -46,9 +47,20 @@ def fit(tmp_path, **options):
     return callback, model
 
 
+def trial_or_skip(callback: PerfCallback) -> dict:
+    """The run's optimizer trial; on a busy machine, where ``cpu_contention`` makes ``optimizer_heavy`` information
+    (so its advice is not tried), the test skips, saying so."""
+    record = (callback.report["run"].get("advice_trials") or {}).get("optimizer_heavy")
+    if record is None:
+        busy = [f.title for e in (0, 1) for f in callback.findings_for("train", epoch=e) if f.id == "cpu_contention"]
+        if busy:
+            pytest.skip(f"busy machine, so optimizer_heavy is information and its advice untried: {busy[0]}")
+    return record
+
+
 def test_fused_adam_is_tried_on_the_runs_own_optimizer_and_leads_the_advice(tmp_path):
     callback, _ = fit(tmp_path)
-    record = (callback.report["run"].get("advice_trials") or {}).get("optimizer_heavy")
+    record = trial_or_skip(callback)
     assert record is not None and record["untried"] is None and record["setting"] == "fused=True", record
     # 400 tensors stepped one by one against one fused pass: several times faster on any CPU, however loaded.
     assert record["ratio"] >= 2.0, record
@@ -56,16 +68,14 @@ def test_fused_adam_is_tried_on_the_runs_own_optimizer_and_leads_the_advice(tmp_
     assert finding.advice.startswith("Tried on a copy of your optimizer, 30 steps each: with `fused=True`")
     # The page shows the trial's record beside its finding.
     page = Path(callback.page_path).read_text()
-    block = page[page.index('<div class="finding warning"><p><span class="severity">warning</span>') :]
-    block = block[block.index("optimizer_heavy") :]
-    block = block[: block.index('<p class="docs">')]
+    [block] = [b for b in page.split('<div class="finding ') if "</strong> · <code>optimizer_heavy</code>" in b]
     assert "<b>Tried on this run:</b>" in block and "<code>fused=True</code>" in block and "30 x 3" in block
 
 
 def test_the_trial_leaves_the_training_bit_identical_and_try_advice_false_tries_nothing(tmp_path):
     tried, with_trial = fit(tmp_path / "on")
     untried, without = fit(tmp_path / "off", try_advice=False)
-    assert (tried.report["run"].get("advice_trials") or {}).get("optimizer_heavy") is not None
+    assert trial_or_skip(tried) is not None
     assert "optimizer_heavy" not in (untried.report["run"].get("advice_trials") or {})
     for a, b in zip(with_trial.parameters(), without.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -74,14 +84,16 @@ def test_the_trial_leaves_the_training_bit_identical_and_try_advice_false_tries_
 def test_compare_tells_a_tried_advice_from_an_untried_one(tmp_path, capsys):
     untried, _ = fit(tmp_path / "untried", try_advice=False)
     tried, _ = fit(tmp_path / "tried")
+    trial_or_skip(tried)
     before, after = os.path.dirname(untried.report_path), os.path.dirname(tried.report_path)
     assert main(["compare", before, after]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"findings kept: .*optimizer_heavy \[advice tried: \d+\.\d\dx\]", out), out
+    assert re.search(r"findings (?:kept|new): .*optimizer_heavy \[advice tried: \d+\.\d\dx\]", out), out
     assert main(["compare", before, after, "--json"]) == 0
     trials = json.loads(capsys.readouterr().out)["advice_trials"]
     assert trials["before"] == {} and trials["after"]["optimizer_heavy"].startswith("tried: ")
-    # The kept finding is labelled with the side it is shown from (after), and so is the page's table.
+    # A kept or new finding is labelled from the side it is shown from (after), and so is the page's table (new: the
+    # busy machine may have made the untried run's finding information, which compare leaves out).
     assert "optimizer_heavy" in json.dumps(trials["after"]) and "optimizer_heavy" not in json.dumps(trials["before"])
     page = tmp_path / "compare.html"
     assert main(["compare", before, after, "--html", str(page)]) == 0
