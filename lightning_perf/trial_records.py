@@ -30,9 +30,12 @@ class AdviceTrial:
         advised: The wait for a batch with the advised setting (seconds, as ``current``); ``None`` where not tried.
         ratio: ``current / advised``: how many times shorter the advised setting's wait is (below 1: longer).
         spread: The lowest and highest of the repetitions' own ratios.
-        batches: The batches timed with each setting, all repetitions together.
+        batches: The batches (a step trial: the steps) timed with each setting, all repetitions together.
         repetitions: The repetitions, each timing both settings (their order alternating).
         seconds: The trial's own wall time, charged to the profiling budget.
+        current_peak: A step trial's peak CUDA memory above what was allocated before the step (bytes), with the
+            current setting; ``None`` where not measured (on a CPU, or a trial of no step).
+        advised_peak: The same with the advised setting (bytes); ``None`` where not measured.
         untried: Why the setting was not tried (``None``: it was).
     """
 
@@ -47,6 +50,8 @@ class AdviceTrial:
     batches: int = 0
     repetitions: int = 0
     seconds: float = 0.0
+    current_peak: int | None = None
+    advised_peak: int | None = None
     untried: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -89,12 +94,14 @@ def alternated(
     started: float,
     clock: Callable[[], float],
     compute: float = 0.0,
+    enough: Callable[[], bool] | None = None,
 ) -> AdviceTrial:
     """A trial's record from ``repetitions`` of ``measure("current")`` and ``measure("advised")`` (each a
     repetition's time per batch or step, in seconds), current first then advised first by turns, so that a
     machine's drift falls on both: the medians over the repetitions, their ratio, and the spread of the
     repetitions' own ratios. ``batches``: what each setting timed in all; ``started``: the trial's start by
-    ``clock``."""
+    ``clock``; ``enough``: asked after each repetition, stops the trial early where true (its record counts the
+    repetitions done)."""
     timed: dict[str, list[float]] = {"current": [], "advised": []}
     ratios = []
     for rep in range(repetitions):
@@ -104,6 +111,8 @@ def alternated(
             timed[name].append(values[name])
         if values["advised"] > 0:
             ratios.append(values["current"] / values["advised"])
+        if enough is not None and rep + 1 < repetitions and enough():
+            break
     current = statistics.median(timed["current"]) if timed["current"] else 0.0
     advised = statistics.median(timed["advised"]) if timed["advised"] else 0.0
     return AdviceTrial(
@@ -116,6 +125,6 @@ def alternated(
         ratio=current / advised if advised > 0 else None,
         spread=(min(ratios), max(ratios)) if ratios else None,
         batches=batches,
-        repetitions=repetitions,
+        repetitions=len(timed["current"]),
         seconds=clock() - started,
     )

@@ -9,8 +9,10 @@ returns ``None`` where its source does not exist (no ``/proc``, no CUDA), never 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +65,10 @@ class NestedPeaks:
         carried = self._carried.get(period)
         return peak_now if carried is None else tuple(map(max, carried, peak_now))
 
+    def drop(self, period: str) -> None:
+        """Forgets ``period`` (a stretch set apart: :meth:`CudaPeaks.apart`)."""
+        self._carried.pop(period, None)
+
 
 class CudaPeaks:
     """Allocated and reserved peaks of the CUDA caching allocator on one device, per (nested) period."""
@@ -90,6 +96,18 @@ class CudaPeaks:
             capacity=torch.cuda.get_device_properties(self.device).total_memory,
             utilization=busy,
         )
+
+    @contextlib.contextmanager
+    def apart(self, period: str = "trial") -> Iterator[None]:
+        """A stretch of work no other period sees (an advice trial's, which resets the counter as it likes): each
+        open period keeps its peak so far (:meth:`start`), and the counter is reset again after the stretch, so
+        that the stretch's own peak reaches none of them."""
+        self.start(period)
+        try:
+            yield
+        finally:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._peaks.drop(period)
 
     def _raw(self) -> tuple[int, int]:
         return torch.cuda.max_memory_allocated(self.device), torch.cuda.max_memory_reserved(self.device)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
 from lightning_perf.diagnose.rule_helpers import cpus_per_process, finding, reaches, stage_name
+from lightning_perf.diagnose.step_tried import thread_setting, tried_step_advice
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary
 from lightning_perf.units import ms, percent, plural, seconds_or_ms
@@ -48,6 +49,9 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         5. A virtual machine's steal time (:func:`steal_share`: its host ran something else on the CPUs) counts
            with the wait (:func:`own_wait`); where it is at least :data:`STEAL_CAUSE` of the wait counted, the
            title and advice name the host.
+        6. Where the advice's ``torch.set_num_threads(N)`` was tried on one real step (``StageEpoch.advice_trials``,
+           :mod:`~lightning_perf.diagnose.step_tried`), the advice leads with the measurement; one not
+           ``advice_trial_min_gain`` times as fast is withdrawn. The severity stays: the wait was measured.
     """
     share = wait_share(ctx)
     if share is None or not reaches(share, t.cpu_contention):
@@ -104,6 +108,9 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     if not host and not busy and not oversubscribed and wall and waited < OWN_MIN_WAIT:
         severity = "info"
         evidence.append(f"{ms(waited)} a batch: below {ms(OWN_MIN_WAIT)}, fewer threads would cost more than they save")
+    advice, _ = tried_step_advice(
+        ctx.advice_trials, "cpu_contention", advice, t.advice_trial_min_gain, thread_setting(advice)
+    )
     why = (
         "the virtual machine's host took the CPU"
         if host

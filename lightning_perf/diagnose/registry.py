@@ -15,13 +15,14 @@ from collections.abc import Callable, Collection, Sequence
 
 from lightning_perf.diagnose.busy_machine import measured_while_busy, told
 from lightning_perf.diagnose.contention import cpu_contention
+from lightning_perf.diagnose.cpu_threads import cpu_threads
 from lightning_perf.diagnose.evidence import from_too_few_batches
 from lightning_perf.diagnose.model import SEVERITIES, Finding, StageEpoch
 from lightning_perf.diagnose.rule_helpers import Rule, SummaryRule
 from lightning_perf.diagnose.rules_compile import compile_graph_breaks, compile_recompiles, compile_time, compile_unused
 from lightning_perf.diagnose.rules_compute import low_mfu
 from lightning_perf.diagnose.rules_data import dataloader_bound, h2d_copy
-from lightning_perf.diagnose.rules_device import cpu_threads, device_idle, host_sync, launch_bound, precision
+from lightning_perf.diagnose.rules_device import device_idle, host_sync, launch_bound, precision
 from lightning_perf.diagnose.rules_distributed import (
     communication_bound,
     fsdp_all_gathers,

@@ -7,7 +7,7 @@ comparisons tolerant of floating point, picking the trace window with the strong
 device and CPUs, Lightning's names for a stage's methods and hooks (for advice), and the :class:`Finding`
 builder. The numbers in evidence are formatted by :mod:`lightning_perf.units`. The rules themselves live one
 module per resource: :mod:`~lightning_perf.diagnose.rules_data` (input pipeline),
-:mod:`~lightning_perf.diagnose.rules_device` (accelerator and CPU compute),
+:mod:`~lightning_perf.diagnose.rules_device` (accelerator and CPU compute), :mod:`~lightning_perf.diagnose.cpu_threads`,
 :mod:`~lightning_perf.diagnose.rules_memory`, :mod:`~lightning_perf.diagnose.rules_step` (the training loop),
 :mod:`~lightning_perf.diagnose.rules_unstable` (its steadiness), :mod:`~lightning_perf.diagnose.rules_distributed`,
 :mod:`~lightning_perf.diagnose.rules_compute` (the arithmetic achieved against the device's peak) and

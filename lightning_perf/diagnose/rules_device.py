@@ -3,7 +3,7 @@ Compute device rules
 ====================
 
 How well the step keeps its compute device busy: ``host_sync``, ``device_idle``, ``launch_bound`` and
-``precision`` on a GPU, ``launch_bound`` and ``cpu_threads`` on a CPU.
+``precision`` on a GPU, ``launch_bound`` on a CPU (``cpu_threads`` is :mod:`~lightning_perf.diagnose.cpu_threads`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from lightning_perf.diagnose.rule_helpers import (
     FP32_PRECISIONS,
     below,
     compile_lever,
-    cpus_per_process,
     finding,
     in_window,
     on_cuda,
@@ -22,6 +21,7 @@ from lightning_perf.diagnose.rule_helpers import (
     step_method,
     strongest,
 )
+from lightning_perf.diagnose.step_tried import precision_setting, tried_step_advice
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import TraceSummary, share
 from lightning_perf.units import count, limit, ms, percent, us
@@ -297,6 +297,9 @@ def precision(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         3. Fires, as a warning, at ``precision_fp32_gemm`` in the window with the largest share, among those
            where the kernels take ``precision_min_time`` per step or more.
         4. Advice: ``"bf16-mixed"`` and TF32 on Ampere or newer, ``"16-mixed"`` on Volta and Turing.
+        5. Where the advised precision was tried on one real step (``StageEpoch.advice_trials``,
+           :mod:`~lightning_perf.diagnose.step_tried`), the advice leads with the measurement; one not
+           ``advice_trial_min_gain`` times as fast is withdrawn (TF32 stays advised), and the finding is ``info``.
     """
     if not on_cuda(ctx) or ctx.facts.precision not in FP32_PRECISIONS:
         return None
@@ -334,66 +337,15 @@ def precision(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             ' TF32: `torch.set_float32_matmul_precision("high")` at the start of the script (what Lightning\'s'
             ' "You are using a CUDA device ... that has Tensor Cores" message suggests).'
         ]
+    advice, withdrawn = tried_step_advice(
+        ctx.advice_trials, "precision", advice, t.advice_trial_min_gain, precision_setting(advice)
+    )
     return finding(
         ctx,
         "precision",
-        "warning",
+        "info" if withdrawn else "warning",
         f"{percent(value)} of GPU time in fp32 matmuls without tensor cores",
         evidence,
         advice,
         window,
-    )
-
-
-def cpu_threads(ctx: StageEpoch, t: Thresholds) -> Finding | None:
-    """A compute-bound CPU run computes on fewer threads than it has CPUs.
-
-    Notes:
-        1. Only on CPU (``RunFacts.device == "cpu"``), with the thread and CPU counts known, the step
-           compute-bound (data wait below ``dataloader_warning``) and long enough for threads to matter (median
-           ``cpu_threads_min_step`` or more).
-        2. This process's share of the CPUs is ``cpu_count // world_size``, less one per DataLoader worker.
-           Fires when ``torch_threads`` is below that share.
-        3. Warning when the threads are below ``cpu_threads_warning`` of the share and there are no
-           DataLoader workers; otherwise info (torch's default is the physical cores, often half the logical
-           CPUs, where hyperthreads add little; workers may need the cores).
-    """
-    facts = ctx.facts
-    threads, cpus = facts.torch_threads, facts.cpu_count
-    per_process = cpus_per_process(facts)  # None exactly when cpus is
-    if facts.device != "cpu" or threads is None or cpus is None or per_process is None:
-        return None
-    if reaches(ctx.epoch.data_wait_fraction, t.dataloader_warning) or below(
-        ctx.epoch.step_time_p50, t.cpu_threads_min_step
-    ):
-        return None
-    workers = facts.num_workers or 0
-    available = max(1, per_process - workers)
-    if threads >= available:
-        return None
-    weak = workers > 0 or reaches(threads / per_process, t.cpu_threads_warning)
-    evidence = [
-        f"torch computes on {threads} thread{'s' if threads != 1 else ''} with {per_process} CPUs for this"
-        " process"
-        + (f" ({cpus} shared by {facts.world_size} processes)" if facts.world_size > 1 else "")
-        + (f", {workers} of them for DataLoader workers" if workers else ""),
-        f"compute-bound: data wait {percent(ctx.epoch.data_wait_fraction)} (< {limit(t.dataloader_warning)}),"
-        f" median step {ms(ctx.epoch.step_time_p50)} (>= {ms(t.cpu_threads_min_step)})",
-        f"warning below {limit(t.cpu_threads_warning)} of the CPUs without DataLoader workers, else info",
-    ]
-    advice = [
-        f"Call `torch.set_num_threads({available})` at the start of the script, or unset `OMP_NUM_THREADS`"
-        " (launchers often set it to 1)."
-    ]
-    if workers:
-        advice.append(f"That leaves one CPU to each of the {workers} DataLoader workers.")
-    elif weak:
-        advice.append("Gains are smaller on hyperthreaded CPUs, where torch's default already uses each core once.")
-    return finding(
-        ctx,
-        "cpu_threads",
-        "info" if weak else "warning",
-        f"torch computes on {threads} of {per_process} CPUs",
-        evidence,
-        advice,
     )

@@ -23,6 +23,10 @@ Notes:
        trial that raises is warned of once (re-raised under ``strict``), recorded as untried, and training goes on.
     4. The record is ``run.advice_trials.<rule>`` in ``perf_report.json``; the diagnosis reads it back from there
        (:func:`~lightning_perf.diagnosis_context.advice_trials`).
+    5. **Step trials** (:mod:`~lightning_perf.hooks.step_trials`): ``cpu_threads``' and ``cpu_contention``'s
+       ``torch.set_num_threads(N)`` (at any severity: their ``info`` is a gain not known, which the trial
+       measures), and ``precision``'s mixed precision (warning), each tried on one real step of a copy of the
+       module; their estimate is the epoch's compute per batch for every step they take.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 
 from lightning_perf.budget import ProfilingBudget, trial_fits
 from lightning_perf.collect.loader_trial import TRIAL_BATCHES, TRIAL_REPETITIONS, TRIAL_WARMUP, try_loader_setting
+from lightning_perf.collect.memory import CudaPeaks
 from lightning_perf.collect.optimizer_trial import TRIAL_REPETITIONS as OPTIMIZER_REPETITIONS
 from lightning_perf.collect.optimizer_trial import TRIAL_STEPS as OPTIMIZER_STEPS
 from lightning_perf.collect.optimizer_trial import TRIAL_WARMUP as OPTIMIZER_WARMUP
@@ -50,6 +55,7 @@ from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.diagnosis_context import advice_trials
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.stage_measure import StageMeasure
+from lightning_perf.hooks.step_trials import precision_trial, thread_trials
 from lightning_perf.records import EpochSummary
 from lightning_perf.trial_records import AdviceTrial
 from lightning_perf.units import limit, seconds_or_ms
@@ -98,36 +104,51 @@ class AdviceTrials:
         self._thresholds = thresholds
         self._stages = stages or {}
         self.enabled = enabled
-        self._clock = clock
+        self.clock = clock
         self._done: set[str] = set()  # the rules tried, or found untriable: never again in this run
         self._optimizer_step: float | None = None  # one step of a copy of the optimizer, for the estimate
 
-    def diagnose(self, context: StageEpoch, run: dict[str, Any], trainer: Any) -> list[Finding]:
+    def diagnose(
+        self, context: StageEpoch, run: dict[str, Any], trainer: Any, peaks: CudaPeaks | None = None
+    ) -> list[Finding]:
         """The epoch's findings, with the run's trials so far (``run["advice_trials"]``); a trial the findings call
-        for (:meth:`attempt`) runs, and the epoch is diagnosed again with its record (Notes 1)."""
+        for (:meth:`attempt`) runs, and the epoch is diagnosed again with its record (Notes 1). ``peaks``: the
+        callback's CUDA peaks, which a step trial's memory is kept apart from."""
         stage = context.stage
         context = dataclasses.replace(context, advice_trials=advice_trials(run, stage))
         findings = diagnose(context, self._thresholds, on_error=self._policy.rule_failed)
-        if self.attempt(trainer, context.epoch, findings, run):  # the advice reports the measurement
+        if self.attempt(trainer, context.epoch, findings, run, peaks):  # the advice reports the measurement
             context = dataclasses.replace(context, advice_trials=advice_trials(run, stage))
             findings = diagnose(context, self._thresholds, on_error=self._policy.rule_failed)
         return findings
 
-    def due(self, summary: EpochSummary, findings: Sequence[Finding], rule: str = RULE) -> Finding | None:
-        """The finding of ``rule`` (warning or critical) whose advice this training epoch may try, or ``None``."""
+    def due(
+        self,
+        summary: EpochSummary,
+        findings: Sequence[Finding],
+        rule: str = RULE,
+        severities: Sequence[str] = ("warning", "critical"),
+    ) -> Finding | None:
+        """The finding of ``rule`` (of ``severities``) whose advice this training epoch may try, or ``None``."""
         if not self.enabled or rule in self._done or summary.stage != "train":
             return None
-        return next((f for f in findings if f.id == rule and f.severity in ("warning", "critical")), None)
+        return next((f for f in findings if f.id == rule and f.severity in severities), None)
 
-    def attempt(self, trainer: Any, summary: EpochSummary, findings: Sequence[Finding], run: dict[str, Any]) -> bool:
-        """Tries each setting a finding advises (DataLoader, optimizer), where the budget has room (Notes 2), and
-        keeps its record in ``run["advice_trials"]``; whether a new record was kept (the epoch is then diagnosed
-        again)."""
-        records = [
-            record
-            for record in (self._loader(trainer, summary, findings), self._optimizer(trainer, summary, findings))
-            if record is not None
-        ]
+    def attempt(
+        self,
+        trainer: Any,
+        summary: EpochSummary,
+        findings: Sequence[Finding],
+        run: dict[str, Any],
+        peaks: CudaPeaks | None = None,
+    ) -> bool:
+        """Tries each setting a finding advises (DataLoader, optimizer, threads, precision), where the budget has
+        room (Notes 2), and keeps its record in ``run["advice_trials"]``; whether a new record was kept (the epoch
+        is then diagnosed again)."""
+        tried = [self._loader(trainer, summary, findings), self._optimizer(trainer, summary, findings)]
+        tried += thread_trials(self, trainer, summary, findings, run.get("advice_trials") or {})
+        tried.append(precision_trial(self, trainer, summary, findings, peaks))
+        records = [record for record in tried if record is not None]
         for record in records:
             run.setdefault("advice_trials", {})[record.rule] = record.as_dict()
         return bool(records)
@@ -143,13 +164,13 @@ class AdviceTrials:
         measured = max(summary.measured_batches, 1)
         wait, compute = summary.data_wait / measured, max(summary.step_time - summary.data_wait, 0.0) / measured
         estimate = trial_estimate(wait, compute, int(loader.num_workers), setting)
-        return self._room(RULE, summary, written, estimate, trainer) or self._run(
+        return self.room(RULE, summary, written, estimate, trainer) or self.run(
             RULE,
             written,
             summary.epoch,
             f"`DataLoader({written})` on the training data",
             lambda: try_loader_setting(
-                loader, setting, rule=RULE, written=written, epoch=summary.epoch, compute=compute, clock=self._clock
+                loader, setting, rule=RULE, written=written, epoch=summary.epoch, compute=compute, clock=self.clock
             ),
         )
 
@@ -163,17 +184,17 @@ class AdviceTrials:
             return None if written is None or not optimizers else self._untried(optimizers[0], written, summary)
         optimizer, setting = optimizers[0], {written.partition("=")[0]: True}
         if self._optimizer_step is None:  # timed once: a copy of a large optimizer is not made every epoch
-            started = self._clock()
-            self._optimizer_step = step_times(optimizer_copy(optimizer, {}), 1, 0, self._clock)[0]
-            self._budget.charge(self._clock() - started)
+            started = self.clock()
+            self._optimizer_step = step_times(optimizer_copy(optimizer, {}), 1, 0, self.clock)[0]
+            self._budget.charge(self.clock() - started)
         estimate = 2 * OPTIMIZER_REPETITIONS * (OPTIMIZER_WARMUP + OPTIMIZER_STEPS) * self._optimizer_step
-        return self._room(OPTIMIZER_RULE, summary, written, estimate, trainer) or self._run(
+        return self.room(OPTIMIZER_RULE, summary, written, estimate, trainer) or self.run(
             OPTIMIZER_RULE,
             written,
             summary.epoch,
             f"`{written}` on a copy of the optimizer",
             lambda: try_optimizer_setting(
-                optimizer, setting, rule=OPTIMIZER_RULE, written=written, epoch=summary.epoch, clock=self._clock
+                optimizer, setting, rule=OPTIMIZER_RULE, written=written, epoch=summary.epoch, clock=self.clock
             ),
         )
 
@@ -182,12 +203,10 @@ class AdviceTrials:
         why = untriable_optimizer(optimizer) or "no optimizer"
         return AdviceTrial(rule=OPTIMIZER_RULE, setting=written, epoch=summary.epoch, untried=why)
 
-    def _room(
-        self, rule: str, summary: EpochSummary, written: str, estimate: float, trainer: Any
-    ) -> AdviceTrial | None:
+    def room(self, rule: str, summary: EpochSummary, written: str, estimate: float, trainer: Any) -> AdviceTrial | None:
         """``None`` where the trial fits the budget; else the untried record that says why."""
         budget = self._budget
-        spent, elapsed = budget.cost(self._clock()).seconds, budget.elapsed(self._clock())
+        spent, elapsed = budget.cost(self.clock()).seconds, budget.elapsed(self.clock())
         planned = _planned_seconds(trainer, summary)
         if trial_fits(budget.share, spent, estimate, max(elapsed, planned)):
             return None
@@ -197,10 +216,10 @@ class AdviceTrials:
         )
         return AdviceTrial(rule=rule, setting=written, epoch=summary.epoch, untried=why)
 
-    def _run(self, rule: str, written: str, epoch: int, what: str, trial: Callable[[], AdviceTrial]) -> AdviceTrial:
+    def run(self, rule: str, written: str, epoch: int, what: str, trial: Callable[[], AdviceTrial]) -> AdviceTrial:
         """Runs ``trial`` once in the run: its time charged to the budget and left out of the training stage's
         paces (Notes 2); a failure is warned of once and recorded as untried (Notes 3)."""
-        started = self._clock()
+        started = self.clock()
         try:
             record = trial()
         except Exception as err:
@@ -214,13 +233,22 @@ class AdviceTrials:
             record = AdviceTrial(
                 rule=rule, setting=written, epoch=epoch, untried=f"the trial failed: {type(err).__name__}"
             )
-        seconds = self._clock() - started
+        seconds = self.clock() - started
         self._budget.charge(seconds)
         if (st := self._stages.get("train")) is not None:  # the budget pays for it, not the epoch's reports
             st.report_pace.leave_out(seconds)
             st.measure_pace.leave_out(seconds)
         self._done.add(rule)
         return record
+
+    def settle(self, rule: str) -> None:
+        """``rule``'s advice is not asked again in this run (tried, or found untriable)."""
+        self._done.add(rule)
+
+    def untried(self, rule: str, written: str, epoch: int, why: str) -> AdviceTrial:
+        """The record of a setting that cannot be tried in this run (``why``): never asked again."""
+        self.settle(rule)
+        return AdviceTrial(rule=rule, setting=written, epoch=epoch, untried=why)
 
 
 def _planned_seconds(trainer: Any, summary: EpochSummary) -> float:

@@ -469,7 +469,7 @@ class EpochReporter:
             evidence_batches=self.config.thresholds.evidence_batches,
             fit_seconds=review.fit_seconds,
         )
-        findings = self.trials.diagnose(context, self.run_info, trainer)  # with the advice tried on the run's data
+        findings = self.trials.diagnose(context, self.run_info, trainer, self.cuda_peaks)  # the advice tried
         if self.oom is not None and (self.oom.stage, self.oom.epoch) == (stage, summary.epoch):
             findings, self.oom = [self.oom, *findings], None
         self.findings_by_epoch[(stage, summary.epoch)] = findings
