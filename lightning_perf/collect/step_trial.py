@@ -17,7 +17,9 @@ Notes:
        logged metrics do not change. The copy keeps its submodules' train and eval modes.
     3. **A step** is ``training_step(batch, 0)`` on the copy, under the run's precision context (or the one tried),
        and ``backward`` of its loss (a tensor, or a dict's ``"loss"``), the copy's gradients set to ``None`` first:
-       every step does the same work. On CUDA each step is synchronized. Lightning's warnings are silenced.
+       every step does the same work. On CUDA each step is synchronized. Lightning's warnings are silenced. A step
+       that ``loads`` reads its batch again first, as Notes 1 says (a thread trial, where the training's DataLoader
+       has no workers: the training process loads each batch between its steps, on the CPUs its threads share).
     4. **What it leaves as it was.** Every random stream is saved before and put back after
        (:func:`~lightning_perf.collect.loader_trial.kept_random_state`): the copy's dropout draws no number the
        training would. The training's parameters, gradients and optimizer state are not touched.
@@ -126,18 +128,23 @@ class TrialStep:
         module: The copy of the LightningModule.
         batch: The batch, on the device.
         context: The run's own precision context for the step (``precision_plugin.train_step_context``).
+        load: Reads the batch again (Notes 1), at each step's start; ``None``: the step reuses :attr:`batch`.
     """
 
     module: Any
     batch: Any
     context: Callable[[], ContextManager[Any]]
+    load: Callable[[], Any] | None = None
 
     @property
     def cuda(self) -> bool:
         return any(p.is_cuda for p in self.module.parameters())
 
     def run(self, context: Callable[[], ContextManager[Any]] | None = None) -> None:
-        """One forward and backward (Notes 3), under ``context`` (the run's own where ``None``)."""
+        """One forward and backward (Notes 3), under ``context`` (the run's own where ``None``); its batch read
+        first where the step :attr:`load` s."""
+        if self.load is not None:
+            self.batch = self.load()
         self.module.zero_grad(set_to_none=True)
         with (context or self.context)():
             output = self.module.training_step(self.batch, 0)
@@ -175,8 +182,9 @@ class NoLoss(Exception):
     """The copy's ``training_step`` returned no loss to call ``backward`` on."""
 
 
-def prepared_step(trainer: Any, loader: Any) -> TrialStep | str:
-    """The module's copy and a batch, stepped once (untimed); or why it cannot be tried (Notes 5). Call it under
+def prepared_step(trainer: Any, loader: Any, *, loads: bool = False) -> TrialStep | str:
+    """The module's copy and a batch, stepped once (untimed); or why it cannot be tried (Notes 5). With ``loads``,
+    each step reads its batch again (Notes 3). Call it under
     :func:`~lightning_perf.collect.loader_trial.kept_random_state` with warnings silenced."""
     why = untriable(trainer, loader)
     if why is not None:
@@ -184,7 +192,12 @@ def prepared_step(trainer: Any, loader: Any) -> TrialStep | str:
     module = trainer.lightning_module
     made = copy.deepcopy(module)
     made.trainer = None  # Lightning's __getstate__ leaves it out already (Notes 2): said here, not assumed
-    step = TrialStep(module=made, batch=trial_batch(trainer, loader), context=_run_context(trainer))
+    step = TrialStep(
+        module=made,
+        batch=trial_batch(trainer, loader),
+        context=_run_context(trainer),
+        load=(lambda: trial_batch(trainer, loader)) if loads else None,
+    )
     try:
         step.run()
     except NoLoss as err:

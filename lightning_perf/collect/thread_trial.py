@@ -8,7 +8,9 @@ prediction.
 
 Notes:
     1. The step is :mod:`~lightning_perf.collect.step_trial`'s: a copy of the module, one batch of the run's data,
-       forward and backward.
+       forward and backward; where the training's DataLoader has no workers, each step reads its batch first, in
+       this process, as the training does between its steps (a wait after which torch's spinning threads may hold
+       the CPUs: ``cpu_contention``'s Notes 4).
     2. :data:`~lightning_perf.collect.step_trial.TRIAL_REPETITIONS` repetitions, the two counts alternating
        (current first, then advised first): each sets torch's intra-op threads, steps once untimed (the thread
        pool resized), then times :data:`~lightning_perf.collect.step_trial.TRIAL_STEPS` steps; a repetition's
@@ -69,7 +71,7 @@ def try_threads(
     with kept_random_state(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the user's step warned in the training already
         try:
-            step = prepared_step(trainer, loader)
+            step = prepared_step(trainer, loader, loads=not loader.num_workers)
             if isinstance(step, str):
                 return AdviceTrial(rule=rule, setting=written, epoch=epoch, untried=step)
             ready = step

@@ -101,15 +101,16 @@ def step_tried(trials: Mapping[str, AdviceTrial], rule: str, setting: str | None
     elif rule == "precision":
         memory = "; peak memory not measured off CUDA"
     where = f"one batch of your data, {plural(trial.batches, 'step')} each on a copy of your module"
+    takes = "a forward and backward take" if rule == "precision" else "a step takes"
     cost = f"{spread}{memory}; the trial took {seconds_or_ms(trial.seconds)}"
     if trial.ratio >= min_gain and (trial.spread is None or trial.spread[0] >= 1.0):
         return StepTried(
-            f"Tried on {where}: with `{setting}` a forward and backward take {ms(trial.advised)} against"
+            f"Tried on {where}: with `{setting}` {takes} {ms(trial.advised)} against"
             f" {ms(trial.current)} now ({times(trial.ratio)}{cost}).",
             "gain",
         )
     return StepTried(
-        f"Tried `{setting}` on {where}: {times(trial.ratio)} (a forward and backward take {ms(trial.advised)} against"
+        f"Tried `{setting}` on {where}: {times(trial.ratio)} ({takes} {ms(trial.advised)} against"
         f" {ms(trial.current)} now{cost}), no gain; not advised.",
         "no gain",
     )
@@ -139,5 +140,5 @@ def tried_step_advice(
         return [tried.sentence, *lines], False
     if tried.outcome == "untried":
         return [*lines, tried.sentence], False
-    rest = kept if kept is not None else [without_sentence(line, f"`{setting}`") for line in lines]
+    rest = kept if kept is not None else [without_sentence(line, setting) for line in lines]
     return [tried.sentence, *(line for line in rest if line)], True

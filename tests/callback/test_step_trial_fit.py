@@ -94,7 +94,7 @@ def test_one_thread_of_two_cpus_is_tried_at_two_and_the_measurement_leads_or_wit
     if record["ratio"] >= 1.1 and record["spread"][0] >= 1.0:
         assert finding.advice.startswith(
             "Tried on one batch of your data, 9 steps each on a copy of your module: with `torch.set_num_threads(2)`"
-            " a forward and backward take"
+            " a step takes"
         ), finding.advice
     else:
         assert finding.severity == "info", finding
