@@ -20,6 +20,8 @@ Notes:
        gradients and autocast's copies of the weights; a setting's figure is its highest. The callback's own
        peaks are kept: the trial runs set apart (:meth:`~lightning_perf.collect.memory.CudaPeaks.apart`), so no
        epoch or window reports the trial's memory. On CPU the peak is not measured (``None``).
+    4. A step that raises a ``RuntimeError`` under autocast (a kernel the dtype has none of on this device) leaves
+       the setting untried, with torch's reason: the advice stays a prediction and says why.
 """
 
 from __future__ import annotations
@@ -95,17 +97,21 @@ def try_precision(
             return seconds
 
         with apart() if apart is not None and step.cuda else contextlib.nullcontext():
-            trial = alternated(
-                measure,
-                repetitions,
-                rule=rule,
-                setting=written,
-                epoch=epoch,
-                batches=0,
-                started=started,
-                clock=clock,
-                enough=None if limit is None else lambda: clock() - started > limit,
-            )
+            try:
+                trial = alternated(
+                    measure,
+                    repetitions,
+                    rule=rule,
+                    setting=written,
+                    epoch=epoch,
+                    batches=0,
+                    started=started,
+                    clock=clock,
+                    enough=None if limit is None else lambda: clock() - started > limit,
+                )
+            except RuntimeError as err:  # a kernel the dtype has none of here (oneDNN's bf16 LSTM on some CPUs)
+                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                return AdviceTrial(rule=rule, setting=written, epoch=epoch, untried=f"the step failed: {reason}")
     return dataclasses.replace(
         trial,
         batches=steps * trial.repetitions,

@@ -12,9 +12,10 @@ Notes:
        (:func:`~lightning_perf.collect.loader_trial.trial_loader`): never from the running iterator or the
        sampler, so the training's data order does not move. It goes to the device by the strategy's own transfer
        (``trainer.strategy.batch_to_device``: the module's transfer hooks run, as for a training batch).
-    2. **The copy.** ``copy.deepcopy`` of the LightningModule. Lightning's ``__getstate__`` leaves the trainer out
-       of the copy (Lightning 2.6), so ``self.log`` in the copy's ``training_step`` warns and logs nothing: the run's
-       logged metrics do not change. The copy keeps its submodules' train and eval modes.
+    2. **The copy.** ``copy.deepcopy`` of the LightningModule (:func:`module_copy`). Lightning's ``__getstate__``
+       leaves the trainer out of the copy (Lightning 2.6), so ``self.log`` in the copy's ``training_step`` warns and
+       logs nothing: the run's logged metrics do not change. The copy keeps its submodules' train and eval modes,
+       and whatever else the module holds (a dataset it keeps is copied too).
     3. **A step** is ``training_step(batch, 0)`` on the copy, under the run's precision context (or the one tried),
        and ``backward`` of its loss (a tensor, or a dict's ``"loss"``), the copy's gradients set to ``None`` first:
        every step does the same work. On CUDA each step is synchronized. Lightning's warnings are silenced. A step
@@ -27,7 +28,8 @@ Notes:
        ``training_step`` steps the optimizers itself), a sharded strategy (FSDP, DeepSpeed: a copy would gather
        or duplicate the shards), a compiled module (a copy would compile again, at a cost no estimate foresees),
        a dataset the DataLoader trial cannot read (``IterableDataset``, no ``__len__``), CUDA without free memory
-       for a copy; a ``training_step`` that needs the trainer (``self.trainer``), or returns no loss.
+       for a copy; a module ``copy.deepcopy`` refuses, a ``training_step`` that needs the trainer
+       (``self.trainer``), or returns no loss.
 """
 
 from __future__ import annotations
@@ -189,9 +191,11 @@ def prepared_step(trainer: Any, loader: Any, *, loads: bool = False) -> TrialSte
     why = untriable(trainer, loader)
     if why is not None:
         return why
-    module = trainer.lightning_module
-    made = copy.deepcopy(module)
-    made.trainer = None  # Lightning's __getstate__ leaves it out already (Notes 2): said here, not assumed
+    try:
+        made = module_copy(trainer.lightning_module)
+    except Exception as err:  # a module copy.deepcopy cannot copy: said, not raised
+        reason = str(err).splitlines()[0] if str(err) else ""
+        return f"`copy.deepcopy` cannot copy the module ({type(err).__name__}: {reason})"
     step = TrialStep(
         module=made,
         batch=trial_batch(trainer, loader),
@@ -207,6 +211,20 @@ def prepared_step(trainer: Any, loader: Any, *, loads: bool = False) -> TrialSte
             raise
         return "`training_step` needs the trainer (`self.trainer`), which a copy of the module has not"
     return step
+
+
+def module_copy(module: Any) -> Any:
+    """``copy.deepcopy`` of ``module``, without its trainer (Notes 2). A tensor attribute of a submodule that is an
+    autograd graph's output (a torchmetrics loss's ``_forward_cache``), which ``deepcopy`` refuses, is copied
+    detached."""
+    memo: dict[int, Any] = {}
+    for submodule in module.modules():
+        for value in vars(submodule).values():
+            if isinstance(value, torch.Tensor) and not value.is_leaf:
+                memo[id(value)] = value.detach()
+    made = copy.deepcopy(module, memo)
+    made.trainer = None  # Lightning's __getstate__ leaves it out already: said here, not assumed
+    return made
 
 
 def _run_context(trainer: Any) -> Callable[[], ContextManager[Any]]:
