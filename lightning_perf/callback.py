@@ -118,10 +118,12 @@ class PerfCallback(StageEvents, ResultsView):
         memory_history: On CUDA, record the allocator's history from the first training epoch (it costs: off by
             default), and on an out-of-memory error save ``memory_snapshot.pickle`` beside the report (open it at
             pytorch.org/memory_viz) and name its largest live allocations by call site in the report.
-        try_advice: Try a finding's advised DataLoader setting on the run's own data, once per run, at a training
-            epoch's end where the profiling budget has room: ``dataloader_bound``'s advice then reports the setting's
-            measured speed against the current one, and withdraws it where it showed no gain. The training is
-            unchanged (its data order, random streams and parameters). ``False``: no trial; advice stays predicted.
+        try_advice: Try a finding's advised setting on the run's own data, once per run, at a training epoch's end
+            where the profiling budget has room: a DataLoader setting, an optimizer's ``fused``/``foreach``, a
+            ``torch.set_num_threads`` count and a mixed precision (on one step of a copy of the module). The advice
+            then reports the setting's measured speed against the current one, and withdraws it where it showed no
+            gain. The training is unchanged (its data order, random streams, thread count and parameters).
+            ``False``: no trial; advice stays predicted.
 
     Raises:
         ValueError: At construction, listing every invalid argument with its value and what is allowed.

@@ -114,3 +114,19 @@ def test_step_trials_leave_the_training_bit_identical_and_try_advice_false_tries
     assert torch.equal(torch.stack(with_trials.losses), torch.stack(without.losses))
     for a, b in zip(with_trials.parameters(), without.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+@TWO_CPUS
+def test_no_room_in_the_budget_leaves_the_thread_count_untried_and_says_so(tmp_path):
+    with torch_threads(1):
+        torch.manual_seed(0)
+        callback = PerfCallback(max_windows=0, stages=["train"], profile_budget=0.01, verbose=0)
+        trainer(tmp_path, [callback], max_epochs=1, limit_val_batches=0).fit(Wide())
+    record = callback.report["run"]["advice_trials"]["cpu_threads"]
+    # 19 steps of the trial against 1% of a 16-step run: no room.
+    assert record["ratio"] is None and "profiling budget (1%" in record["untried"], record
+    [finding] = [f for f in callback.findings_for("train", epoch=0) if f.id == "cpu_threads"]
+    assert "This is a prediction: `torch.set_num_threads(2)` was not tried on this run (the profiling budget" in (
+        finding.advice
+    )
+    assert callback.report["run"]["profiling"]["seconds"] < 0.5  # nothing was charged for it

@@ -19,7 +19,7 @@ from lightning_perf.diagnose.registry import rule_explanation
 from lightning_perf.report.findings import docs_section
 from lightning_perf.report.html.document import Cell, Section, esc, table
 from lightning_perf.trial_records import AdviceTrial
-from lightning_perf.units import count, ms, plural, seconds_or_ms, times
+from lightning_perf.units import count, ms, plural, seconds_or_ms, size, times
 
 MAX_EPOCH_RANGES = 12
 """Epoch ranges named per finding (a rule firing every other epoch of a long run would name hundreds); the
@@ -124,7 +124,8 @@ def finding_html(
 
 def trial_html(trial: AdviceTrial) -> str:
     """The record of a finding's advice tried on the run (issue 48): the setting, both medians, the ratio and its
-    spread, what was timed and what the trial cost; or why it was not tried."""
+    spread, what was timed and what the trial cost, and a step's peak memory with each where it was measured; or
+    why it was not tried."""
     if trial.untried is not None or trial.ratio is None or trial.current is None or trial.advised is None:
         return (
             f'<p class="note"><b>Not tried:</b> <code>{esc(trial.setting)}</code>: {rich_text(trial.untried or "")}</p>'
@@ -140,7 +141,12 @@ def trial_html(trial: AdviceTrial) -> str:
         Cell(seconds_or_ms(trial.seconds), num=True),
     ]
     headers = ["tried", "now", "with it", "gain", "spread", "timed x repetitions", "cost"]
-    return "<p><b>Tried on this run:</b></p>" + table(headers, [row], numeric=[False, *[True] * 6])
+    memory = (
+        f"<p>A step's peak memory: {esc(size(trial.current_peak))} now, {esc(size(trial.advised_peak))} with it.</p>"
+        if trial.current_peak is not None and trial.advised_peak is not None
+        else ""
+    )
+    return "<p><b>Tried on this run:</b></p>" + table(headers, [row], numeric=[False, *[True] * 6]) + memory
 
 
 def _explained(rule_id: str) -> str:
