@@ -11,7 +11,8 @@ Notes:
     2. A count equal to the run's own is not tried (nothing to compare). Where both thread rules advise the same
        count, the second takes the first's record: one measurement, the same step.
     3. The estimate: every step the trial takes (:func:`step_estimate`) at the epoch's compute per batch (its
-       step time less its data wait), which includes the optimizer's step the trial does not take. A trial past
+       step time less its data wait; a thread trial whose steps read their batch in the training process: the whole
+       step time), which includes the optimizer's step the trial does not take. A trial past
        :data:`~lightning_perf.collect.step_trial.TRIAL_OVERRUN` times it stops after the repetition it is in.
 """
 
@@ -48,11 +49,12 @@ Trial = Callable[[Any, Any, str, str, int, float], AdviceTrial]
 ANY_SEVERITY = ("info", "warning", "critical")
 
 
-def step_estimate(summary: EpochSummary) -> float:
+def step_estimate(summary: EpochSummary, *, loads: bool = False) -> float:
     """What a step trial should cost, in seconds (Notes 3): its first step, and each repetition's warm-up and timed
-    steps for both settings, at the epoch's compute per batch."""
-    compute = max(summary.step_time - summary.data_wait, 0.0) / max(summary.measured_batches, 1)
-    return (1 + 2 * TRIAL_REPETITIONS * (TRIAL_WARMUP + TRIAL_STEPS)) * compute
+    steps for both settings, at the epoch's compute per batch, and its data wait where each step ``loads`` its
+    batch in the training process."""
+    per_batch = summary.step_time if loads else max(summary.step_time - summary.data_wait, 0.0)
+    return (1 + 2 * TRIAL_REPETITIONS * (TRIAL_WARMUP + TRIAL_STEPS)) * per_batch / max(summary.measured_batches, 1)
 
 
 def thread_trials(
@@ -140,9 +142,9 @@ def _step_trial(
     """A step trial through ``trials``: untriable said once; else the budget asked (Notes 3), the trial run."""
     loader = first_dataloader(stage_dataloaders(trainer, "train"))
     why = untriable(trainer, loader)
-    if why is not None:
-        return trials.untried(rule, written, summary.epoch, why)
-    estimate = step_estimate(summary)
+    if why is not None or loader is None:
+        return trials.untried(rule, written, summary.epoch, why or "no training DataLoader")
+    estimate = step_estimate(summary, loads=rule in THREAD_RULES and not loader.num_workers)
     limit = TRIAL_OVERRUN * estimate
     return trials.room(rule, summary, written, estimate, trainer) or trials.run(
         rule, written, summary.epoch, what, lambda: trial(trainer, loader, rule, written, summary.epoch, limit)
