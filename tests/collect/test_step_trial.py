@@ -16,7 +16,7 @@ from lightning_perf.collect.memory import NestedPeaks
 from lightning_perf.collect.precision_trial import try_precision
 from lightning_perf.collect.run_info import first_dataloader
 from lightning_perf.collect.thread_trial import try_threads
-from models import TinyModel, trainer
+from models import TinyModel, torch_threads, trainer
 
 BF16 = dict(rule="precision", written='precision="bf16-mixed"', epoch=0)
 TWO = dict(rule="cpu_threads", written="torch.set_num_threads(2)", epoch=0)
@@ -29,10 +29,10 @@ class Logged(TinyModel):
         super().__init__(n=32, batch_size=8, width=64)
         self.net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.5), nn.Linear(64, 1))
         self.steps = 0
-        self.fail = False
+        self.fail_at: int | None = None  # a thread count its step raises at
 
     def training_step(self, batch, batch_idx):
-        if self.fail:
+        if self.fail_at == torch.get_num_threads():
             raise ValueError("broken step")
         self.steps += 1
         loss = super().training_step(batch, batch_idx)
@@ -69,13 +69,15 @@ class Trial(pl.Callback):
             self.result = self.trial(trainer, first_dataloader(trainer.train_dataloader))
         except Exception as err:
             self.result = err
-        pl_module.fail = False
+        pl_module.fail_at = None
         self.after = self.state(trainer, pl_module)
 
 
 def run(tmp_path, trial, model=None):
+    """A fit on one torch thread (a trial of 2 then changes the count), ``trial`` at its epoch's end."""
     callback = Trial(trial)
-    trainer(tmp_path, [callback], max_epochs=1, limit_val_batches=0, logger=False).fit(model or Logged())
+    with torch_threads(1):
+        trainer(tmp_path, [callback], max_epochs=1, limit_val_batches=0, logger=False).fit(model or Logged())
     return callback
 
 
@@ -109,7 +111,7 @@ def test_an_advised_thread_count_is_timed_and_the_count_is_put_back(tmp_path):
     callback = run(tmp_path, lambda trainer, loader: try_threads(trainer, loader, 2, **TWO))
     record = callback.result
     assert record.untried is None and record.current > 0 and record.advised > 0, record
-    assert same(callback.before, callback.after)
+    assert same(callback.before, callback.after) and callback.after[3] == 1
 
 
 def test_a_trial_past_its_limit_stops_after_one_repetition(tmp_path):
@@ -117,14 +119,14 @@ def test_a_trial_past_its_limit_stops_after_one_repetition(tmp_path):
     assert callback.result.repetitions == 1 and callback.result.batches == 3, callback.result
 
 
-def test_a_step_that_raises_puts_the_thread_count_back(tmp_path):
+def test_a_step_that_raises_at_the_advised_count_puts_the_thread_count_back(tmp_path):
     def broken(trainer, loader):
-        trainer.lightning_module.fail = True  # the copy inherits it
+        trainer.lightning_module.fail_at = 2  # the copy inherits it; the training steps on 1 thread
         return try_threads(trainer, loader, 2, **TWO)
 
     callback = run(tmp_path, broken)
     assert isinstance(callback.result, ValueError)
-    assert callback.before[3] == callback.after[3]
+    assert callback.before[3] == callback.after[3] == 1
 
 
 class Manual(Logged):
@@ -190,3 +192,19 @@ def test_a_stretch_set_apart_leaves_the_open_periods_their_peaks_before_it():
     peaks.drop("trial")  # ... and reset again after it: the trial's own peak reaches no period
     assert peaks.read("train", (40, 60)) == (100, 120)
     assert peaks.read("trial", (40, 60)) == (40, 60)  # forgotten
+
+
+class KeepsOutput(Logged):
+    """Keeps its last loss, graph and all, as a torchmetrics loss keeps its ``_forward_cache``: ``copy.deepcopy``
+    refuses such a tensor."""
+
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        self.last = out["loss"] * 1
+        return out
+
+
+def test_a_module_holding_a_graphs_output_is_copied_with_it_detached(tmp_path):
+    callback = run(tmp_path, lambda trainer, loader: try_precision(trainer, loader, "bfloat16", **BF16), KeepsOutput())
+    assert callback.result.untried is None, callback.result
+    assert same(callback.before, callback.after)
