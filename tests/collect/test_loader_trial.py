@@ -6,10 +6,10 @@ from __future__ import annotations
 import multiprocessing
 
 import pytest
-from models import SleepyDataset
 from torch.utils.data import DataLoader
 
 from lightning_perf.collect.loader_trial import epoch_wait, fetch_times, trial_loader, warmup_batches
+from models import SleepyDataset
 
 
 def test_an_epoch_holds_its_first_batches_as_timed_and_the_rest_at_the_steady_pace() -> None:
