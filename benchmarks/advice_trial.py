@@ -8,7 +8,8 @@ for a batch, current over advised) with what applying the advice does: a fit wit
 the advised ``DataLoader`` arguments and one without them (both with ``try_advice=False``), each of ``--epochs``
 epochs, planned as 1000 (so that the advice weighs the workers' start-up over a long run) and stopped early. It
 prints the trial's record, and the applied runs' data wait per batch and median epoch over the epochs after the
-first.
+first. The trial's figure is a step's time per batch over an epoch (its wait and compute): compare it with
+the applied step's.
 
 Datasets: ``tests/models.py``'s ``SleepyDataset`` (5 ms a sample, batches of 4: I/O-bound) and in-memory
 ``TensorDataset`` s of 8192x16 floats at three batch sizes (torch on one thread, so that a CPU is free).
@@ -66,8 +67,9 @@ def fit(model: TinyModel, epochs: int, setting: dict[str, Any] | None, try_advic
         run = trainer(pathlib.Path(tmp), [callback, StopAfter(epochs)], max_epochs=1000, limit_val_batches=0)
         run.fit(model)
     later = [e for e in callback.epochs if e.stage == "train"][1:]
-    wait = sum(e.data_wait for e in later) / max(sum(e.measured_batches for e in later), 1)
-    return callback, (wait, statistics.median(e.wall_time or 0.0 for e in later))
+    batches = max(sum(e.measured_batches for e in later), 1)
+    wait, step = sum(e.data_wait for e in later) / batches, sum(e.step_time for e in later) / batches
+    return callback, (wait, step, statistics.median(e.wall_time or 0.0 for e in later))
 
 
 def compare(name: str, make: Callable[[], TinyModel], epochs: int) -> None:
@@ -76,14 +78,15 @@ def compare(name: str, make: Callable[[], TinyModel], epochs: int) -> None:
     if not record or record["untried"]:
         print(f"{name}: no trial ({record['untried'] if record else 'no setting advised'})")
         return
-    _, (wait_after, epoch_after) = fit(make(), epochs, loader_setting(record["setting"]), False)
-    _, (wait_before, epoch_before) = fit(make(), epochs, None, False)
+    _, (wait_after, step_after, epoch_after) = fit(make(), epochs, loader_setting(record["setting"]), False)
+    _, (wait_before, step_before, epoch_before) = fit(make(), epochs, None, False)
     low, high = record["spread"]
     print(
-        f"{name}: tried `{record['setting']}`: {record['ratio']:.2f}x ({low:.2f}-{high:.2f}), cost"
-        f" {record['seconds']:.2f} s; applied: wait {wait_before * 1e3:.2f} -> {wait_after * 1e3:.2f} ms a batch"
-        f" ({wait_before / max(wait_after, 1e-9):.2f}x), epoch {epoch_before:.3f} -> {epoch_after:.3f} s"
-        f" ({epoch_before / epoch_after:.2f}x)"
+        f"{name}: tried `{record['setting']}`: a step {record['current'] * 1e3:.2f} -> {record['advised'] * 1e3:.2f}"
+        f" ms a batch, {record['ratio']:.2f}x ({low:.2f}-{high:.2f}), cost {record['seconds']:.2f} s; applied: step"
+        f" {step_before * 1e3:.2f} -> {step_after * 1e3:.2f} ms a batch ({step_before / step_after:.2f}x), wait"
+        f" {wait_before * 1e3:.2f} -> {wait_after * 1e3:.2f} ms ({wait_before / max(wait_after, 1e-9):.2f}x), epoch"
+        f" {epoch_before:.3f} -> {epoch_after:.3f} s ({epoch_before / epoch_after:.2f}x)"
     )
 
 

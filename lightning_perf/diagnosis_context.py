@@ -75,6 +75,8 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         dataset_class=loader.get("dataset_class"),
         dataset_library=loader.get("dataset_library"),
         dataset_length=loader.get("dataset_length"),
+        loader_built_by=loader.get("built_by"),
+        loader_builder=loader.get("builder"),
         peak_flops=run.get("peak_flops"),
         epochs=run.get("max_epochs"),  # a validate, test or predict call plans 1
         compiled_modules=run.get("compiled_modules"),
@@ -85,6 +87,8 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         optimizer=(run.get("optimizer_info") or {}).get("class"),
         optimizer_fused=(run.get("optimizer_info") or {}).get("fused"),
         optimizer_fusable=(run.get("optimizer_info") or {}).get("fusable"),
+        optimizer_built_by=(run.get("optimizer_info") or {}).get("built_by"),
+        optimizer_builder=(run.get("optimizer_info") or {}).get("builder"),
     )
 
 

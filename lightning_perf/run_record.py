@@ -32,6 +32,10 @@ class LoaderInfo(TypedDict, total=False):
             the user's own code.
         dataset_length: ``len(dataset)`` of a map-style dataset; ``null`` for an iterable one or one without a
             length.
+        built_by: The installed library whose hook built the DataLoader (a LightningModule's or
+            LightningDataModule's ``*_dataloader`` of that library's class), or ``null`` where the user's code did
+            or it was passed to the Trainer call.
+        builder: That hook, as ``"Class.train_dataloader"``, or ``null``.
     """
 
     num_workers: int
@@ -45,6 +49,8 @@ class LoaderInfo(TypedDict, total=False):
     dataset_class: str | None
     dataset_library: str | None
     dataset_length: int | None
+    built_by: str | None
+    builder: str | None
 
 
 class RunInfo(TypedDict, total=False):
@@ -71,8 +77,10 @@ class RunInfo(TypedDict, total=False):
         progress_bar: The progress bar's class, or ``null`` where none draws.
         progress_bar_refresh: Its ``refresh_rate``, or ``null``.
         dataloaders: Each stage's DataLoader (:class:`LoaderInfo`), by stage.
-        optimizer_info: The first optimizer: ``class``, ``fused``, ``foreach`` and ``fusable`` (a torch optimizer
-            with a fused implementation).
+        optimizer_info: The first optimizer: ``class``, ``fused``, ``foreach``, ``fusable`` (a torch optimizer
+            with a fused implementation), and ``built_by`` and ``builder``: the installed library whose
+            ``configure_optimizers`` built it and that hook (``"PLForecastingModule.configure_optimizers"``), or
+            ``null`` where the user's code did.
         peak_flops: The per-device peak that MFU divides by (FLOP/s), or ``null`` when unknown.
         flops: Absent until a batch's FLOPs are counted: ``by_module`` (``[[module, forward FLOPs], ...]``),
             ``forward``, ``counted`` (``[{flops, samples, shape}, ...]``) and ``uncounted`` (``[[op, calls],

@@ -25,12 +25,16 @@ class AdviceTrial:
         setting: The advised setting as the advice writes it, e.g. ``"num_workers=2, persistent_workers=True"``.
         epoch: The training epoch at whose end it was tried (or found untriable).
         compute: The step's compute per batch (seconds) the trial spent between fetches, as the step would.
-        current: The wait for a batch with the current settings (seconds: the median of the repetitions' mean waits);
-            ``None`` where not tried.
-        advised: The wait for a batch with the advised setting (seconds, as ``current``); ``None`` where not tried.
-        ratio: ``current / advised``: how many times shorter the advised setting's wait is (below 1: longer).
+        current: With the current settings, the time per batch of a step (a DataLoader trial: the wait for the
+            batch and ``compute``, over an epoch of ``epoch_batches``), of an optimizer step, or of a training step
+            on a copy of the module (a step trial), in seconds: the median over the repetitions; ``None`` where not
+            tried.
+        advised: The same with the advised setting (seconds, as ``current``); ``None`` where not tried.
+        ratio: ``current / advised``: how many times as fast the advised setting is (below 1: slower).
         spread: The lowest and highest of the repetitions' own ratios.
         batches: The batches (a step trial: the steps) timed with each setting, all repetitions together.
+        epoch_batches: The training epoch's batches, over which a DataLoader trial's times are per batch (the
+            workers' start-up included); 0 where the figures are per step timed.
         repetitions: The repetitions, each timing both settings (their order alternating).
         seconds: The trial's own wall time, charged to the profiling budget.
         current_peak: A step trial's peak CUDA memory above what was allocated before the step (bytes), with the
@@ -48,6 +52,7 @@ class AdviceTrial:
     ratio: float | None = None
     spread: tuple[float, float] | None = None
     batches: int = 0
+    epoch_batches: int = 0
     repetitions: int = 0
     seconds: float = 0.0
     current_peak: int | None = None

@@ -21,23 +21,32 @@ How busy the CPUs and the workers were is :mod:`lightning_perf.collect.cpu`'s.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from torch.utils.data import IterableDataset
+
+from lightning_perf.collect.builders import installed_package, loader_builder
+from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, stage_dataloaders
 
 # How deep the dataset's attributes are searched for objects of the module (the dataset, its wrappers'
 # datasets such as Subset.dataset, and their attributes).
 SEARCH_DEPTH = 3
 # Values that cannot carry state the module changes, and objects too common to mean sharing.
 _IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), range, frozenset)
-# Where installed packages live (pip, venv, conda, Debian's python3-* packages); a project installed in
-# editable mode stays in its own folder, and is the user's.
-_INSTALLED = frozenset({"site-packages", "dist-packages"})
 # torch's wrappers whose items come from the dataset they wrap (``random_split``'s ``Subset``).
 _WRAPPERS = ("torch.utils.data.",)
+
+
+def loader_info(trainer: Any, stage: str) -> dict[str, Any] | None:
+    """``run.dataloaders.<stage>`` (:class:`~lightning_perf.run_record.LoaderInfo`): the stage's first DataLoader's
+    settings, :func:`dataset_facts`, and who built it (:func:`~lightning_perf.collect.builders.loader_builder`);
+    ``None`` without a DataLoader."""
+    loader = first_dataloader(stage_dataloaders(trainer, stage))
+    settings = dataloader_settings(loader)
+    if settings is None:
+        return None
+    return {**settings, **dataset_facts(loader, trainer.lightning_module), **loader_builder(trainer, stage)}
 
 
 def dataset_facts(dataloader: Any, module: Any) -> dict[str, Any]:
@@ -89,37 +98,7 @@ def dataset_origin(dataset: Any) -> dict[str, Any]:
             break
         dataset = inner
     cls = type(dataset)
-    module = sys.modules.get(cls.__module__)
-    path = getattr(module, "__file__", None)
-    top = cls.__module__.partition(".")[0]
-    installed = path is not None and (not _INSTALLED.isdisjoint(Path(path).parts) or _beside_its_metadata(top))
-    return {
-        "dataset_class": cls.__qualname__,
-        "dataset_library": cls.__module__.partition(".")[0] if installed else None,
-    }
-
-
-def _beside_its_metadata(top: str) -> bool:
-    """Whether the top-level package ``top`` was installed outside ``site-packages`` (``pip install --target DIR``):
-    the folder that holds it holds a distribution's ``*.dist-info`` whose ``top_level.txt`` names it. One folder
-    is read, not every distribution on the path (``importlib.metadata.packages_distributions()``: 0.4-0.6 s)."""
-    path = getattr(sys.modules.get(top), "__file__", None)
-    if path is None:
-        return False
-    folder = Path(path).parent
-    root = folder.parent if folder.name == top else folder  # a package's folder, or a lone module's
-    try:
-        for info in root.glob("*.dist-info"):
-            names = (
-                (info / "top_level.txt").read_text(encoding="utf-8").split()
-                if (info / "top_level.txt").is_file()
-                else []
-            )
-            if top in names:
-                return True
-    except OSError:
-        return False
-    return False
+    return {"dataset_class": cls.__qualname__, "dataset_library": installed_package(cls)}
 
 
 def shared_state(dataset: Any, module: Any) -> str | None:

@@ -12,20 +12,31 @@ Notes:
        :func:`warmup_batches`, and :data:`TRIAL_BATCHES`; wrapping round a smaller dataset), never the training's
        sampler, whose generator must not move; each loader draws its workers' base seed from a private generator.
     2. :data:`TRIAL_REPETITIONS` repetitions, the two loaders alternating (current first, then advised first):
-       each builds its loader, fetches its warm-up batch (the workers' start-up), then times each of the next
-       :data:`TRIAL_BATCHES` batches' fetch (``next`` on the iterator, wall time), and stops its workers. After
-       each fetch the training process spends the step's compute (the epoch's mean compute per batch) spinning on
-       a CPU, as a step on one thread would: workers load the next batches meanwhile, as they do in training, so
-       a fetch's time is the wait the step would see. (Timed against an idle consumer, one worker on a wide model
-       read 0.99x where applied it shortened the wait 1.08x and the epoch 1.11x; with the compute slept instead
-       of spun, which leaves the CPU to the workers, one worker over an in-memory ``TensorDataset`` read 1.24x and
-       1.76x where applied it made the epoch 0.89x and 0.83x as fast: ``benchmarks/advice_trial.py``.) A step on
-       several threads takes more CPUs than the spin: there the trial is optimistic for workers that compute.
-    3. Each repetition's wait of a setting is its mean over the timed batches: with workers the waits are
-       bimodal (none for a batch they loaded ahead, a long one when they fell behind), and their median read 12.3x
-       for 2 workers where applied they shortened the wait 3.5x (``benchmarks/advice_trial.py``). Each setting's
-       figure is the median of its repetitions' means; the ratio is ``current / advised``; the spread is the lowest
-       and highest of the repetitions' own ratios.
+       each builds its loader and reads it as a training epoch starts, timing every batch's fetch (``next`` on the
+       iterator, wall time) from the moment the epoch asks for its iterator, so the first batch holds the workers'
+       start-up as it does in training; then it stops the workers. A loader with ``persistent_workers`` starts
+       them once per fit: its workers are started by an untimed first pass, and the timed pass starts at the
+       second ``iter``, as a later epoch does. After each fetch the training process spends the step's compute
+       (the epoch's mean compute per batch) spinning on a CPU, as a step on one thread would: workers load the
+       next batches meanwhile, as they do in training, so a fetch's time is the wait the step would see. (Timed
+       against an idle consumer, one worker on a wide model read 0.99x where applied it shortened the wait 1.08x
+       and the epoch 1.11x; with the compute slept instead of spun, which leaves the CPU to the workers, one worker
+       over an in-memory ``TensorDataset`` read 1.24x and 1.76x where applied it made the epoch 0.89x and 0.83x as
+       fast: ``benchmarks/advice_trial.py``.) A step on several threads takes more CPUs than the spin: there the
+       trial is optimistic for workers that compute.
+    3. A repetition's figure is the time per batch of a whole training epoch's steps (:func:`epoch_wait`, plus
+       the compute spent after each fetch): its timed batches as the epoch's first ones, and the rest of the epoch
+       at the mean of the last :data:`TRIAL_BATCHES` (the workers' steady pace). With workers, an epoch's first
+       batch waits for their start-up, the next ones come from what they loaded meanwhile, and only then the
+       steady pace holds. And the step's time, not its wait alone, is compared: a step's compute shrinks where
+       its batch comes at once (a small model's step after a 20-ms wait for a sleeping dataset computed 4.7 ms,
+       and 1.2 ms once 3 workers fed it), so the compute spent between fetches is an upper bound, and a wait
+       measured against it is too short. Timing the workers' steady wait alone read 14.6x and 15.7x for 5-6
+       workers on a dataset sleeping 5 ms a sample where applied they shortened the wait per batch 6.2x and
+       7.2x, and with the epoch's start but the wait alone, 8.1x where applied 3 workers made the epoch 3.4x as
+       fast (epochs of 32 batches; ``benchmarks/advice_trial.py``). Each setting's figure is the median of its
+       repetitions'; the ratio is ``current / advised``; the spread is the lowest and highest of the repetitions'
+       own ratios.
     4. Every random stream the dataset's ``__getitem__`` or the DataLoader could draw from is saved before the
        trial and put back after it (:func:`kept_random_state`): torch's CPU generator, CUDA's (where it was
        initialized), numpy's global one and Python's ``random``. The training goes on bit-identical.
@@ -58,12 +69,10 @@ TRIAL_REPETITIONS = 3
 """Repetitions of the pair (Notes 2): enough for a spread, at the cost of starting the workers this many times."""
 
 TRIAL_WARMUP = 1
-"""Untimed batches at each repetition's start: the first waits for the workers to start. A loader with workers
-warms up on twice as many more as its workers hold in advance (``2 * num_workers * prefetch_factor``,
-:func:`warmup_batches`): those are loaded while the first waits, and a step faster than the workers drains them
-at the difference of the two paces, so timed they would show a steady state no training epoch reaches (4 workers
-on a dataset sleeping 5 ms a sample timed 10.8x with one warm-up batch, where applied they shortened the wait
-4.8x; 2 workers, with ``num_workers * prefetch_factor`` more, timed 9.2x against 2.8x applied)."""
+"""Batches read, besides :data:`TRIAL_BATCHES`, by a loader without workers. A loader with workers reads twice as
+many more as its workers hold in advance (``2 * num_workers * prefetch_factor``, :func:`warmup_batches`): those are
+loaded while the first waits, and a step faster than the workers drains them at the difference of the two paces,
+so the last :data:`TRIAL_BATCHES` show the steady pace that the rest of a longer epoch keeps (Notes 3)."""
 
 
 def untriable(loader: Any) -> str | None:
@@ -132,8 +141,21 @@ def trial_loader(loader: DataLoader, indices: list[int], setting: Mapping[str, A
 
 
 def warmup_batches(loader: DataLoader) -> int:
-    """The untimed batches at the start of each of ``loader``'s passes (:data:`TRIAL_WARMUP`)."""
+    """The batches ``loader`` reads before the steady pace, besides :data:`TRIAL_BATCHES` (:data:`TRIAL_WARMUP`)."""
     return TRIAL_WARMUP + 2 * loader.num_workers * (loader.prefetch_factor or 0)
+
+
+def epoch_wait(times: list[float], steady: int, epoch_batches: int) -> float:
+    """The wait per batch of a training epoch of ``epoch_batches`` batches, from a pass's fetch ``times`` in order
+    (the first holds the start-up): the epoch's first batches at their times, the rest at the mean of the last
+    ``steady`` times (Notes 3)."""
+    if not times:
+        return 0.0
+    n = max(epoch_batches, 1)
+    if n <= len(times):
+        return sum(times[:n]) / n
+    pace = statistics.fmean(times[-max(min(steady, len(times)), 1) :])
+    return (sum(times) + (n - len(times)) * pace) / n
 
 
 def _compute(seconds: float, clock: Callable[[], float]) -> None:
@@ -144,24 +166,30 @@ def _compute(seconds: float, clock: Callable[[], float]) -> None:
 
 
 def fetch_times(
-    loader: DataLoader, warmup: int, compute: float = 0.0, clock: Callable[[], float] = time.perf_counter
+    loader: DataLoader, compute: float = 0.0, clock: Callable[[], float] = time.perf_counter
 ) -> list[float]:
-    """Each batch's fetch after the first ``warmup`` (seconds), the loader read to its end, ``compute`` seconds
-    spent on the CPU after each fetch (the step's compute, Notes 2); its workers stopped."""
-    iterator = iter(loader)
+    """Each batch's fetch (seconds), ``loader`` read to its end as a training epoch reads it, the first from the
+    ``iter`` that starts the epoch; ``compute`` seconds spent on the CPU after each fetch (the step's compute,
+    Notes 2); its workers stopped. A loader with ``persistent_workers`` is timed from its second ``iter``, the
+    first one's workers started by a batch read untimed (Notes 2)."""
+    persistent = bool(loader.num_workers and loader.persistent_workers)
     times: list[float] = []
+    iterator: Any = None
     try:
-        for _ in range(warmup):
+        if persistent:  # a later epoch's start: the workers are up (the reset waits for what they still load)
+            iterator = iter(loader)
             next(iterator)
-            _compute(compute, clock)
+            iterator = iter(loader)
+        start = clock()
+        iterator = iterator if persistent else iter(loader)
         while True:
-            start = clock()
             try:
                 next(iterator)
             except StopIteration:
                 break
             times.append(clock() - start)
             _compute(compute, clock)
+            start = clock()
     finally:
         shutdown = getattr(iterator, "_shutdown_workers", None)  # persistent workers stay up until told
         if shutdown is not None:
@@ -177,6 +205,7 @@ def try_loader_setting(
     written: str,
     epoch: int,
     compute: float = 0.0,
+    epoch_batches: int = 0,
     batches: int = TRIAL_BATCHES,
     repetitions: int = TRIAL_REPETITIONS,
     clock: Callable[[], float] = time.perf_counter,
@@ -190,6 +219,8 @@ def try_loader_setting(
         written: The setting as the advice writes it.
         epoch: The training epoch it is tried at the end of.
         compute: The step's compute per batch (seconds), spent after each fetch (Notes 2).
+        epoch_batches: The training epoch's batches, whose wait per batch each setting's figure is (Notes 3); 0:
+            as many as the trial reads.
         batches: Batches timed per setting per repetition.
         repetitions: Repetitions of the pair.
         clock: Seconds, monotonic.
@@ -203,16 +234,16 @@ def try_loader_setting(
     counted = 0
 
     def measure(name: str) -> float:
-        """One repetition of one setting: its loader's mean wait per timed batch."""
+        """One repetition of one setting: its steps' time per batch over a training epoch (Notes 3)."""
         nonlocal counted
         arguments = setting if name == "advised" else {}
-        warmup = warmup_batches(trial_loader(loader, [], arguments))
-        indices = [i % length for i in range((warmup + batches) * size)]
+        read = warmup_batches(trial_loader(loader, [], arguments)) + batches
+        indices = [i % length for i in range(read * size)]
         made = trial_loader(loader, indices, arguments)
-        times = fetch_times(made, warmup, compute, clock)
+        times = fetch_times(made, compute, clock)
         del made
         counted += len(times) if name == "advised" else 0
-        return statistics.fmean(times) if times else 0.0
+        return epoch_wait(times, batches, epoch_batches or len(times)) + compute
 
     with kept_random_state(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the user's DataLoader warnings were said by the training's own loader
@@ -227,4 +258,4 @@ def try_loader_setting(
             clock=clock,
             compute=compute,
         )
-    return dataclasses.replace(trial, batches=counted)
+    return dataclasses.replace(trial, batches=counted, epoch_batches=epoch_batches or counted // repetitions)

@@ -19,7 +19,10 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_perf.collect.builders import hook_builder
 from lightning_perf.collect.compile import compile_requested
+
+_NO_BUILDER = {"built_by": None, "builder": None}  # the user's own code built it
 
 
 def run_info(trainer: pl.Trainer) -> dict[str, Any]:
@@ -80,8 +83,9 @@ def launched_ranks(trainer: Any) -> frozenset[int]:
 
 def optimizer_info(trainer: Any) -> dict[str, Any] | None:
     """The run's first optimizer as configured (``trainer.optimizers``, set before ``on_fit_start``): its class
-    name, and whether it is fused or multi-tensor (its ``defaults``: ``None`` where it has no such option or
-    leaves it to torch); ``None`` without one."""
+    name, whether it is fused or multi-tensor (its ``defaults``: ``None`` where it has no such option or leaves it
+    to torch), and the library whose ``configure_optimizers`` built it (:func:`hook_builder`); ``None`` without
+    one."""
     optimizers = getattr(trainer, "optimizers", None) or []
     if not optimizers:
         return None
@@ -93,6 +97,7 @@ def optimizer_info(trainer: Any) -> dict[str, Any] | None:
         "fused": fused if isinstance(fused, bool) else None,
         "foreach": foreach if isinstance(foreach, bool) else None,
         "fusable": type(optimizer).__name__ in FUSED_OPTIMIZERS and type(optimizer).__module__.startswith("torch."),
+        **(hook_builder(getattr(trainer, "lightning_module", None), "configure_optimizers") or _NO_BUILDER),
     }
 
 

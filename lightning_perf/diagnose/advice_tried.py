@@ -92,18 +92,26 @@ def tried_advice(
         if trial.spread is not None
         else ""
     )
-    between = f", the step's {ms(trial.compute)} of compute between batches" if trial.compute > 0 else ""
-    cost = f"{between}; the trial took {seconds_or_ms(trial.seconds)}"
     same = trial.setting == setting
+    if trial.epoch_batches:  # the steps' time per batch over an epoch (a report before that: the wait alone)
+        what, per = "a step takes", "a batch"
+        how = (
+            f"; over an epoch of {_batches(trial.epoch_batches)}, the workers' start-up, each batch's wait and the"
+            f" step's {ms(trial.compute)} of compute"
+        )
+    else:
+        what, per = "the step waits", "for a batch"
+        how = f", the step's {ms(trial.compute)} of compute between batches" if trial.compute > 0 else ""
+    cost = f"{how}; the trial took {seconds_or_ms(trial.seconds)}"
     if trial.ratio >= min_gain and (trial.spread is None or trial.spread[0] >= 1.0):
         measured = (
-            f"Tried on {_batches(trial.batches)} of your data: with `{trial.setting}` the step waits"
-            f" {ms(trial.advised)} for a batch against {ms(trial.current)} now ({times(trial.ratio)}{spread}{cost})."
+            f"Tried on {_batches(trial.batches)} of your data: with `{trial.setting}` {what}"
+            f" {ms(trial.advised)} {per} against {ms(trial.current)} now ({times(trial.ratio)}{spread}{cost})."
         )
         return [measured, *(_PREDICTED.sub("", line) if same else line for line in lines)], False
     measured = (
-        f"Tried `{trial.setting}` on {_batches(trial.batches)} of your data: {times(trial.ratio)} (the step waits"
-        f" {ms(trial.advised)} for a batch against {ms(trial.current)} now{spread}{cost}), no gain"
+        f"Tried `{trial.setting}` on {_batches(trial.batches)} of your data: {times(trial.ratio)} ({what}"
+        f" {ms(trial.advised)} {per} against {ms(trial.current)} now{spread}{cost}), no gain"
     )
     if not same:
         return [f"{measured}.", *lines], False

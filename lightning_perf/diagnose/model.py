@@ -40,12 +40,16 @@ class RunFacts:
     dataset_class: str | None = None  # the class whose __getitem__ makes the samples (through torch's Subset)
     dataset_library: str | None = None  # the installed package defining that class; None: the user's own code
     dataset_length: int | None = None  # len(dataset): the samples of a whole pass, however many an epoch loads
+    loader_built_by: str | None = None  # the installed library whose hook built the DataLoader; None: the user
+    loader_builder: str | None = None  # that hook, "Class.train_dataloader"
     epochs: int | None = None  # epochs of this stage the run does (1 for a validate/test/predict call)
     peak_flops: float | None = None  # the device's dense peak FLOP/s for the run's dtype (table or option)
     val_check_steps: int | None = None  # validation runs every N training batches, across epochs (step-based)
     optimizer: str | None = None  # the first optimizer's class name
     optimizer_fused: bool | None = None  # it was built with fused=True (False: not; None: unknown or no such option)
     optimizer_fusable: bool | None = None  # a torch optimizer with a fused implementation (Adam, AdamW, SGD, Adagrad)
+    optimizer_built_by: str | None = None  # the installed library whose configure_optimizers built it; None: the user
+    optimizer_builder: str | None = None  # that hook, "Class.configure_optimizers"
     compiled_modules: str | None = None  # the modules `nn.Module.compile()` was called on, named, at setup
     progress_bar: str | None = None  # the progress bar's class, where one draws ("TQDMProgressBar", ...)
     progress_bar_refresh: int | None = None  # its refresh_rate (TQDM: batches between redraws; Rich: a second)

@@ -8,8 +8,9 @@ copy to it).
 
 from __future__ import annotations
 
-from lightning_perf.diagnose.advice_tried import tried_advice
+from lightning_perf.diagnose.advice_tried import advised_setting, tried_advice
 from lightning_perf.diagnose.busy_machine import busy_note, busy_share, idle_time, kept_note
+from lightning_perf.diagnose.library_routes import loader_route, routed, samples_route
 from lightning_perf.diagnose.loader_advice import loader_advice
 from lightning_perf.diagnose.loading import CPU_BOUND, Loading, loading, loading_evidence
 from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch
@@ -121,6 +122,10 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     elif not advice.predicted_gain:
         severity = "info"
     lines, withdrawn = tried_advice(ctx.advice_trials, "dataloader_bound", lines, t.advice_trial_min_gain)
+    if (setting := advised_setting(lines)) is not None:  # where a library builds the DataLoader: how to pass it
+        lines = routed(lines, f"`DataLoader({setting})`", loader_route(facts, setting))
+    if per_sample is not None:
+        lines = routed(lines, "`DataLoader(samples, ...)`", samples_route(facts))
     if withdrawn and per_sample is None:
         severity = "info"  # the trial measured no gain from the advised setting, and nothing else holds it up
     if (busy := busy_share(ctx, t)) is not None and severity != "info":

@@ -9,9 +9,10 @@ Where the step's time goes besides the model's forward and backward: ``optimizer
 
 from __future__ import annotations
 
+from lightning_perf.diagnose.library_routes import optimizer_route, routed
 from lightning_perf.diagnose.loader_advice import BAR_REFRESH
 from lightning_perf.diagnose.model import Finding, StageEpoch
-from lightning_perf.diagnose.optimizer_tried import tried_optimizer_advice
+from lightning_perf.diagnose.optimizer_tried import optimizer_setting, tried_optimizer_advice
 from lightning_perf.diagnose.rule_helpers import (
     batch_end_hook,
     epoch_end_hook,
@@ -78,6 +79,8 @@ def optimizer_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     advice, withdrawn = tried_optimizer_advice(
         ctx.advice_trials, [_optimizer_advice(ctx, foreach)], t.advice_trial_min_gain
     )
+    if (setting := optimizer_setting(advice)) is not None:  # where a library builds the optimizer: how to pass it
+        advice = routed(advice, f"{setting})`", optimizer_route(ctx.facts, setting))
     return finding(
         ctx,
         "optimizer_heavy",

@@ -71,7 +71,9 @@ def trial_estimate(wait: float, compute: float, current_workers: int, setting: d
     data wait per batch, an upper bound for the faster setting) and ``compute`` (the step's, spent after each
     fetch), and each worker it starts."""
     advised = int(setting.get("num_workers", current_workers))
-    prefetch = 2 * PREFETCH_GUESS * (current_workers + advised)  # warm-up past what the workers hold in advance
+    prefetch = 2 * PREFETCH_GUESS * (current_workers + advised)  # read past what the workers hold in advance
+    if setting.get("persistent_workers"):  # the untimed pass that starts them, and what they load meanwhile
+        prefetch += 1 + PREFETCH_GUESS * advised
     fetched = TRIAL_REPETITIONS * (2 * (TRIAL_WARMUP + TRIAL_BATCHES) + prefetch)
     workers = TRIAL_REPETITIONS * (current_workers + advised)
     return fetched * (max(wait, 0.0) + max(compute, 0.0)) + workers * WORKER_STARTUP_GUESS
@@ -164,13 +166,22 @@ class AdviceTrials:
         measured = max(summary.measured_batches, 1)
         wait, compute = summary.data_wait / measured, max(summary.step_time - summary.data_wait, 0.0) / measured
         estimate = trial_estimate(wait, compute, int(loader.num_workers), setting)
+        planned = trainer.num_training_batches
+        epoch_batches = int(planned) if isinstance(planned, int) else summary.measured_batches
         return self.room(RULE, summary, written, estimate, trainer) or self.run(
             RULE,
             written,
             summary.epoch,
             f"`DataLoader({written})` on the training data",
             lambda: try_loader_setting(
-                loader, setting, rule=RULE, written=written, epoch=summary.epoch, compute=compute, clock=self.clock
+                loader,
+                setting,
+                rule=RULE,
+                written=written,
+                epoch=summary.epoch,
+                compute=compute,
+                epoch_batches=epoch_batches,
+                clock=self.clock,
             ),
         )
 

@@ -50,13 +50,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning_perf import __version__
 from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.batch import BatchSizer
-from lightning_perf.collect.loader import dataset_facts
+from lightning_perf.collect.loader import loader_info
 from lightning_perf.collect.memory import CudaPeaks, host_rss
 from lightning_perf.collect.run_info import (
-    dataloader_settings,
-    first_dataloader,
     launched_ranks,
-    stage_dataloaders,
 )
 from lightning_perf.config import PerfConfig
 from lightning_perf.diagnose.evidence import too_little
@@ -228,9 +225,7 @@ class EpochReporter:
             self.cuda_peaks.start(stage)
         dataloaders = self.run_info.setdefault("dataloaders", {})
         if stage not in dataloaders:
-            loader = first_dataloader(stage_dataloaders(trainer, stage))
-            settings = dataloader_settings(loader)
-            dataloaders[stage] = settings and {**settings, **dataset_facts(loader, trainer.lightning_module)}
+            dataloaders[stage] = loader_info(trainer, stage)
         workers = bool((dataloaders[stage] or {}).get("num_workers"))
         st.cpu.start(already=waited, workers=workers, ranks=launched_ranks(trainer))
         if stage == "train":

@@ -68,6 +68,18 @@ def test_a_tried_gain_leads_the_advice_with_the_measurement_instead_of_the_predi
     assert "predicted data wait" not in f.advice
 
 
+def test_a_trial_over_a_whole_epoch_says_its_figures_are_a_steps_time_per_batch():
+    epoch_long = dataclasses.replace(tried(3.2, current=0.0131), epoch_batches=40)
+    f = judge({"dataloader_bound": epoch_long})
+    assert f.advice.startswith(
+        "Tried on 24 batches of your data: with `num_workers=2, persistent_workers=True` a step takes 4.09 ms a"
+        " batch against 13.10 ms now (3.20x, 2.88x-3.52x over 3 repetitions; over an epoch of 40 batches, the"
+        " workers' start-up, each batch's wait and the step's 1.00 ms of compute; the trial took 0.42 s)."
+    )
+    f = judge({"dataloader_bound": dataclasses.replace(epoch_long, ratio=0.9, spread=(0.8, 1.0))})
+    assert "0.90x (a step takes" in f.advice and f.severity == "info"
+
+
 def test_a_trial_with_no_gain_withdraws_the_setting_and_the_finding_falls_to_info():
     f = judge({"dataloader_bound": tried(0.98)})
     assert "Tried `num_workers=2, persistent_workers=True` on 24 batches of your data: 0.98x" in f.advice

@@ -13,9 +13,9 @@ from lightning_perf.trial_records import AdviceTrial
 from summaries import CPU, epoch, window
 
 
-def heavy(trial: AdviceTrial | None):
+def heavy(trial: AdviceTrial | None, **facts_kw):
     """An Adam on CPU whose update takes 30% of the step (the trace shows a loop over the parameters)."""
-    facts = dataclasses.replace(CPU, optimizer="Adam", optimizer_fused=False, optimizer_fusable=True)
+    facts = dataclasses.replace(CPU, optimizer="Adam", optimizer_fused=False, optimizer_fusable=True, **facts_kw)
     context = StageEpoch(
         epoch=epoch(),
         windows=(window(step_time=1.0, optimizer_update_time=0.3, optimizer_foreach=False),),

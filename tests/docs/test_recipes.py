@@ -63,6 +63,11 @@ def test_pytorch_forecasting_fit_and_forecasts(tmp_path: Path) -> None:
     predicted = json.loads((tmp_path / "predict_perf" / "perf_report.json").read_text())
     assert predicted["stages"]["predict"]["epochs"][0]["batches"] > 0
     assert "forecast: (" in output  # the library's own prediction callback still ran
+    # The user made the loaders (`to_dataloader`) and passed them in; the library's model built the optimizer.
+    loader = report["run"]["dataloaders"]["train"]
+    assert (loader["dataset_library"], loader["built_by"], loader["builder"]) == ("pytorch_forecasting", None, None)
+    built = report["run"]["optimizer_info"]
+    assert (built["built_by"], built["builder"]) == ("pytorch_forecasting", "BaseModel.configure_optimizers")
 
 
 @pytest.mark.slow
@@ -73,6 +78,10 @@ def test_darts_gets_its_callback_through_pl_trainer_kwargs(tmp_path: Path) -> No
     # darts builds its Trainer without a logger: the output goes beside its checkpoints, and the console says so.
     assert (tmp_path / "sine" / "checkpoints").is_dir() and (tmp_path / "sine" / "perf" / "report.html").is_file()
     assert "lightning-perf: output in " in output
+    # darts builds the loaders inside `fit` (passed to the Trainer) and the optimizer in its module's hook.
+    assert report["run"]["dataloaders"]["train"]["dataset_library"] == "darts"
+    built = report["run"]["optimizer_info"]
+    assert (built["built_by"], built["builder"]) == ("darts", "PLForecastingModule.configure_optimizers")
 
 
 @pytest.mark.slow
