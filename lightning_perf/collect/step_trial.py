@@ -16,20 +16,21 @@ Notes:
        leaves the trainer out of the copy (Lightning 2.6), so ``self.log`` in the copy's ``training_step`` warns and
        logs nothing: the run's logged metrics do not change. The copy keeps its submodules' train and eval modes,
        and whatever else the module holds (a dataset it keeps is copied too).
-    3. **A step** is ``training_step(batch, 0)`` on the copy, under the run's precision context (or the one tried),
-       and ``backward`` of its loss (a tensor, or a dict's ``"loss"``), the copy's gradients set to ``None`` first:
-       every step does the same work. On CUDA each step is synchronized. Lightning's warnings are silenced. A step
-       that ``loads`` reads its batch again first, as Notes 1 says (a thread trial, where the training's DataLoader
-       has no workers: the training process loads each batch between its steps, on the CPUs its threads share).
+    3. **A step** is ``training_step(batch, 0)`` (``training_step(batch)`` where it takes no index) on the copy,
+       under the run's precision context (or the one tried), and ``backward`` of its loss (a tensor, or a dict's
+       ``"loss"``), the copy's gradients set to ``None`` first: every step does the same work. On CUDA each step
+       is synchronized. Lightning's warnings are silenced. A step that ``loads`` reads its batch again first, as
+       Notes 1 says (a thread trial, where the training's DataLoader has no workers: the training process loads
+       each batch between its steps, on the CPUs its threads share).
     4. **What it leaves as it was.** Every random stream is saved before and put back after
        (:func:`~lightning_perf.collect.loader_trial.kept_random_state`): the copy's dropout draws no number the
        training would. The training's parameters, gradients and optimizer state are not touched.
-    5. **Not tried** (:func:`untriable`, and :func:`prepared_step` for the last two): manual optimization (its
-       ``training_step`` steps the optimizers itself), a sharded strategy (FSDP, DeepSpeed: a copy would gather
-       or duplicate the shards), a compiled module (a copy would compile again, at a cost no estimate foresees),
-       a dataset the DataLoader trial cannot read (``IterableDataset``, no ``__len__``), CUDA without free memory
-       for a copy; a module ``copy.deepcopy`` refuses, a ``training_step`` that needs the trainer
-       (``self.trainer``), or returns no loss.
+    5. **Not tried** (:func:`untriable`, and :func:`prepared_step` for the last three): manual optimization (its
+       ``training_step`` steps the optimizers itself), a ``training_step`` that reads the ``dataloader_iter``, a
+       sharded strategy (FSDP, DeepSpeed: a copy would gather or duplicate the shards), a compiled module (a copy
+       would compile again, at a cost no estimate foresees), a dataset the DataLoader trial cannot read
+       (``IterableDataset``, no ``__len__``), CUDA without free memory for a copy; a module ``copy.deepcopy``
+       refuses, a ``training_step`` that needs the trainer (``self.trainer``), or returns no loss.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 
 from lightning_perf.collect.loader_trial import trial_loader
 from lightning_perf.collect.loader_trial import untriable as untriable_loader
@@ -76,6 +78,8 @@ def untriable(trainer: Any, loader: Any) -> str | None:
     module = trainer.lightning_module
     if module is None:
         return "the trainer has no module"
+    if is_param_in_hook_signature(module.training_step, "dataloader_iter", explicit=True):
+        return "`training_step` reads the DataLoader's iterator itself (`dataloader_iter`): a trial has no batch for it"
     if not module.automatic_optimization:
         return (
             "the module optimizes manually (`automatic_optimization=False`): its `training_step` steps the optimizers"
@@ -148,8 +152,12 @@ class TrialStep:
         if self.load is not None:
             self.batch = self.load()
         self.module.zero_grad(set_to_none=True)
+        step = self.module.training_step
         with (context or self.context)():
-            output = self.module.training_step(self.batch, 0)
+            # As Lightning calls it: with the batch's index where the method takes one.
+            output = (
+                step(self.batch, 0) if is_param_in_hook_signature(step, "batch_idx", min_args=2) else step(self.batch)
+            )
         loss = output.get("loss") if isinstance(output, Mapping) else output
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
             raise NoLoss(type(output).__name__ if not isinstance(output, Mapping) else "a dict without a loss")

@@ -167,6 +167,12 @@ class NoLoss(Logged):
         return None if batch_idx == 0 else super().training_step(batch, batch_idx)
 
 
+class ReadsIterator(Logged):
+    def training_step(self, dataloader_iter):
+        batch, batch_idx, _ = next(dataloader_iter)
+        return TinyModel.training_step(self, batch, batch_idx)
+
+
 @pytest.mark.filterwarnings("ignore:`training_step` returned `None`")
 @pytest.mark.parametrize(
     ("model", "why"),
@@ -175,8 +181,9 @@ class NoLoss(Logged):
         (Streamed, "an `IterableDataset` is read as a stream"),
         (ReadsTrainer, "`training_step` needs the trainer (`self.trainer`)"),
         (NoLoss, "`training_step` returned no loss to step (NoneType)"),
+        (ReadsIterator, "`training_step` reads the DataLoader's iterator itself (`dataloader_iter`)"),
     ],
-    ids=["manual", "iterable", "trainer", "no-loss"],
+    ids=["manual", "iterable", "trainer", "no-loss", "dataloader-iter"],
 )
 def test_what_cannot_be_tried_says_why_and_leaves_the_training_as_it_was(tmp_path, model, why):
     callback = run(tmp_path, lambda trainer, loader: try_precision(trainer, loader, "bfloat16", **BF16), model())
@@ -208,3 +215,13 @@ def test_a_module_holding_a_graphs_output_is_copied_with_it_detached(tmp_path):
     callback = run(tmp_path, lambda trainer, loader: try_precision(trainer, loader, "bfloat16", **BF16), KeepsOutput())
     assert callback.result.untried is None, callback.result
     assert same(callback.before, callback.after)
+
+
+class NoIndex(Logged):
+    def training_step(self, batch):
+        return super().training_step(batch, 0)
+
+
+def test_a_training_step_without_a_batch_index_is_called_as_lightning_calls_it(tmp_path):
+    callback = run(tmp_path, lambda trainer, loader: try_threads(trainer, loader, 2, **TWO), NoIndex())
+    assert callback.result.untried is None and callback.result.advised > 0, callback.result
