@@ -23,6 +23,7 @@ from lightning_perf.diagnose.rule_helpers import (
     stage_name,
     step_method,
 )
+from lightning_perf.diagnose.step_tried import bf16_memory_clause
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary
 from lightning_perf.units import limit, percent, signed_size, size
@@ -37,6 +38,9 @@ def memory_pressure(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         3. When the reserved memory holds ``memory_fragmentation`` or more that is not allocated, the advice
            leads with the allocator's ``expandable_segments``. The rest fits the stage: gradient accumulation
            and activation checkpointing only help training.
+        4. Where ``Trainer(precision="bf16-mixed")`` was tried on one real step (``StageEpoch.advice_trials``,
+           :func:`~lightning_perf.diagnose.step_tried.bf16_memory_clause`), its clause says the step's peak memory
+           measured with and without it, in place of the prediction. The severity stays: the pressure was measured.
     """
     epoch = ctx.epoch
     reserved, capacity = epoch.cuda_max_reserved, epoch.cuda_capacity
@@ -75,7 +79,7 @@ def memory_pressure(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             " changes no result here (each batch is computed on its own)"
         )
     if ctx.facts.precision is None or ctx.facts.precision in FP32_PRECISIONS:
-        advice[-1] += '; `Trainer(precision="bf16-mixed")` halves activation memory.'
+        advice[-1] += "; " + bf16_memory_clause(ctx.advice_trials, "memory_pressure", t.advice_trial_min_gain)
     else:
         advice[-1] += "."
     if severity == "critical":

@@ -142,3 +142,32 @@ def tried_step_advice(
         return [*lines, tried.sentence], False
     rest = kept if kept is not None else [without_sentence(line, setting) for line in lines]
     return [tried.sentence, *(line for line in rest if line)], True
+
+
+BF16 = 'precision="bf16-mixed"'
+
+
+def bf16_memory_clause(trials: Mapping[str, AdviceTrial], rule: str, min_gain: float) -> str:
+    """A memory rule's clause on ``Trainer(precision="bf16-mixed")`` (after a "; "), with its step trial's peak
+    memory where one was made (:mod:`~lightning_perf.collect.precision_trial`, on CUDA).
+
+    Notes:
+        1. No trial, or one without peaks: the prediction, "halves activation memory".
+        2. Not tried: the prediction, and why it was not tried.
+        3. A step's peak at least ``min_gain`` times as low with it: the measurement, with the step's time.
+        4. Less than that: the measurement, "no saving; not advised".
+    """
+    call = f"`Trainer({BF16})`"
+    trial = trials.get(rule)
+    if trial is None or trial.setting != BF16:
+        return f"{call} halves activation memory."
+    if trial.untried is not None:
+        return f"{call} halves activation memory (a prediction: it was not tried on this run, {trial.untried})."
+    if trial.current_peak is None or trial.advised_peak is None or trial.ratio is None:
+        return f"{call} halves activation memory."
+    where = f"{call} was tried on one batch of your data"
+    peaks = f"a step's peak memory {size(trial.advised_peak)} against {size(trial.current_peak)} now"
+    lower = trial.current_peak / trial.advised_peak if trial.advised_peak > 0 else None
+    if lower is not None and lower >= min_gain:
+        return f"{where}: {peaks} ({times(lower)} lower; the step {times(trial.ratio)} as fast)."
+    return f"{where}: {peaks}, no saving; not advised."

@@ -25,8 +25,8 @@ Notes:
        (:func:`~lightning_perf.diagnosis_context.advice_trials`).
     5. **Step trials** (:mod:`~lightning_perf.hooks.step_trials`): ``cpu_threads``' and ``cpu_contention``'s
        ``torch.set_num_threads(N)`` (at any severity: their ``info`` is a gain not known, which the trial
-       measures), and ``precision``'s mixed precision (warning), each tried on one real step of a copy of the
-       module; their estimate is the epoch's compute per batch for every step they take.
+       measures), and ``precision``'s and ``memory_pressure``'s mixed precision (warning), each tried on one real
+       step of a copy of the module; their estimate is the epoch's compute per batch for every step they take.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.diagnosis_context import advice_trials
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.stage_measure import StageMeasure
-from lightning_perf.hooks.step_trials import precision_trial, thread_trials
+from lightning_perf.hooks.step_trials import precision_trials, thread_trials
 from lightning_perf.records import EpochSummary
 from lightning_perf.trial_records import AdviceTrial
 from lightning_perf.units import limit, seconds_or_ms
@@ -149,7 +149,7 @@ class AdviceTrials:
         is then diagnosed again)."""
         tried = [self._loader(trainer, summary, findings), self._optimizer(trainer, summary, findings)]
         tried += thread_trials(self, trainer, summary, findings, run.get("advice_trials") or {})
-        tried.append(precision_trial(self, trainer, summary, findings, peaks))
+        tried += precision_trials(self, trainer, summary, findings, run.get("advice_trials") or {}, peaks)
         records = [record for record in tried if record is not None]
         for record in records:
             run.setdefault("advice_trials", {})[record.rule] = record.as_dict()

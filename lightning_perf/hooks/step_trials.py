@@ -7,9 +7,10 @@ run (issue 48, "What is tried" 3 and 4): :class:`~lightning_perf.hooks.advice_tr
 trial runs through it (the budget, the record, a failure warned of once; its Notes 2-5).
 
 Notes:
-    1. ``cpu_threads`` and ``cpu_contention`` are due at any severity; ``precision`` as a warning.
-    2. A count equal to the run's own is not tried (nothing to compare). Where both thread rules advise the same
-       count, the second takes the first's record: one measurement, the same step.
+    1. ``cpu_threads`` and ``cpu_contention`` are due at any severity; ``precision`` and ``memory_pressure`` (its
+       ``Trainer(precision="bf16-mixed")``) as a warning or critical.
+    2. A count equal to the run's own is not tried (nothing to compare). Where two rules advise the same setting,
+       the second takes the first's record: one measurement, the same step.
     3. The estimate: every step the trial takes (:func:`step_estimate`) at the epoch's compute per batch (its
        step time less its data wait; a thread trial whose steps read their batch in the training process: the whole
        step time), which includes the optimizer's step the trial does not take. A trial past
@@ -43,7 +44,8 @@ from lightning_perf.trial_records import AdviceTrial
 if TYPE_CHECKING:
     from lightning_perf.hooks.advice_trials import AdviceTrials
 
-PRECISION_RULE = "precision"
+PRECISION_RULES = ("precision", "memory_pressure")
+"""The rules whose advice may name a mixed precision (``memory_pressure``'s, for its activations)."""
 Trial = Callable[[Any, Any, str, str, int, float], AdviceTrial]
 """A step trial as :func:`_step_trial` runs it: ``(trainer, loader, rule, written, epoch, limit)``."""
 ANY_SEVERITY = ("info", "warning", "critical")
@@ -73,14 +75,11 @@ def thread_trials(
         threads = None if written is None else threads_of(written)
         if written is None or threads is None or threads == torch.get_num_threads():
             continue
-        done = [*(r for r in records if r is not None), *(AdviceTrial.from_dict(v) for v in earlier.values())]
-        same = next((r for r in done if r.rule in THREAD_RULES and r.setting == written and r.untried is None), None)
-        if same is not None:
-            trials.settle(rule)
-            records.append(dataclasses.replace(same, rule=rule))
-            continue
         what = f"`{written}` on a step of a copy of the module"
-        records.append(_step_trial(trials, trainer, summary, rule, written, what, _thread_trial(trials, threads)))
+        records.append(
+            _same(trials, rule, written, THREAD_RULES, records, earlier)
+            or _step_trial(trials, trainer, summary, rule, written, what, _thread_trial(trials, threads))
+        )
     return records
 
 
@@ -95,28 +94,37 @@ def _thread_trial(trials: AdviceTrials, threads: int) -> Trial:
     return trial
 
 
-def precision_trial(
+def precision_trials(
     trials: AdviceTrials,
     trainer: Any,
     summary: EpochSummary,
     findings: Sequence[Finding],
+    earlier: Mapping[str, Mapping[str, Any]],
     peaks: CudaPeaks | None,
-) -> AdviceTrial | None:
-    """``precision``'s advised mixed precision, tried on a step of a copy of the module (or why not); ``None``:
-    nothing to try. ``peaks``: the callback's CUDA peaks, kept apart from the trial's memory."""
-    finding = trials.due(summary, findings, PRECISION_RULE)
-    written = None if finding is None else precision_setting(finding.advice)
-    dtype = None if written is None else autocast_dtype(written)
-    if written is None or dtype is None:
-        return None
-    return _step_trial(
-        trials,
-        trainer,
-        summary,
-        PRECISION_RULE,
-        written,
-        f"`{written}` (autocast to {dtype}) on a step of a copy of the module",
-        lambda trainer, loader, rule, written, epoch, limit: try_precision(
+) -> list[AdviceTrial | None]:
+    """Each precision rule's advised mixed precision, tried on a step of a copy of the module (or why not);
+    ``earlier``: as :func:`thread_trials`'; ``peaks``: the callback's CUDA peaks, kept apart from the trial's
+    memory."""
+    records: list[AdviceTrial | None] = []
+    for rule in PRECISION_RULES:
+        finding = trials.due(summary, findings, rule)
+        written = None if finding is None else precision_setting(finding.advice)
+        dtype = None if written is None else autocast_dtype(written)
+        if written is None or dtype is None:
+            continue
+        what = f"`{written}` (autocast to {dtype}) on a step of a copy of the module"
+        records.append(
+            _same(trials, rule, written, PRECISION_RULES, records, earlier)
+            or _step_trial(trials, trainer, summary, rule, written, what, _precision_trial(trials, dtype, peaks))
+        )
+    return records
+
+
+def _precision_trial(trials: AdviceTrials, dtype: str, peaks: CudaPeaks | None) -> Trial:
+    """The precision trial of ``dtype``, as :func:`_step_trial` runs it."""
+
+    def trial(trainer: Any, loader: Any, rule: str, written: str, epoch: int, limit: float) -> AdviceTrial:
+        return try_precision(
             trainer,
             loader,
             dtype,
@@ -126,8 +134,26 @@ def precision_trial(
             apart=peaks.apart if peaks is not None else None,
             limit=limit,
             clock=trials.clock,
-        ),
-    )
+        )
+
+    return trial
+
+
+def _same(
+    trials: AdviceTrials,
+    rule: str,
+    written: str,
+    rules: Sequence[str],
+    records: Sequence[AdviceTrial | None],
+    earlier: Mapping[str, Mapping[str, Any]],
+) -> AdviceTrial | None:
+    """Another of ``rules``' measurement of ``written`` this epoch or before, as ``rule``'s record (Notes 2)."""
+    done = [*(r for r in records if r is not None), *(AdviceTrial.from_dict(v) for v in earlier.values())]
+    same = next((r for r in done if r.rule in rules and r.setting == written and r.untried is None), None)
+    if same is None:
+        return None
+    trials.settle(rule)
+    return dataclasses.replace(same, rule=rule)
 
 
 def _step_trial(

@@ -134,3 +134,28 @@ def test_bf16_without_gain_is_withdrawn_and_tf32_stays_advised() -> None:
 )
 def test_a_withdrawn_settings_sentence_goes_and_the_others_stay(text, left) -> None:
     assert without_sentence(text, "`x(1)`") == left
+
+
+def pressure(trial: AdviceTrial | None):
+    """fp32 training with 76 of 80 GiB reserved: memory_pressure advises bf16 for the activations."""
+    context = StageEpoch(
+        epoch=gpu_epoch(cuda_max_reserved=76 * GiB, cuda_max_allocated=70 * GiB),
+        facts=FP32_GPU,
+        advice_trials={} if trial is None else {"memory_pressure": trial},
+    )
+    return RULES["memory_pressure"](context, Thresholds())
+
+
+def test_memory_pressures_bf16_says_the_peak_its_trial_measured() -> None:
+    assert pressure(None).advice.endswith('; `Trainer(precision="bf16-mixed")` halves activation memory.')
+    assert precision_setting(pressure(None).advice) == BF16
+    saved = pressure(tried("memory_pressure", BF16, 2.4, current_peak=6 * GiB, advised_peak=3 * GiB))
+    assert saved.severity == "warning" and saved.advice.endswith(
+        '; `Trainer(precision="bf16-mixed")` was tried on one batch of your data: a step\'s peak memory 3.0 GiB'
+        " against 6.0 GiB now (2.00x lower; the step 2.40x as fast)."
+    ), saved.advice
+    same = pressure(tried("memory_pressure", BF16, 0.9, current_peak=6 * GiB, advised_peak=6 * GiB))
+    assert same.severity == "warning" and same.advice.endswith("against 6.0 GiB now, no saving; not advised.")
+    why = "the GPU has 1.0 GiB free, and a copy of the module with its gradients and a step's activations needs 9 GiB"
+    untried = pressure(AdviceTrial(rule="memory_pressure", setting=BF16, epoch=0, untried=why))
+    assert untried.advice.endswith(f"halves activation memory (a prediction: it was not tried on this run, {why}).")
