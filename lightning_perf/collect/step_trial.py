@@ -98,8 +98,10 @@ def untriable(trainer: Any, loader: Any) -> str | None:
 
 def _cuda_room(module: torch.nn.Module) -> str | None:
     """Why the GPU cannot hold a copy of ``module`` with its gradients and a step's activations; ``None`` where it
-    can (or the module is not on CUDA). The activations: what the allocator holds above the module now, at most."""
-    tensors = [*module.parameters(), *module.buffers()]
+    can (or the module is not on CUDA). The copy: its parameters, buffers and the tensors its submodules keep as
+    attributes (``deepcopy`` copies them too). The activations: what the allocator held above now, at most."""
+    kept = [v for m in module.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
+    tensors = list({id(t): t for t in (*module.parameters(), *module.buffers(), *kept)}.values())
     cuda = [t for t in tensors if t.is_cuda]
     if not cuda:
         return None
@@ -108,11 +110,11 @@ def _cuda_room(module: torch.nn.Module) -> str | None:
     grads = sum(p.numel() * p.element_size() for p in module.parameters() if p.is_cuda and p.requires_grad)
     activations = max(torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device), 0)
     needed = (state + grads + activations) * CUDA_MEMORY_MARGIN
-    free, _ = torch.cuda.mem_get_info(device)
+    free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if free < needed:
         return (
-            f"the GPU has {free / 2**30:.1f} GiB free, and a copy of the module with its gradients and a step's"
-            f" activations needs {needed / 2**30:.1f} GiB"
+            f"the GPU has {free / 2**30:.1f} GiB free (the allocator's unused cache included), and a copy of the"
+            f" module with its gradients and a step's activations needs {needed / 2**30:.1f} GiB"
         )
     return None
 

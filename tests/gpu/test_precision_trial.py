@@ -95,3 +95,25 @@ def test_bf16_is_tried_on_a_step_with_its_time_and_peak_memory_and_the_training_
     assert torch.equal(torch.stack(with_trial.losses), torch.stack(without.losses))
     for a, b in zip(with_trial.parameters(), without.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+class FillsTheDevice(Activations):
+    """Holds all but 4% of the device in a tensor of its own: memory_pressure, and no room for a copy of it."""
+
+    def on_train_start(self):
+        free, total = torch.cuda.mem_get_info()
+        self.ballast = torch.empty(int(free - 0.04 * total), dtype=torch.uint8, device=self.device)
+
+    def train_dataloader(self):
+        return DataLoader(Rows(n=4 * 256), batch_size=256, collate_fn=as_is)
+
+
+def test_a_module_the_free_memory_cannot_copy_is_untried_and_says_so(tmp_path):
+    torch.manual_seed(0)
+    callback = PerfCallback(max_windows=0, stages=["train"], profile_budget=None, verbose=0)
+    trainer(tmp_path, [callback], accelerator="gpu", devices=1, max_epochs=1, limit_val_batches=0).fit(FillsTheDevice())
+    record = callback.report["run"]["advice_trials"]["memory_pressure"]
+    assert record["setting"] == 'precision="bf16-mixed"' and record["current"] is None, record
+    assert record["untried"].startswith("the GPU has ") and "a copy of the module" in record["untried"], record
+    [finding] = [f for f in callback.findings_for("train", epoch=0) if f.id == "memory_pressure"]
+    assert "halves activation memory (a prediction: it was not tried on this run, the GPU has" in finding.advice
