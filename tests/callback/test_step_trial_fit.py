@@ -87,14 +87,17 @@ def test_one_thread_of_two_cpus_is_tried_at_two_and_the_measurement_leads_or_wit
         assert torch.get_num_threads() == 1  # put back after the trial
     record = callback.report["run"]["advice_trials"]["cpu_threads"]
     assert record["setting"] == "torch.set_num_threads(2)" and record["untried"] is None, record
-    assert record["batches"] == 9 and record["repetitions"] == 3 and record["seconds"] > 0, record
+    # 3 repetitions of 3 steps each; fewer where 2 threads ran so slow (a loaded machine) that the trial passed 3x
+    # its estimate (TRIAL_OVERRUN) and stopped after a repetition.
+    assert 1 <= record["repetitions"] <= 3 and record["batches"] == 3 * record["repetitions"], record
+    assert record["seconds"] > 0, record
     assert record["current"] > 0 and record["advised"] > 0 and record["current_peak"] is None, record
     [finding] = [f for f in callback.findings_for("train", epoch=1) if f.id == "cpu_threads"]
     # Whether 2 threads beat 1 on this shared 2-CPU machine depends on what else runs: either outcome is the trial's.
     if record["ratio"] >= 1.1 and record["spread"][0] >= 1.0:
         assert finding.advice.startswith(
-            "Tried on one batch of your data, 9 steps each on a copy of your module: with `torch.set_num_threads(2)`"
-            " a step takes"
+            f"Tried on one batch of your data, {record['batches']} steps each on a copy of your module: with"
+            " `torch.set_num_threads(2)` a step takes"
         ), finding.advice
     else:
         assert finding.severity == "info", finding
