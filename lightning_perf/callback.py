@@ -25,6 +25,7 @@ from typing_extensions import override
 from lightning_perf.collect.batch import BatchSizer
 from lightning_perf.collect.loops import LoopStartTimer
 from lightning_perf.collect.memory import CudaPeaks
+from lightning_perf.collect.phases import STEP_END, StepEndHooks
 from lightning_perf.collect.ranks import EXCEPTION_WAIT_SECONDS, WAIT_SECONDS
 from lightning_perf.collect.run_info import optimizer_info, run_info
 from lightning_perf.config import (
@@ -200,6 +201,7 @@ class PerfCallback(StageEvents, ResultsView):
         self._positions = self._control.stages
         self._state_texts = run_state.RecordTexts()
         self._loop_timer = LoopStartTimer()  # what Lightning's loops spend starting DataLoaders before our hooks
+        self._step_ends = StepEndHooks()  # the optimizer step's end, for each batch's phases
         self._windows_at_setup = 0
         self._resuming = True
         self._report_file: str | None = None
@@ -264,6 +266,7 @@ class PerfCallback(StageEvents, ResultsView):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The optimizers exist from here (configured after setup): optimizer_heavy advises what would change.
         self._policy.safely(None, lambda: self._epochs.keep_optimizer_info(optimizer_info(trainer)))
+        self._policy.safely(None, self._step_ends.install, trainer.optimizers, lambda: self._phase_mark(STEP_END))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -283,6 +286,7 @@ class PerfCallback(StageEvents, ResultsView):
         windows and report are."""
         self._policy.safely(None, self._loop_timer.uninstall)
         self._policy.safely(None, self._epochs.compile.uninstall)
+        self._policy.safely(None, self._step_ends.uninstall)
         stage = self._control.open.stage if self._control.open is not None else None
         self._flops.cancel()
         self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.close(shortened=True)))

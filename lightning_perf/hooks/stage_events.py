@@ -103,6 +103,12 @@ class StageEvents(StageHooks):
             st.clock.batch_start(batch)
 
     @override
+    def _phase_mark(self, name: str) -> None:
+        st = self._stages.get("train")
+        if st is not None:
+            st.clock.phase_marks.mark(name)
+
+    @override
     def _batch_end(self, stage: str, trainer: pl.Trainer, outputs: Any) -> None:
         st = self._stages.get(stage)
         if st is None:
