@@ -111,3 +111,12 @@ def test_a_subclassed_optimizer_is_timed_to_its_own_steps_end_after_its_base_cla
     torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     epoch = fit(tmp_path, Phased())
     assert epoch.optimizer_p50 == pytest.approx(OPTIMIZER, rel=0.25) and epoch.other_p50 < 0.005
+
+
+def test_a_slow_optimizer_is_found_on_every_batch_without_any_profiler_window(tmp_path) -> None:
+    callback = PerfCallback(max_windows=0, verbose=0)
+    with torch_threads(1):
+        trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=0).fit(Phased())
+    found = [f for f in callback.findings_for("train") if f.id == "optimizer_heavy"]
+    assert found and found[-1].window is None and not callback.windows
+    assert "of each training step over" in found[-1].evidence
