@@ -43,6 +43,7 @@ from lightning_perf.hooks import run_state
 from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.error_policy import ErrorPolicy, warn
 from lightning_perf.hooks.flop_count import run_peak_flops
+from lightning_perf.hooks.live_status import LiveStatus
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
 from lightning_perf.hooks.rank_staging import RankStaging
 from lightning_perf.hooks.results_view import ResultsView
@@ -123,6 +124,9 @@ class PerfCallback(StageEvents, ResultsView):
             epoch's end where the profiling budget has room: ``dataloader_bound``'s advice then reports the setting's
             measured speed against the current one, and withdraws it where it showed no gain. The training is
             unchanged (its data order, random streams and parameters). ``False``: no trial; advice stays predicted.
+        live: Show a short status in Lightning's progress bar while an epoch runs (item ``perf``): the recent
+            batches' samples per second, data wait and phases, and the ids of the warnings in force, updated at
+            ``Trainer(log_every_n_steps=...)`` from numbers already measured. ``False``: the bar is left as it is.
 
     Raises:
         ValueError: At construction, listing every invalid argument with its value and what is allowed.
@@ -172,6 +176,7 @@ class PerfCallback(StageEvents, ResultsView):
         profile_budget: float | Literal["auto"] | None = "auto",
         memory_history: bool = False,
         try_advice: bool = True,
+        live: bool = True,
     ) -> None:
         self.config = PerfConfig.build(**{name: value for name, value in locals().items() if name != "self"})
         if (warning := schedule_warning(self.config.schedule)) is not None:
@@ -202,6 +207,7 @@ class PerfCallback(StageEvents, ResultsView):
         self._state_texts = run_state.RecordTexts()
         self._loop_timer = LoopStartTimer()  # what Lightning's loops spend starting DataLoaders before our hooks
         self._step_ends = StepEndHooks()  # the optimizer step's end, for each batch's phases
+        self._live = LiveStatus(self.config.live)  # the progress bar's status item
         self._windows_at_setup = 0
         self._resuming = True
         self._report_file: str | None = None
@@ -258,6 +264,7 @@ class PerfCallback(StageEvents, ResultsView):
         self._resuming = stage == "fit"  # a checkpoint's state is taken back by a resumed fit only
         self._policy.safely(None, self._loop_timer.install, trainer)
         self._policy.safely(None, self._epochs.compile.install, trainer)
+        self._policy.safely(None, self._live.install, trainer)
         if world_size > 1:
             self._staging.open()
         self._control.verdicts = shared_verdicts(world_size, ranks, self._epochs.budget, self._policy.warn_once)
@@ -287,6 +294,7 @@ class PerfCallback(StageEvents, ResultsView):
         self._policy.safely(None, self._loop_timer.uninstall)
         self._policy.safely(None, self._epochs.compile.uninstall)
         self._policy.safely(None, self._step_ends.uninstall)
+        self._policy.safely(None, self._live.uninstall)
         stage = self._control.open.stage if self._control.open is not None else None
         self._flops.cancel()
         self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.close(shortened=True)))

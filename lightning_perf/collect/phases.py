@@ -144,3 +144,8 @@ class StepEndHooks:
         for handle in self._handles:
             handle.remove()  # type: ignore[attr-defined]
         self._handles = []
+
+    def __getstate__(self) -> dict[str, object]:
+        # A copy (a library pickles or deep-copies the callback during a run) holds none of the run's optimizers'
+        # hooks: those are the original's, and the copy installs its own at its fit's start.
+        return {**self.__dict__, "_handles": []}

@@ -120,3 +120,16 @@ def test_a_slow_optimizer_is_found_on_every_batch_without_any_profiler_window(tm
     found = [f for f in callback.findings_for("train") if f.id == "optimizer_heavy"]
     assert found and found[-1].window is None and not callback.windows
     assert "of each training step over" in found[-1].evidence
+
+
+def test_every_mark_reaches_the_clock(tmp_path) -> None:
+    # Each of the four hooks of a batch's phases is called on the callback (none overridden away by another of
+    # its hooks): the marks of the last batch, in Lightning's order, then the optimizer's post-hook.
+    callback = PerfCallback(max_windows=0, verbose=0)
+    seen = []
+    marks = callback._stages["train"].clock.phase_marks
+    mark = marks.mark
+    marks.mark = lambda name: (seen.append(name), mark(name))
+    with torch_threads(1):
+        trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=2, limit_val_batches=0).fit(Phased())
+    assert seen[:5] == ["zero_grad", "backward", "after_backward", "optimizer", "step_end"]
