@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
-from models import TinyModel, trainer
 from test_phases_fit import Phased
 
 from lightning_perf import PerfCallback
 from lightning_perf.hooks.live_status import KEY
+from models import TinyModel, trainer
 
 
 class ReadBar(TQDMProgressBar):
