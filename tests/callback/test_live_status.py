@@ -15,7 +15,9 @@ from models import TinyModel, trainer
 class ReadBar(TQDMProgressBar):
     """Lightning's TQDM bar, keeping what it showed as each training batch ended."""
 
-    shown: list = []
+    def __init__(self) -> None:
+        super().__init__()
+        self.shown: list = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -24,7 +26,6 @@ class ReadBar(TQDMProgressBar):
 
 def test_the_tqdm_bar_shows_throughput_wait_phases_and_the_warnings_in_force(tmp_path) -> None:
     bar = ReadBar()
-    bar.shown = []
     callback = PerfCallback(max_windows=0, verbose=0)
     run = trainer(
         tmp_path, [callback, bar], max_epochs=2, limit_val_batches=0, log_every_n_steps=4, enable_progress_bar=True
@@ -42,7 +43,9 @@ def test_the_tqdm_bar_shows_throughput_wait_phases_and_the_warnings_in_force(tmp
 class ReadRich(RichProgressBar):
     """Lightning's Rich bar, keeping the metrics its metrics column drew as each training batch ended."""
 
-    shown: list = []
+    def __init__(self) -> None:
+        super().__init__()
+        self.shown: list = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -53,7 +56,6 @@ class ReadRich(RichProgressBar):
 def test_the_rich_bar_shows_it_too(tmp_path) -> None:
     pytest.importorskip("rich")
     bar = ReadRich()
-    bar.shown = []
     run = trainer(
         tmp_path, [PerfCallback(max_windows=0, verbose=0), bar], log_every_n_steps=2, enable_progress_bar=True
     )
@@ -63,7 +65,6 @@ def test_the_rich_bar_shows_it_too(tmp_path) -> None:
 
 def test_live_false_and_no_bar_leave_the_bar_alone(tmp_path) -> None:
     bar = ReadBar()
-    bar.shown = []
     callbacks = [PerfCallback(max_windows=0, verbose=0, live=False), bar]
     trainer(tmp_path, callbacks, log_every_n_steps=2, enable_progress_bar=True).fit(TinyModel(n=32))
     assert bar.shown and not any(s and f"{KEY}=" in s for s in bar.shown)
