@@ -43,11 +43,21 @@ QUIET = textwrap.dedent(
     """
 )
 
-# A plain script: a fit, two predicts (a Trainer each, as pytorch-forecasting's predict builds), and a Trainer
-# with a PerfCallback of its own. RESULT is what the training computed; CALLBACKS what each Trainer held.
+# A plain script: a fit, two predicts (a Trainer each, as pytorch-forecasting's predict builds), a Trainer with a
+# PerfCallback of its own, a library's subclass of Trainer and a pytorch_lightning Trainer (built, not run). RESULT is
+# what the training computed; CALLBACKS what each Trainer held.
 PLAIN = QUIET + textwrap.dedent(
     """
+    import pytorch_lightning
+
     from lightning_perf import PerfCallback
+
+
+    class LibraryTrainer(pl.Trainer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.built_by = "a library"
+
 
     if __name__ == "__main__":
         pl.seed_everything(int(sys.argv[1]))
@@ -62,8 +72,12 @@ PLAIN = QUIET + textwrap.dedent(
         predicted = [sum(o.sum().item() for o in out) for out in outputs]
         print("RESULT", json.dumps({"argv": sys.argv, "path0": sys.path[0], "file": __file__, "name": __name__,
                                     "weights": weights, "predicted": predicted}))
+        built = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir="out")
+        subclass = LibraryTrainer(**built)  # with its ModelCheckpoint
+        standalone = pytorch_lightning.Trainer(**built, enable_checkpointing=False)
         print("CALLBACKS", json.dumps({"fit": callbacks(fit), "predict": [callbacks(t) for t in predicts],
-                                       "own": [getattr(c, "dirpath", None) for c in own.callbacks]}))
+                                       "own": [getattr(c, "dirpath", None) for c in own.callbacks],
+                                       "subclass": callbacks(subclass), "pytorch_lightning": callbacks(standalone)}))
     """
 )
 
@@ -131,6 +145,8 @@ def test_every_trainer_gets_one_callback_and_one_of_its_own_keeps_it(plain):
     assert held["fit"] == ["PerfCallback"]
     assert held["predict"] == [["PerfCallback"], ["PerfCallback"]]
     assert held["own"] == [str(plain["runner"].folder / "own")]  # the program's own callback, alone
+    assert held["subclass"] == ["PerfCallback", "ModelCheckpoint"]  # Lightning's order: the checkpoints last
+    assert held["pytorch_lightning"] == ["StandalonePerfCallback"]  # a pytorch_lightning.Callback too
 
 
 def test_the_console_says_once_and_each_call_says_where_its_report_is(plain):
