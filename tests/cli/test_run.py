@@ -206,36 +206,6 @@ def test_a_config_file_s_unknown_option_is_named(tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
-CLI = QUIET + textwrap.dedent(
-    """
-    from lightning.pytorch.cli import LightningCLI
-
-    if __name__ == "__main__":
-        cli = LightningCLI(TinyModel, save_config_callback=None)
-        print("CALLBACKS", json.dumps(callbacks(cli.trainer)))
-    """
-)
-
-
-def test_a_lightning_cli_script_with_its_yaml_and_ours(tmp_path):
-    (tmp_path / "cli.py").write_text(CLI)
-    (tmp_path / "config.yaml").write_text(
-        "seed_everything: 0\n"
-        "trainer: {accelerator: cpu, max_epochs: 1, logger: false, enable_progress_bar: false,"
-        " enable_model_summary: false, enable_checkpointing: false, default_root_dir: out, limit_val_batches: 0}\n"
-        "model: {n: 32}\n"
-    )
-    (tmp_path / "perf.yaml").write_text("schedule: {skip_first: 2, active: 2}\nstages: [train]\n")
-    run = _run(
-        _runner("--config", "perf.yaml", "--schedule.active", "3", "cli.py", "fit", "--config", "config.yaml"), tmp_path
-    )
-    assert run.returncode == 0, run.stderr
-    assert _line(run.stdout, "CALLBACKS") == ["PerfCallback"]
-    report = json.loads((tmp_path / "out" / "perf" / "perf_report.json").read_text())
-    # skip 2, warm up 1, record 3 (the flag over the file): batches 3 to 5 of the 8
-    assert [(w["stage"], w["first_batch"], w["last_batch"]) for w in report["windows"]] == [("train", 3, 5)]
-
-
 FAILING = QUIET + textwrap.dedent(
     """
     class Failing(TinyModel):
@@ -274,28 +244,39 @@ def test_a_failing_module_run_with_m(tmp_path):
     assert [(e["stage"], e["interrupted"]) for e in report["stages"]["train"]["epochs"]] == [("train", True)]
 
 
-DDP = QUIET + textwrap.dedent(
+# A LightningCLI script, its YAML config asking for 2 ranks on the CPU: Lightning's launcher starts rank 1 by running
+# the command line again, the CLI's arguments included.
+CLI_DDP = QUIET + textwrap.dedent(
     """
+    from lightning.pytorch.cli import LightningCLI
+
     if __name__ == "__main__":
-        pl.seed_everything(0)
-        trainer = quiet_trainer(strategy="ddp", devices=2, limit_val_batches=0)
-        trainer.fit(TinyModel(n=32))
-        print("RANK", json.dumps({"rank": trainer.global_rank, "callbacks": callbacks(trainer)}), flush=True)
+        cli = LightningCLI(TinyModel, save_config_callback=None)
+        print("RANK", json.dumps({"rank": cli.trainer.global_rank, "callbacks": callbacks(cli.trainer)}), flush=True)
     """
 )
 
 
-def test_each_rank_of_a_ddp_script_gets_its_callback(tmp_path):
-    (tmp_path / "ddp.py").write_text(DDP)
-    run = _run(_runner("--schedule.skip_first", "1", "ddp.py"), tmp_path)
+def test_a_lightning_cli_script_on_two_ranks_with_its_yaml_and_ours(tmp_path):
+    (tmp_path / "cli.py").write_text(CLI_DDP)
+    (tmp_path / "config.yaml").write_text(
+        "seed_everything: 0\n"
+        "trainer: {accelerator: cpu, strategy: ddp, devices: 2, max_epochs: 1, logger: false,"
+        " enable_progress_bar: false, enable_model_summary: false, enable_checkpointing: false,"
+        " default_root_dir: out, limit_val_batches: 0}\n"
+        "model: {n: 64}\n"
+    )
+    (tmp_path / "perf.yaml").write_text("schedule: {skip_first: 2, active: 2}\nstages: [train]\n")
+    command = _runner("--config", "perf.yaml", "--schedule.active", "3", "cli.py", "fit", "--config", "config.yaml")
+    run = _run(command, tmp_path)
     assert run.returncode == 0, run.stderr
-    ranks = sorted(json.loads(line[5:])["rank"] for line in run.stdout.splitlines() if line.startswith("RANK "))
-    assert ranks == [0, 1]
-    assert run.stdout.count('"callbacks": ["PerfCallback"]') == 2, run.stdout
+    ranks = [json.loads(line[5:]) for line in run.stdout.splitlines() if line.startswith("RANK ")]
+    assert sorted((r["rank"], r["callbacks"]) for r in ranks) == [(0, ["PerfCallback"]), (1, ["PerfCallback"])]
     report = json.loads((tmp_path / "out" / "perf" / "perf_report.json").read_text())
     assert report["run"]["world_size"] == 2
-    ranks = report["stages"]["train"]["epochs"][0]["ranks"]
-    assert [rank["rank"] for rank in ranks] == [0, 1]  # each rank measured its batches
+    assert [rank["rank"] for rank in report["stages"]["train"]["epochs"][0]["ranks"]] == [0, 1]  # each measured
+    # skip 2, warm up 1, record 3 (the flag over the file): batches 3 to 5 of each rank's 8
+    assert [(w["stage"], w["first_batch"], w["last_batch"]) for w in report["windows"]] == [("train", 3, 5)]
 
 
 SLOW = QUIET + textwrap.dedent(
