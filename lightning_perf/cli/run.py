@@ -52,13 +52,14 @@ def command_run(args: argparse.Namespace) -> int:
         print(f"{sys.executable}: can't open file {os.path.abspath(args.script)!r}: no such file", file=sys.stderr)
         return EXIT_BAD_INPUT
     trainer_patch.install(options)
-    if args.module is not None and not _module_exists(args.module):  # what `python -m` says, and its exit code
-        print(f"{sys.executable}: No module named {args.module}", file=sys.stderr)
-        return 1
+    if args.module is not None:
+        sys.path[0] = os.getcwd()  # not the folder of the `lightning-perf` script: where `python -m` looks first
+        if not _module_exists(args.module):  # what `python -m` says, and its exit code
+            print(f"{sys.executable}: No module named {args.module}", file=sys.stderr)
+            return 1
     try:
         if args.module is not None:
             sys.argv = [args.module, *args.args]  # run_module puts the module's file first, as `python -m` does
-            sys.path[0] = os.getcwd()
             runpy.run_module(args.module, run_name="__main__", alter_sys=True)
         else:
             sys.argv = [args.script, *args.args]

@@ -206,6 +206,17 @@ def test_a_config_file_s_unknown_option_is_named(tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
+# The console script pip writes for `lightning-perf` (pyproject.toml's [project.scripts]).
+ENTRY_POINT = textwrap.dedent(
+    """
+    import sys
+    from lightning_perf.cli import main
+    if __name__ == "__main__":
+        sys.argv[0] = sys.argv[0].removesuffix(".exe")
+        sys.exit(main())
+    """
+)
+
 FAILING = QUIET + textwrap.dedent(
     """
     class Failing(TinyModel):
@@ -226,7 +237,11 @@ def test_a_failing_module_run_with_m(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "failing.py").write_text(FAILING)
-    run = _run(_runner("--schedule.skip_first", "1", "-m", "pkg.failing", "--flag", "x"), tmp_path)
+    # Through a `lightning-perf` script as pip installs it, in a folder of its own: its folder is sys.path[0].
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "lightning-perf").write_text(ENTRY_POINT)
+    command = [sys.executable, str(tmp_path / "bin" / "lightning-perf"), "run", "--schedule.skip_first", "1"]
+    run = _run([*command, "-m", "pkg.failing", "--flag", "x"], tmp_path)
     assert run.returncode == 1
     main = _line(run.stdout, "MAIN")
     assert main == {
