@@ -135,10 +135,10 @@ def _patch_launcher(module: ModuleType, *, options: dict[str, Any]) -> None:
     """Wraps the launcher's command builders: each rank's process runs the program through the runner."""
     for name in _COMMANDS:
         if hasattr(module, name):
-            setattr(module, name, _through_runner(getattr(module, name), options))
+            setattr(module, name, through_runner(getattr(module, name), options))
 
 
-def _through_runner(build: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
+def through_runner(build: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
     """A command builder whose command, ``[python, SCRIPT | -m MODULE, ARGS...]`` (and its working directory, where
     it gives one), runs the program through the runner, with ``options``."""
 
