@@ -62,18 +62,23 @@ class AfterImport(importlib.abc.MetaPathFinder):
 
     def __init__(self, patches: dict[str, Callable[[ModuleType], None]]) -> None:
         self._patches = patches
+        self._finding: set[str] = set()  # another finder that asks the others (ours among them) asks us once
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in self._patches:
+        if fullname not in self._patches or fullname in self._finding:
             return None
         spec = None
-        for finder in sys.meta_path:
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
+        self._finding.add(fullname)
+        try:
+            for finder in sys.meta_path:
+                if finder is not self and hasattr(finder, "find_spec"):
+                    spec = finder.find_spec(fullname, path, target)
+                    if spec is not None:
+                        break
+        finally:
+            self._finding.discard(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         patch, loader = self._patches.pop(fullname), spec.loader
