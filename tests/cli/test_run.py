@@ -127,7 +127,7 @@ def plain(tmp_path_factory) -> dict[str, subprocess.CompletedProcess[str]]:
     results = {how: _finish(proc) for how, (proc, _) in procs.items()}
     for how, result in results.items():
         assert result.returncode == 0, result.stderr
-        result.folder = procs[how][1]  # type: ignore[attr-defined]
+        result.folder = procs[how][1]  # where it ran, for the tests to read its files
     return results
 
 
