@@ -306,5 +306,6 @@ class PerfCallback(StageEvents, ResultsView):
         self._policy.safely(None, self._epochs.write_report, trainer, now=True)
         self._policy.safely(None, self._epochs.close_outputs)
         saved = max(len(self.windows) - self._windows_at_setup, 0)
-        if message := where_to_look(saved, self.dirpath, self.tensorboard_logdir, self.page_path, self._epochs.budget):
+        page, budget = self.page_path, self._epochs.budget
+        if message := where_to_look(saved, self.dirpath, self.tensorboard_logdir, page, budget, self.report_path):
             rank_zero_info(message)
