@@ -52,6 +52,9 @@ ZERO_GRAD, BACKWARD, AFTER_BACKWARD, OPTIMIZER, STEP_END = (
 """The marks: at ``on_before_zero_grad``, ``on_before_backward``, ``on_after_backward``,
 ``on_before_optimizer_step``, and the optimizer's step post-hook."""
 
+MAX_MARKS = 64
+"""The most marks one batch keeps: an automatic step makes 5, a manual one a few per optimizer."""
+
 MANUAL_NOTE = (
     "manual optimization: forward is `training_step`'s code before its first backward; its code between the"
     " optimizer calls is other"
@@ -106,8 +109,10 @@ class PhaseMarks:
         self.marked = False
 
     def mark(self, name: str) -> None:
-        """A hook of the batch under way (module Notes)."""
-        self._marks.append((name, self._clock()))
+        """A hook of the batch under way (module Notes); past :data:`MAX_MARKS` in one batch (hooks whose batch
+        was not measured), none is kept."""
+        if len(self._marks) < MAX_MARKS:
+            self._marks.append((name, self._clock()))
 
     def batch_start(self, now: float) -> None:
         self._marks.clear()
