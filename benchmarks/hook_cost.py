@@ -3,8 +3,10 @@ Per-batch hook cost
 ===================
 
 What ``PerfCallback`` adds to every batch outside its profiler windows, timed directly: its
-``on_train_batch_start`` and ``on_train_batch_end`` hooks called in a tight loop on a real, set-up Trainer,
-with no model work around them. Unlike ``overhead.py``, whose whole-step ratios move by several % from
+``on_train_batch_start`` and ``on_train_batch_end`` hooks, and the four hooks that mark a training batch's phases
+(``on_before_zero_grad``, ``on_before_backward``, ``on_after_backward``, ``on_before_optimizer_step``), called in
+a tight loop on a real, set-up Trainer, with no model work around them (the optimizer's step post-hook, one more
+call, is not in it). Unlike ``overhead.py``, whose whole-step ratios move by several % from
 round to round on a shared machine, this isolates the callback's own cost (a few microseconds).
 
 Run it from the repository root::
@@ -48,8 +50,9 @@ class Tiny(pl.LightningModule):
         return DataLoader(TensorDataset(torch.randn(8, 16)), batch_size=4)
 
 
-def hook_cost(log_every_n_steps: int, batches: int) -> float:
-    """Seconds per batch spent in PerfCallback's two per-batch hooks."""
+def hook_cost(log_every_n_steps: int, batches: int, phases: bool = True) -> float:
+    """Seconds per batch spent in PerfCallback's per-batch hooks: the batch's start and end, and (``phases``) the
+    four marks of a training batch's phases (zero_grad, backward's start and end, the optimizer step)."""
     perf = PerfCallback(max_windows=0)  # the cost outside windows: no window ever opens
     with tempfile.TemporaryDirectory() as root:
         trainer = pl.Trainer(
@@ -70,8 +73,14 @@ def hook_cost(log_every_n_steps: int, batches: int) -> float:
         batch = (torch.randn(64, 16), torch.randn(64, 1))
         outputs = {"loss": torch.tensor(0.5)}
         start = time.perf_counter()
+        optimizer, loss = trainer.optimizers[0], outputs["loss"]
         for i in range(batches):
             perf.on_train_batch_start(trainer, model, batch, i)
+            if phases:
+                perf.on_before_zero_grad(trainer, model, optimizer)
+                perf.on_before_backward(trainer, model, loss)
+                perf.on_after_backward(trainer, model)
+                perf.on_before_optimizer_step(trainer, model, optimizer)
             perf.on_train_batch_end(trainer, model, outputs, batch, i)
         elapsed = (time.perf_counter() - start) / batches
         perf.teardown(trainer, model, "fit")  # closes the event file it reopened, before the directory goes
@@ -87,6 +96,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, lightning {pl.__version__}")
     for label, every in (("scalars every batch", 1), ("scalars every 50 batches (default)", 50), ("no scalars", 10**9)):
         print(f"  {label:<36} {hook_cost(every, args.batches) * 1e6:7.2f} us per batch")
+    without = hook_cost(50, args.batches, phases=False)
+    print(f"  {'default, without the phase marks':<36} {without * 1e6:7.2f} us per batch")
 
 
 if __name__ == "__main__":

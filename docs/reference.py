@@ -29,7 +29,7 @@ from lightning_perf.cli import build_parser
 from lightning_perf.diagnose import thresholds as thresholds_module
 from lightning_perf.diagnose.registry import RULES, SUMMARY_RULES
 from lightning_perf.diagnose.thresholds import Thresholds
-from lightning_perf.docstrings import plain_roles, summary_and_notes
+from lightning_perf.docstrings import doc_entries, plain_roles, summary_and_notes
 from lightning_perf.validation import BYTES, COUNT, FRACTION, RATIO, SECONDS, kinds_of
 
 #: The rules' catalogue, by id, in the registry's order.
@@ -57,37 +57,6 @@ FINDINGS_PAGE = Path(__file__).resolve().parent / "findings.md"
 
 #: The marker a page holds where a generated block goes: ``<!-- generated: rule dataloader_bound -->``.
 MARKER = re.compile(r"<!-- generated: ([\w-]+)(?: (\w+))? -->")
-
-
-# --- docstrings ----------------------------------------------------------------------------------------------
-
-
-def doc_entries(doc: str | None, section: str) -> dict[str, str]:
-    """A Google-style docstring section's entries (``Args:``, ``Attributes:``), each name with its text.
-
-    Notes:
-        1. An entry is a line indented once, ``name: text`` or ``name, other: text`` (several names share
-           one text); the lines indented deeper continue it.
-        2. The section ends at the next line that is not indented (the next section).
-    """
-    entries: dict[str, str] = {}
-    lines = inspect.cleandoc(doc or "").splitlines()
-    try:
-        start = lines.index(f"{section}:") + 1
-    except ValueError:
-        return entries
-    names: list[str] = []
-    for line in lines[start:]:
-        if line and not line.startswith(" "):
-            break
-        if match := re.match(r"^ {4}(\w+(?:, \w+)*): ?(.*)$", line):
-            names = match.group(1).split(", ")
-            for name in names:
-                entries[name] = match.group(2).strip()
-        elif line.startswith(" " * 8) and names:
-            for name in names:
-                entries[name] += " " + line.strip()
-    return entries
 
 
 # --- thresholds ----------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing_extensions import override
 from lightning_perf.collect.batch import BatchSizer
 from lightning_perf.collect.loops import LoopStartTimer
 from lightning_perf.collect.memory import CudaPeaks
+from lightning_perf.collect.phases import STEP_END, StepEndHooks
 from lightning_perf.collect.ranks import EXCEPTION_WAIT_SECONDS, WAIT_SECONDS
 from lightning_perf.collect.run_info import optimizer_info, run_info
 from lightning_perf.config import (
@@ -42,6 +43,7 @@ from lightning_perf.hooks import run_state
 from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.error_policy import ErrorPolicy, warn
 from lightning_perf.hooks.flop_count import run_peak_flops
+from lightning_perf.hooks.live_status import LiveStatus
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
 from lightning_perf.hooks.rank_staging import RankStaging
 from lightning_perf.hooks.results_view import ResultsView
@@ -124,6 +126,9 @@ class PerfCallback(StageEvents, ResultsView):
             then reports the setting's measured speed against the current one, and withdraws it where it showed no
             gain. The training is unchanged (its data order, random streams, thread count and parameters).
             ``False``: no trial; advice stays predicted.
+        live: Show a short status in Lightning's progress bar while an epoch runs (item ``perf``): the recent
+            batches' samples per second, data wait and phases, and the ids of the warnings in force, updated at
+            ``Trainer(log_every_n_steps=...)`` from numbers already measured. ``False``: the bar is left as it is.
 
     Raises:
         ValueError: At construction, listing every invalid argument with its value and what is allowed.
@@ -173,6 +178,7 @@ class PerfCallback(StageEvents, ResultsView):
         profile_budget: float | Literal["auto"] | None = "auto",
         memory_history: bool = False,
         try_advice: bool = True,
+        live: bool = True,
     ) -> None:
         self.config = PerfConfig.build(**{name: value for name, value in locals().items() if name != "self"})
         if (warning := schedule_warning(self.config.schedule)) is not None:
@@ -202,6 +208,8 @@ class PerfCallback(StageEvents, ResultsView):
         self._positions = self._control.stages
         self._state_texts = run_state.RecordTexts()
         self._loop_timer = LoopStartTimer()  # what Lightning's loops spend starting DataLoaders before our hooks
+        self._step_ends = StepEndHooks()  # the optimizer step's end, for each batch's phases
+        self._live = LiveStatus(self.config.live)  # the progress bar's status item
         self._windows_at_setup = 0
         self._resuming = True
         self._report_file: str | None = None
@@ -258,6 +266,7 @@ class PerfCallback(StageEvents, ResultsView):
         self._resuming = stage == "fit"  # a checkpoint's state is taken back by a resumed fit only
         self._policy.safely(None, self._loop_timer.install, trainer)
         self._policy.safely(None, self._epochs.compile.install, trainer)
+        self._policy.safely(None, self._live.install, trainer)
         if world_size > 1:
             self._staging.open()
         self._control.verdicts = shared_verdicts(world_size, ranks, self._epochs.budget, self._policy.warn_once)
@@ -266,6 +275,7 @@ class PerfCallback(StageEvents, ResultsView):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The optimizers exist from here (configured after setup): optimizer_heavy advises what would change.
         self._policy.safely(None, lambda: self._epochs.keep_optimizer_info(optimizer_info(trainer)))
+        self._policy.safely(None, self._step_ends.install, trainer.optimizers, lambda: self._phase_mark(STEP_END))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -285,6 +295,8 @@ class PerfCallback(StageEvents, ResultsView):
         windows and report are."""
         self._policy.safely(None, self._loop_timer.uninstall)
         self._policy.safely(None, self._epochs.compile.uninstall)
+        self._policy.safely(None, self._step_ends.uninstall)
+        self._policy.safely(None, self._live.uninstall)
         stage = self._control.open.stage if self._control.open is not None else None
         self._flops.cancel()
         self._policy.safely(stage, lambda: self._profiler_windows.save(self._control.close(shortened=True)))
@@ -296,5 +308,6 @@ class PerfCallback(StageEvents, ResultsView):
         self._policy.safely(None, self._epochs.write_report, trainer, now=True)
         self._policy.safely(None, self._epochs.close_outputs)
         saved = max(len(self.windows) - self._windows_at_setup, 0)
-        if message := where_to_look(saved, self.dirpath, self.tensorboard_logdir, self.page_path, self._epochs.budget):
+        page, budget = self.page_path, self._epochs.budget
+        if message := where_to_look(saved, self.dirpath, self.tensorboard_logdir, page, budget, self.report_path):
             rank_zero_info(message)

@@ -209,6 +209,7 @@ class PerfConfig:
     profile_budget: float | None = None  # resolved by build: "auto" is a number or None
     memory_history: bool = declared(_FLAG, False)
     try_advice: bool = declared(_FLAG, True)
+    live: bool = declared(_FLAG, True)
     #: The user chose the plan (a ``schedule`` or ``batches`` of their own), not the default schedule.
     chosen_plan: bool = False
 
@@ -279,6 +280,7 @@ class PerfConfig:
             chosen_plan=chosen,
             memory_history=kwargs.get("memory_history", False),
             try_advice=kwargs.get("try_advice", True),
+            live=kwargs.get("live", True),
         )
 
 

@@ -134,6 +134,11 @@ class WindowRecord:
         return self.last_batch - self.first_batch + 1
 
 
+PHASES = ("forward", "backward", "optimizer", "other")
+"""The phases of a training batch's compute (:mod:`lightning_perf.collect.phases`), as :class:`EpochSummary`'s
+``<phase>_time``, ``<phase>_p50`` and ``<phase>_p90`` fields name them."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class EpochSummary:
     """What one epoch of one stage looked like, from the always-on measurements (no profiler).
@@ -196,6 +201,20 @@ class EpochSummary:
         flops_per_second: The FLOPs of the epoch's measured batches (per sample, times their samples) over
             their wall time (step times, data wait included).
         mfu: ``flops_per_second`` over the device's dense peak for the run's dtype, where that peak is known.
+        forward_time: Of ``step_time``, the batches' forward (``training_step``), from the marks of Lightning's
+            hooks in every training batch (:mod:`lightning_perf.collect.phases`); ``None`` for the other stages.
+        backward_time: The same for backward.
+        optimizer_time: The same for the optimizer step (``zero_grad``, the closure's bookkeeping, gradient
+            clipping and the update).
+        other_time: The same for the rest of the compute (Lightning's bookkeeping and the other callbacks' hooks).
+        forward_p50: The median batch's forward, in seconds; ``None`` as ``forward_time``.
+        forward_p90: Its 90th percentile.
+        backward_p50: The median batch's backward.
+        backward_p90: Its 90th percentile.
+        optimizer_p50: The median batch's optimizer step.
+        optimizer_p90: Its 90th percentile.
+        other_p50: The median batch's other compute.
+        other_p90: Its 90th percentile.
     """
 
     stage: str
@@ -230,6 +249,18 @@ class EpochSummary:
     flops_per_batch: float | None = None
     flops_per_second: float | None = None
     mfu: float | None = None
+    forward_time: float | None = None
+    backward_time: float | None = None
+    optimizer_time: float | None = None
+    other_time: float | None = None
+    forward_p50: float | None = None
+    forward_p90: float | None = None
+    backward_p50: float | None = None
+    backward_p90: float | None = None
+    optimizer_p50: float | None = None
+    optimizer_p90: float | None = None
+    other_p50: float | None = None
+    other_p90: float | None = None
 
     @property
     def measured_batches(self) -> int:

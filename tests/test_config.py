@@ -58,6 +58,7 @@ BAD_ARGUMENTS = [
     ({"strict": "yes"}, r"strict must be True, False or None \(from the environment\), got 'yes' \(string\)"),
     ({"memory_history": "on"}, r"memory_history must be True or False, got 'on' \(string\)"),
     ({"try_advice": 1}, r"try_advice must be True or False, got 1 \(integer\)"),
+    ({"live": "yes"}, r"live must be True or False"),
 ]
 
 

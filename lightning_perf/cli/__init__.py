@@ -10,13 +10,17 @@ thing, measure again, compare.
 - ``analyze PATH...``: the trace-level rules on any Kineto traces, grouped by rank per directory.
 - ``compare BEFORE AFTER``: two runs (or two traces) side by side (MFU before and after, where known);
   ``--fail-if-slower PCT`` for CI.
+- ``run [OPTIONS] SCRIPT ARGS`` (or ``-m MODULE ARGS``): a program as ``python`` runs it, with a ``PerfCallback`` in
+  every Trainer it builds (:mod:`lightning_perf.cli.run`).
 
-Each also writes its output as one self-contained HTML page with ``--html OUT`` (a file, or ``OUT/report.html``,
-``OUT/traces.html``, ``OUT/compare.html`` where ``OUT`` is a directory): no network needed to open it.
+The first three also write their output as one self-contained HTML page with ``--html OUT`` (a file, or
+``OUT/report.html``, ``OUT/traces.html``, ``OUT/compare.html`` where ``OUT`` is a directory): no network needed to
+open it.
 
 One code path with the callback: the same readers, summaries, rules and formatters; no second
 implementation of a rule. Bad input (a missing file, a truncated gzip, a malformed report) is one line on
-stderr and exit code 2. Nothing here imports torch or Lightning, so the commands start fast.
+stderr and exit code 2. Nothing here imports torch or Lightning, so the commands start fast (``run``'s program
+imports them).
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from lightning_perf.traces import collector_paused
 __all__ = ["UsageError", "build_parser", "find_traces", "main"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, run_flags: bool = True) -> argparse.ArgumentParser:
+    """The ``lightning-perf`` parser; without ``run``'s option flags where ``run_flags`` is false (what the other
+    commands parse: a few ms fewer at their start)."""
     parser = argparse.ArgumentParser(prog="lightning-perf", description=__doc__.split("\n\n")[1].strip())
     parser.add_argument("--version", action="version", version=f"lightning-perf {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -76,7 +82,45 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--precision", default=None, help=argparse.SUPPRESS)
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
     _html_option(compare, "compare.html", "a page of the two side by side (deltas, findings, operator changes)")
+
+    run = commands.add_parser(
+        "run",
+        help="run a program with a PerfCallback in every Trainer it builds",
+        description="Run a program as `python SCRIPT ARGS` (or `python -m MODULE ARGS`) would, with one PerfCallback"
+        " in every Trainer it builds. Options go before the program; everything after it is the program's.",
+        allow_abbrev=False,
+    )
+    run.add_argument(
+        "-m", dest="module", metavar="MODULE", default=None, help="run library module MODULE, as `python -m MODULE`"
+    )
+    run.add_argument("script", nargs="?", default=None, help="the program's file, as `python SCRIPT` runs it")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="the program's arguments: its `sys.argv[1:]`")
+    if run_flags:
+        from lightning_perf.cli.run_options import add_option_flags
+
+        add_option_flags(run)
     return parser
+
+
+def split_program(argv: Sequence[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """``run``'s command line, up to its program (``SCRIPT`` or ``-m MODULE``), and the program's arguments after
+    it, kept as they are (``--`` and ``--help`` included): argparse would read the program's options as ours."""
+    run = _subcommand(parser, "run")
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "-m":
+            return list(argv[: i + 2]), list(argv[i + 2 :])
+        if not token.startswith("-") or token == "-" or token.startswith("-m"):  # `-mMODULE`, as Python takes it
+            return list(argv[: i + 1]), list(argv[i + 1 :])
+        action = run._option_string_actions.get(token)
+        i += 1 if action is None or action.nargs == 0 else 2  # an unknown one is argparse's to refuse
+    return list(argv), []
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
 
 
 def _jobs(value: str) -> int:
@@ -102,7 +146,17 @@ def _html_option(command: argparse.ArgumentParser, page_name: str, what: str) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(run_flags=argv[:1] == ["run"])
+    if argv[:1] == ["run"]:
+        # The program's own run: its arguments kept apart, and none of the other commands' ways (the collector).
+        ours, program = split_program(argv, parser)
+        args = parser.parse_args(ours)
+        args.args = program
+        from lightning_perf.cli.run import command_run
+
+        return command_run(args)
+    args = parser.parse_args(argv)
     # The command's own module only (`lightning_perf.cli.analyze` for `analyze`): a command imports no other's.
     run = getattr(importlib.import_module(f"lightning_perf.cli.{args.command}"), f"command_{args.command}")
     try:

@@ -10,7 +10,8 @@ How the split is measured, for each batch ``k`` of a stage's epoch:
 - **data wait**: from the end of batch ``k - 1`` (``on_*_batch_end``; for the first batch, the epoch start)
   to the start of batch ``k`` (``on_*_batch_start``). Lightning fetches the batch from the DataLoader and
   moves it to the device in between, so this is the time the loop waited for input.
-- **compute**: from the start to the end of batch ``k``: forward, backward, optimizer step and the hooks.
+- **compute**: from the start to the end of batch ``k``: forward, backward, optimizer step and the hooks; a
+  training batch's split into those from the marks of Lightning's hooks (:mod:`lightning_perf.collect.phases`).
 - A validation run inside a training epoch is neither: the clock restarts when it ends.
 - **the batch after a window's close** is marked (:attr:`StepClock.after_close`) and left out of the epoch's
   times like a profiled batch: the close itself (the profiler stopping, torch exporting the trace) happens
@@ -48,6 +49,7 @@ from typing import Any
 import torch
 
 from lightning_perf.collect.cpu import RunQueue
+from lightning_perf.collect.phases import PhaseMarks
 
 # A stage keeps at most this many batch losses on their device before summing them into one there (no
 # synchronization): a tensor per batch held to the epoch's end would hold a caching-allocator block each.
@@ -113,6 +115,7 @@ class StepClock:
         self.last_loss: Any = None  # this batch's, or None
         self._loss_sum: Any = None  # the earlier losses of the epoch, summed on their device
         self._loss_count = 0
+        self.phase_marks = PhaseMarks(clock)  # each training batch's forward, backward, optimizer and other
 
     def epoch_start(self, waited: float = 0.0, *, carried: bool = False) -> None:
         """Starts an epoch's clocks.
@@ -132,6 +135,7 @@ class StepClock:
         self.epoch_starts = [0]
         self.data_wait, self.compute, self.batch_sizes, self.profiled, self.losses = [], [], [], [], []
         self.after_close = []
+        self.phase_marks.reset()
         self.sampled_wait = self.sampled_wait_cpu = self.sampled_wait_queued = 0.0
         self.sampled_on_cpu = []
         self._loss_sum, self._loss_count = None, 0
@@ -160,6 +164,7 @@ class StepClock:
             self._last_end_cpu = None
         self.data_wait.append(now - self._last_end)
         self._start = now
+        self.phase_marks.batch_start(now)
         self.batch_sizes.append(self._batch_size(batch))
         self.profiled.append(profiled)
 
@@ -167,7 +172,9 @@ class StepClock:
         """Ends the batch's compute time and keeps the loss in ``outputs``; the caller then does its own per-batch
         work and :meth:`restarts <restart>` the data-wait clock, so that this work is no part of the next batch's
         data wait."""
-        self.compute.append(self._clock() - self._start)  # (the caller restarts the data-wait clock)
+        now = self._clock()
+        self.compute.append(now - self._start)  # (the caller restarts the data-wait clock)
+        self.phase_marks.batch_end(now)
         self.last_loss = None
         if self.keep_loss:
             loss = loss_tensor(outputs)

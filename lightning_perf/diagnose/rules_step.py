@@ -27,7 +27,7 @@ from lightning_perf.diagnose.rule_helpers import (
     strongest,
 )
 from lightning_perf.diagnose.thresholds import Thresholds
-from lightning_perf.records import EpochSummary, share
+from lightning_perf.records import EpochSummary, TraceSummary, share
 from lightning_perf.units import count, limit, ms, percent, plural, seconds
 
 # What Lightning's bookkeeping takes at each `self.log` call, whatever the cadence it logs at (a clone, a detach,
@@ -42,9 +42,13 @@ def optimizer_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
 
     Notes:
         1. Training only: no other stage steps an optimizer.
-        2. Per window: ``optimizer_update_time`` / step time.
-        3. Fires, as a warning, at ``optimizer_update`` in the window with the largest share among those whose
-           update also takes ``optimizer_min_time`` per step.
+        2. On every batch, where the epoch has its phase split (:mod:`lightning_perf.collect.phases`): the
+           optimizer phase (``zero_grad``, the closure's bookkeeping, gradient clipping and the update) over the
+           step time, both summed over the epoch's measured batches. Fires, as a warning, at ``optimizer_update``
+           where the phase also takes ``optimizer_min_time`` per batch; a window, where one recorded the update's
+           operators, adds them to the evidence (and whether they were multi-tensor).
+        3. Without a split (a report from before it): per window, ``optimizer_update_time`` / step time, in the
+           window with the largest share among those whose update also takes ``optimizer_min_time`` per step.
         4. Advice names only what would change something: the run's own optimizer class (``RunFacts.optimizer``),
            ``fused=True`` unless it is set already or the class has no fused kernels, and fewer states only for
            Adam-style optimizers; on CUDA ``foreach`` where the trace shows a per-parameter loop. On CPU only
@@ -61,21 +65,40 @@ def optimizer_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         (w for w in ctx.windows if reaches(w.optimizer_update_time, t.optimizer_min_time)),
         lambda w: share(w.optimizer_update_time, w),
     )
-    if best is None or not reaches(best[1], t.optimizer_update):
+    epoch = ctx.epoch
+    if epoch.optimizer_time is not None:  # every batch judges (Notes 2); a window adds its operators
+        batches, total = max(epoch.measured_batches, 1), epoch.step_time
+        value = epoch.optimizer_time / total if total > 0 else 0.0
+        if not reaches(value, t.optimizer_update) or not reaches(epoch.optimizer_time / batches, t.optimizer_min_time):
+            return None
+        window = best[0] if best is not None else None
+        evidence = [
+            f"the optimizer step takes {percent(value)} of each training step over {count(batches)} batches"
+            f" ({ms(epoch.optimizer_time / batches)} of {ms(total / batches)} a batch; median batch"
+            f" {ms(epoch.optimizer_p50 or 0.0)}, p90 {ms(epoch.optimizer_p90 or 0.0)}; warning >="
+            f" {limit(t.optimizer_update)} and >= {ms(t.optimizer_min_time)} a batch)"
+        ]
+    elif best is None or not reaches(best[1], t.optimizer_update):
         return None
-    window, value = best
-    foreach = window.optimizer_foreach
-    evidence = [
-        f"optimizer update {percent(value)} of the step ({ms(window.optimizer_update_time)} of"
-        f" {ms(window.step_time)}, {count(window.optimizer_update_ops)} operators)"
-        f" {in_window(window, len(ctx.windows))}"
-        f" (warning >= {limit(t.optimizer_update)} and >= {ms(t.optimizer_min_time)} per step)",
-        ""
-        if foreach is None
-        else "multi-tensor (foreach) or fused kernels"
-        if foreach
-        else "a loop over the parameters (no foreach)",
-    ]
+    else:
+        window, value = best
+        evidence = [
+            f"optimizer update {percent(value)} of the step ({ms(window.optimizer_update_time)} of"
+            f" {ms(window.step_time)}) {in_window(window, len(ctx.windows))}"
+            f" (warning >= {limit(t.optimizer_update)} and >= {ms(t.optimizer_min_time)} per step)"
+        ]
+    foreach = window.optimizer_foreach if window is not None else None
+    if window is not None:
+        evidence.append(
+            f"{in_window(window, len(ctx.windows))} the update is {count(window.optimizer_update_ops)} operators"
+            + (
+                ""
+                if foreach is None
+                else ": multi-tensor (foreach) or fused kernels"
+                if foreach
+                else ": a loop over the parameters (no foreach)"
+            )
+        )
     advice, withdrawn = tried_optimizer_advice(
         ctx.advice_trials, [_optimizer_advice(ctx, foreach)], t.advice_trial_min_gain
     )
@@ -89,6 +112,24 @@ def optimizer_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         evidence,
         advice,
         window,
+    )
+
+
+def _other_phase(ctx: StageEpoch, t: Thresholds) -> tuple[float, str] | None:
+    """The epoch's other phase (``framework_overhead``, Notes 4), as its share of the step and its evidence, where
+    it reaches the thresholds; ``None`` where not, or without a split."""
+    epoch = ctx.epoch
+    if epoch.other_time is None or epoch.step_time <= 0:
+        return None
+    batches = max(epoch.measured_batches, 1)
+    value = epoch.other_time / epoch.step_time
+    if not reaches(value, t.framework_overhead) or not reaches(epoch.other_time / batches, t.framework_min_time):
+        return None
+    return value, (
+        f"after the optimizer step, Lightning's bookkeeping and the callbacks' hooks take {percent(value)} of each"
+        f" step over {count(batches)} batches ({ms(epoch.other_time / batches)} a batch; median batch"
+        f" {ms(epoch.other_p50 or 0.0)}; warning >= {limit(t.framework_overhead)} and >= {ms(t.framework_min_time)}"
+        " a batch)"
     )
 
 
@@ -219,25 +260,37 @@ def framework_overhead(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         3. Advice names the stage's own hook and logging: ``log_every_n_steps`` only paces training's
            logging; in validation and test ``self.log`` logs once per epoch unless ``on_step=True``; predict
            does not log.
+        4. On every training batch, where the epoch has its phase split (:mod:`lightning_perf.collect.phases`):
+           its other phase (Lightning's bookkeeping after the update, the callbacks before ours at the batch's
+           end) is framework time too, a part of it. It fires by the same thresholds where no window shows
+           more, and is evidence beside a window's.
     """
     best = strongest(
         (w for w in ctx.windows if reaches(on_cpu(w.framework_time, w)[0], t.framework_min_time)),
         lambda w: on_cpu_share(w.framework_time, w),
     )
-    if best is None or not reaches(best[1], t.framework_overhead):
+    other = _other_phase(ctx, t)
+    if (best is None or not reaches(best[1], t.framework_overhead)) and other is None:
         return None
-    window, value = best
-    real, step = on_cpu(window.framework_time, window)
-    evidence = [
-        f"{percent(value)} of the step outside any torch operator ({ms(real)} of {ms(step)})"
-        + (
-            f" once the {ms(window.step_time - step)} per step waiting for a CPU is left out"
-            if step < window.step_time
-            else ""
+    window: TraceSummary | None = None
+    evidence = []
+    if best is not None and reaches(best[1], t.framework_overhead):
+        window, value = best
+        real, step = on_cpu(window.framework_time, window)
+        evidence.append(
+            f"{percent(value)} of the step outside any torch operator ({ms(real)} of {ms(step)})"
+            + (
+                f" once the {ms(window.step_time - step)} per step waiting for a CPU is left out"
+                if step < window.step_time
+                else ""
+            )
+            + f" {in_window(window, len(ctx.windows))} (warning >= {limit(t.framework_overhead)}"
+            f" and >= {ms(t.framework_min_time)} per step)"
         )
-        + f" {in_window(window, len(ctx.windows))} (warning >= {limit(t.framework_overhead)}"
-        f" and >= {ms(t.framework_min_time)} per step)"
-    ]
+    if other is not None:
+        evidence.append(other[1])
+        if window is None:
+            value = other[0]
     hook = f"a callback or hook (`{batch_end_hook(ctx.stage)}`, ...) doing work every batch"
     progress_bar = f"the progress bar (`TQDMProgressBar(refresh_rate={BAR_REFRESH})` or `enable_progress_bar=False`)"
     per_call = f"bookkeeping runs at every call, about {ms(SELF_LOG_COST)} a value on a 2-CPU machine"
@@ -262,8 +315,8 @@ def framework_overhead(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         ]
     advice = [
         f"Look for per-batch work outside the model: {'; '.join(parts)}. Lightning's own loop takes about"
-        " 0.3-1 ms of each step (measured on 2-CPU machines), which no setting removes. The gaps between operators in"
-        " this window's trace show where the time goes."
+        " 0.3-1 ms of each step (measured on 2-CPU machines), which no setting removes."
+        + (" The gaps between operators in this window's trace show where the time goes." if window else "")
     ]
     return finding(
         ctx,

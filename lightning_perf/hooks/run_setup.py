@@ -181,9 +181,11 @@ def where_to_look(
     tensorboard_logdir: str | None,
     page: str | None,
     budget: ProfilingBudget | None = None,
+    report: str | None = None,
 ) -> str:
     """The lines a Trainer call's end prints: the ``windows`` it saved and how to view them, the run's HTML
-    report where it was written, and last what the profiling has cost the run (``budget``); empty when none."""
+    report where it was written, else its ``perf_report.json`` (``report``: a window-less predict call has no page),
+    and last what the profiling has cost the run (``budget``), after a window or a page; empty when none."""
     lines = []
     if windows:
         lines.append(f"lightning-perf: {windows} profiler window(s) saved under {dirpath}")
@@ -192,6 +194,8 @@ def where_to_look(
         lines.append(f"lightning-perf: report (opens offline in a browser): {page}")
     if lines and budget is not None and (line := profiling_line(budget.cost(time.perf_counter()))):
         lines.append(line)
+    if not lines and report is not None and os.path.exists(report):
+        lines.append(f"lightning-perf: report: {report}")
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from lightning_perf.diagnosis_context import window_summaries
 from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.flop_count import FlopCounting, after_window
+from lightning_perf.hooks.live_status import LiveStatus
 from lightning_perf.hooks.profiler_windows import ProfilerWindows
 from lightning_perf.hooks.rank_staging import RankStaging
 from lightning_perf.hooks.stage_hooks import StageHooks
@@ -45,6 +46,7 @@ class StageEvents(StageHooks):
         _positions: Each stage's position (``_control.stages``).
         _flops: The FLOP count.
         _loop_timer: What Lightning's loops spend starting DataLoaders before our hooks.
+        _live: The progress bar's status item.
     """
 
     _policy: ErrorPolicy
@@ -56,6 +58,7 @@ class StageEvents(StageHooks):
     _positions: dict[str, StagePosition]
     _flops: FlopCounting
     _loop_timer: LoopStartTimer
+    _live: LiveStatus
 
     @override
     def _epoch_start(
@@ -103,6 +106,12 @@ class StageEvents(StageHooks):
             st.clock.batch_start(batch)
 
     @override
+    def _phase_mark(self, name: str) -> None:
+        st = self._stages.get("train")
+        if st is not None:
+            st.clock.phase_marks.mark(name)
+
+    @override
     def _batch_end(self, stage: str, trainer: pl.Trainer, outputs: Any) -> None:
         st = self._stages.get(stage)
         if st is None:
@@ -125,6 +134,7 @@ class StageEvents(StageHooks):
         if cadence and st.total_batches % cadence == 0:
             try:
                 st.log_batch(stage, trainer, self._epochs.outputs)
+                self._live.update(stage, st.clock, cadence)
             except Exception as err:
                 self._policy.fail(stage, err)
         try:
@@ -170,6 +180,7 @@ class StageEvents(StageHooks):
         self._policy.safely(stage, self._staging.publish)
         if summary is not None:
             self._policy.safely(stage, self._epochs.report_epoch, summary, trainer, ranks)
+            self._live.diagnosed(stage, self._epochs.findings_by_epoch.get((stage, summary.epoch)))
         self._control.epoch_end(stage)
 
     def _flops_after_window(self, trainer: pl.Trainer) -> None:
@@ -180,6 +191,7 @@ class StageEvents(StageHooks):
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        super().on_before_optimizer_step(trainer, pl_module, optimizer)  # the batch's phase mark
         if self._flops.active and pl_module.automatic_optimization:  # the count ends with the backward (flops Notes 3)
             self._flops.finish(pl_module, self._epochs.run_info, self._policy)
 

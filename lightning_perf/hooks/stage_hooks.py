@@ -17,6 +17,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from lightning_perf.collect.phases import AFTER_BACKWARD, BACKWARD, OPTIMIZER, ZERO_GRAD
+
 
 class StageHooks(Callback):
     """Lightning's per-stage hooks, as stage events for a subclass to implement.
@@ -29,7 +31,9 @@ class StageHooks(Callback):
       one sequence of batches: their sizes are summed);
     - :meth:`_epoch_end`: the stage epoch ends;
     - :meth:`_validation_start` and :meth:`_validation_end`: around a validation run inside a fit;
-    - :meth:`_sanity_check_start`: the sanity-check validation starts (none of the above happen in it).
+    - :meth:`_sanity_check_start`: the sanity-check validation starts (none of the above happen in it);
+    - :meth:`_phase_mark`: a training batch reaches ``zero_grad``, its backward's start or end, or the optimizer
+      step (:mod:`lightning_perf.collect.phases`).
     """
 
     # Whether the validation run under way is the sanity check: read once per run, at its start. The Trainer's
@@ -64,6 +68,26 @@ class StageHooks(Callback):
     def _sanity_check_start(self, trainer: pl.Trainer) -> None:
         """The sanity-check validation starts: what Lightning's loops did before it belongs to no epoch."""
         raise NotImplementedError
+
+    def _phase_mark(self, name: str) -> None:
+        """A training batch reaches the mark ``name`` (:mod:`lightning_perf.collect.phases`)."""
+        raise NotImplementedError
+
+    @override
+    def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        self._phase_mark(ZERO_GRAD)
+
+    @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
+        self._phase_mark(BACKWARD)
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._phase_mark(AFTER_BACKWARD)
+
+    @override
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        self._phase_mark(OPTIMIZER)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Container, Sequence
 
 from lightning_perf.diagnose.evidence import held_back
 from lightning_perf.diagnose.model import SEVERITIES, Finding
-from lightning_perf.records import CompileStats, EpochSummary, RankSummary
+from lightning_perf.records import PHASES, CompileStats, EpochSummary, RankSummary
 from lightning_perf.units import count, duration, flops_rate, mib, ms, percent, plural
 
 CLEAN = "no bottleneck found"
@@ -158,6 +158,8 @@ def headline(summary: EpochSummary) -> str:
         f"step p50 {ms(summary.step_time_p50)}, p90 {ms(summary.step_time_p90)}",
         f"data wait {percent(summary.data_wait_fraction)}",  # rounded down, as in the findings
     ]
+    if (phases := phase_split(summary, "p50")) is not None:
+        parts.append(f"p50 {phases}")
     if summary.throughput is not None:
         parts.append(f"{count(summary.throughput)} samples/s")
     if summary.flops_per_second is not None:
@@ -167,6 +169,15 @@ def headline(summary: EpochSummary) -> str:
     if summary.loss is not None:
         parts.append(f"loss {summary.loss:.4g}")
     return ", ".join(parts)
+
+
+def phase_split(summary: EpochSummary, quantile: str) -> str | None:
+    """A training epoch's median (``"p50"``) or 90th-percentile (``"p90"``) batch phases:
+    ``"forward 20.10 ms, backward 10.20 ms, optimizer 15.10 ms, other 0.30 ms"``; ``None`` without a split."""
+    values = [getattr(summary, f"{phase}_{quantile}") for phase in PHASES]
+    if any(v is None for v in values):
+        return None
+    return ", ".join(f"{phase} {ms(v)}" for phase, v in zip(PHASES, values, strict=True))
 
 
 def compile_line(stats: CompileStats | None) -> str | None:
@@ -366,6 +377,8 @@ def findings_markdown(
     headline and, where ``torch.compile`` compiled something in it (``compile``: its stats), its
     :func:`compile_line`."""
     lines = [f"**{summary.stage} {epoch_label(summary)}**: {headline(summary)}", ""]
+    if (p90 := phase_split(summary, "p90")) is not None:
+        lines += [f"p90: {p90}", ""]
     compiled = compile_line(compile)
     if compiled is not None:
         lines += [compiled, ""]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from lightning_perf.records import EpochSummary
+from lightning_perf.records import PHASES, EpochSummary
 
 MS = 1e3
 MB = 1 / 2**20
@@ -61,6 +61,10 @@ def epoch_metrics(summary: EpochSummary) -> dict[str, float]:
         "mfu": summary.mfu,  # a share, 0-1
     }
     metrics.update({prefix + name: value for name, value in optional.items() if value is not None})
+    for phase in PHASES:  # a training epoch's split of each batch (collect.phases)
+        for quantile in ("p50", "p90"):
+            if (value := getattr(summary, f"{phase}_{quantile}")) is not None:
+                metrics[f"{prefix}{phase}_{quantile}_ms"] = value * MS
     return metrics
 
 
@@ -79,4 +83,9 @@ def charts_layout(stages: Iterable[str]) -> dict[str, Any]:
             "Multiline",
             [rf"^perf/{stage}/epoch/step_time_(p50|p90|max)_ms$"],
         ]
+        if stage == "train":
+            charts[f"{stage}: each batch's phases per epoch, p50 and p90 (ms)"] = [
+                "Multiline",
+                [rf"^perf/{stage}/epoch/(forward|backward|optimizer|other)_(p50|p90)_ms$"],
+            ]
     return {"lightning-perf": charts}

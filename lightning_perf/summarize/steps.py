@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_perf.records import EpochSummary, StepSplit
+from lightning_perf.records import PHASES, EpochSummary, StepSplit
 
 MAX_BARS = 2000
 """The most bars an epoch's step-split chart holds (a longer epoch's consecutive batches are merged): a bar
@@ -41,6 +41,7 @@ def summarize_epoch(
     profiled: Sequence[bool] = (),
     loss: float | None = None,
     epoch_starts: Sequence[int] = (0,),
+    phases: Sequence[Sequence[float]] = (),
     **memory: Any,
 ) -> EpochSummary:
     """One epoch's summary from its per-batch data-wait and compute times (seconds) and batch sizes; or that of
@@ -73,8 +74,23 @@ def summarize_epoch(
         loss=loss,
         first_data_wait=sum(data_wait[i] for i in epoch_starts if i < n) if n else None,
         epochs=len(epoch_starts),
+        **phase_fields([phases[i] for i in kept if i < len(phases)] if phases else []),
         **memory,
     )
+
+
+def phase_fields(phases: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """:class:`EpochSummary`'s phase fields (``forward_time``, ``forward_p50``, ...) from the kept batches' phases;
+    none without any."""
+    fields: dict[str, Any] = {}
+    if not phases:
+        return fields
+    for i, name in enumerate(PHASES):
+        values = [batch[i] for batch in phases]
+        fields[f"{name}_time"] = sum(values)
+        fields[f"{name}_p50"] = percentile(values, 50)
+        fields[f"{name}_p90"] = percentile(values, 90)
+    return fields
 
 
 def step_split(

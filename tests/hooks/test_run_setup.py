@@ -1,6 +1,7 @@
-"""What the report's ``run`` holds over several Trainer calls (:func:`call_run_info`): no Trainer needed."""
+"""What the report's ``run`` holds over several Trainer calls (:func:`call_run_info`) and what a call's end says
+(:func:`where_to_look`): no Trainer needed."""
 
-from lightning_perf.hooks.run_setup import call_run_info
+from lightning_perf.hooks.run_setup import call_run_info, where_to_look
 
 FIT = {"max_epochs": 200, "val_check_steps": None, "precision": "32-true", "dataloaders": {}}
 TEST = {"max_epochs": 1, "val_check_steps": None, "precision": "32-true", "dataloaders": {}}
@@ -31,3 +32,18 @@ def test_a_later_fit_replaces_the_plan_and_keeps_what_was_measured():
     assert "optimizer_info" not in run  # set again at the fit's start, with the optimizer it configures
     assert run["dataloaders"] is LOADERS
     assert run["flops"] == {"forward": 1}
+
+
+def test_a_call_without_a_page_says_where_its_report_is(tmp_path):
+    # A window-less predict call writes perf_report.json and no page (epoch_report.draw_page): its end still says
+    # where the call's report is, once (lightning-perf run on a library that builds a Trainer per predict).
+    report = tmp_path / "perf_report-1.json"
+    report.write_text("{}")
+    page = tmp_path / "report-1.html"
+    assert where_to_look(0, str(tmp_path), str(tmp_path), str(page), None, str(report)) == (
+        f"lightning-perf: report: {report}"
+    )
+    page.write_text("<html>")
+    assert where_to_look(0, str(tmp_path), str(tmp_path), str(page), None, str(report)) == (
+        f"lightning-perf: report (opens offline in a browser): {page}"
+    )

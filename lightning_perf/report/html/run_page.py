@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_perf.records import EpochSummary
-from lightning_perf.report.findings import epoch_label, epoch_numbers, headline
+from lightning_perf.report.findings import epoch_label, epoch_numbers, headline, phase_split
 from lightning_perf.report.html.compile_html import compile_html
 from lightning_perf.report.html.document import Cell, Page, Section, esc, number_cell, page, table
 from lightning_perf.report.html.findings_html import (
@@ -177,7 +177,12 @@ def _headlines(stages: Mapping[str, Sequence[ReportEpoch]], *, world_size: int) 
     headers += ["data wait", "samples/s", "MFU"]
     rows = [_headline_row(stage, epochs) for stage, epochs in summaries.items()]
     shown = {stage: headline_epoch(epochs) for stage, epochs in summaries.items() if epochs}
-    lines = "".join(f"<li><b>{esc(stage)} {epoch_label(e)}</b>: {esc(headline(e))}</li>" for stage, e in shown.items())
+    lines = "".join(
+        f"<li><b>{esc(stage)} {epoch_label(e)}</b>: {esc(headline(e))}"
+        + (f"; p90 {esc(p90)}" if (p90 := phase_split(e, "p90")) is not None else "")
+        + "</li>"
+        for stage, e in shown.items()
+    )
     ranks = (
         f" Rank 0's numbers, of {world_size} ranks: every rank's are under <a href=\"#charts\">Charts</a>, per rank."
         if world_size > 1

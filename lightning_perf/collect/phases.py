@@ -1,0 +1,156 @@
+"""
+Step phases
+===========
+
+Every training batch's compute split into forward, backward, optimizer and other (issue 49), always on: from the
+clock reads at Lightning's own hooks, a few per batch, and no profiler, no synchronization.
+
+The marks, in the order Lightning 2.x calls them in a training batch (automatic optimization)::
+
+    on_train_batch_start | training_step | on_before_zero_grad | zero_grad | on_before_backward | backward
+    | on_after_backward | the closure's bookkeeping | on_before_optimizer_step | gradient clipping, the update
+    | the optimizer's step post-hook | Lightning's bookkeeping, the other callbacks | on_train_batch_end
+
+Notes:
+    1. **forward**: from the batch's start to its first mark: ``training_step`` (its ``self.log`` calls included)
+       and the hooks of the callbacks after ours at the batch's start.
+    2. **backward**: from ``on_before_backward`` to ``on_after_backward``, each pair of them (manual optimization
+       may call ``manual_backward`` more than once).
+    3. **optimizer**: ``zero_grad`` (from ``on_before_zero_grad`` to the next mark), and from ``on_after_backward``
+       or ``on_before_optimizer_step`` to the end of the optimizer's ``step`` (:data:`STEP_END`, an
+       ``Optimizer.register_step_post_hook`` of ours on the run's torch optimizers): the closure's bookkeeping,
+       gradient clipping and the update. An optimizer whose ``step`` calls its base class's (``super().step()``)
+       has its post-hooks run at the end of each, where torch wrapped both: the last end counts. An optimizer that
+       is no ``torch.optim.Optimizer`` has no post-hook: its phase then runs to the batch's end.
+    4. **other**: the rest of the batch's compute: Lightning's bookkeeping after the step (the learning-rate
+       schedulers, the loops' progress) and the callbacks before ours at the batch's end. (What runs after our
+       ``on_train_batch_end`` (the progress bar, usually) counts in the next batch's data wait, as before.)
+    5. **Gradient accumulation**: a batch that steps no optimizer has no optimizer phase but its ``zero_grad`` at
+       the accumulation's first batch; its time after ``on_after_backward`` is other.
+    6. **Manual optimization**: ``training_step`` holds everything: the marks Lightning still calls inside it
+       (``manual_backward``'s, and the ``on_before_optimizer_step`` of ``optimizer.step()``) split it, forward
+       being the code before the first backward. What the user does between (a second forward, ``zero_grad``) is
+       other, or forward before the first backward: :data:`MANUAL_NOTE` says so where it is shown.
+    7. **On CUDA** the clock reads are the host's: a phase is the time to queue its kernels, and the device's work
+       lands wherever the host waits for it (a ``.item()``). The split is read as the host's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from lightning_perf.records import PHASES
+
+ZERO_GRAD, BACKWARD, AFTER_BACKWARD, OPTIMIZER, STEP_END = (
+    "zero_grad",
+    "backward",
+    "after_backward",
+    "optimizer",
+    "step_end",
+)
+"""The marks: at ``on_before_zero_grad``, ``on_before_backward``, ``on_after_backward``,
+``on_before_optimizer_step``, and the optimizer's step post-hook."""
+
+MAX_MARKS = 64
+"""The most marks one batch keeps: an automatic step makes 5, a manual one a few per optimizer."""
+
+MANUAL_NOTE = (
+    "manual optimization: forward is `training_step`'s code before its first backward; its code between the"
+    " optimizer calls is other"
+)
+
+# Which phase the time from one mark to the next is (Notes 1-6); any other pair is other.
+_SPANS = {
+    (ZERO_GRAD, BACKWARD): "optimizer",
+    (ZERO_GRAD, AFTER_BACKWARD): "optimizer",
+    (BACKWARD, AFTER_BACKWARD): "backward",
+    (AFTER_BACKWARD, OPTIMIZER): "optimizer",
+    (AFTER_BACKWARD, STEP_END): "optimizer",
+    (OPTIMIZER, STEP_END): "optimizer",
+    (STEP_END, STEP_END): "optimizer",  # a subclass's step calling its base's: torch runs the post-hooks after each
+    (OPTIMIZER, None): "optimizer",  # no post-hook: to the batch's end (Notes 3)
+}
+_INDEX = {name: i for i, name in enumerate(PHASES)}
+
+
+def split(start: float, marks: Sequence[tuple[str, float]], end: float) -> tuple[float, float, float, float]:
+    """A batch's compute from ``start`` to ``end`` split into :data:`PHASES` by its ``marks`` (name, time), in
+    time order (module Notes). The four add up to ``end - start``."""
+    spent = [0.0, 0.0, 0.0, 0.0]
+    previous: str | None = None
+    at = start
+    for name, t in (*marks, (None, end)):
+        span = max(t - at, 0.0)
+        if previous is None:
+            spent[0] += span  # the batch's start to its first mark, or its end: forward
+        else:
+            spent[_INDEX[_SPANS.get((previous, name), "other")]] += span
+        previous, at = name or "", t
+    return spent[0], spent[1], spent[2], spent[3]
+
+
+class PhaseMarks:
+    """A stage's marks within the current batch, and each of the epoch's batches' phases (:func:`split`).
+
+    Args:
+        clock: Seconds, monotonic: the step clock's own.
+
+    Attributes:
+        phases: Per batch of the epoch, its :data:`PHASES` in seconds, in the order of the step clock's lists.
+        marked: Whether any batch of the epoch had a mark (a training stage; a validation batch has none).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._marks: list[tuple[str, float]] = []
+        self._start = 0.0
+        self.phases: list[tuple[float, float, float, float]] = []
+        self.marked = False
+
+    def mark(self, name: str) -> None:
+        """A hook of the batch under way (module Notes); past :data:`MAX_MARKS` in one batch (hooks whose batch
+        was not measured), none is kept."""
+        if len(self._marks) < MAX_MARKS:
+            self._marks.append((name, self._clock()))
+
+    def batch_start(self, now: float) -> None:
+        self._marks.clear()
+        self._start = now
+
+    def batch_end(self, now: float) -> None:
+        if self._marks:
+            self.marked = True
+        self.phases.append(split(self._start, self._marks, now))
+        self._marks.clear()
+
+    def reset(self) -> None:
+        """A new epoch's batches."""
+        self.phases = []
+        self.marked = False
+
+
+class StepEndHooks:
+    """The optimizer's step post-hook of Notes 3 on each of the run's torch optimizers, for a Trainer call; taken
+    off at its end. A hook is one call per optimizer step, made by torch after the update."""
+
+    def __init__(self) -> None:
+        self._handles: list[object] = []
+
+    def install(self, optimizers: Sequence[object], mark: Callable[[], None]) -> None:
+        import torch  # here: the rest of this module is plain Python
+
+        self.uninstall()
+        for optimizer in optimizers:
+            if isinstance(optimizer, torch.optim.Optimizer):
+                self._handles.append(optimizer.register_step_post_hook(lambda *_: mark()))
+
+    def uninstall(self) -> None:
+        for handle in self._handles:
+            handle.remove()  # type: ignore[attr-defined]
+        self._handles = []
+
+    def __getstate__(self) -> dict[str, object]:
+        # A copy (a library pickles or deep-copies the callback during a run) holds none of the run's optimizers'
+        # hooks: those are the original's, and the copy installs its own at its fit's start.
+        return {**self.__dict__, "_handles": []}

@@ -1,0 +1,135 @@
+"""Every training batch split into forward, backward, optimizer and other, from Lightning's hooks, on real
+Trainers whose phases cost what they are built to: a sleep in ``training_step`` (forward), in a backward hook
+(backward) and in the optimizer's ``step`` (optimizer)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from lightning_perf import PerfCallback
+from models import TinyModel, torch_threads, trainer
+
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+
+FORWARD, BACKWARD, OPTIMIZER = 0.040, 0.020, 0.030  # seconds each phase sleeps: a busy machine wakes a sleep late
+
+
+class SlowSGD(torch.optim.SGD):
+    def step(self, closure=None):
+        loss = super().step(closure)
+        time.sleep(OPTIMIZER)
+        return loss
+
+
+class Phased(TinyModel):
+    """Known phases: forward sleeps 40 ms, backward 20 ms (a hook on the first layer), the update 30 ms."""
+
+    def __init__(self, manual: bool = False) -> None:
+        super().__init__(n=48, batch_size=4)
+        self.automatic_optimization = not manual
+        self.net[0].register_full_backward_hook(lambda *_: time.sleep(BACKWARD))
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(FORWARD)
+        loss = super().training_step(batch, batch_idx)
+        if self.automatic_optimization:
+            return loss
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+        return loss
+
+    def configure_optimizers(self):
+        return SlowSGD(self.parameters(), lr=0.1)
+
+
+def fit(tmp_path, model: Phased, **kwargs):
+    callback = PerfCallback(max_windows=0, verbose=0)
+    # One thread: on a busy 2-CPU machine a parallel operator waits for its second thread's CPU (10-20 ms a
+    # forward here); the phases are what is measured, not the machine.
+    with torch_threads(1):
+        trainer(tmp_path, [callback], max_epochs=1, limit_val_batches=0, **kwargs).fit(model)
+    (epoch,) = [e for e in callback.epochs if e.stage == "train"]
+    return epoch
+
+
+def tolerance(epoch) -> float:
+    """10% of a share, the issue's figure; 25% where other processes took a CPU or more meanwhile: there each
+    sleep wakes late by a time slice, more often in the phase with more Python after its sleep (forward)."""
+    busy = (epoch.other_cpu_load or 0.0) >= 1.0
+    return 0.25 if busy else 0.1
+
+
+def shares(epoch) -> dict[str, float]:
+    """Each phase's share of the median batch's (sum of the medians: a busy machine's late wake-ups are outliers)."""
+    medians = {name: getattr(epoch, f"{name}_p50") for name in ("forward", "backward", "optimizer", "other")}
+    return {name: value / sum(medians.values()) for name, value in medians.items()}
+
+
+def test_each_phase_is_within_a_tenth_of_its_known_share(tmp_path) -> None:
+    epoch = fit(tmp_path, Phased())
+    got = shares(epoch)
+    total = FORWARD + BACKWARD + OPTIMIZER
+    for name, known in (("forward", FORWARD), ("backward", BACKWARD), ("optimizer", OPTIMIZER)):
+        assert got[name] == pytest.approx(known / total, rel=tolerance(epoch)), (name, got)
+    assert sum(got.values()) == pytest.approx(1.0)
+    assert epoch.forward_p50 == pytest.approx(FORWARD, rel=0.25) and epoch.forward_p90 >= epoch.forward_p50
+    assert epoch.optimizer_p50 == pytest.approx(OPTIMIZER, rel=0.25)
+
+
+def test_with_accumulation_only_the_stepping_batches_have_an_optimizer_step(tmp_path) -> None:
+    epoch = fit(tmp_path, Phased(), accumulate_grad_batches=2)
+    # Half the batches step the optimizer: against every batch's forward and backward, half as much of it.
+    rel = tolerance(epoch)
+    assert epoch.optimizer_time / epoch.forward_time == pytest.approx(OPTIMIZER / 2 / FORWARD, rel=rel)
+    assert epoch.backward_time / epoch.forward_time == pytest.approx(BACKWARD / FORWARD, rel=rel)
+
+
+def test_manual_optimization_is_split_by_the_hooks_lightning_still_calls(tmp_path) -> None:
+    epoch = fit(tmp_path, Phased(manual=True))
+    got = shares(epoch)
+    total = FORWARD + BACKWARD + OPTIMIZER
+    for name, known in (("forward", FORWARD), ("backward", BACKWARD), ("optimizer", OPTIMIZER)):
+        assert got[name] == pytest.approx(known / total, rel=tolerance(epoch)), (name, got)
+
+
+def test_other_stages_have_no_split(tmp_path) -> None:
+    callback = PerfCallback(max_windows=0, verbose=0)
+    trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=4).fit(TinyModel(n=64))
+    validation = [e for e in callback.epochs if e.stage == "validate"]
+    assert validation and all(e.forward_time is None and e.optimizer_p50 is None for e in validation)
+    assert next(e for e in callback.epochs if e.stage == "train").backward_time > 0
+
+
+def test_a_subclassed_optimizer_is_timed_to_its_own_steps_end_after_its_base_class_was_used(tmp_path) -> None:
+    # torch wraps a class's `step` for its hooks at its first instance: once plain SGD was used, SlowSGD's
+    # `super().step()` runs the post-hooks too, before SlowSGD's own sleep.
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    epoch = fit(tmp_path, Phased())
+    assert epoch.optimizer_p50 == pytest.approx(OPTIMIZER, rel=0.25) and epoch.other_p50 < 0.005
+
+
+def test_a_slow_optimizer_is_found_on_every_batch_without_any_profiler_window(tmp_path) -> None:
+    callback = PerfCallback(max_windows=0, verbose=0)
+    with torch_threads(1):
+        trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=0).fit(Phased())
+    found = [f for f in callback.findings_for("train") if f.id == "optimizer_heavy"]
+    assert found and found[-1].window is None and not callback.windows
+    assert "of each training step over" in found[-1].evidence
+
+
+def test_every_mark_reaches_the_clock(tmp_path) -> None:
+    # Each of the four hooks of a batch's phases is called on the callback (none overridden away by another of
+    # its hooks): the marks of the last batch, in Lightning's order, then the optimizer's post-hook.
+    callback = PerfCallback(max_windows=0, verbose=0)
+    seen = []
+    marks = callback._stages["train"].clock.phase_marks
+    mark = marks.mark
+    marks.mark = lambda name: (seen.append(name), mark(name))
+    with torch_threads(1):
+        trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=2, limit_val_batches=0).fit(Phased())
+    assert seen[:5] == ["zero_grad", "backward", "after_backward", "optimizer", "step_end"]
