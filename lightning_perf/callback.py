@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from lightning_perf.collect.batch import BatchSizer
+from lightning_perf.collect.device_phases import DeviceTimeline
 from lightning_perf.collect.loops import LoopStartTimer
 from lightning_perf.collect.memory import CudaPeaks
 from lightning_perf.collect.phases import STEP_END, StepEndHooks
@@ -255,6 +256,8 @@ class PerfCallback(StageEvents, ResultsView):
         self._epochs.report_path, self._epochs.outputs = places.report_path, places.outputs
         device = trainer.strategy.root_device
         cuda = self._epochs.cuda_peaks = CudaPeaks(device) if device.type == "cuda" else None
+        if "train" in self._stages:  # on CUDA, each training batch's phases as the device ran them
+            self._stages["train"].clock.phase_marks.device = DeviceTimeline() if cuda is not None else None
         run, self._epochs.call_plan = call_run_info(self._epochs.run_info, run_info(trainer), fit=stage == "fit")
         self._epochs.run_info = run
         run["peak_flops"] = run_peak_flops(run, self.config.peak_flops)

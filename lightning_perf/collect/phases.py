@@ -32,13 +32,16 @@ Notes:
        being the code before the first backward. What the user does between (a second forward, ``zero_grad``) is
        other, or forward before the first backward: :data:`MANUAL_NOTE` says so where it is shown.
     7. **On CUDA** the clock reads are the host's: a phase is the time to queue its kernels, and the device's work
-       lands wherever the host waits for it (a ``.item()``). The split is read as the host's.
+       lands wherever the host waits for it (a ``.item()``). So on CUDA the same marks are also CUDA events
+       (:mod:`lightning_perf.collect.device_phases`), read once the device has passed them, and the epoch's phases
+       are the device's.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from lightning_perf.records import PHASES
 
@@ -97,8 +100,12 @@ class PhaseMarks:
         clock: Seconds, monotonic: the step clock's own.
 
     Attributes:
-        phases: Per batch of the epoch, its :data:`PHASES` in seconds, in the order of the step clock's lists.
+        phases: Per batch of the epoch, its :data:`PHASES` in seconds by the host's clock, in the order of the step
+            clock's lists.
         marked: Whether any batch of the epoch had a mark (a training stage; a validation batch has none).
+        device: On CUDA, the same marks as CUDA events
+            (:class:`~lightning_perf.collect.device_phases.DeviceTimeline`), whose phases :meth:`epoch_phases`
+            gives instead of the host's; ``None`` elsewhere.
     """
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
@@ -107,27 +114,46 @@ class PhaseMarks:
         self._start = 0.0
         self.phases: list[tuple[float, float, float, float]] = []
         self.marked = False
+        self.device: Any = None
 
     def mark(self, name: str) -> None:
         """A hook of the batch under way (module Notes); past :data:`MAX_MARKS` in one batch (hooks whose batch
         was not measured), none is kept."""
         if len(self._marks) < MAX_MARKS:
             self._marks.append((name, self._clock()))
+            if self.device is not None:
+                self.device.mark(name)
 
     def batch_start(self, now: float) -> None:
         self._marks.clear()
         self._start = now
+        if self.device is not None:
+            self.device.batch_start(len(self.phases))
 
     def batch_end(self, now: float) -> None:
         if self._marks:
             self.marked = True
         self.phases.append(split(self._start, self._marks, now))
         self._marks.clear()
+        if self.device is not None:
+            self.device.batch_end()
 
     def reset(self) -> None:
         """A new epoch's batches."""
         self.phases = []
         self.marked = False
+        if self.device is not None:
+            self.device.reset()
+
+    def epoch_phases(self) -> list[tuple[float, float, float, float] | None]:
+        """Per batch of the epoch, its phases: the device's where a timeline works (``None`` for a batch not read
+        yet), else the host's; empty where no batch had a mark."""
+        if not self.marked:
+            return []
+        if self.device is None or self.device.broken is not None:
+            return list(self.phases)
+        read = self.device.read()
+        return [read.get(i) for i in range(len(self.phases))]
 
 
 class StepEndHooks:

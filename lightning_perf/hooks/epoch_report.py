@@ -275,7 +275,7 @@ class EpochReporter:
             loading_cpu_share=clock.loading_cpu_share(),
             loading_queue_share=clock.loading_queue_share(),
             epoch_starts=clock.epoch_starts,
-            phases=clock.phase_marks.phases if clock.phase_marks.marked else (),
+            phases=clock.phase_marks.epoch_phases(),
             **st.cpu.read(),
             host_rss=rss,
             host_rss_peak=max(rss or 0, st.host_rss_peak or 0) or None,

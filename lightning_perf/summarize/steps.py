@@ -41,7 +41,7 @@ def summarize_epoch(
     profiled: Sequence[bool] = (),
     loss: float | None = None,
     epoch_starts: Sequence[int] = (0,),
-    phases: Sequence[Sequence[float]] = (),
+    phases: Sequence[Sequence[float] | None] = (),
     **memory: Any,
 ) -> EpochSummary:
     """One epoch's summary from its per-batch data-wait and compute times (seconds) and batch sizes; or that of
@@ -74,7 +74,7 @@ def summarize_epoch(
         loss=loss,
         first_data_wait=sum(data_wait[i] for i in epoch_starts if i < n) if n else None,
         epochs=len(epoch_starts),
-        **phase_fields([phases[i] for i in kept if i < len(phases)] if phases else []),
+        **phase_fields([p for i in kept if i < len(phases) and (p := phases[i]) is not None] if phases else []),
         **memory,
     )
 
