@@ -199,6 +199,8 @@ def test_perf_report_json_parses_after_every_epoch_and_has_its_schema(tmp_path):
         "dataset_class": "SleepyDataset",
         "dataset_library": None,  # the test's own class
         "dataset_length": 32,  # its 32 items, whatever an epoch loads of them
+        "built_by": None,  # the test's own module built it
+        "builder": None,
     }
     assert run["max_epochs"] == 3
     epoch = report["stages"]["train"]["epochs"][0]
