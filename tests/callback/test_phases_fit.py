@@ -83,10 +83,14 @@ def test_each_phase_is_within_a_tenth_of_its_known_share(tmp_path) -> None:
 
 def test_with_accumulation_only_the_stepping_batches_have_an_optimizer_step(tmp_path) -> None:
     epoch = fit(tmp_path, Phased(), accumulate_grad_batches=2)
-    # Half the batches step the optimizer: against every batch's forward and backward, half as much of it.
+    # Half the batches step the optimizer: those take its whole update, the others none (their zero_grad is a
+    # fraction of a millisecond), so the 90th-percentile batch's is the update and the epoch's about half of all.
     rel = tolerance(epoch)
-    assert epoch.optimizer_time / epoch.forward_time == pytest.approx(OPTIMIZER / 2 / FORWARD, rel=rel)
-    assert epoch.backward_time / epoch.forward_time == pytest.approx(BACKWARD / FORWARD, rel=rel)
+    assert epoch.optimizer_p90 == pytest.approx(OPTIMIZER, rel=rel)
+    assert 0.4 <= epoch.optimizer_time / (epoch.measured_batches * OPTIMIZER) <= 0.6
+    assert epoch.backward_p50 == pytest.approx(BACKWARD, rel=rel) and epoch.forward_p50 == pytest.approx(
+        FORWARD, rel=rel
+    )
 
 
 def test_manual_optimization_is_split_by_the_hooks_lightning_still_calls(tmp_path) -> None:
