@@ -216,10 +216,11 @@ def test_a_seeded_fit_is_bit_identical_with_trials_on_and_off(tmp_path):
 
 def test_applying_the_tried_setting_gives_the_gain_the_trial_measured(tmp_path) -> None:
     # The trial's figure is a step's time per batch over an epoch, workers' start-up included (loader_trial, Notes 3):
-    # a second fit with the setting applied, against one without, gives that gain. A fit's own noise is wider
-    # than the trial's spread of 3 repetitions on a shared machine: within 1.5x of the spread's ends (beside a
-    # clean clone's test suite: trial 1.94x, applied 2.60x; the trial of the waits alone read 8-15x where applied
-    # gave 2.5-7x, which this fails).
+    # a second fit with the setting applied, against one without, gives at least that gain, within a fit's noise
+    # (1.5x: wider than the trial's spread of 3 repetitions on a shared machine). More is allowed, to 3x: the trial
+    # spends the current step's compute between fetches, an upper bound (a step computes faster once its batch
+    # comes at once), so it understates where workers remove most of the wait (5 workers: 4.8x applied, idle
+    # machine). The trial of the waits alone read 8-15x where applied gave 2.5-7x: this fails it.
     def fit(root, model, callback):
         trainer(root, [callback, StopAfter(3)], max_epochs=1000, limit_val_batches=0).fit(model)
         later = [e for e in callback.epochs if e.stage == "train"][1:]
@@ -240,7 +241,7 @@ def test_applying_the_tried_setting_gives_the_gain_the_trial_measured(tmp_path) 
     bare = fit(tmp_path / "bare", TinyModel(n=64, batch_size=4, sleep_s=sleepy), PerfCallback(**QUIET))
     applied = fit(tmp_path / "applied", Applied(n=64, batch_size=4, sleep_s=sleepy), PerfCallback(**QUIET))
     low, high = record["spread"]
-    assert low / 1.5 <= bare / applied <= high * 1.5, (bare / applied, record)
+    assert low / 1.5 <= bare / applied <= high * 3, (bare / applied, record)
 
 
 QUIET = {"profile_budget": None, "max_windows": 0, "verbose": 0, "try_advice": False}
