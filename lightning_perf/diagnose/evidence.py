@@ -23,6 +23,9 @@ from lightning_perf.diagnose.thresholds import Thresholds
 # The rules whose measure comes from the epoch's batches (the always-on clocks), not from a window's trace. Not
 # rank_straggler: `lightning-perf analyze` judges it on the ranks' traces, a window's few steps each.
 BATCH_RULES = frozenset({"cpu_contention", "dataloader_bound", "step_time_unstable", "cpu_threads"})
+# ... and those that judge every batch's phases (collect.phases) where no window shows them: a finding without a
+# window came from the batches' clocks (optimizer_heavy, framework_overhead), one with a window from its trace.
+PHASE_RULES = frozenset({"optimizer_heavy", "framework_overhead"})
 # ... and those that count every batch of the epoch, the profiled ones at the mean of the others: validation_heavy's
 # training time (fast_dev_run: one training batch and one validation batch warned in 1 of 6 runs).
 EVERY_BATCH_RULES = frozenset({"validation_heavy"})
@@ -37,7 +40,8 @@ def from_too_few_batches(findings: Sequence[Finding], ctx: StageEpoch, t: Thresh
     counts = {"measured batch": ctx.epoch.measured_batches, "batch": ctx.epoch.batches}
     judged = []
     for f in findings:
-        kind = "measured batch" if f.id in BATCH_RULES else "batch" if f.id in EVERY_BATCH_RULES else None
+        batch_judged = f.id in BATCH_RULES or (f.id in PHASE_RULES and f.window is None)
+        kind = "measured batch" if batch_judged else "batch" if f.id in EVERY_BATCH_RULES else None
         if kind is None or f.severity == "info" or counts[kind] >= t.evidence_batches:
             judged.append(f)
             continue

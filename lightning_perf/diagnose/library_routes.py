@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lightning_perf.diagnose.advice_tried import loader_setting
 from lightning_perf.diagnose.model import RunFacts
 
 LOADER_ROUTES = {
@@ -123,10 +122,5 @@ def _subclass(builder: str | None, library: str, what: str, setting: str, argume
 
 def _as_dict(setting: str) -> str:
     """``"num_workers=2, fused=True"`` as ``{"num_workers": 2, "fused": True}``."""
-    values = loader_setting(setting)
-    pairs = (
-        [f'"{name}": {value}' for name, value in values.items()]
-        if values
-        else [f'"{name.strip()}": {value.strip()}' for name, _, value in (p.partition("=") for p in setting.split(","))]
-    )
-    return "{" + ", ".join(pairs) + "}"
+    pairs = (part.partition("=") for part in setting.split(","))
+    return "{" + ", ".join(f'"{name.strip()}": {value.strip()}' for name, _, value in pairs) + "}"

@@ -63,3 +63,19 @@ def test_the_other_phase_of_every_batch_is_framework_time_a_window_need_not_see(
     gaps = window(step_time=0.010, framework_time=0.005)
     f = overhead(epoch(other_time=0.25), [gaps])
     assert f.title.endswith("50% of each step outside torch operators") and "over 100 batches" in f.evidence
+
+
+def test_every_batch_judgment_from_two_batches_is_information_only() -> None:
+    # A smoke run (fast_dev_run) measures a batch or two: the phases' rules obey the minimum-evidence guard there,
+    # as the other rules that judge the epoch's batches do; a window's trace is judged as before.
+    from lightning_perf.diagnose.registry import diagnose
+
+    few = phases(0.006, batches=2, step_time=0.02, samples=64)
+    found = {f.id: f for f in diagnose(StageEpoch(epoch=few, facts=FACTS), Thresholds())}
+    assert (
+        found["optimizer_heavy"].severity == "info"
+        and "from 2 measured batches only" in found["optimizer_heavy"].evidence
+    )
+    loop = window(step_time=0.010, optimizer_update_time=0.003, optimizer_foreach=False)
+    found = {f.id: f for f in diagnose(StageEpoch(epoch=few, windows=(loop,), facts=FACTS), Thresholds())}
+    assert found["optimizer_heavy"].severity == "warning"
