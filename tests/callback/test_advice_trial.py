@@ -238,8 +238,17 @@ def test_applying_the_tried_setting_gives_the_gain_the_trial_measured(tmp_path) 
         def train_dataloader(self):
             return DataLoader(SleepyDataset(self.n, sleep_s=self.sleep_s), batch_size=self.batch_size, **setting)
 
-    bare = fit(tmp_path / "bare", TinyModel(n=64, batch_size=4, sleep_s=sleepy), PerfCallback(**QUIET))
-    applied = fit(tmp_path / "applied", Applied(n=64, batch_size=4, sleep_s=sleepy), PerfCallback(**QUIET))
+    # Two alternated pairs, the faster fit of each kind: a fit only ever runs slower than its code (a suite's
+    # run once read 1.02x applied against 4-5x in every other: its workers delivered at the bare loader's pace).
+    bare, applied = float("inf"), float("inf")
+    for pair in range(2):
+        bare = min(
+            bare, fit(tmp_path / f"bare{pair}", TinyModel(n=64, batch_size=4, sleep_s=sleepy), PerfCallback(**QUIET))
+        )
+        applied = min(
+            applied,
+            fit(tmp_path / f"applied{pair}", Applied(n=64, batch_size=4, sleep_s=sleepy), PerfCallback(**QUIET)),
+        )
     low, high = record["spread"]
     assert low / 1.5 <= bare / applied <= high * 3, (bare / applied, record)
 

@@ -84,13 +84,15 @@ def test_each_phase_is_within_a_tenth_of_its_known_share(tmp_path) -> None:
 def test_with_accumulation_only_the_stepping_batches_have_an_optimizer_step(tmp_path) -> None:
     epoch = fit(tmp_path, Phased(), accumulate_grad_batches=2)
     # Half the batches step the optimizer: those take its whole update, the others none (their zero_grad is a
-    # fraction of a millisecond), so the 90th-percentile batch's is the update and the epoch's about half of all.
-    rel = tolerance(epoch)
-    assert epoch.optimizer_p90 == pytest.approx(OPTIMIZER, rel=rel)
-    assert 0.4 <= epoch.optimizer_time / (epoch.measured_batches * OPTIMIZER) <= 0.6
-    assert epoch.backward_p50 == pytest.approx(BACKWARD, rel=rel) and epoch.forward_p50 == pytest.approx(
-        FORWARD, rel=rel
-    )
+    # fraction of a millisecond), so the 90th-percentile batch's is the update and the epoch's about half of all
+    # batches' at that pace. Absolute times get the same 25% as the first test's (a sleep wakes late on a machine
+    # whose other work is not ours to count); shares get the issue's 10%.
+    assert epoch.optimizer_p90 == pytest.approx(OPTIMIZER, rel=0.25)
+    assert 0.4 <= epoch.optimizer_time / (epoch.measured_batches * epoch.optimizer_p90) <= 0.6
+    assert epoch.backward_p50 == pytest.approx(BACKWARD, rel=0.25)
+    assert epoch.forward_p50 == pytest.approx(FORWARD, rel=0.25)
+    got = shares(epoch)
+    assert got["forward"] / got["backward"] == pytest.approx(FORWARD / BACKWARD, rel=2 * tolerance(epoch))
 
 
 def test_manual_optimization_is_split_by_the_hooks_lightning_still_calls(tmp_path) -> None:
