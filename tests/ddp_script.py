@@ -10,7 +10,8 @@ logged with ``sync_dist=True, prog_bar=True``, and a progress bar, a checkpoint 
 after PerfCallback: one fit per order, in one launch; then the first order's callback fits again);
 ``exchange`` (no Trainer: ``RankExchange`` itself, on two processes it spawns); ``budget`` (the default schedule under
 a budget that each rank would keep differently). Prints one ``RESULT {...}``
-JSON line per rank (and per fit in ``orders``).
+JSON line per rank (and per fit in ``orders``). ``SCENARIO`` may be several, separated by commas: one fit after
+another in the same ranks, each under ``ROOT/SCENARIO``.
 """
 
 import json
@@ -101,11 +102,11 @@ def _orders(root: str, strategy: str) -> None:
             *order(perf),
             EarlyStopping(monitor="val_m", patience=5),
         ]
-        _fit(f"{root}/{name}", strategy, callbacks, perf, name, SyncedMetric())
-    _fit(f"{root}/refit", strategy, [TQDMProgressBar(), refit], refit, "refit", SyncedMetric())
+        _fit(f"{root}/{name}", strategy, callbacks, perf, name, SyncedMetric(), "orders")
+    _fit(f"{root}/refit", strategy, [TQDMProgressBar(), refit], refit, "refit", SyncedMetric(), "orders")
 
 
-def _fit(root, strategy, callbacks, perf, name, model) -> None:
+def _fit(root, strategy, callbacks, perf, name, model, scenario) -> None:
     t = trainer(
         root,
         callbacks,
@@ -120,6 +121,7 @@ def _fit(root, strategy, callbacks, perf, name, model) -> None:
     t.fit(model)
     result = {
         "rank": t.global_rank,
+        "scenario": scenario,
         "order": name,
         "windows": [w.trace_path for w in perf.windows],
         "dirpath": perf.dirpath,
@@ -135,7 +137,12 @@ def _budget(root: str, strategy: str) -> None:
     perf = PerfCallback(profile_budget=0.9 if rank == 0 else 0.0001, max_windows=3)
     t = trainer(root, [perf], strategy=strategy, devices=2, max_epochs=5, limit_val_batches=8)
     t.fit(TinyModel(n=64, batch_size=2))
-    result = {"rank": t.global_rank, "windows": [w.name for w in perf.windows], "dirpath": perf.dirpath}
+    result = {
+        "rank": t.global_rank,
+        "scenario": "budget",
+        "windows": [w.name for w in perf.windows],
+        "dirpath": perf.dirpath,
+    }
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -208,8 +215,18 @@ def _exchange() -> None:
 
 
 def main() -> None:
-    root, strategy, scenario = sys.argv[1:4]
+    root, strategy, scenarios = sys.argv[1:4]
     torch.set_num_threads(1)
+    if "," not in scenarios:
+        _scenario(root, strategy, scenarios)
+        return
+    # Several scenarios, one fit after another in the same ranks, each under ROOT/SCENARIO: the test suite pays
+    # for the ranks' start (importing Lightning: 5-7 s a process here) once.
+    for scenario in scenarios.split(","):
+        _scenario(f"{root}/{scenario}", strategy, scenario)
+
+
+def _scenario(root: str, strategy: str, scenario: str) -> None:
     if scenario == "exchange":
         _exchange()
         return
@@ -221,7 +238,7 @@ def main() -> None:
         return
     if scenario == "raises_late":
         perf = PerfCallback(schedule={"skip_first": 1, "warmup": 1, "active": 1}, stages=["train"])
-        _fit(root, strategy, [TQDMProgressBar(), perf], perf, scenario, RaisesLate())
+        _fit(root, strategy, [TQDMProgressBar(), perf], perf, scenario, RaisesLate(), scenario)
         return
     callback = PerfCallback(schedule={"skip_first": 2, "warmup": 1, "active": 2}, stages=["train"])
     nodes = 2 if scenario == "multinode" else 1  # each process launched by the test, as a cluster's launcher would
@@ -229,6 +246,7 @@ def main() -> None:
     t.fit(Scenario(scenario))
     result = {
         "rank": t.global_rank,
+        "scenario": scenario,
         "windows": [w.trace_path for w in callback.windows],
         "findings": [[f.id, f.severity, f.title, f.evidence] for f in callback.findings],
         "dirpath": callback.dirpath,

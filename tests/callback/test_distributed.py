@@ -73,11 +73,25 @@ def _report(tmp_path) -> dict:
     return json.loads(path.read_text())
 
 
+SEVERAL = ("plain", "straggler", "communication", "budget", "sync_every_step", "sync_every_epoch", "orders")
+
+
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ddp_plain")
-    proc, results = _run(root, "ddp", "plain")
+def several(tmp_path_factory):
+    """The scenarios that run to their end, one fit after another in one launch of two ranks (each rank's start,
+    importing Lightning, takes most of a launch's 15-20 s): by scenario, its root and its ranks' results."""
+    root = tmp_path_factory.mktemp("ddp_several")
+    proc, results = _run(root, "ddp", ",".join(SEVERAL), timeout=400)
     assert proc.returncode == 0, _why(proc.stderr)
+    runs = {name: (root / name, [r for r in results if r["scenario"] == name]) for name in SEVERAL}
+    assert all([r["rank"] for r in ranks] == [0, 1] for name, (_, ranks) in runs.items() if name != "orders"), results
+    return proc, runs
+
+
+@pytest.fixture(scope="module")
+def plain(several):
+    proc, runs = several
+    root, results = runs["plain"]
     return root, proc, results
 
 
@@ -129,9 +143,8 @@ def test_one_report_with_a_per_rank_table_and_scalars_written_once(plain):
     assert "| rank | step p50 |" in ranks_text.tensor_proto.string_val[0].decode()
 
 
-def test_a_rank_that_sleeps_every_step_is_named_a_straggler(tmp_path):
-    proc, results = _run(tmp_path, "ddp", "straggler")
-    assert proc.returncode == 0, _why(proc.stderr)
+def test_a_rank_that_sleeps_every_step_is_named_a_straggler(several):
+    _, results = several[1]["straggler"]
     stragglers = [f for f in results[0]["findings"] if f[0] == "rank_straggler"]
     assert stragglers and stragglers[0][2].startswith("Rank 1 is"), results[0]["findings"]
     # Rank 0 waits in the all-reduce for rank 1: a wait, not the transfer (evidence is the finding's 4th field).
@@ -139,17 +152,15 @@ def test_a_rank_that_sleeps_every_step_is_named_a_straggler(tmp_path):
     assert results[1]["findings"] == []  # findings are rank zero's
 
 
-def test_large_parameters_with_tiny_compute_are_communication_bound(tmp_path):
-    proc, results = _run(tmp_path, "ddp", "communication")
-    assert proc.returncode == 0, _why(proc.stderr)
+def test_large_parameters_with_tiny_compute_are_communication_bound(several):
+    _, results = several[1]["communication"]
     assert "communication_bound" in [f[0] for f in results[0]["findings"]], results[0]["findings"]
 
 
-def test_the_budgets_later_windows_open_on_every_rank_or_on_none(tmp_path):
+def test_the_budgets_later_windows_open_on_every_rank_or_on_none(several):
     """Each rank measures its own profiling cost; the budget's verdicts are rank 0's on every rank, so that each
     window holds every rank's trace. Rank 1's own budget would open no later window (tests/ddp_script.py)."""
-    proc, results = _run(tmp_path, "ddp", "budget")
-    assert proc.returncode == 0, _why(proc.stderr)
+    _, results = several[1]["budget"]
     windows = [r["windows"] for r in results]
     assert windows[0] == windows[1], windows
     train = [name for name in windows[0] if name.startswith("train-")]
@@ -182,10 +193,9 @@ def test_a_rank_that_raises_does_not_leave_the_others_waiting(tmp_path, scenario
 
 
 @pytest.fixture(scope="module")
-def orders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ddp_orders")
-    proc, results = _run(root, "ddp", "orders", timeout=120)  # 15-20 s on 2 CPU cores
-    assert proc.returncode == 0, _why(proc.stderr)
+def orders(several):
+    proc, runs = several
+    root, results = runs["orders"]
     return root, proc, results
 
 
@@ -241,15 +251,13 @@ def test_a_ddp_windows_collectives_are_gloos_all_reduces_in_the_report(plain):
         assert reduces[0]["seconds"] > 0 and reduces[0]["bytes"] is None and not reduces[0]["on_device"]
 
 
-def test_small_collectives_advice_applied_makes_the_step_faster(tmp_path):
+def test_small_collectives_advice_applied_makes_the_step_faster(several):
     # 12 values logged with sync_dist=True every step: 12 all-reduces and, on gloo, 12 barriers a step. The advice
     # (log them with on_step=False, on_epoch=True) applied: reduced once per epoch, the finding gone, the step
     # faster (min epoch step p50, idle machine: 0.5-0.7x; beside two CPU burners, which slow every step, 0.7-0.85x).
     runs = {}
     for scenario in ("sync_every_step", "sync_every_epoch"):
-        root = tmp_path / scenario
-        proc, results = _run(root, "ddp", scenario)
-        assert proc.returncode == 0, _why(proc.stderr)
+        root, results = several[1][scenario]
         steps = [e["step_time_p50"] for e in _report(root)["stages"]["train"]["epochs"]]
         runs[scenario] = ({f[0] for f in results[0]["findings"]}, min(steps))
     (every_ids, every_step), (once_ids, once_step) = runs["sync_every_step"], runs["sync_every_epoch"]
