@@ -1,14 +1,14 @@
 """PerfCallback through the real LightningCLI (jsonargparse): YAML configs, command-line flags, --print_config
-and the errors a bad value gives. Drives ``examples/cli.py``, in process and as a subprocess; no mocks."""
+and the errors a bad value gives. Drives ``examples/cli.py`` in process, as its command line runs it; no mocks."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import inspect
-import os
+import io
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -187,38 +187,28 @@ BAD_VALUES = {
 }
 
 
-@pytest.fixture(scope="module")
-def bad_runs(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
-    """``examples/cli.py fit --config <bad yaml>`` for each of BAD_VALUES, run side by side (each process
-    spends its few seconds importing torch): {field: (returncode, stdout + stderr, default_root_dir)}."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    procs = {}
-    for field, init_args in BAD_VALUES.items():
-        tmp = tmp_path_factory.mktemp(f"bad_{field}")
-        config = tmp / "bad.yaml"
-        config.write_text(
-            "trainer:\n"
-            "  callbacks:\n"
-            "    - class_path: lightning_perf.PerfCallback\n"
-            "      init_args:\n"
-            f"        {init_args}\n"
-        )
-        cmd = [sys.executable, str(EXAMPLE), "fit", "--config", str(config)]
-        cmd.append(f"--trainer.default_root_dir={tmp / 'run'}")
-        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        procs[field] = (proc, tmp / "run")
-    results = {}
-    try:
-        for field, (proc, run_dir) in procs.items():
-            out, err = proc.communicate(timeout=120)
-            results[field] = (proc.returncode, out + err, run_dir)
-    finally:
-        for proc, _ in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return results
+def _bad_run(tmp_path: Path, field: str) -> tuple[int, str, Path]:
+    """``examples/cli.py fit --config <bad yaml>`` with ``BAD_VALUES[field]``, in process as the command line runs
+    it: (its exit status, what it wrote and the error it ended with, its ``default_root_dir``)."""
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "trainer:\n"
+        "  callbacks:\n"
+        "    - class_path: lightning_perf.PerfCallback\n"
+        "      init_args:\n"
+        f"        {BAD_VALUES[field]}\n"
+    )
+    out, run_dir = io.StringIO(), tmp_path / "run"
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            example.main(["fit", "--config", str(config), f"--trainer.default_root_dir={run_dir}"])
+            code = 0
+        except SystemExit as exc:  # argparse's usage error
+            code = exc.code if isinstance(exc.code, int) else 1
+        except Exception as exc:  # what `python examples/cli.py` prints in its traceback, exiting with 1
+            print(f"{type(exc).__name__}: {exc}", file=out)
+            code = 1
+    return code, out.getvalue(), run_dir
 
 
 @pytest.mark.parametrize(
@@ -228,15 +218,15 @@ def bad_runs(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
         ("wait", r"schedule\.wait must be an integer >= 0, got -1 \(integer\)"),
     ],
 )
-def test_invalid_schedule_exits_naming_the_field(bad_runs, field, pattern):
-    returncode, out, run_dir = bad_runs[field]
+def test_invalid_schedule_exits_naming_the_field(tmp_path, field, pattern):
+    returncode, out, run_dir = _bad_run(tmp_path, field)
     assert returncode != 0, out
     assert re.search(pattern, out), out
     assert not run_dir.exists(), "the run started despite the bad value"
 
 
-def test_invalid_stage_is_rejected_at_parse_time(bad_runs):
-    returncode, out, run_dir = bad_runs["stages"]
+def test_invalid_stage_is_rejected_at_parse_time(tmp_path):
+    returncode, out, run_dir = _bad_run(tmp_path, "stages")
     assert returncode == 2, out  # argparse's usage error, before anything is built
     assert 'Parser key "stages"' in out, out
     # The message lists the allowed values next to the one given.
