@@ -28,7 +28,8 @@ def runs(tmp_path_factory):
     out = {}
     with torch_threads(1):  # the comparisons rest on "fast" being faster, whatever else runs on the machine
         for name, sleep_s in (("slow", 0.02), ("fast", 0.0)):
-            callback = PerfCallback(schedule=WINDOW, stages=["train"], verbose=0)
+            # No trial of the advice: its few seconds buy nothing the commands here read.
+            callback = PerfCallback(schedule=WINDOW, stages=["train"], verbose=0, try_advice=False)
             model = TinyModel(n=48, sleep_s=sleep_s, width=1024, depth=3)
             trainer(root / name, [callback], max_epochs=2, limit_val_batches=0).fit(model)
             out[name] = root / name

@@ -146,7 +146,7 @@ def test_the_console_names_unchanged_findings_on_the_headline():
 
 
 def test_a_persisting_finding_is_printed_once_and_reported_every_epoch(tmp_path, caplog, every_console_line):
-    callback = PerfCallback(batches=[100_000], stages=["train"])
+    callback = PerfCallback(batches=[100_000], stages=["train"], try_advice=False)  # the console, not the trial
     with caplog.at_level(logging.INFO):
         trainer(tmp_path, [callback], max_epochs=4, limit_val_batches=0).fit(
             # 10 batches: enough evidence for a warning. Loading (120 ms a batch) outweighs the step's compute even
