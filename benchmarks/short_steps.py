@@ -76,19 +76,26 @@ class Empty(pl.Callback):
 
 
 class Alternating(PerfCallback):
-    """``PerfCallback`` whose training batch hooks run in every other block of ``block`` batches (``--blocks``).
-    Reaches into the callback's controller to keep its position in the off blocks: a benchmark, not an API."""
+    """``PerfCallback`` whose training batch hooks and phase marks run in every other block of ``block`` batches
+    (``--blocks``; the optimizer's step post-hook, one mark of five, runs in both). Reaches into the callback's
+    controller to keep its position in the off blocks: a benchmark, not an API."""
 
     def __init__(self, block: int) -> None:
         super().__init__(verbose=0, max_windows=0)
         self.block = block
+        self.on = True
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:
-        if (batch_idx // self.block) % 2 == 0:
+        self.on = (batch_idx // self.block) % 2 == 0
+        if self.on:
             super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
+    def _phase_mark(self, name: str) -> None:
+        if self.on:
+            super()._phase_mark(name)
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
-        if (batch_idx // self.block) % 2 == 0:
+        if self.on:
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         else:
             self._control.stages["train"].batch += 1

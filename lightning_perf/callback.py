@@ -26,7 +26,7 @@ from lightning_perf.collect.batch import BatchSizer
 from lightning_perf.collect.device_phases import DeviceTimeline
 from lightning_perf.collect.loops import LoopStartTimer
 from lightning_perf.collect.memory import CudaPeaks
-from lightning_perf.collect.phases import STEP_END, StepEndHooks
+from lightning_perf.collect.phases import StepEndHooks
 from lightning_perf.collect.ranks import EXCEPTION_WAIT_SECONDS, WAIT_SECONDS
 from lightning_perf.collect.run_info import optimizer_info, run_info
 from lightning_perf.config import (
@@ -207,6 +207,7 @@ class PerfCallback(StageEvents, ResultsView):
         self._stages: dict[str, StageMeasure] = {stage: self._epochs.stages[stage] for stage in self.config.stages}
         self._flops = self._epochs.flops
         self._positions = self._control.stages
+        self._train_marks = self._stages["train"].clock.phase_marks if "train" in self._stages else None
         self._state_texts = run_state.RecordTexts()
         self._loop_timer = LoopStartTimer()  # what Lightning's loops spend starting DataLoaders before our hooks
         self._step_ends = StepEndHooks()  # the optimizer step's end, for each batch's phases
@@ -278,7 +279,8 @@ class PerfCallback(StageEvents, ResultsView):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The optimizers exist from here (configured after setup): optimizer_heavy advises what would change.
         self._policy.safely(None, lambda: self._epochs.keep_optimizer_info(optimizer_info(trainer)))
-        self._policy.safely(None, self._step_ends.install, trainer.optimizers, lambda: self._phase_mark(STEP_END))
+        if self._train_marks is not None:
+            self._policy.safely(None, self._step_ends.install, trainer.optimizers, self._train_marks.mark)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

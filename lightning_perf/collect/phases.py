@@ -56,15 +56,17 @@ ZERO_GRAD, BACKWARD, AFTER_BACKWARD, OPTIMIZER, STEP_END = (
 ``on_before_optimizer_step``, and the optimizer's step post-hook."""
 
 MAX_MARKS = 64
-"""The most marks one batch keeps: an automatic step makes 5, a manual one a few per optimizer."""
+"""The most marks one batch records as CUDA events (:mod:`lightning_perf.collect.device_phases`): an automatic step
+makes 5, a manual one a few per optimizer."""
 
 MANUAL_NOTE = (
     "manual optimization: forward is `training_step`'s code before its first backward; its code between the"
     " optimizer calls is other"
 )
 
-# Which phase the time from one mark to the next is (Notes 1-6); any other pair is other.
-_SPANS = {
+# Which phase the time from one mark to the next is (Notes 1-6); any other pair is other. The batch's start (no
+# mark yet: ``None``) to its first mark, or to its end, is forward.
+_SPANS: dict[tuple[str | None, str | None], str] = {
     (ZERO_GRAD, BACKWARD): "optimizer",
     (ZERO_GRAD, AFTER_BACKWARD): "optimizer",
     (BACKWARD, AFTER_BACKWARD): "backward",
@@ -73,23 +75,23 @@ _SPANS = {
     (OPTIMIZER, STEP_END): "optimizer",
     (STEP_END, STEP_END): "optimizer",  # a subclass's step calling its base's: torch runs the post-hooks after each
     (OPTIMIZER, None): "optimizer",  # no post-hook: to the batch's end (Notes 3)
+    **{(None, name): "forward" for name in (ZERO_GRAD, BACKWARD, AFTER_BACKWARD, OPTIMIZER, STEP_END, None)},
 }
-_INDEX = {name: i for i, name in enumerate(PHASES)}
+_PHASE_OF = {pair: PHASES.index(phase) for pair, phase in _SPANS.items()}
+"""``_SPANS`` as indices into :data:`PHASES`: read at every mark."""
+_OTHER = PHASES.index("other")
 
 
 def split(start: float, marks: Sequence[tuple[str, float]], end: float) -> tuple[float, float, float, float]:
     """A batch's compute from ``start`` to ``end`` split into :data:`PHASES` by its ``marks`` (name, time), in
-    time order (module Notes). The four add up to ``end - start``."""
+    time order (module Notes). The four add up to ``end - start``. :class:`PhaseMarks` adds the same spans up as
+    its marks come."""
     spent = [0.0, 0.0, 0.0, 0.0]
     previous: str | None = None
     at = start
     for name, t in (*marks, (None, end)):
-        span = max(t - at, 0.0)
-        if previous is None:
-            spent[0] += span  # the batch's start to its first mark, or its end: forward
-        else:
-            spent[_INDEX[_SPANS.get((previous, name), "other")]] += span
-        previous, at = name or "", t
+        spent[_PHASE_OF.get((previous, name), _OTHER)] += max(t - at, 0.0)
+        previous, at = name, t
     return spent[0], spent[1], spent[2], spent[3]
 
 
@@ -110,31 +112,34 @@ class PhaseMarks:
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
-        self._marks: list[tuple[str, float]] = []
-        self._start = 0.0
+        self._spent = [0.0, 0.0, 0.0, 0.0]  # the batch's phases so far
+        self._previous: str | None = None  # the batch's last mark
+        self._at = 0.0  # its time
         self.phases: list[tuple[float, float, float, float]] = []
         self.marked = False
         self.device: Any = None
 
     def mark(self, name: str) -> None:
-        """A hook of the batch under way (module Notes); past :data:`MAX_MARKS` in one batch (hooks whose batch
-        was not measured), none is kept."""
-        if len(self._marks) < MAX_MARKS:
-            self._marks.append((name, self._clock()))
-            if self.device is not None:
-                self.device.mark(name)
+        """A hook of the batch under way (module Notes): the span since the batch's last mark is added to its phase
+        here, so that a batch keeps no list of marks and its end has one span left to add (a mark between batches,
+        such as an optimizer step outside the loop, is forgotten at the next batch's start)."""
+        now = self._clock()
+        self._spent[_PHASE_OF.get((self._previous, name), _OTHER)] += now - self._at
+        self._previous, self._at = name, now
+        self.marked = True
+        if self.device is not None:
+            self.device.mark(name)
 
     def batch_start(self, now: float) -> None:
-        self._marks.clear()
-        self._start = now
+        self._spent = [0.0, 0.0, 0.0, 0.0]
+        self._previous, self._at = None, now
         if self.device is not None:
             self.device.batch_start(len(self.phases))
 
     def batch_end(self, now: float) -> None:
-        if self._marks:
-            self.marked = True
-        self.phases.append(split(self._start, self._marks, now))
-        self._marks.clear()
+        spent = self._spent
+        spent[_PHASE_OF.get((self._previous, None), _OTHER)] += now - self._at
+        self.phases.append((spent[0], spent[1], spent[2], spent[3]))
         if self.device is not None:
             self.device.batch_end()
 
@@ -163,13 +168,14 @@ class StepEndHooks:
     def __init__(self) -> None:
         self._handles: list[object] = []
 
-    def install(self, optimizers: Sequence[object], mark: Callable[[], None]) -> None:
+    def install(self, optimizers: Sequence[object], mark: Callable[[str], None]) -> None:
+        """Calls ``mark(STEP_END)`` at the end of each of the ``optimizers``' steps (a torch optimizer's)."""
         import torch  # here: the rest of this module is plain Python
 
         self.uninstall()
         for optimizer in optimizers:
             if isinstance(optimizer, torch.optim.Optimizer):
-                self._handles.append(optimizer.register_step_post_hook(lambda *_: mark()))
+                self._handles.append(optimizer.register_step_post_hook(lambda *_: mark(STEP_END)))
 
     def uninstall(self) -> None:
         for handle in self._handles:

@@ -1,27 +1,40 @@
 """A training batch's compute split by the marks of Lightning's hooks (lightning_perf.collect.phases): pure
-arithmetic over hand-made marks, in the orders Lightning calls them."""
+arithmetic over hand-made marks, in the orders Lightning calls them, by :func:`split` (the CUDA events' reader)
+and by :class:`PhaseMarks` as the marks come (the host's clock), which must agree to the bit."""
 
 from __future__ import annotations
 
 import pytest
 
-from lightning_perf.collect.phases import AFTER_BACKWARD, BACKWARD, OPTIMIZER, STEP_END, ZERO_GRAD, split
+from lightning_perf.collect.phases import AFTER_BACKWARD, BACKWARD, OPTIMIZER, STEP_END, ZERO_GRAD, PhaseMarks, split
+
+
+def phases(start: float, marks: list[tuple[str, float]], end: float) -> tuple[float, float, float, float]:
+    """The batch's phases by :func:`split`, checked equal to :class:`PhaseMarks`' for the same clock reads."""
+    times = iter([*(t for _, t in marks), end])
+    recorder = PhaseMarks(clock=lambda: next(times))
+    recorder.batch_start(start)
+    for name, _ in marks:
+        recorder.mark(name)
+    recorder.batch_end(next(times))
+    assert recorder.phases == [split(start, marks, end)] and recorder.marked == bool(marks)
+    return recorder.phases[0]
 
 
 def test_an_automatic_step_splits_into_its_four_phases() -> None:
     marks = [(ZERO_GRAD, 3.0), (BACKWARD, 3.5), (AFTER_BACKWARD, 5.5), (OPTIMIZER, 5.7), (STEP_END, 7.0)]
-    forward, backward, optimizer, other = split(1.0, marks, 7.5)
+    forward, backward, optimizer, other = phases(1.0, marks, 7.5)
     assert (forward, backward, optimizer, other) == pytest.approx((2.0, 2.0, 0.5 + 0.2 + 1.3, 0.5))
     assert forward + backward + optimizer + other == pytest.approx(6.5)
 
 
 def test_an_accumulating_batch_has_no_optimizer_step() -> None:
     # The accumulation's later batches: no zero_grad, no step; what follows the backward is other.
-    assert split(0.0, [(BACKWARD, 1.0), (AFTER_BACKWARD, 3.0)], 3.5) == pytest.approx((1.0, 2.0, 0.0, 0.5))
+    assert phases(0.0, [(BACKWARD, 1.0), (AFTER_BACKWARD, 3.0)], 3.5) == pytest.approx((1.0, 2.0, 0.0, 0.5))
 
 
 def test_without_a_post_hook_the_optimizer_runs_to_the_batch_end() -> None:
-    assert split(0.0, [(BACKWARD, 1.0), (AFTER_BACKWARD, 2.0), (OPTIMIZER, 2.5)], 4.0) == pytest.approx(
+    assert phases(0.0, [(BACKWARD, 1.0), (AFTER_BACKWARD, 2.0), (OPTIMIZER, 2.5)], 4.0) == pytest.approx(
         (1.0, 1.0, 2.0, 0.0)
     )
 
@@ -37,14 +50,26 @@ def test_manual_optimization_two_backwards_and_code_between() -> None:
         (OPTIMIZER, 5.0),
         (STEP_END, 6.0),
     ]
-    assert split(0.0, marks, 6.5) == pytest.approx((1.0, 2.0, 0.2 + 0.8 + 1.0, 1.0 + 0.5))
+    assert phases(0.0, marks, 6.5) == pytest.approx((1.0, 2.0, 0.2 + 0.8 + 1.0, 1.0 + 0.5))
 
 
 def test_a_batch_without_marks_is_all_forward() -> None:
-    assert split(2.0, [], 5.0) == (3.0, 0.0, 0.0, 0.0)
+    assert phases(2.0, [], 5.0) == (3.0, 0.0, 0.0, 0.0)
 
 
 def test_a_subclassed_step_ends_at_its_outer_end() -> None:
     # torch runs the post-hooks at the end of the base class's step and again at the subclass's.
     marks = [(BACKWARD, 1.0), (AFTER_BACKWARD, 2.0), (OPTIMIZER, 2.0), (STEP_END, 2.5), (STEP_END, 4.0)]
-    assert split(0.0, marks, 4.5) == pytest.approx((1.0, 1.0, 2.0, 0.5))
+    assert phases(0.0, marks, 4.5) == pytest.approx((1.0, 1.0, 2.0, 0.5))
+
+
+def test_a_mark_between_batches_is_forgotten_at_the_next_start() -> None:
+    # An optimizer stepped outside the loop (a library's own step, our optimizer trial's copy) calls the post-hook.
+    times = iter([0.5, 11.0, 12.0])
+    recorder = PhaseMarks(clock=lambda: next(times))
+    recorder.mark(STEP_END)
+    recorder.batch_start(10.0)
+    recorder.mark(BACKWARD)
+    recorder.mark(AFTER_BACKWARD)
+    recorder.batch_end(13.0)
+    assert recorder.phases == [(1.0, 1.0, 0.0, 1.0)]
