@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import inspect
 import io
 import re
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_example import EXAMPLE, cli_example
 from lightning_perf import PerfCallback, Schedule
 from lightning_perf.config import STAGES
 
@@ -22,7 +22,6 @@ from lightning_perf.config import STAGES
 pytestmark = pytest.mark.filterwarnings("ignore::jsonargparse._deprecated.JsonargparseDeprecationWarning")
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "cli.py"
 EXAMPLE_CONFIG = ROOT / "examples" / "cli_config.yaml"
 
 # Quiet, fast trainer flags for every in-process run; outputs go under the test's tmp_path.
@@ -34,15 +33,7 @@ QUIET = [
 ]
 
 
-def _load_example():
-    spec = importlib.util.spec_from_file_location("lightning_perf_cli_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # jsonargparse resolves the module's annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-example = _load_example()
+example = cli_example()
 
 
 @pytest.fixture(autouse=True)
