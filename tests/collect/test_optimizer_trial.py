@@ -63,8 +63,33 @@ def test_an_implementation_torch_refuses_is_untried_with_its_reason() -> None:
     assert trial.current is None and trial.untried and trial.untried.startswith("torch refused it")
 
 
-def test_no_gradient_means_nothing_to_try() -> None:
-    _, optimizer = many_small_parameters(count=4)
+def test_gradients_released_before_a_validation_run_are_stood_in_by_zeros() -> None:
+    # Lightning sets every gradient to None before a validation run inside a training epoch, so a fit that
+    # validates reaches the epoch's end without gradients: the copies step zeros of each parameter's shape, the
+    # same work, and the training's parameters, state and (absent) gradients stay as they were.
+    params, optimizer = many_small_parameters()
     optimizer.zero_grad(set_to_none=True)
+    before = [p.detach().clone() for p in params]
+    state = [v.clone() for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     trial = try_optimizer_setting(optimizer, {"fused": True}, rule="optimizer_heavy", written="fused=True", epoch=0)
-    assert trial.current is None and "no parameter had a gradient" in trial.untried
+    assert trial.untried is None and trial.ratio > 1.3, trial
+    assert all(p.grad is None for p in params)
+    assert all(torch.equal(a, p) for a, p in zip(before, params, strict=True))
+    after = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    assert all(torch.equal(a, b) for a, b in zip(state, after, strict=True))
+
+
+def test_where_some_parameters_have_gradients_the_others_stay_without() -> None:
+    params, optimizer = many_small_parameters(count=4)
+    params[1].grad = None  # unused in the forward: a step skips it
+    made = optimizer_copy(optimizer, {})
+    assert [p.grad is None for g in made.param_groups for p in g["params"]] == [False, True, False, False]
+
+
+def test_no_parameter_that_requires_a_gradient_means_nothing_to_try() -> None:
+    params, optimizer = many_small_parameters(count=4)
+    optimizer.zero_grad(set_to_none=True)
+    for p in params:
+        p.requires_grad_(False)
+    trial = try_optimizer_setting(optimizer, {"fused": True}, rule="optimizer_heavy", written="fused=True", epoch=0)
+    assert trial.current is None and "no parameter of the optimizer requires a gradient" in trial.untried
