@@ -93,6 +93,10 @@ def test_compare_tells_a_tried_advice_from_an_untried_one(tmp_path, capsys):
     untried, _ = fit(tmp_path / "untried", try_advice=False)
     tried, _ = fit(tmp_path / "tried")
     trial_or_skip(tried)
+    shown = [f for f in tried.findings_for("train", epoch=1) if f.id == "optimizer_heavy" and f.severity != "info"]
+    busy = [f.title for f in tried.findings_for("train", epoch=1) if f.id == "cpu_contention"]
+    if not shown and busy:  # compare lists warnings: a busy machine's last epoch made optimizer_heavy information
+        pytest.skip(f"busy machine, so optimizer_heavy is information at the end and compare lists it not: {busy[0]}")
     before, after = os.path.dirname(untried.report_path), os.path.dirname(tried.report_path)
     assert main(["compare", before, after]) == 0
     out = capsys.readouterr().out
