@@ -77,9 +77,13 @@ _SPANS: dict[tuple[str | None, str | None], str] = {
     (OPTIMIZER, None): "optimizer",  # no post-hook: to the batch's end (Notes 3)
     **{(None, name): "forward" for name in (ZERO_GRAD, BACKWARD, AFTER_BACKWARD, OPTIMIZER, STEP_END, None)},
 }
-_PHASE_OF = {pair: PHASES.index(phase) for pair, phase in _SPANS.items()}
-"""``_SPANS`` as indices into :data:`PHASES`: read at every mark."""
 _OTHER = PHASES.index("other")
+_PHASE_AFTER: dict[str | None, dict[str | None, int]] = {
+    previous: {name: PHASES.index(phase) for (before, name), phase in _SPANS.items() if before == previous}
+    for previous in (None, ZERO_GRAD, BACKWARD, AFTER_BACKWARD, OPTIMIZER, STEP_END)
+}
+"""``_SPANS`` by the earlier mark, as indices into :data:`PHASES`: read at every mark with two lookups and no key
+tuple made."""
 
 
 def split(start: float, marks: Sequence[tuple[str, float]], end: float) -> tuple[float, float, float, float]:
@@ -90,7 +94,7 @@ def split(start: float, marks: Sequence[tuple[str, float]], end: float) -> tuple
     previous: str | None = None
     at = start
     for name, t in (*marks, (None, end)):
-        spent[_PHASE_OF.get((previous, name), _OTHER)] += max(t - at, 0.0)
+        spent[_PHASE_AFTER[previous].get(name, _OTHER)] += max(t - at, 0.0)
         previous, at = name, t
     return spent[0], spent[1], spent[2], spent[3]
 
@@ -124,21 +128,22 @@ class PhaseMarks:
         here, so that a batch keeps no list of marks and its end has one span left to add (a mark between batches,
         such as an optimizer step outside the loop, is forgotten at the next batch's start)."""
         now = self._clock()
-        self._spent[_PHASE_OF.get((self._previous, name), _OTHER)] += now - self._at
+        self._spent[_PHASE_AFTER[self._previous].get(name, _OTHER)] += now - self._at
         self._previous, self._at = name, now
         self.marked = True
         if self.device is not None:
             self.device.mark(name)
 
     def batch_start(self, now: float) -> None:
-        self._spent = [0.0, 0.0, 0.0, 0.0]
+        spent = self._spent  # zeroed in place: no list made per batch
+        spent[0] = spent[1] = spent[2] = spent[3] = 0.0
         self._previous, self._at = None, now
         if self.device is not None:
             self.device.batch_start(len(self.phases))
 
     def batch_end(self, now: float) -> None:
         spent = self._spent
-        spent[_PHASE_OF.get((self._previous, None), _OTHER)] += now - self._at
+        spent[_PHASE_AFTER[self._previous].get(None, _OTHER)] += now - self._at
         self.phases.append((spent[0], spent[1], spent[2], spent[3]))
         if self.device is not None:
             self.device.batch_end()

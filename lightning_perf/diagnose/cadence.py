@@ -128,7 +128,7 @@ def cadence(step_times: Sequence[float], min_excess: float) -> Cadence | None:
         if len(hot) < needed:  # no position can hold: fewer slow steps than the cycles that must hold
             continue
         # The slow steps by position, counted in C (`i % p` by map): the search runs at every epoch's end, over
-        # periods times slow steps (28 ms -> 7 ms for an epoch of 3,072 steps, 45% of them slow).
+        # periods times slow steps (28 -> 23 ms for an epoch of 3,072 steps, 45% of them slow).
         counts = Counter(map(p.__rmod__, hot))
         found = [c for r, n in counts.items() if n >= needed and (c := _at(step_times, p, r, min_excess)) is not None]
         if found:
