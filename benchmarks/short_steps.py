@@ -20,16 +20,23 @@ intervals took beyond their median: epoch ends, windows, paced scalar writes, th
 after the last step (``post``: the last epoch's end, teardown, the report). The configurations alternate in ABBA
 order in one process (a steady drift of the machine cancels in the ratio of the medians).
 
-``--blocks N`` measures the per-batch hooks alone, inside fits: ``PerfCallback(max_windows=0)`` whose batch hooks
-run for N batches, then do nothing for N (the controller's position kept), and so on; the median step of the "on"
-blocks less that of the "off" blocks is what the hooks cost a step, the machine's drift cancelled (a bare Trainer
-toggling nothing reads 0 +- 5 us).
+``--hooks`` times each per-batch hook's own work inside fits (the clock read around each call), the steadiest of
+these figures on a shared machine: what the callback's code itself takes, with no share of what it costs the
+model's and Lightning's code around it (caches it took over).
+
+``--blocks N`` measures the per-batch work alone, inside fits: ``PerfCallback(max_windows=0)`` whose batch hooks,
+phase marks and optimizer post-hook run for N batches, then do nothing for N (the controller's position kept), and
+so on; the median step of the "on" blocks less that of the "off" blocks is what that work costs a step beyond an
+empty callback's, the machine's drift cancelled (a bare Trainer toggling nothing reads 0 +- 5 us). Fits of the
+same configuration differ by up to 20% in their median step on this project's shared machine; blocks of one fit
+do not.
 
 Run it from the repository root::
 
     python benchmarks/short_steps.py                     # 4 rounds of 3 epochs x 3,072 batches: about 3 minutes
     python benchmarks/short_steps.py --rounds 8 --configs abcd
     python benchmarks/short_steps.py --blocks 64 --rounds 2
+    python benchmarks/short_steps.py --hooks --epochs 2 --rounds 2
 """
 
 from __future__ import annotations
@@ -76,29 +83,73 @@ class Empty(pl.Callback):
 
 
 class Alternating(PerfCallback):
-    """``PerfCallback`` whose training batch hooks and phase marks run in every other block of ``block`` batches
-    (``--blocks``; the optimizer's step post-hook, one mark of five, runs in both). Reaches into the callback's
-    controller to keep its position in the off blocks: a benchmark, not an API."""
+    """``PerfCallback`` whose per-batch work runs in every other block of ``block`` batches (``--blocks``): its
+    training batch hooks, its phase marks and the optimizer's step post-hook, taken off and put back at each
+    block's start. In the off blocks it costs what an empty callback costs (Lightning's dispatch of its hooks).
+    Reaches into the callback to keep its position in the off blocks: a benchmark, not an API."""
 
     def __init__(self, block: int) -> None:
         super().__init__(verbose=0, max_windows=0)
         self.block = block
         self.on = True
+        self.marks = self._phase_marks
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:
-        self.on = (batch_idx // self.block) % 2 == 0
-        if self.on:
+        on = (batch_idx // self.block) % 2 == 0
+        if on != self.on and self.marks is not None:  # a block starts: the step post-hook on or off with the rest
+            if on:
+                self._step_ends.install(trainer.optimizers, self.marks)
+            else:
+                self._step_ends.uninstall()
+        self.on = on
+        self._phase_marks = self.marks if on else None
+        if on:
             super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
-    def _phase_mark(self, name: str) -> None:
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
         if self.on:
-            super()._phase_mark(name)
+            super().on_before_optimizer_step(trainer, pl_module, optimizer)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
         if self.on:
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         else:
             self._control.stages["train"].batch += 1
+
+
+BATCH_HOOKS = (
+    "on_train_batch_start",
+    "on_before_zero_grad",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_train_batch_end",
+)
+
+
+class HookTimed(PerfCallback):
+    """``PerfCallback(max_windows=0)`` whose per-batch hooks each read the clock around themselves (``--hooks``):
+    the callback's own time in a fit, hook by hook (the optimizer's post-hook, one mark, is not in it; each reading
+    adds the wrapper's call, about 0.3-0.5 us)."""
+
+    def __init__(self) -> None:
+        super().__init__(verbose=0, max_windows=0)
+        self.spent: dict[str, list[float]] = {name: [] for name in BATCH_HOOKS}
+
+
+def _timed_hook(name: str):
+    hook = getattr(PerfCallback, name)
+
+    def timed(self: HookTimed, *args, **kwargs) -> None:
+        start = time.perf_counter()
+        hook(self, *args, **kwargs)
+        self.spent[name].append(time.perf_counter() - start)
+
+    return timed
+
+
+for _name in BATCH_HOOKS:
+    setattr(HookTimed, _name, _timed_hook(_name))
 
 
 CONFIGS = {
@@ -124,17 +175,25 @@ def fit(callbacks: list[pl.Callback], batches: int, epochs: int) -> dict[str, fl
     }
 
 
-def blocks(block: int, batches: int, epochs: int) -> float:
-    """What the batch hooks cost a step inside one fit (``--blocks``): the median step of the blocks they ran in
-    less that of the others, in seconds. A step's interval is the block of the batch it ends at; each epoch's
-    first two batches are left out."""
+def blocks(block: int, batches: int, epochs: int) -> tuple[float, float, float]:
+    """What the per-batch work costs a step inside one fit (``--blocks``), in seconds: the median over each pair of
+    blocks (one on, the next off) of their median steps' difference (the machine's drift and its bursts cancel
+    within a pair), and the median step of all the on blocks and of all the off blocks. A step's interval is the
+    block of the batch it ends at; each epoch's first two batches are left out."""
     model, _, _ = _fit([Alternating(block)], batches, epochs)
-    on, off = [], []
+    steps: dict[tuple[int, int], list[float]] = {}
     for i, (a, b) in enumerate(itertools.pairwise(model.starts)):
-        index = (i + 1) % batches
+        epoch, index = divmod(i + 1, batches)
         if index >= 2:
-            (on if (index // block) % 2 == 0 else off).append(b - a)
-    return statistics.median(on) - statistics.median(off)
+            steps.setdefault((epoch, index // block), []).append(b - a)
+    pairs = [
+        statistics.median(on) - statistics.median(steps[(epoch, k + 1)])
+        for (epoch, k), on in steps.items()
+        if k % 2 == 0 and (epoch, k + 1) in steps
+    ]
+    on_steps = [t for (_, k), block_steps in steps.items() if k % 2 == 0 for t in block_steps]
+    off_steps = [t for (_, k), block_steps in steps.items() if k % 2 == 1 for t in block_steps]
+    return statistics.median(pairs), statistics.median(on_steps), statistics.median(off_steps)
 
 
 def _fit(callbacks: list[pl.Callback], batches: int, epochs: int) -> tuple[StepTimed, float, float]:
@@ -159,14 +218,27 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3, help="epochs per fit (default: 3)")
     parser.add_argument("--configs", default="abcd", help="which configurations (default: abcd; a is needed)")
     parser.add_argument("--blocks", type=int, default=0, help="time the batch hooks alone, on and off every N batches")
+    parser.add_argument("--hooks", action="store_true", help="time each per-batch hook's own work inside fits")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(1)
+    if args.hooks:
+        for _ in range(args.rounds):
+            callback = HookTimed()
+            _fit([callback], args.batches, args.epochs)
+            medians = {name[3:]: statistics.median(spent) * 1e6 for name, spent in callback.spent.items() if spent}
+            each = " ".join(f"{name} {us:.1f}" for name, us in medians.items())
+            print(f"the hooks' own median time, us a batch: {each}; sum {sum(medians.values()):.1f}")
+        return
     if args.blocks:
-        costs = [blocks(args.blocks, args.batches, args.epochs) * 1e6 for _ in range(args.rounds)]
-        each = ", ".join(f"{c:.1f}" for c in costs)
-        print(f"the batch hooks, on and off every {args.blocks} batches: {each} us a step (one figure a fit)")
+        fits = [blocks(args.blocks, args.batches, args.epochs) for _ in range(args.rounds)]
+        print(f"the per-batch work, on and off every {args.blocks} batches (one line a fit):")
+        for cost, on, off in fits:
+            print(
+                f"  {cost * 1e6:5.1f} us a step (median of the pairs' differences); median step {on * 1e6:.0f} us on,"
+                f" {off * 1e6:.0f} us off; {cost / off:+.1%} of the off blocks' step"
+            )
         return
     keys = ["a", *[k for k in args.configs if k != "a" and k in CONFIGS]]
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in keys}

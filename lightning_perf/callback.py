@@ -207,7 +207,7 @@ class PerfCallback(StageEvents, ResultsView):
         self._stages: dict[str, StageMeasure] = {stage: self._epochs.stages[stage] for stage in self.config.stages}
         self._flops = self._epochs.flops
         self._positions = self._control.stages
-        self._train_marks = self._stages["train"].clock.phase_marks if "train" in self._stages else None
+        self._phase_marks = self._stages["train"].clock.phase_marks if "train" in self._stages else None
         self._state_texts = run_state.RecordTexts()
         self._loop_timer = LoopStartTimer()  # what Lightning's loops spend starting DataLoaders before our hooks
         self._step_ends = StepEndHooks()  # the optimizer step's end, for each batch's phases
@@ -279,8 +279,8 @@ class PerfCallback(StageEvents, ResultsView):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The optimizers exist from here (configured after setup): optimizer_heavy advises what would change.
         self._policy.safely(None, lambda: self._epochs.keep_optimizer_info(optimizer_info(trainer)))
-        if self._train_marks is not None:
-            self._policy.safely(None, self._step_ends.install, trainer.optimizers, self._train_marks.mark)
+        if self._phase_marks is not None:
+            self._policy.safely(None, self._step_ends.install, trainer.optimizers, self._phase_marks)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -20,8 +20,11 @@ Notes:
        or ``on_before_optimizer_step`` to the end of the optimizer's ``step`` (:data:`STEP_END`, an
        ``Optimizer.register_step_post_hook`` of ours on the run's torch optimizers): the closure's bookkeeping,
        gradient clipping and the update. An optimizer whose ``step`` calls its base class's (``super().step()``)
-       has its post-hooks run at the end of each, where torch wrapped both: the last end counts. An optimizer that
-       is no ``torch.optim.Optimizer`` has no post-hook: its phase then runs to the batch's end.
+       has its post-hooks run at the end of each, where torch wrapped both: the last end counts. Where every
+       optimizer of the run has the post-hook, ``on_before_optimizer_step`` makes no mark (its spans are optimizer
+       on both sides: one mark a batch less). An optimizer that is no ``torch.optim.Optimizer`` has no post-hook:
+       its phase then runs from ``on_before_optimizer_step`` to the batch's end. A step that never runs (a
+       ``GradScaler`` skipping it for an overflow) leaves the time after the backward to other.
     4. **other**: the rest of the batch's compute: Lightning's bookkeeping after the step (the learning-rate
        schedulers, the loops' progress) and the callbacks before ours at the batch's end. (What runs after our
        ``on_train_batch_end`` (the progress bar, usually) counts in the next batch's data wait, as before.)
@@ -39,6 +42,7 @@ Notes:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,7 +61,7 @@ ZERO_GRAD, BACKWARD, AFTER_BACKWARD, OPTIMIZER, STEP_END = (
 
 MAX_MARKS = 64
 """The most marks one batch records as CUDA events (:mod:`lightning_perf.collect.device_phases`): an automatic step
-makes 5, a manual one a few per optimizer."""
+makes 4 or 5 (Notes 3), a manual one a few per optimizer."""
 
 MANUAL_NOTE = (
     "manual optimization: forward is `training_step`'s code before its first backward; its code between the"
@@ -82,8 +86,9 @@ _PHASE_AFTER: dict[str | None, dict[str | None, int]] = {
     previous: {name: PHASES.index(phase) for (before, name), phase in _SPANS.items() if before == previous}
     for previous in (None, ZERO_GRAD, BACKWARD, AFTER_BACKWARD, OPTIMIZER, STEP_END)
 }
-"""``_SPANS`` by the earlier mark, as indices into :data:`PHASES`: read at every mark with two lookups and no key
-tuple made."""
+"""``_SPANS`` by the earlier mark, as indices into :data:`PHASES`: a mark reads its span's phase with one lookup
+in the table of the mark before it, and no key tuple made."""
+_AT_START = _PHASE_AFTER[None]
 
 
 def split(start: float, marks: Sequence[tuple[str, float]], end: float) -> tuple[float, float, float, float]:
@@ -112,39 +117,44 @@ class PhaseMarks:
         device: On CUDA, the same marks as CUDA events
             (:class:`~lightning_perf.collect.device_phases.DeviceTimeline`), whose phases :meth:`epoch_phases`
             gives instead of the host's; ``None`` elsewhere.
+        step_ends: Every optimizer of the Trainer call marks its step's end (:class:`StepEndHooks`): the hook
+            before the step need not mark (Notes 3).
     """
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
         self._spent = [0.0, 0.0, 0.0, 0.0]  # the batch's phases so far
-        self._previous: str | None = None  # the batch's last mark
-        self._at = 0.0  # its time
+        self._after = _AT_START  # the phase of a span by its end mark, after the batch's last mark (_PHASE_AFTER)
+        self._at = 0.0  # the last mark's time
         self.phases: list[tuple[float, float, float, float]] = []
         self.marked = False
         self.device: Any = None
+        self.step_ends = False
 
-    def mark(self, name: str) -> None:
+    def mark(self, name: str, *_: object) -> None:
         """A hook of the batch under way (module Notes): the span since the batch's last mark is added to its phase
         here, so that a batch keeps no list of marks and its end has one span left to add (a mark between batches,
-        such as an optimizer step outside the loop, is forgotten at the next batch's start)."""
+        such as an optimizer step outside the loop, is forgotten at the next batch's start). What follows ``name``
+        is ignored: the optimizer's post-hook is ``mark`` itself, given ``STEP_END`` first (one call, not two)."""
         now = self._clock()
-        self._spent[_PHASE_AFTER[self._previous].get(name, _OTHER)] += now - self._at
-        self._previous, self._at = name, now
-        self.marked = True
+        self._spent[self._after.get(name, _OTHER)] += now - self._at
+        self._after, self._at = _PHASE_AFTER[name], now
         if self.device is not None:
             self.device.mark(name)
 
     def batch_start(self, now: float) -> None:
         spent = self._spent  # zeroed in place: no list made per batch
         spent[0] = spent[1] = spent[2] = spent[3] = 0.0
-        self._previous, self._at = None, now
+        self._after, self._at = _AT_START, now
         if self.device is not None:
             self.device.batch_start(len(self.phases))
 
     def batch_end(self, now: float) -> None:
-        spent = self._spent
-        spent[_PHASE_AFTER[self._previous].get(None, _OTHER)] += now - self._at
+        spent, after = self._spent, self._after
+        spent[after.get(None, _OTHER)] += now - self._at
         self.phases.append((spent[0], spent[1], spent[2], spent[3]))
+        if after is not _AT_START:
+            self.marked = True
         if self.device is not None:
             self.device.batch_end()
 
@@ -172,22 +182,30 @@ class StepEndHooks:
 
     def __init__(self) -> None:
         self._handles: list[object] = []
+        self._marks: PhaseMarks | None = None  # whose step_ends the hooks set
 
-    def install(self, optimizers: Sequence[object], mark: Callable[[str], None]) -> None:
-        """Calls ``mark(STEP_END)`` at the end of each of the ``optimizers``' steps (a torch optimizer's)."""
+    def install(self, optimizers: Sequence[object], marks: PhaseMarks) -> None:
+        """Marks ``STEP_END`` in ``marks`` at the end of each of the ``optimizers``' steps (a torch optimizer's),
+        and sets its :attr:`~PhaseMarks.step_ends` where every one of them has the hook."""
         import torch  # here: the rest of this module is plain Python
 
         self.uninstall()
+        step_end = functools.partial(marks.mark, STEP_END)  # called (optimizer, args, kwargs) after the step
         for optimizer in optimizers:
             if isinstance(optimizer, torch.optim.Optimizer):
-                self._handles.append(optimizer.register_step_post_hook(lambda *_: mark(STEP_END)))
+                self._handles.append(optimizer.register_step_post_hook(step_end))
+        marks.step_ends = bool(optimizers) and len(self._handles) == len(optimizers)
+        self._marks = marks
 
     def uninstall(self) -> None:
         for handle in self._handles:
             handle.remove()  # type: ignore[attr-defined]
         self._handles = []
+        if self._marks is not None:
+            self._marks.step_ends = False
+            self._marks = None
 
     def __getstate__(self) -> dict[str, object]:
         # A copy (a library pickles or deep-copies the callback during a run) holds none of the run's optimizers'
         # hooks: those are the original's, and the copy installs its own at its fit's start.
-        return {**self.__dict__, "_handles": []}
+        return {**self.__dict__, "_handles": [], "_marks": None}

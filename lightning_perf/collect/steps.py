@@ -177,7 +177,9 @@ class StepClock:
         self.phase_marks.batch_end(now)
         self.last_loss = None
         if self.keep_loss:
-            loss = loss_tensor(outputs)
+            loss = outputs.get("loss") if type(outputs) is dict else outputs
+            if type(loss) is not torch.Tensor or loss.ndim:  # read in this frame where it is a plain 0-d tensor
+                loss = loss_tensor(outputs)
             if loss is not None:
                 # Lightning hands on_train_batch_end an already detached loss, and eval steps run without
                 # grad: detach (a new tensor) only when the graph would otherwise be kept alive.

@@ -20,7 +20,7 @@ import lightning.pytorch as pl
 from typing_extensions import override
 
 from lightning_perf.collect.loops import LoopStartTimer
-from lightning_perf.collect.phases import PhaseMarks
+from lightning_perf.collect.phases import OPTIMIZER
 from lightning_perf.diagnosis_context import window_summaries
 from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.error_policy import ErrorPolicy
@@ -45,8 +45,6 @@ class StageEvents(StageHooks):
         _control: Which batches to record, and the one open window.
         _stages: The measured stages' clocks and counts, by stage (a stage not measured is absent).
         _positions: Each stage's position (``_control.stages``).
-        _train_marks: The training batches' phase marks (``_stages["train"].clock.phase_marks``), ``None`` where
-            training is not measured.
         _flops: The FLOP count.
         _loop_timer: What Lightning's loops spend starting DataLoaders before our hooks.
         _live: The progress bar's status item.
@@ -59,7 +57,6 @@ class StageEvents(StageHooks):
     _control: WindowControl
     _stages: dict[str, StageMeasure]
     _positions: dict[str, StagePosition]
-    _train_marks: PhaseMarks | None
     _flops: FlopCounting
     _loop_timer: LoopStartTimer
     _live: LiveStatus
@@ -108,11 +105,6 @@ class StageEvents(StageHooks):
             st.clock.batch_start(batch, profiled=self._epochs.flops_batch_start(batch, batch_idx))
         else:
             st.clock.batch_start(batch)
-
-    @override
-    def _phase_mark(self, name: str) -> None:
-        if self._train_marks is not None:  # four times a batch: one attribute away
-            self._train_marks.mark(name)
 
     @override
     def _batch_end(self, stage: str, trainer: pl.Trainer, outputs: Any) -> None:
@@ -194,7 +186,8 @@ class StageEvents(StageHooks):
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        super().on_before_optimizer_step(trainer, pl_module, optimizer)  # the batch's phase mark
+        if (marks := self._phase_marks) is not None and not marks.step_ends:  # as StageHooks', in this one call
+            marks.mark(OPTIMIZER)
         if self._flops.active and pl_module.automatic_optimization:  # the count ends with the backward (flops Notes 3)
             self._flops.finish(pl_module, self._epochs.run_info, self._policy)
 

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from lightning_perf.collect.phases import AFTER_BACKWARD, BACKWARD, OPTIMIZER, ZERO_GRAD
+from lightning_perf.collect.phases import AFTER_BACKWARD, BACKWARD, OPTIMIZER, ZERO_GRAD, PhaseMarks
 
 
 class StageHooks(Callback):
@@ -31,15 +31,21 @@ class StageHooks(Callback):
       one sequence of batches: their sizes are summed);
     - :meth:`_epoch_end`: the stage epoch ends;
     - :meth:`_validation_start` and :meth:`_validation_end`: around a validation run inside a fit;
-    - :meth:`_sanity_check_start`: the sanity-check validation starts (none of the above happen in it);
-    - :meth:`_phase_mark`: a training batch reaches ``zero_grad``, its backward's start or end, or the optimizer
-      step (:mod:`lightning_perf.collect.phases`).
+    - :meth:`_sanity_check_start`: the sanity-check validation starts (none of the above happen in it).
+
+    And the training batches' phase marks (:mod:`lightning_perf.collect.phases`) where ``zero_grad``, the backward's
+    start and end and the optimizer step are reached, straight into the subclass's :attr:`_phase_marks` (four times
+    a batch: no event between).
+
+    Attributes:
+        _phase_marks: The training batches' marks; ``None`` where training is not measured.
     """
 
     # Whether the validation run under way is the sanity check: read once per run, at its start. The Trainer's
     # `sanity_checking` is a property with an enum comparison (about 3 us a read), and the validation hooks
     # asked it six times per run, at every short epoch of a run of them.
     _in_sanity_check = False
+    _phase_marks: PhaseMarks | None = None
 
     def _epoch_start(self, stage: str, trainer: pl.Trainer, epoch: int | None, num_batches: float) -> None:
         """A stage epoch of ``num_batches`` starts: epoch ``epoch``, or (``None``) the stage's next."""
@@ -69,25 +75,25 @@ class StageHooks(Callback):
         """The sanity-check validation starts: what Lightning's loops did before it belongs to no epoch."""
         raise NotImplementedError
 
-    def _phase_mark(self, name: str) -> None:
-        """A training batch reaches the mark ``name`` (:mod:`lightning_perf.collect.phases`)."""
-        raise NotImplementedError
-
     @override
     def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        self._phase_mark(ZERO_GRAD)
+        if (marks := self._phase_marks) is not None:
+            marks.mark(ZERO_GRAD)
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
-        self._phase_mark(BACKWARD)
+        if (marks := self._phase_marks) is not None:
+            marks.mark(BACKWARD)
 
     @override
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._phase_mark(AFTER_BACKWARD)
+        if (marks := self._phase_marks) is not None:
+            marks.mark(AFTER_BACKWARD)
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        self._phase_mark(OPTIMIZER)
+        if (marks := self._phase_marks) is not None and not marks.step_ends:  # else the step's end marks it
+            marks.mark(OPTIMIZER)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

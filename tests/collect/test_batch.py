@@ -175,6 +175,26 @@ def test_a_list_of_unpadded_samples_is_counted_by_its_length() -> None:
     assert infer_batch_size([t(4, 3), t(4)]) == 4  # a batch's fields share their first dimension
 
 
+@pytest.mark.parametrize(
+    "batch",
+    [
+        (t(5, 2), t(5)),
+        [t(5, 2), t(5), t(5, 1, 1), t(5)],
+        [t(5, 2), t(7)],  # two unpadded samples
+        (t(), t(4)),  # a 0-d first: skipped by the walk
+        [t(3), t(3), t(3), t(3), t(9)],  # longer than the fast path's
+        [t(6), "label"],
+        [torch.nn.Parameter(t(4)), t(4)],  # a tensor subclass
+        [torch.nested.nested_tensor([t(2), t(3)]), t(2)],
+        [],
+    ],
+    ids=["pair", "four", "samples", "0-d first", "five", "with a string", "subclass", "nested", "empty"],
+)
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_the_usual_batch_read_at_once_is_what_the_walk_finds(batch: Any) -> None:
+    assert infer_batch_size(batch) == batch_module._first_dim(batch, MAX_DEPTH)
+
+
 def test_stops_at_first_tensor() -> None:
     def never() -> Iterator[Any]:
         raise AssertionError("walked past the first tensor")

@@ -5,8 +5,18 @@ and by :class:`PhaseMarks` as the marks come (the host's clock), which must agre
 from __future__ import annotations
 
 import pytest
+import torch
 
-from lightning_perf.collect.phases import AFTER_BACKWARD, BACKWARD, OPTIMIZER, STEP_END, ZERO_GRAD, PhaseMarks, split
+from lightning_perf.collect.phases import (
+    AFTER_BACKWARD,
+    BACKWARD,
+    OPTIMIZER,
+    STEP_END,
+    ZERO_GRAD,
+    PhaseMarks,
+    StepEndHooks,
+    split,
+)
 
 
 def phases(start: float, marks: list[tuple[str, float]], end: float) -> tuple[float, float, float, float]:
@@ -26,6 +36,31 @@ def test_an_automatic_step_splits_into_its_four_phases() -> None:
     forward, backward, optimizer, other = phases(1.0, marks, 7.5)
     assert (forward, backward, optimizer, other) == pytest.approx((2.0, 2.0, 0.5 + 0.2 + 1.3, 0.5))
     assert forward + backward + optimizer + other == pytest.approx(6.5)
+
+
+def test_the_mark_before_the_step_adds_nothing_where_the_step_marks_its_end() -> None:
+    # Where every optimizer has the post-hook, on_before_optimizer_step makes no mark (Notes 3): the same phases.
+    marks = [(ZERO_GRAD, 3.0), (BACKWARD, 3.5), (AFTER_BACKWARD, 5.5), (OPTIMIZER, 5.7), (STEP_END, 7.0)]
+    without = [mark for mark in marks if mark[0] != OPTIMIZER]
+    assert phases(1.0, without, 7.5) == phases(1.0, marks, 7.5)
+
+
+def test_the_step_ends_are_marked_where_every_optimizer_is_a_torch_one() -> None:
+    seen: list[str] = []
+    marks = PhaseMarks()
+    marks.mark = lambda name, *_: seen.append(name)  # type: ignore[method-assign]
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    hooks = StepEndHooks()
+    hooks.install([sgd], marks)
+    assert marks.step_ends
+    sgd.step()
+    assert seen == [STEP_END]
+    hooks.install([sgd, object()], marks)  # one optimizer without the hook: the mark before the step is needed
+    assert not marks.step_ends
+    hooks.uninstall()
+    assert not marks.step_ends
+    sgd.step()
+    assert seen == [STEP_END]  # taken off
 
 
 def test_an_accumulating_batch_has_no_optimizer_step() -> None:
