@@ -36,6 +36,7 @@ Run it from the repository root::
     python benchmarks/short_steps.py                     # 4 rounds of 3 epochs x 3,072 batches: about 3 minutes
     python benchmarks/short_steps.py --rounds 8 --configs abcd
     python benchmarks/short_steps.py --blocks 64 --rounds 2
+    python benchmarks/short_steps.py --blocks 64 --parts marks --rounds 2   # the phase marks alone
     python benchmarks/short_steps.py --hooks --epochs 2 --rounds 2
 """
 
@@ -84,26 +85,30 @@ class Empty(pl.Callback):
 
 class Alternating(PerfCallback):
     """``PerfCallback`` whose per-batch work runs in every other block of ``block`` batches (``--blocks``): its
-    training batch hooks, its phase marks and the optimizer's step post-hook, taken off and put back at each
-    block's start. In the off blocks it costs what an empty callback costs (Lightning's dispatch of its hooks).
-    Reaches into the callback to keep its position in the off blocks: a benchmark, not an API."""
+    training batch hooks (``parts`` "batch"), its phase marks and the optimizer's step post-hook ("marks"), or both
+    ("all"), taken off and put back at each block's start; what ``parts`` leaves out runs in every block. With
+    "all", the off blocks cost what an empty callback costs (Lightning's dispatch of its hooks). Reaches into the
+    callback to keep its position in the off blocks: a benchmark, not an API."""
 
-    def __init__(self, block: int) -> None:
+    def __init__(self, block: int, parts: str = "all") -> None:
         super().__init__(verbose=0, max_windows=0)
         self.block = block
-        self.on = True
+        self.parts = parts
+        self.on = self.marking = True
         self.marks = self._phase_marks
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:
         on = (batch_idx // self.block) % 2 == 0
-        if on != self.on and self.marks is not None:  # a block starts: the step post-hook on or off with the rest
-            if on:
+        marking = on or self.parts == "batch"
+        if marking != self.marking and self.marks is not None:  # a block starts: the step post-hook with the marks
+            if marking:
                 self._step_ends.install(trainer.optimizers, self.marks)
             else:
                 self._step_ends.uninstall()
-        self.on = on
-        self._phase_marks = self.marks if on else None
-        if on:
+        self.marking = marking
+        self._phase_marks = self.marks if marking else None
+        self.on = on or self.parts == "marks"
+        if self.on:
             super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
@@ -175,12 +180,12 @@ def fit(callbacks: list[pl.Callback], batches: int, epochs: int) -> dict[str, fl
     }
 
 
-def blocks(block: int, batches: int, epochs: int) -> tuple[float, float, float]:
+def blocks(block: int, batches: int, epochs: int, parts: str = "all") -> tuple[float, float, float]:
     """What the per-batch work costs a step inside one fit (``--blocks``), in seconds: the median over each pair of
     blocks (one on, the next off) of their median steps' difference (the machine's drift and its bursts cancel
     within a pair), and the median step of all the on blocks and of all the off blocks. A step's interval is the
     block of the batch it ends at; each epoch's first two batches are left out."""
-    model, _, _ = _fit([Alternating(block)], batches, epochs)
+    model, _, _ = _fit([Alternating(block, parts)], batches, epochs)
     steps: dict[tuple[int, int], list[float]] = {}
     for i, (a, b) in enumerate(itertools.pairwise(model.starts)):
         epoch, index = divmod(i + 1, batches)
@@ -218,6 +223,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3, help="epochs per fit (default: 3)")
     parser.add_argument("--configs", default="abcd", help="which configurations (default: abcd; a is needed)")
     parser.add_argument("--blocks", type=int, default=0, help="time the batch hooks alone, on and off every N batches")
+    parser.add_argument("--parts", choices=("all", "batch", "marks"), default="all", help="what --blocks turns off")
     parser.add_argument("--hooks", action="store_true", help="time each per-batch hook's own work inside fits")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -232,8 +238,8 @@ def main() -> None:
             print(f"the hooks' own median time, us a batch: {each}; sum {sum(medians.values()):.1f}")
         return
     if args.blocks:
-        fits = [blocks(args.blocks, args.batches, args.epochs) for _ in range(args.rounds)]
-        print(f"the per-batch work, on and off every {args.blocks} batches (one line a fit):")
+        fits = [blocks(args.blocks, args.batches, args.epochs, args.parts) for _ in range(args.rounds)]
+        print(f"the per-batch work ({args.parts}), on and off every {args.blocks} batches (one line a fit):")
         for cost, on, off in fits:
             print(
                 f"  {cost * 1e6:5.1f} us a step (median of the pairs' differences); median step {on * 1e6:.0f} us on,"
