@@ -29,7 +29,8 @@ phase marks and optimizer post-hook run for N batches, then do nothing for N (th
 so on; the median step of the "on" blocks less that of the "off" blocks is what that work costs a step beyond an
 empty callback's, the machine's drift cancelled (a bare Trainer toggling nothing reads 0 +- 5 us). Fits of the
 same configuration differ by up to 20% in their median step on this project's shared machine; blocks of one fit
-do not.
+do not. ``--parts dispatch`` puts an empty callback in and out of a bare Trainer's callbacks instead: what any
+callback costs, on the same footing.
 
 Run it from the repository root::
 
@@ -37,6 +38,7 @@ Run it from the repository root::
     python benchmarks/short_steps.py --rounds 8 --configs abcd
     python benchmarks/short_steps.py --blocks 64 --rounds 2
     python benchmarks/short_steps.py --blocks 64 --parts marks --rounds 2   # the phase marks alone
+    python benchmarks/short_steps.py --blocks 64 --parts dispatch --rounds 2  # an empty callback, in and out
     python benchmarks/short_steps.py --hooks --epochs 2 --rounds 2
 """
 
@@ -81,6 +83,25 @@ class StepTimed(pl.LightningModule):
 
 class Empty(pl.Callback):
     """A callback that overrides nothing: what Lightning's dispatch of its hooks costs."""
+
+
+class Dispatched(StepTimed):
+    """:class:`StepTimed` that puts an :class:`Empty` callback in its Trainer's callbacks for every other block of
+    ``block`` batches (``--blocks --parts dispatch``): what Lightning's dispatch of one more callback's hooks costs,
+    inside one fit."""
+
+    def __init__(self, batches: int, block: int) -> None:
+        super().__init__(batches)
+        self.block = block
+        self.empty = Empty()
+
+    def on_train_batch_start(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        callbacks = self.trainer.callbacks  # type: ignore[attr-defined]
+        on = (batch_idx // self.block) % 2 == 0
+        if on and self.empty not in callbacks:
+            callbacks.append(self.empty)
+        elif not on and self.empty in callbacks:
+            callbacks.remove(self.empty)
 
 
 class Alternating(PerfCallback):
@@ -185,7 +206,10 @@ def blocks(block: int, batches: int, epochs: int, parts: str = "all") -> tuple[f
     blocks (one on, the next off) of their median steps' difference (the machine's drift and its bursts cancel
     within a pair), and the median step of all the on blocks and of all the off blocks. A step's interval is the
     block of the batch it ends at; each epoch's first two batches are left out."""
-    model, _, _ = _fit([Alternating(block, parts)], batches, epochs)
+    if parts == "dispatch":
+        model, _, _ = _fit([], batches, epochs, Dispatched(batches, block))
+    else:
+        model, _, _ = _fit([Alternating(block, parts)], batches, epochs)
     steps: dict[tuple[int, int], list[float]] = {}
     for i, (a, b) in enumerate(itertools.pairwise(model.starts)):
         epoch, index = divmod(i + 1, batches)
@@ -201,7 +225,9 @@ def blocks(block: int, batches: int, epochs: int, parts: str = "all") -> tuple[f
     return statistics.median(pairs), statistics.median(on_steps), statistics.median(off_steps)
 
 
-def _fit(callbacks: list[pl.Callback], batches: int, epochs: int) -> tuple[StepTimed, float, float]:
+def _fit(
+    callbacks: list[pl.Callback], batches: int, epochs: int, model: StepTimed | None = None
+) -> tuple[StepTimed, float, float]:
     trainer = pl.Trainer(
         default_root_dir=tempfile.mkdtemp(prefix="short_steps_"),
         max_epochs=epochs,
@@ -210,7 +236,7 @@ def _fit(callbacks: list[pl.Callback], batches: int, epochs: int) -> tuple[StepT
         enable_model_summary=False,
         enable_checkpointing=False,
     )
-    model = StepTimed(batches)
+    model = model or StepTimed(batches)
     start = time.perf_counter()
     trainer.fit(model)
     return model, start, time.perf_counter()
@@ -223,7 +249,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3, help="epochs per fit (default: 3)")
     parser.add_argument("--configs", default="abcd", help="which configurations (default: abcd; a is needed)")
     parser.add_argument("--blocks", type=int, default=0, help="time the batch hooks alone, on and off every N batches")
-    parser.add_argument("--parts", choices=("all", "batch", "marks"), default="all", help="what --blocks turns off")
+    parser.add_argument(
+        "--parts", choices=("all", "batch", "marks", "dispatch"), default="all", help="what --blocks turns off"
+    )
     parser.add_argument("--hooks", action="store_true", help="time each per-batch hook's own work inside fits")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
