@@ -90,7 +90,6 @@ def infer_batch_size(batch: Any, *, max_depth: int = MAX_DEPTH) -> int | None:
     try:
         kind = type(batch)
         if (kind is tuple or kind is list) and 0 < len(batch) <= FIELDS_AT_ONCE and max_depth > 0:
-            # (inputs, targets, ...) of plain tensors: what the walk would find, read at once (module docstring)
             # (inputs, targets, ...) of plain tensors of one first dimension: what the walk would find, read in
             # this frame (module docstring); anything else, a strided nested tensor (no shape) included, is walked.
             size = -1

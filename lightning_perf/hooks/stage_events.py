@@ -186,7 +186,8 @@ class StageEvents(StageHooks):
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        if (marks := self._phase_marks) is not None and not marks.step_ends:  # as StageHooks', in this one call
+        # The batch's phase mark, where an optimizer's step marks no end of its own (phases, Notes 3).
+        if (marks := self._phase_marks) is not None and not marks.step_ends:
             marks.mark(OPTIMIZER)
         if self._flops.active and pl_module.automatic_optimization:  # the count ends with the backward (flops Notes 3)
             self._flops.finish(pl_module, self._epochs.run_info, self._policy)

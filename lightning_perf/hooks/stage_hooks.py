@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from lightning_perf.collect.phases import AFTER_BACKWARD, BACKWARD, OPTIMIZER, ZERO_GRAD, PhaseMarks
+from lightning_perf.collect.phases import AFTER_BACKWARD, BACKWARD, ZERO_GRAD, PhaseMarks
 
 
 class StageHooks(Callback):
@@ -33,9 +33,9 @@ class StageHooks(Callback):
     - :meth:`_validation_start` and :meth:`_validation_end`: around a validation run inside a fit;
     - :meth:`_sanity_check_start`: the sanity-check validation starts (none of the above happen in it).
 
-    And the training batches' phase marks (:mod:`lightning_perf.collect.phases`) where ``zero_grad``, the backward's
-    start and end and the optimizer step are reached, straight into the subclass's :attr:`_phase_marks` (four times
-    a batch: no event between).
+    And the training batches' phase marks (:mod:`lightning_perf.collect.phases`) where ``zero_grad`` and the
+    backward's start and end are reached, straight into the subclass's :attr:`_phase_marks` (three times a batch: no
+    event between). The optimizer step's mark, where one is needed, is the subclass's ``on_before_optimizer_step``.
 
     Attributes:
         _phase_marks: The training batches' marks; ``None`` where training is not measured.
@@ -89,11 +89,6 @@ class StageHooks(Callback):
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if (marks := self._phase_marks) is not None:
             marks.mark(AFTER_BACKWARD)
-
-    @override
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        if (marks := self._phase_marks) is not None and not marks.step_ends:  # else the step's end marks it
-            marks.mark(OPTIMIZER)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
