@@ -14,8 +14,7 @@ Notes:
     2. Where no parameter has a gradient at the epoch's end, each clone that requires one gets zeros of its shape:
        an update does the same work whatever the gradient's values. A fit that validates has none there: before a
        validation run inside a training epoch, Lightning releases the gradients (``on_validation_model_zero_grad``
-       sets them to ``None``); so every real program we tried had its trial refused for "no gradient" until this.
-       Where some parameters have one, the others keep none, as a step skips them.
+       sets them to ``None``). Where some parameters have one, the others keep none, as a step skips them.
     3. :data:`TRIAL_REPETITIONS` repetitions, the two copies alternating (current first, then advised first): each
        steps :data:`TRIAL_WARMUP` times untimed (a fused kernel's first call, a foreach buffer), then times each of
        :data:`TRIAL_STEPS` steps (wall time; on CUDA the step is synchronized, since a step only launches

@@ -56,8 +56,8 @@ def refuse_other_profilers(trainer: pl.Trainer) -> None:
 # own (:func:`call_run_info`).
 FIT_PLAN = ("max_epochs", "val_check_steps", "optimizer_info")
 # What an earlier Trainer call measured and a later one keeps: the DataLoaders' settings, the FLOP counts, the
-# advice trials (a fit's, which a `test` or `predict` on the same Trainer dropped from the report until 2026-12-07:
-# the page's "Tried on this run" and `compare`'s labels lost them, the findings' text kept them).
+# advice trials (a `test` or `predict` on the fit's Trainer reports the fit's findings, whose page and `compare`
+# labels read the trials).
 MEASURED = ("dataloaders", "flops", "advice_trials")
 
 
