@@ -30,7 +30,13 @@ so on; the median step of the "on" blocks less that of the "off" blocks is what 
 empty callback's, the machine's drift cancelled (a bare Trainer toggling nothing reads 0 +- 5 us). Fits of the
 same configuration differ by up to 20% in their median step on this project's shared machine; blocks of one fit
 do not. ``--parts dispatch`` puts an empty callback in and out of a bare Trainer's callbacks instead: what any
-callback costs, on the same footing.
+callback costs, on the same footing; ``--parts whole`` leaves the callback's batch hooks undispatched in the off
+blocks (each ``None`` on the instance: Lightning skips a hook that is not callable): all it costs a step against
+a bare Trainer, Lightning's dispatch included (the issue's "at most 1.02x of bare").
+
+``--calls`` counts the Python calls a training batch makes, bare, with an empty callback and with
+``PerfCallback(max_windows=0)`` (``sys.setprofile`` over 20 batches of a fit): the same count on any machine and
+any load, where each call costs about 1 us in a fit of 1-ms steps on this project's machine.
 
 Run it from the repository root::
 
@@ -40,14 +46,18 @@ Run it from the repository root::
     python benchmarks/short_steps.py --blocks 64 --parts marks --rounds 2   # the phase marks alone
     python benchmarks/short_steps.py --blocks 64 --parts dispatch --rounds 2  # an empty callback, in and out
     python benchmarks/short_steps.py --hooks --epochs 2 --rounds 2
+    python benchmarks/short_steps.py --blocks 64 --parts whole --epochs 2  # all of it against a bare Trainer
+    python benchmarks/short_steps.py --calls --batches 400                 # Python calls a batch: deterministic
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import logging
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -104,6 +114,14 @@ class Dispatched(StepTimed):
             callbacks.remove(self.empty)
 
 
+MARK_HOOKS = ("on_before_zero_grad", "on_before_backward", "on_after_backward")
+BATCH_HOOKS = ("on_train_batch_start", *MARK_HOOKS, "on_before_optimizer_step", "on_train_batch_end")
+
+
+def _nothing(*_: object) -> None:
+    """A hook that does nothing."""
+
+
 class Alternating(PerfCallback):
     """``PerfCallback`` whose per-batch work runs in every other block of ``block`` batches (``--blocks``): its
     training batch hooks (``parts`` "batch"), its phase marks and the optimizer's step post-hook ("marks"), or both
@@ -128,6 +146,10 @@ class Alternating(PerfCallback):
                 self._step_ends.uninstall()
         self.marking = marking
         self._phase_marks = self.marks if marking else None
+        self._bind_marks(self._phase_marks)
+        if not marking:  # dispatched as an empty callback's hooks are, doing nothing
+            for hook in MARK_HOOKS:
+                setattr(self, hook, _nothing)
         self.on = on or self.parts == "marks"
         if self.on:
             super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
@@ -143,14 +165,74 @@ class Alternating(PerfCallback):
             self._control.stages["train"].batch += 1
 
 
-BATCH_HOOKS = (
-    "on_train_batch_start",
-    "on_before_zero_grad",
-    "on_before_backward",
-    "on_after_backward",
-    "on_before_optimizer_step",
-    "on_train_batch_end",
-)
+class Undispatched(StepTimed):
+    """:class:`StepTimed` whose Trainer has a ``PerfCallback(max_windows=0)`` that Lightning dispatches no batch
+    hook to in every other block of ``block`` batches (``--blocks --parts whole``): each of its batch hooks is
+    ``None`` on the instance there (Lightning skips a hook that is not callable), its post-hook off, its position
+    kept. The on blocks less the off blocks: the whole per-batch cost against a bare Trainer, dispatch included.
+    Toggled at the module's batch end, after the callbacks': a block's batches are whole."""
+
+    def __init__(self, batches: int, block: int) -> None:
+        super().__init__(batches)
+        self.batches, self.block = batches, block
+        self.callback = PerfCallback(verbose=0, max_windows=0)
+        self.own: dict[str, object] = {}  # the callback's own hooks on the instance, while they are off
+        self.off = False
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        callback = self.callback
+        if self.off:
+            callback._control.stages["train"].batch += 1
+        off = ((batch_idx + 1) // self.block) % 2 == 1 and batch_idx + 1 < self.batches
+        if off == self.off:
+            return
+        self.off = off
+        if off:
+            self.own = {name: callback.__dict__[name] for name in BATCH_HOOKS if name in callback.__dict__}
+        for name in BATCH_HOOKS:
+            if off:
+                setattr(callback, name, None)
+            elif name in self.own:
+                setattr(callback, name, self.own[name])
+            else:
+                delattr(callback, name)
+        if off:
+            callback._step_ends.uninstall()
+        elif callback._phase_marks is not None:
+            callback._step_ends.install(self.trainer.optimizers, callback._phase_marks)  # type: ignore[attr-defined]
+
+
+class CallCounted(StepTimed):
+    """:class:`StepTimed` that counts the Python calls made in ``batches`` training batches from its batch
+    ``first`` on (``--calls``): ``sys.setprofile`` from one batch's end (after the callbacks') to a later one's, each
+    function's calls by its file and name. Deterministic, where a time in this loop moves by a few %."""
+
+    def __init__(self, batches: int, first: int = 300, counted: int = 20) -> None:
+        super().__init__(batches)
+        self.first, self.counted = first, counted
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if batch_idx == self.first - 1:
+            sys.setprofile(self._count)
+        elif batch_idx == self.first + self.counted - 1:
+            sys.setprofile(None)
+
+    def _count(self, frame, event: str, arg) -> None:
+        if event == "call":
+            code = frame.f_code
+            self.calls[f"{code.co_filename.rsplit('site-packages/', 1)[-1]}:{code.co_name}"] += 1
+
+
+def calls(batches: int) -> dict[str, CallCounted]:
+    """Each configuration's Python calls a batch (``--calls``), by configuration name."""
+    counted = {}
+    for key in "abc":
+        name, callbacks = CONFIGS[key]
+        model = CallCounted(batches)
+        _fit(callbacks(), batches, 1, model)
+        counted[name] = model
+    return counted
 
 
 class HookTimed(PerfCallback):
@@ -208,6 +290,9 @@ def blocks(block: int, batches: int, epochs: int, parts: str = "all") -> tuple[f
     block of the batch it ends at; each epoch's first two batches are left out."""
     if parts == "dispatch":
         model, _, _ = _fit([], batches, epochs, Dispatched(batches, block))
+    elif parts == "whole":
+        undispatched = Undispatched(batches, block)
+        model, _, _ = _fit([undispatched.callback], batches, epochs, undispatched)
     else:
         model, _, _ = _fit([Alternating(block, parts)], batches, epochs)
     steps: dict[tuple[int, int], list[float]] = {}
@@ -250,9 +335,10 @@ def main() -> None:
     parser.add_argument("--configs", default="abcd", help="which configurations (default: abcd; a is needed)")
     parser.add_argument("--blocks", type=int, default=0, help="time the batch hooks alone, on and off every N batches")
     parser.add_argument(
-        "--parts", choices=("all", "batch", "marks", "dispatch"), default="all", help="what --blocks turns off"
+        "--parts", choices=("all", "batch", "marks", "dispatch", "whole"), default="all", help="what --blocks turns off"
     )
     parser.add_argument("--hooks", action="store_true", help="time each per-batch hook's own work inside fits")
+    parser.add_argument("--calls", action="store_true", help="count the Python calls a training batch makes")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -264,6 +350,19 @@ def main() -> None:
             medians = {name[3:]: statistics.median(spent) * 1e6 for name, spent in callback.spent.items() if spent}
             each = " ".join(f"{name} {us:.1f}" for name, us in medians.items())
             print(f"the hooks' own median time, us a batch: {each}; sum {sum(medians.values()):.1f}")
+        return
+    if args.calls:
+        counted = calls(args.batches)
+        bare = counted["bare"].calls.total() / counted["bare"].counted
+        print("Python calls a training batch (20 batches of a fit, sys.setprofile):")
+        for name, model in counted.items():
+            each = model.calls.total() / model.counted
+            print(f"  {name:<10} {each:7.1f}  ({each - bare:+.1f} on bare)")
+        ours = counted["always-on"]
+        print("  the callback's own (lightning_perf), a batch:")
+        for where, n in ours.calls.most_common():
+            if "lightning_perf/" in where:
+                print(f"    {n / ours.counted:5.1f} {where.rsplit('lightning_perf/', 1)[-1]}")
         return
     if args.blocks:
         fits = [blocks(args.blocks, args.batches, args.epochs, args.parts) for _ in range(args.rounds)]

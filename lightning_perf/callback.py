@@ -14,6 +14,7 @@ and the checkpoint state. What it has measured is read back through
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -208,6 +209,7 @@ class PerfCallback(StageEvents, ResultsView):
         self._flops = self._epochs.flops
         self._positions = self._control.stages
         self._phase_marks = self._stages["train"].clock.phase_marks if "train" in self._stages else None
+        self._bind_marks(self._phase_marks)
         self._state_texts = run_state.RecordTexts()
         self._loop_timer = LoopStartTimer()  # what Lightning's loops spend starting DataLoaders before our hooks
         self._step_ends = StepEndHooks()  # the optimizer step's end, for each batch's phases
@@ -215,18 +217,15 @@ class PerfCallback(StageEvents, ResultsView):
         self._windows_at_setup = 0
         self._resuming = True
         self._report_file: str | None = None
-        self._state_key: str | None = None
         self.dirpath: str | None = None
         self.tensorboard_logdir: str | None = None
 
-    @property
+    @functools.cached_property
     @override
     def state_key(self) -> str:
         # Two PerfCallbacks with different stages or output directories keep separate state in a checkpoint.
-        # (Lightning asks for it at every hook call: built once.)
-        if self._state_key is None:
-            self._state_key = self._generate_state_key(stages=self.config.stages, dirpath=self.config.dirpath)
-        return self._state_key
+        # (Lightning asks for it at every hook call: built once, then read from the instance without a call.)
+        return self._generate_state_key(stages=self.config.stages, dirpath=self.config.dirpath)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -281,6 +280,7 @@ class PerfCallback(StageEvents, ResultsView):
         self._policy.safely(None, lambda: self._epochs.keep_optimizer_info(optimizer_info(trainer)))
         if self._phase_marks is not None:
             self._policy.safely(None, self._step_ends.install, trainer.optimizers, self._phase_marks)
+        self._dispatch_step_hook()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -301,6 +301,7 @@ class PerfCallback(StageEvents, ResultsView):
         self._policy.safely(None, self._loop_timer.uninstall)
         self._policy.safely(None, self._epochs.compile.uninstall)
         self._policy.safely(None, self._step_ends.uninstall)
+        self._dispatch_step_hook()
         self._policy.safely(None, self._live.uninstall)
         stage = self._control.open.stage if self._control.open is not None else None
         self._flops.cancel()

@@ -103,6 +103,7 @@ class StageEvents(StageHooks):
             self._control.batch_started(stage)
         elif stage == "train" and batch_idx >= self._flops.offer_from:  # counted: left out of the times too
             st.clock.batch_start(batch, profiled=self._epochs.flops_batch_start(batch, batch_idx))
+            self._dispatch_step_hook()  # a count under way ends at the optimizer step
         else:
             st.clock.batch_start(batch)
 
@@ -114,6 +115,7 @@ class StageEvents(StageHooks):
         st.clock.batch_end(outputs)
         if self._epochs.batch_due:  # a FLOP count to keep, the model's memory to count
             self._epochs.batch_ended(stage, trainer)
+            self._dispatch_step_hook()
         st.total_batches += 1
         # Inline try blocks, not policy.safely(): free in CPython 3.11 when nothing raises, and no bound-method or
         # argument-tuple allocation on every batch.
@@ -191,6 +193,16 @@ class StageEvents(StageHooks):
             marks.mark(OPTIMIZER)
         if self._flops.active and pl_module.automatic_optimization:  # the count ends with the backward (flops Notes 3)
             self._flops.finish(pl_module, self._epochs.run_info, self._policy)
+            self._dispatch_step_hook()
+
+    def _dispatch_step_hook(self) -> None:
+        """Whether Lightning calls :meth:`on_before_optimizer_step` (stage_hooks, Notes 1): only where it has a mark
+        to make (an optimizer without the step's post-hook) or a FLOP count to end; call where either changes."""
+        marks = self._phase_marks
+        if self._flops.active or (marks is not None and not marks.step_ends):
+            self.__dict__.pop("on_before_optimizer_step", None)
+        elif type(self).on_before_optimizer_step is StageEvents.on_before_optimizer_step:  # not a subclass's own
+            self.on_before_optimizer_step = None  # type: ignore[method-assign,assignment]
 
     @override
     def _validation_start(self, trainer: pl.Trainer) -> None:

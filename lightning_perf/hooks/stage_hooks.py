@@ -6,10 +6,20 @@ Lightning's per-stage hooks as the few events of a stage that :class:`~lightning
 Each training, validation, test and predict hook names its stage and passes what the event needs; the
 sanity-check validation is no stage epoch, and a validation run inside a fit is told apart. A subclass
 implements the events; each hook is one call to it, nothing more (the batch hooks run on every batch).
+
+Notes:
+    1. Lightning dispatches every hook of every callback on every batch, about a dozen Python calls each (a
+       profiler context, its generator, ``state_key``: ``lightning.pytorch.trainer.call._call_callback_hooks``),
+       and skips a hook that is not callable (``if callable(fn)``, since Lightning 2.0). So a hook with nothing to
+       do is ``None`` on the instance, and a mark hook is the mark itself, bound to its name (one call, no hook
+       frame between): :meth:`StageHooks._bind_marks`, and the subclass's ``on_before_optimizer_step``
+       (:meth:`~lightning_perf.hooks.stage_events.StageEvents._dispatch_step_hook`). A subclass's own override of
+       such a hook is left as it is (the class's hook is what ``super()`` reaches).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import lightning.pytorch as pl
@@ -18,6 +28,13 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from lightning_perf.collect.phases import AFTER_BACKWARD, BACKWARD, ZERO_GRAD, PhaseMarks
+
+# Lightning's hooks that mark a training batch's phases, and their marks.
+_MARK_HOOKS = (
+    ("on_before_zero_grad", ZERO_GRAD),
+    ("on_before_backward", BACKWARD),
+    ("on_after_backward", AFTER_BACKWARD),
+)
 
 
 class StageHooks(Callback):
@@ -35,7 +52,8 @@ class StageHooks(Callback):
 
     And the training batches' phase marks (:mod:`lightning_perf.collect.phases`) where ``zero_grad`` and the
     backward's start and end are reached, straight into the subclass's :attr:`_phase_marks` (three times a batch: no
-    event between). The optimizer step's mark, where one is needed, is the subclass's ``on_before_optimizer_step``.
+    event between; Notes 1). The optimizer step's mark, where one is needed, is the subclass's
+    ``on_before_optimizer_step``, dispatched only where it has one to make or a FLOP count to end.
 
     Attributes:
         _phase_marks: The training batches' marks; ``None`` where training is not measured.
@@ -75,6 +93,14 @@ class StageHooks(Callback):
         """The sanity-check validation starts: what Lightning's loops did before it belongs to no epoch."""
         raise NotImplementedError
 
+    def _bind_marks(self, marks: PhaseMarks | None) -> None:
+        """The three mark hooks as Lightning calls them (Notes 1): each ``marks.mark`` bound to its name, or, with
+        no ``marks`` (training not measured), ``None``: not dispatched at all."""
+        for hook, name in _MARK_HOOKS:
+            if getattr(type(self), hook) is getattr(StageHooks, hook):
+                setattr(self, hook, None if marks is None else functools.partial(marks.mark, name))
+
+    # The instance's own, bound by _bind_marks, are what Lightning calls; these serve a subclass's super().
     @override
     def on_before_zero_grad(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         if (marks := self._phase_marks) is not None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lightning_perf import PerfCallback
+from lightning_perf.collect.phases import PhaseMarks
 from models import TinyModel, torch_threads, trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
@@ -128,15 +129,70 @@ def test_a_slow_optimizer_is_found_on_every_batch_without_any_profiler_window(tm
     assert "of each training step over" in found[-1].evidence
 
 
-def test_every_mark_reaches_the_clock(tmp_path) -> None:
+def test_every_mark_reaches_the_clock(tmp_path, monkeypatch) -> None:
     # Each of the hooks of a batch's phases is called on the callback (none overridden away by another of its
-    # hooks): the marks of the last batch, in Lightning's order, then the optimizer's post-hook.
-    callback = PerfCallback(max_windows=0, verbose=0)
+    # hooks, each bound to the marks it was made with): the marks of the last batch, in Lightning's order, then
+    # the optimizer's post-hook.
     seen = []
-    marks = callback._stages["train"].clock.phase_marks
-    mark = marks.mark
-    marks.mark = lambda name, *_: (seen.append(name), mark(name))
+    mark = PhaseMarks.mark
+    monkeypatch.setattr(PhaseMarks, "mark", lambda self, name, *_: (seen.append(name), mark(self, name)))
+    callback = PerfCallback(max_windows=0, verbose=0)
     with torch_threads(1):
         trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=2, limit_val_batches=0).fit(Phased())
     # (no "optimizer" mark: the torch optimizer's post-hook marks the step's end, phases Notes 3)
     assert seen[:4] == ["zero_grad", "backward", "after_backward", "step_end"]
+
+
+class Watched(TinyModel):
+    """Records, at each training batch's start (after the callbacks'), whether Lightning will dispatch the
+    callback's ``on_before_optimizer_step``, and whether a FLOP count is under way."""
+
+    def __init__(self, callback: PerfCallback) -> None:
+        super().__init__(n=64, batch_size=4)
+        self.callback = callback
+        self.seen: list[tuple[bool, bool]] = []
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self.seen.append((callable(self.callback.on_before_optimizer_step), self.callback._flops.active))
+
+
+def test_the_optimizer_step_hook_is_dispatched_only_where_it_has_work(tmp_path) -> None:
+    # The optimizer's post-hook marks every step's end, so Lightning dispatches on_before_optimizer_step to the
+    # callback only on the batches whose FLOP count it ends (stage_hooks, Notes 1): and that count still ends at the
+    # step (its FLOPs are the batch's forward and backward, not the update's).
+    callback = PerfCallback(max_windows=0, verbose=0, peak_flops=1e12)  # asked for MFU: a count is made
+    model = Watched(callback)
+    with torch_threads(1):
+        trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=0).fit(model)
+    assert [dispatched for dispatched, _ in model.seen] == [counting for _, counting in model.seen]
+    assert 1 <= sum(counting for _, counting in model.seen) < len(model.seen) / 4
+    assert callback._flops.counts and callable(callback.on_before_optimizer_step)  # the fit's end put it back
+
+
+def test_a_fit_that_measures_no_training_dispatches_no_mark_hook(tmp_path) -> None:
+    callback = PerfCallback(stages=["validate"], max_windows=0, verbose=0)
+    assert callback.on_before_backward is None and callback.on_after_backward is None
+    with torch_threads(1):
+        trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=4, limit_val_batches=2).fit(TinyModel())
+    assert [e.stage for e in callback.epochs] == ["validate"]
+
+
+def test_a_subclass_keeps_its_own_mark_and_step_hooks(tmp_path) -> None:
+    # Hooks a subclass overrides are not replaced on the instance; their super() still marks.
+    called = []
+
+    class Own(PerfCallback):
+        def on_before_backward(self, trainer, pl_module, loss):
+            called.append("backward")
+            super().on_before_backward(trainer, pl_module, loss)
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            called.append("step")
+            super().on_before_optimizer_step(trainer, pl_module, optimizer)
+
+    callback = Own(max_windows=0, verbose=0)
+    with torch_threads(1):
+        trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=6, limit_val_batches=0).fit(Phased())
+    assert called.count("backward") == called.count("step") == 6
+    (epoch,) = [e for e in callback.epochs if e.stage == "train"]
+    assert epoch.backward_p50 is not None and epoch.backward_p50 > BACKWARD / 2
