@@ -211,7 +211,8 @@ def _exchange() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(_exchange_rank, args=(port,), nprocs=2)
+    # Forked: the children start with what this process imported (spawned, each imported Lightning again).
+    torch.multiprocessing.start_processes(_exchange_rank, args=(port,), nprocs=2, start_method="fork")
 
 
 def main() -> None:
