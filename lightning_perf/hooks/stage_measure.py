@@ -195,11 +195,24 @@ def stage_measures(batch_size: Callable[[Any], int | None], *, log_loss: bool) -
     }
 
 
+# TQDMProgressBar's bars, by the attributes its `print` looks through (Lightning 2.x).
+_TQDM_BARS = ("_train_progress_bar", "_val_progress_bar", "_test_progress_bar", "_predict_progress_bar")
+
+
 def say(trainer: pl.Trainer, message: str) -> None:
-    """``message`` on the console: through the Trainer's progress bar where one is on (`ProgressBar.print`: TQDM
-    writes it above the bar, where a log line would be glued to the bar's last line), else Lightning's log."""
+    """``message`` on the console: through the Trainer's progress bar where one is open (`ProgressBar.print`: TQDM
+    writes it above the bar, where a log line would be glued to the bar's last line), else Lightning's log.
+
+    TQDM's ``print`` writes through an open bar and drops the message where none is: at a Trainer call's end
+    (teardown comes after each loop closed its bar), the lines held back for it were lost."""
     bar = trainer.progress_bar_callback
-    if bar is not None and getattr(bar, "is_enabled", False):  # TQDMProgressBar's and RichProgressBar's
+    if bar is not None and getattr(bar, "is_enabled", False) and _prints(bar):
         bar.print(message)
     else:
         rank_zero_info(message)
+
+
+def _prints(bar: object) -> bool:
+    """Whether ``bar.print`` writes: a TQDM bar (by its bars' attributes) only with one of them open."""
+    bars = [getattr(bar, name) for name in _TQDM_BARS if hasattr(bar, name)]
+    return not bars or any(tqdm is not None and not tqdm.disable for tqdm in bars)

@@ -10,11 +10,13 @@ import time
 import pytest
 import torch
 from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, TensorDataset
 
 from busy import QUIET_CPUS, others_cpus
 from lightning_perf import PerfCallback
+from lightning_perf.hooks.stage_measure import say
 from models import Leaky, TinyModel, release_freed_memory, trainer
 
 WINDOW = {"skip_first": 1, "warmup": 1, "active": 2}  # one 2-batch window per epoch, early
@@ -348,11 +350,35 @@ def test_with_a_progress_bar_the_epoch_line_starts_a_line_of_its_own(tmp_path, c
     # A log line written while TQDM's bar stands was glued to it: "Epoch 0: 100%|...| 32/32 [...]lightning-perf |
     # train epoch 0 | ...". Through the bar's own print, TQDM writes it on a line of its own.
     callback = PerfCallback(max_windows=0, stages=["train"])
-    trainer(tmp_path, [callback], enable_progress_bar=True, limit_val_batches=0).fit(TinyModel(n=32))
+    bar = TQDMProgressBar()  # (the default is Rich where it is installed)
+    trainer(tmp_path, [callback, bar], enable_progress_bar=True, limit_val_batches=0).fit(TinyModel(n=32))
     out, err = capfd.readouterr()
     lines = (out + err).splitlines()
     assert any(line.startswith("lightning-perf | train epoch 0 |") for line in lines), out + err
     assert not any("it/s" in line and "lightning-perf |" in line for line in lines), out + err
+
+
+class SaysAtTeardown(Callback):
+    """Says a line at its Trainer call's teardown, where PerfCallback's call-end lines are said."""
+
+    def teardown(self, trainer, pl_module, stage):
+        say(trainer, f"lightning-perf | said at the end of {trainer.state.fn.value}")
+
+
+@pytest.mark.parametrize("bar", ["tqdm", "rich"])
+def test_with_a_progress_bar_a_line_said_at_a_calls_end_is_printed(tmp_path, capfd, caplog, bar):
+    # TQDM's print drops a message where no bar of its is open, as at a Trainer call's end (teardown comes after
+    # the loops closed their bars): the lines made there (epochs grouped or left pending by the paces, measured and
+    # reported at the end) were lost in a run with the default progress bar.
+    bars = [RichProgressBar() if bar == "rich" else TQDMProgressBar()]  # (the default is Rich where it is installed)
+    with caplog.at_level("INFO"):
+        fit = trainer(tmp_path, [SaysAtTeardown(), *bars], enable_progress_bar=True, limit_val_batches=0)
+        fit.fit(TinyModel(n=16))
+        fit.validate(TinyModel(n=16))
+    out, err = capfd.readouterr()
+    lines = [*(out + err).splitlines(), *(r.getMessage() for r in caplog.records)]
+    said = [line for line in lines if line.startswith("lightning-perf | said at the end")]
+    assert said == ["lightning-perf | said at the end of fit", "lightning-perf | said at the end of validate"], lines
 
 
 class SlowStart(torch.utils.data.IterableDataset):
