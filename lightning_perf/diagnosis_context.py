@@ -77,6 +77,8 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         dataset_length=loader.get("dataset_length"),
         loader_built_by=loader.get("built_by"),
         loader_builder=loader.get("builder"),
+        iterable_class=loader.get("iterable_class"),
+        iterable_library=loader.get("iterable_library"),
         peak_flops=run.get("peak_flops"),
         epochs=run.get("max_epochs"),  # a validate, test or predict call plans 1
         compiled_modules=run.get("compiled_modules"),

@@ -36,6 +36,10 @@ class LoaderInfo(TypedDict, total=False):
             LightningDataModule's ``*_dataloader`` of that library's class), or ``null`` where the user's code did
             or it was passed to the Trainer call.
         builder: That hook, as ``"Class.train_dataloader"``, or ``null``.
+        iterable_class: Where the stage has no torch DataLoader, the class of the iterable the Trainer iterates
+            instead (a library's batch generator): its batches are made in the training process between the steps,
+            and no other key is there.
+        iterable_library: The installed package that class comes from, or ``null`` for the user's own code.
     """
 
     num_workers: int
@@ -51,6 +55,8 @@ class LoaderInfo(TypedDict, total=False):
     dataset_length: int | None
     built_by: str | None
     builder: str | None
+    iterable_class: str
+    iterable_library: str | None
 
 
 class RunInfo(TypedDict, total=False):

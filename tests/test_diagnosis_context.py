@@ -77,6 +77,9 @@ RUN = {
             "built_by": "torch_geometric",
             "builder": "LightningDataset.train_dataloader",
             "dataset_length": 5120,
+            # (a real run has these only where the stage iterates no DataLoader, and then none of the above)
+            "iterable_class": "IterableSlice",
+            "iterable_library": "gluonts",
         },
         "validate": {"num_workers": 0, "pin_memory": False, "persistent_workers": None, "batch_size": 128},
     },
@@ -125,6 +128,8 @@ def test_run_facts_reads_the_run_and_the_stages_dataloader():
         loader_built_by="torch_geometric",
         loader_builder="LightningDataset.train_dataloader",
         dataset_length=5120,
+        iterable_class="IterableSlice",
+        iterable_library="gluonts",
         epochs=7,
         peak_flops=312e12,
         compiled_modules="`LightningModule`",

@@ -41,12 +41,27 @@ _WRAPPERS = ("torch.utils.data.",)
 def loader_info(trainer: Any, stage: str) -> dict[str, Any] | None:
     """``run.dataloaders.<stage>`` (:class:`~lightning_perf.run_record.LoaderInfo`): the stage's first DataLoader's
     settings, :func:`dataset_facts`, and who built it (:func:`~lightning_perf.collect.builders.loader_builder`);
-    ``None`` without a DataLoader."""
-    loader = first_dataloader(stage_dataloaders(trainer, stage))
+    without a DataLoader, the class of the iterable the Trainer iterates instead (:func:`iterable_origin`);
+    ``None`` without either."""
+    data = stage_dataloaders(trainer, stage)
+    loader = first_dataloader(data)
     settings = dataloader_settings(loader)
     if settings is None:
-        return None
+        return iterable_origin(data)
     return {**settings, **dataset_facts(loader, trainer.lightning_module), **loader_builder(trainer, stage)}
+
+
+def iterable_origin(data: Any) -> dict[str, Any] | None:
+    """What a stage without a torch DataLoader iterates: the class of its first iterable (in a list, tuple or dict
+    of them) and the installed library that defines it, ``{"iterable_class": str, "iterable_library": str |
+    None}`` (a library's batch generator, such as gluonts' ``IterableSlice``: its batches are made in the
+    training process, between the steps); ``None`` where there is none."""
+    while isinstance(data, (list, tuple, dict)) and data:
+        data = next(iter(data.values())) if isinstance(data, dict) else data[0]
+    if data is None or isinstance(data, (list, tuple, dict)):
+        return None
+    cls = type(data)
+    return {"iterable_class": cls.__qualname__, "iterable_library": installed_package(cls)}
 
 
 def dataset_facts(dataloader: Any, module: Any) -> dict[str, Any]:

@@ -42,6 +42,8 @@ class RunFacts:
     dataset_length: int | None = None  # len(dataset): the samples of a whole pass, however many an epoch loads
     loader_built_by: str | None = None  # the installed library whose hook built the DataLoader; None: the user
     loader_builder: str | None = None  # that hook, "Class.train_dataloader"
+    iterable_class: str | None = None  # no DataLoader: the class of what the Trainer iterates (its own batches)
+    iterable_library: str | None = None  # the installed package defining it; None: the user's own code
     epochs: int | None = None  # epochs of this stage the run does (1 for a validate/test/predict call)
     peak_flops: float | None = None  # the device's dense peak FLOP/s for the run's dtype (table or option)
     val_check_steps: int | None = None  # validation runs every N training batches, across epochs (step-based)

@@ -75,6 +75,10 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            :mod:`~lightning_perf.diagnose.advice_tried`), the advice leads with the measurement; a setting whose
            trial was not ``advice_trial_min_gain`` times as fast is withdrawn, and the finding is ``info`` unless
            per-sample loading holds it up; one that could not be tried says why.
+        10. Where the stage iterates no torch DataLoader (``RunFacts.iterable_class``: a library's batch
+            generator, such as gluonts' ``IterableSlice``), the wait is that iterable making each batch in the
+            training process: no DataLoader span shows it in a trace, so Notes 3, 4 and 7 do not apply; the
+            advice is to make the batches in DataLoader workers, or cheaper (:func:`_iterable_advice`).
     """
     epoch = ctx.epoch
     fraction = epoch.data_wait_fraction
@@ -92,6 +96,17 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f" (warning >= {limit(t.dataloader_warning)}, critical >= {limit(t.dataloader_critical)},"
         f" and >= {ms(t.dataloader_min_wait)} per batch)"
     ]
+    if facts.iterable_class is not None:  # no DataLoader: the iterable's own work (Notes 10)
+        evidence.append(_iterable_evidence(facts))
+        evidence.extend(loading_evidence(load, facts))
+        advice = loader_advice(ctx, load)
+        if not advice.predicted_gain:
+            severity = "info"
+        if (busy := busy_share(ctx, t)) is not None and severity != "info":
+            severity = _on_a_busy_machine(ctx, t, busy, evidence, load)
+        title = f"{stage_name(ctx.stage)} waits for data {percent(fraction)} of the time"
+        lines = [*advice.lines, _iterable_wrap(facts)]
+        return finding(ctx, "dataloader_bound", severity, title, evidence, lines, None)
     best = strongest(ctx.windows, lambda w: share(w.dataloader_time, w))
     if best is not None and reaches(best[1], t.dataloader_warning):
         window, value = best
@@ -153,6 +168,34 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         lines,
         per_sample.window if per_sample is not None else best[0] if best else None,
     )
+
+
+def iterable_name(facts: RunFacts) -> str:
+    """The iterable a stage without a DataLoader iterates, named with its library: "`gluonts`'s `IterableSlice`"."""
+    library = facts.iterable_library
+    return f"`{library}`'s `{facts.iterable_class}`" if library else f"a `{facts.iterable_class}`"
+
+
+def _iterable_evidence(facts: RunFacts) -> str:
+    return (
+        f"the batches come from {iterable_name(facts)}, not a torch DataLoader: the Trainer iterates it in the"
+        " training process, which makes each batch between the steps (no DataLoader span shows it in a trace)"
+    )
+
+
+def _iterable_wrap(facts: RunFacts) -> str:
+    """Where the stage iterates no DataLoader (Notes 10): how a DataLoader setting of the advice applies."""
+    wrap = (
+        "wrap what makes the batches in a `torch.utils.data.IterableDataset` whose `__iter__` makes and yields"
+        " them, each worker only its own share (by `torch.utils.data.get_worker_info()`), and give the Trainer"
+        " `DataLoader(dataset, batch_size=None, ...)` with those settings"
+    )
+    if facts.iterable_library:
+        return (
+            f"No DataLoader to set: the Trainer iterates {iterable_name(facts)}, which its library makes. Look for"
+            f" the library's own option to load in worker processes, or to cache the transformed data; else {wrap}."
+        )
+    return f"No DataLoader to set: the Trainer iterates {iterable_name(facts)} itself. To load in workers, {wrap}."
 
 
 def _on_a_busy_machine(ctx: StageEpoch, t: Thresholds, busy: float, evidence: list[str], load: Loading) -> Severity:

@@ -264,10 +264,19 @@ def framework_overhead(ctx: StageEpoch, t: Thresholds) -> Finding | None:
            its other phase (Lightning's bookkeeping after the update, the callbacks before ours at the batch's
            end) is framework time too, a part of it. It fires by the same thresholds where no window shows
            more, and is evidence beside a window's.
+        5. Where the stage iterates no torch DataLoader (``RunFacts.iterable_class``), a window's step holds that
+           iterable making the next batch, outside any operator and any DataLoader span: the epoch's data wait per
+           batch is taken out of the window's framework time (``dataloader_bound`` judges it).
     """
+    epoch = ctx.epoch
+    unseen = epoch.data_wait / max(epoch.measured_batches, 1) if ctx.facts.iterable_class is not None else 0.0
+
+    def framework(w: TraceSummary) -> float:
+        return max(w.framework_time - unseen, 0.0)
+
     best = strongest(
-        (w for w in ctx.windows if reaches(on_cpu(w.framework_time, w)[0], t.framework_min_time)),
-        lambda w: on_cpu_share(w.framework_time, w),
+        (w for w in ctx.windows if reaches(on_cpu(framework(w), w)[0], t.framework_min_time)),
+        lambda w: on_cpu_share(framework(w), w),
     )
     other = _other_phase(ctx, t)
     if (best is None or not reaches(best[1], t.framework_overhead)) and other is None:
@@ -276,7 +285,7 @@ def framework_overhead(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     evidence = []
     if best is not None and reaches(best[1], t.framework_overhead):
         window, value = best
-        real, step = on_cpu(window.framework_time, window)
+        real, step = on_cpu(framework(window), window)
         evidence.append(
             f"{percent(value)} of the step outside any torch operator ({ms(real)} of {ms(step)})"
             + (

@@ -20,10 +20,12 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset
 
 from installed import WINDOWLIB, installed_package
+from lightning_perf import PerfCallback
 from lightning_perf.collect.cpu import ChildList, RunQueue, children_cpu_seconds, machine_busy_seconds
 from lightning_perf.collect.loader import dataset_facts
 from lightning_perf.collect.loops import LoopStartTimer
 from lightning_perf.collect.steps import StepClock
+from models import TinyModel, trainer
 
 
 class Buffer:
@@ -377,3 +379,26 @@ def test_an_epochs_cpu_wait_leaves_out_what_pause_covers():
     # Not paused: both parts', the shared one waiting half its time or more.
     assert shared[0] / shared[1] > 0.3, shared
     assert abs(whole - (shared[0] + quiet[0]) / (shared[1] + quiet[1])) < 0.03, (whole, shared, quiet)
+
+
+class Batches:
+    """An iterable of ready batches the Trainer iterates itself, as gluonts' ``IterableSlice`` is."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        for _ in range(self.n):
+            x = torch.randn(4, 16, generator=g)
+            yield x, (x.sum(1, keepdim=True) > 0).float()
+
+
+def test_a_stage_without_a_dataloader_records_the_class_it_iterates(tmp_path):
+    callback = PerfCallback(max_windows=0, verbose=0)
+    trainer(tmp_path, [callback], limit_val_batches=0).fit(TinyModel(), train_dataloaders=Batches(6))
+    loaders = callback.report["run"]["dataloaders"]
+    assert loaders["train"] == {"iterable_class": "Batches", "iterable_library": None}

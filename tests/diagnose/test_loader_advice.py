@@ -464,3 +464,36 @@ def test_lightnings_own_start_of_a_workerless_loader_is_no_datasets_start_up():
         StageEpoch(epoch=slow, facts=dataclasses.replace(CPU, cpu_count=2), pooled_epochs=4), Thresholds()
     )
     assert "Most of the wait is the first batch" in f.advice and f.severity != "info"
+
+
+# --- no DataLoader: an iterable the Trainer iterates itself ---------------------------------------------------
+
+ITERABLE = RunFacts(device="cpu", cpu_count=8, torch_threads=1, iterable_class="IterableSlice")
+
+
+def test_an_iterable_without_a_dataloader_waits_for_data_not_between_batches():
+    # gluonts hands the Trainer an IterableSlice of batches it makes in the training process: no window holds a
+    # DataLoader span, which was read as "outside the DataLoader" (look at the hooks and the loop).
+    f = judge(epoch(wait=0.015, compute=0.003, loading_cpu_share=0.95), window(step_time=0.018), facts=ITERABLE)
+    assert f.title == "Training waits for data 83% of the time" and f.severity == "critical"
+    assert "the batches come from a `IterableSlice`, not a torch DataLoader" in f.evidence
+    assert "outside the DataLoader" not in f.title and "small part of the wait" not in f.advice
+    assert "Set `DataLoader(num_workers=" in f.advice  # 7 CPUs free: workers predicted to pay
+    assert "No DataLoader to set: the Trainer iterates a `IterableSlice` itself" in f.advice
+    assert "`DataLoader(dataset, batch_size=None, ...)`" in f.advice and "get_worker_info()" in f.advice
+
+
+def test_an_iterable_of_a_library_points_at_its_options_and_no_free_cpu_is_info():
+    facts = dataclasses.replace(ITERABLE, iterable_library="gluonts", cpu_count=2, torch_threads=2)
+    f = judge(epoch(wait=0.015, compute=0.003, loading_cpu_share=0.95), window(step_time=0.018), facts=facts)
+    assert f.severity == "info" and "No CPU is free for DataLoader workers" in f.advice
+    assert "the Trainer iterates `gluonts`'s `IterableSlice`, which its library makes" in f.advice
+
+
+def test_framework_overhead_leaves_out_an_iterables_own_work():
+    # The window's step holds the iterable making the next batch, outside any operator: that was "83% of the step
+    # outside torch operators", with advice about self.log and the progress bar.
+    ctx = dict(epoch=epoch(wait=0.015, compute=0.003), windows=(window(step_time=0.018, framework_time=0.015),))
+    framework = RULES["framework_overhead"]
+    assert framework(StageEpoch(**ctx, facts=CPU), Thresholds()) is not None
+    assert framework(StageEpoch(**ctx, facts=ITERABLE), Thresholds()) is None

@@ -83,6 +83,7 @@ LOADER_FACTS = (
     ("persistent_workers", "persistent_workers"),
     ("prefetch_factor", "prefetch_factor"),
     ("drop_last", "drop_last"),
+    ("iterable_class", "no DataLoader: iterates"),
 )
 
 
