@@ -39,6 +39,10 @@ LOADER_ROUTES = {
     "torch_geometric": (
         "PyG's `{cls}` builds this DataLoader and passes its keyword arguments on to it: `{cls}(..., {setting})`."
     ),
+    "neuralforecast": (
+        "neuralforecast builds this DataLoader in `{cls}.train_dataloader` from the model's `dataloader_kwargs`:"
+        " pass `dataloader_kwargs={kwargs}` to the model's constructor (`NHITS(..., dataloader_kwargs=...)`)."
+    ),
 }
 """How each library lets the user pass DataLoader arguments (Notes 1); ``{setting}`` is the advice's
 ``name=value, ...``, ``{kwargs}`` the same as a dict, ``{cls}`` the class whose hook built the DataLoader."""
@@ -61,6 +65,12 @@ OPTIMIZER_ROUTES = {
         "darts builds the optimizer from the model's `optimizer_cls` (torch's `Adam` by default) and"
         " `optimizer_kwargs`: pass `optimizer_kwargs={kwargs}` to the model's constructor, with your learning rate"
         ' (`"lr"`) as before.'
+    ),
+    "neuralforecast": (
+        "neuralforecast builds the optimizer in `BaseModel.configure_optimizers`, and reads the model's"
+        " `optimizer_kwargs` only beside an `optimizer` class (alone, they are ignored with a warning): pass"
+        " `optimizer=torch.optim.Adam, optimizer_kwargs={kwargs}` to the model's constructor (Adam is its default;"
+        " the model's `learning_rate` stays the rate)."
     ),
 }
 """How each library lets the user pass optimizer options; ``{kwargs}`` as in :data:`LOADER_ROUTES`."""
