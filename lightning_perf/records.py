@@ -138,6 +138,13 @@ PHASES = ("forward", "backward", "optimizer", "other")
 """The phases of a training batch's compute (:mod:`lightning_perf.collect.phases`), as :class:`EpochSummary`'s
 ``<phase>_time``, ``<phase>_p50`` and ``<phase>_p90`` fields name them."""
 
+MANUAL_NOTE = (
+    "manual optimization: forward is `training_step`'s code before its first backward; its code between the"
+    " optimizer calls is other"
+)
+"""What the phases cannot split under manual optimization (:mod:`lightning_perf.collect.phases`, Notes 6), said
+beside them (``run.manual_optimization``)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class EpochSummary:

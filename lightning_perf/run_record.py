@@ -80,6 +80,8 @@ class RunInfo(TypedDict, total=False):
         max_epochs: The epochs the call plans (1 for ``validate``, ``test``, ``predict``).
         val_check_steps: Training batches between validation runs, or ``null``.
         compiled_modules: The modules ``.compile()`` was called on, or ``null``.
+        manual_optimization: The LightningModule optimizes manually (``automatic_optimization=False``): its
+            training batches' phases split only what its hooks allow (``records.MANUAL_NOTE``).
         progress_bar: The progress bar's class, or ``null`` where none draws.
         progress_bar_refresh: Its ``refresh_rate``, or ``null``.
         dataloaders: Each stage's DataLoader (:class:`LoaderInfo`), by stage.
@@ -115,6 +117,7 @@ class RunInfo(TypedDict, total=False):
     max_epochs: int | None
     val_check_steps: int | None
     compiled_modules: list[str] | None
+    manual_optimization: bool
     progress_bar: str | None
     progress_bar_refresh: int | None
     dataloaders: dict[str, LoaderInfo]

@@ -33,7 +33,8 @@ Notes:
     6. **Manual optimization**: ``training_step`` holds everything: the marks Lightning still calls inside it
        (``manual_backward``'s, and the ``on_before_optimizer_step`` of ``optimizer.step()``) split it, forward
        being the code before the first backward. What the user does between (a second forward, ``zero_grad``) is
-       other, or forward before the first backward: :data:`MANUAL_NOTE` says so where it is shown.
+       other, or forward before the first backward: :data:`~lightning_perf.records.MANUAL_NOTE` says so beside
+       the phases (the epoch line, the page).
     7. **On CUDA** the clock reads are the host's: a phase is the time to queue its kernels, and the device's work
        lands wherever the host waits for it (a ``.item()``). So on CUDA the same marks are also CUDA events
        (:mod:`lightning_perf.collect.device_phases`), read once the device has passed them, and the epoch's phases
@@ -62,11 +63,6 @@ ZERO_GRAD, BACKWARD, AFTER_BACKWARD, OPTIMIZER, STEP_END = (
 MAX_MARKS = 64
 """The most marks one batch records as CUDA events (:mod:`lightning_perf.collect.device_phases`): an automatic step
 makes 4 or 5 (Notes 3), a manual one a few per optimizer."""
-
-MANUAL_NOTE = (
-    "manual optimization: forward is `training_step`'s code before its first backward; its code between the"
-    " optimizer calls is other"
-)
 
 # Which phase the time from one mark to the next is (Notes 1-6); any other pair is other. The batch's start (no
 # mark yet: ``None``) to its first mark, or to its end, is forward.

@@ -49,6 +49,7 @@ def run_info(trainer: pl.Trainer) -> dict[str, Any]:
         "max_epochs": planned_epochs(trainer),
         "val_check_steps": val_check_steps(trainer),
         "compiled_modules": compile_requested(trainer.lightning_module),  # `.compile()` called on them
+        "manual_optimization": not trainer.lightning_module.automatic_optimization,
         **progress_bar(trainer),
         "dataloaders": {},
     }

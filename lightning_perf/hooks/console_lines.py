@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from lightning_perf.diagnose.model import Finding
-from lightning_perf.records import CompileStats, EpochSummary, RankSummary
+from lightning_perf.records import MANUAL_NOTE, CompileStats, EpochSummary, RankSummary
 from lightning_perf.report.findings import ShownFindings, console_report, shown_findings
 
 # A run of 10-ms epochs printed a line per stage epoch for its first 0.3 s (the report pace's burst): 48 of its 104
@@ -68,15 +68,20 @@ class ConsoleLines:
         ranks: tuple[RankSummary, ...] = (),
         compiled: CompileStats | None = None,
         too_little: str | None = None,
+        manual: bool = False,
     ) -> None:
         """A reported stage epoch's line (``order``: its epoch's among the run's; ``first``: the stage's first in
         this process, with its per-rank table): printed ``now``, where something is new, or where the stage's last
         line is :data:`STATUS_SECONDS` old; else held back, until a later line of the stage or the end.
         ``too_little``: the epoch's batches where too few to judge (``"1 measured batch"``), said instead of a clean
-        result."""
+        result; ``manual``: the run optimizes manually, said beside a training epoch's phases (:data:`MANUAL_NOTE`)."""
         stage = summary.stage
         uncounted = stage == "train" and summary.flops_per_batch is None
-        note = self._flops() if uncounted and self._flops is not None else None
+        notes = [
+            MANUAL_NOTE if manual and summary.forward_p50 is not None else None,
+            self._flops() if uncounted and self._flops is not None else None,
+        ]
+        note = "; ".join(n for n in notes if n) or None
         fresh, unchanged = self._shown.split(stage, findings)
         message = console_report(
             summary,

@@ -397,6 +397,7 @@ class EpochReporter:
                     ranks=ranks,
                     compiled=compiled,
                     too_little=held,
+                    manual=bool(self.run_info.get("manual_optimization")),
                 )
         if stage is None:  # the call's end: each stage's latest line held back (its latest status)
             self._lines.flush(say_it)

@@ -4,13 +4,16 @@ Trainers whose phases cost what they are built to: a sleep in ``training_step`` 
 
 from __future__ import annotations
 
+import html
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from lightning_perf import PerfCallback
 from lightning_perf.collect.phases import PhaseMarks
+from lightning_perf.records import MANUAL_NOTE
 from models import TinyModel, torch_threads, trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
@@ -196,3 +199,17 @@ def test_a_subclass_keeps_its_own_mark_and_step_hooks(tmp_path) -> None:
     assert called.count("backward") == called.count("step") == 6
     (epoch,) = [e for e in callback.epochs if e.stage == "train"]
     assert epoch.backward_p50 is not None and epoch.backward_p50 > BACKWARD / 2
+
+
+@pytest.mark.parametrize("manual", [True, False])
+def test_manual_optimization_says_what_its_phases_cannot_split(tmp_path, caplog, manual) -> None:
+    # Issue 49: "manual optimization reports what its hooks allow and says what it cannot split": beside the
+    # phases, on the epoch line and the page; perf_report.json's run says which.
+    callback = PerfCallback(max_windows=0)
+    with caplog.at_level("INFO"), torch_threads(1):
+        trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=4, limit_val_batches=0).fit(Phased(manual))
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("lightning-perf | train epoch 0"))
+    assert (MANUAL_NOTE in line) is manual and "p50 forward" in line, line
+    assert callback.report["run"]["manual_optimization"] is manual
+    page = Path(callback.page_path).read_text()
+    assert (html.escape(MANUAL_NOTE) in page) is manual

@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lightning_perf.records import EpochSummary
+from lightning_perf.records import MANUAL_NOTE, EpochSummary
 from lightning_perf.report.findings import epoch_label, epoch_numbers, headline, phase_split
 from lightning_perf.report.html.compile_html import compile_html
 from lightning_perf.report.html.document import Cell, Page, Section, esc, number_cell, page, table
@@ -170,7 +170,7 @@ def _headline_row(stage: str, epochs: Sequence[EpochSummary]) -> list[Cell | str
     ]
 
 
-def _headlines(stages: Mapping[str, Sequence[ReportEpoch]], *, world_size: int) -> str:
+def _headlines(stages: Mapping[str, Sequence[ReportEpoch]], *, world_size: int, manual: bool = False) -> str:
     if not stages:
         return '<p class="note">No stage epoch was measured.</p>'
     summaries = {stage: [e.summary for e in epochs] for stage, epochs in stages.items()}
@@ -181,6 +181,7 @@ def _headlines(stages: Mapping[str, Sequence[ReportEpoch]], *, world_size: int) 
     lines = "".join(
         f"<li><b>{esc(stage)} {epoch_label(e)}</b>: {esc(headline(e))}"
         + (f"; p90 {esc(p90)}" if (p90 := phase_split(e, "p90")) is not None else "")
+        + (f" ({esc(MANUAL_NOTE)})" if manual and e.forward_p50 is not None else "")
         + "</li>"
         for stage, e in shown.items()
     )
@@ -256,7 +257,11 @@ def run_page(report: Mapping[str, Any], *, source: str | None = None, charts: bo
     counts = severity_counts(groups)
     world = run.get("world_size")
     world_size = world if isinstance(world, int) and not isinstance(world, bool) else 1
-    facts = _run_facts(run) + _loaders(run) + _headlines(stages, world_size=world_size)
+    facts = (
+        _run_facts(run)
+        + _loaders(run)
+        + _headlines(stages, world_size=world_size, manual=run.get("manual_optimization") is True)
+    )
     sections = [
         Section("run", "The run", _interrupted(stages) + facts + f'<p class="note">{about}</p>'),
         Section(
