@@ -27,7 +27,7 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from lightning_perf.collect.builders import installed_package, loader_builder
-from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, stage_dataloaders
+from lightning_perf.collect.run_info import dataloader_settings, first_dataloader, stage_dataloaders, stage_iterables
 
 # How deep the dataset's attributes are searched for objects of the module (the dataset, its wrappers'
 # datasets such as Subset.dataset, and their attributes).
@@ -52,15 +52,15 @@ def loader_info(trainer: Any, stage: str) -> dict[str, Any] | None:
 
 
 def iterable_origin(data: Any) -> dict[str, Any] | None:
-    """What a stage without a torch DataLoader iterates: the class of its first iterable (in a list, tuple or dict
-    of them) and the installed library that defines it, ``{"iterable_class": str, "iterable_library": str |
-    None}`` (a library's batch generator, such as gluonts' ``IterableSlice``: its batches are made in the
-    training process, between the steps); ``None`` where there is none."""
-    while isinstance(data, (list, tuple, dict)) and data:
-        data = next(iter(data.values())) if isinstance(data, dict) else data[0]
-    if data is None or isinstance(data, (list, tuple, dict)):
+    """What a stage without a torch DataLoader iterates: its first iterable's class
+    (:func:`~lightning_perf.collect.run_info.stage_iterables`) and the installed library that defines it,
+    ``{"iterable_class": str, "iterable_library": str | None}`` (a library's batch generator, such as gluonts'
+    ``IterableSlice``: its batches are made in the training process, between the steps); ``None`` where there is
+    none."""
+    first = next(stage_iterables(data), None)
+    if first is None:
         return None
-    cls = type(data)
+    cls = type(first)
     return {"iterable_class": cls.__qualname__, "iterable_library": installed_package(cls)}
 
 

@@ -12,6 +12,7 @@ import math
 import os
 import platform
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import lightning
@@ -156,18 +157,20 @@ def cpu_quota(path: str = CGROUP_CPU_MAX) -> float | None:
         return None
 
 
-def first_dataloader(dataloaders: Any) -> DataLoader | None:
-    """The first :class:`DataLoader` in what ``trainer.*_dataloader(s)`` holds (one, a list, a dict)."""
-    if isinstance(dataloaders, DataLoader):
-        return dataloaders
+def stage_iterables(dataloaders: Any) -> Iterator[Any]:
+    """Each iterable in what ``trainer.*_dataloader(s)`` holds (one, or lists, tuples and dicts of them), in order."""
     if isinstance(dataloaders, dict):
         dataloaders = list(dataloaders.values())
     if isinstance(dataloaders, (list, tuple)):
         for item in dataloaders:
-            found = first_dataloader(item)
-            if found is not None:
-                return found
-    return None
+            yield from stage_iterables(item)
+    elif dataloaders is not None:
+        yield dataloaders
+
+
+def first_dataloader(dataloaders: Any) -> DataLoader | None:
+    """The first :class:`DataLoader` in what ``trainer.*_dataloader(s)`` holds (:func:`stage_iterables`)."""
+    return next((d for d in stage_iterables(dataloaders) if isinstance(d, DataLoader)), None)
 
 
 def dataloader_settings(dataloader: DataLoader | None) -> dict[str, Any] | None:

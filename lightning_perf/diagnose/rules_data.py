@@ -78,7 +78,7 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         10. Where the stage iterates no torch DataLoader (``RunFacts.iterable_class``: a library's batch
             generator, such as gluonts' ``IterableSlice``), the wait is that iterable making each batch in the
             training process: no DataLoader span shows it in a trace, so Notes 3, 4 and 7 do not apply; the
-            advice is to make the batches in DataLoader workers, or cheaper (:func:`_iterable_advice`).
+            advice is the DataLoader's, then how to get a DataLoader to set (:func:`_iterable_wrap`).
     """
     epoch = ctx.epoch
     fraction = epoch.data_wait_fraction
@@ -96,18 +96,8 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f" (warning >= {limit(t.dataloader_warning)}, critical >= {limit(t.dataloader_critical)},"
         f" and >= {ms(t.dataloader_min_wait)} per batch)"
     ]
-    if facts.iterable_class is not None:  # no DataLoader: the iterable's own work (Notes 10)
-        evidence.append(_iterable_evidence(facts))
-        evidence.extend(loading_evidence(load, facts))
-        advice = loader_advice(ctx, load)
-        if not advice.predicted_gain:
-            severity = "info"
-        if (busy := busy_share(ctx, t)) is not None and severity != "info":
-            severity = _on_a_busy_machine(ctx, t, busy, evidence, load)
-        title = f"{stage_name(ctx.stage)} waits for data {percent(fraction)} of the time"
-        lines = [*advice.lines, _iterable_wrap(facts)]
-        return finding(ctx, "dataloader_bound", severity, title, evidence, lines, None)
-    best = strongest(ctx.windows, lambda w: share(w.dataloader_time, w))
+    iterable = facts.iterable_class is not None  # no DataLoader: the wait is the iterable's own work (Notes 10)
+    best = None if iterable else strongest(ctx.windows, lambda w: share(w.dataloader_time, w))
     if best is not None and reaches(best[1], t.dataloader_warning):
         window, value = best
         evidence.append(
@@ -117,10 +107,13 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     elif best is not None:  # the windows' batches were not the slow ones, or the wait is not the DataLoader's
         evidence.append(f"the profiler windows show less (at most {percent(best[1])} of a step in the DataLoader)")
         best = None
+    if iterable:
+        evidence.append(_iterable_evidence(facts))
     evidence.append(loader_facts(facts))
     evidence.extend(loading_evidence(load, facts))
-    per_sample = None if facts.shared_state else per_sample_loading(ctx, load.steady_wait())
-    advice = loader_advice(ctx, load, elsewhere=bool(ctx.windows) and best is None and per_sample is None)
+    per_sample = None if facts.shared_state or iterable else per_sample_loading(ctx, load.steady_wait())
+    unseen = bool(ctx.windows) and best is None and per_sample is None and not iterable  # by the windows
+    advice = loader_advice(ctx, load, elsewhere=unseen)
     elsewhere = advice.elsewhere  # nothing of the DataLoader's own (its workers, their start-up) explains it
     lines = advice.lines
     title = f"{stage_name(ctx.stage)} waits for data {percent(fraction)} of the time"
@@ -141,6 +134,8 @@ def dataloader_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         lines = routed(lines, f"`DataLoader({setting})`", loader_route(facts, setting))
     if per_sample is not None:
         lines = routed(lines, "`DataLoader(samples, ...)`", samples_route(facts))
+    if iterable:  # how to get a DataLoader to set
+        lines = [*lines, _iterable_wrap(facts)]
     if withdrawn and per_sample is None:
         severity = "info"  # the trial measured no gain from the advised setting, and nothing else holds it up
     if (busy := busy_share(ctx, t)) is not None and severity != "info":

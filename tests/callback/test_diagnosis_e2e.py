@@ -381,6 +381,21 @@ def test_with_a_progress_bar_a_line_said_at_a_calls_end_is_printed(tmp_path, cap
     assert said == ["lightning-perf | said at the end of fit", "lightning-perf | said at the end of validate"], lines
 
 
+def test_with_tqdms_bar_every_epochs_line_of_a_fit_is_printed(tmp_path, capfd, caplog):
+    # The real path of the test above: the lines of a fit's last epochs, held back (nothing new in them) and said at
+    # its end, after the loops closed TQDM's bars, were lost ("validate epoch 1" and "train epoch 1" here).
+    bar = TQDMProgressBar()  # (the default is Rich where it is installed)
+    with caplog.at_level("INFO"):
+        trainer(tmp_path, [PerfCallback(max_windows=0), bar], enable_progress_bar=True, max_epochs=2).fit(
+            TinyModel(n=32)
+        )
+    out, err = capfd.readouterr()
+    # (TQDM moves the cursor over its validation bar before a line: an escape sequence, no text)
+    lines = [*re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out + err).splitlines(), *(r.getMessage() for r in caplog.records)]
+    heads = {line.split(" | ")[1] for line in lines if line.startswith("lightning-perf | ")}
+    assert {"train epoch 0", "train epoch 1", "validate epoch 0", "validate epoch 1"} <= heads, heads
+
+
 class SlowStart(torch.utils.data.IterableDataset):
     """An iterable dataset that takes 0.2 s to start each epoch (opening files, building an index), then yields its
     items at once."""
