@@ -55,6 +55,15 @@ SAMPLES_ROUTES = {
 }
 """Where the per-sample advice's ``DataLoader(samples, ...)`` is out of the user's reach, what is in it."""
 
+ITERABLE_ROUTES = {
+    "gluonts": (
+        "gluonts makes the batches from its transformation of each series at every pass: pass `cache_data=True` to"
+        " the estimator's `train(...)` to keep the transformed data after the first (applied on a DeepAR fit of 3"
+        " epochs: 3.5-4.5 s to 2.2-2.8 s)."
+    ),
+}
+"""Where a library makes the batches the Trainer iterates (no DataLoader): its own option that makes them cheaper."""
+
 OPTIMIZER_ROUTES = {
     "pytorch_forecasting": (
         "pytorch-forecasting builds the optimizer in `BaseModel.configure_optimizers` with the model's"
@@ -114,6 +123,11 @@ def routed(lines: Sequence[str], marker: str, route: str | None) -> list[str]:
         return lines
     at = next((i for i, line in enumerate(lines) if marker in line), None)
     return lines if at is None else [*lines[: at + 1], route, *lines[at + 1 :]]
+
+
+def iterable_route(facts: RunFacts) -> str | None:
+    """Where a library makes what a stage without a DataLoader iterates, its own option (:data:`ITERABLE_ROUTES`)."""
+    return ITERABLE_ROUTES.get(facts.iterable_library) if facts.iterable_library is not None else None
 
 
 def samples_route(facts: RunFacts) -> str | None:

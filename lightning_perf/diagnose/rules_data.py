@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from lightning_perf.diagnose.advice_tried import advised_setting, tried_advice
 from lightning_perf.diagnose.busy_machine import busy_note, busy_share, idle_time, kept_note
-from lightning_perf.diagnose.library_routes import loader_route, routed, samples_route
+from lightning_perf.diagnose.library_routes import iterable_route, loader_route, routed, samples_route
 from lightning_perf.diagnose.loader_advice import loader_advice
 from lightning_perf.diagnose.loading import CPU_BOUND, Loading, loading, loading_evidence
 from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch
@@ -185,6 +185,8 @@ def _iterable_wrap(facts: RunFacts) -> str:
         " them, each worker only its own share (by `torch.utils.data.get_worker_info()`), and give the Trainer"
         " `DataLoader(dataset, batch_size=None, ...)` with those settings"
     )
+    if (route := iterable_route(facts)) is not None:
+        return f"No DataLoader to set: the Trainer iterates {iterable_name(facts)}. {route} Else {wrap}."
     if facts.iterable_library:
         return (
             f"No DataLoader to set: the Trainer iterates {iterable_name(facts)}, which its library makes. Look for"

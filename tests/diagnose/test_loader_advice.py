@@ -484,10 +484,18 @@ def test_an_iterable_without_a_dataloader_waits_for_data_not_between_batches():
 
 
 def test_an_iterable_of_a_library_points_at_its_options_and_no_free_cpu_is_info():
-    facts = dataclasses.replace(ITERABLE, iterable_library="gluonts", cpu_count=2, torch_threads=2)
+    facts = dataclasses.replace(ITERABLE, iterable_library="tslib", cpu_count=2, torch_threads=2)
     f = judge(epoch(wait=0.015, compute=0.003, loading_cpu_share=0.95), window(step_time=0.018), facts=facts)
     assert f.severity == "info" and "No CPU is free for DataLoader workers" in f.advice
-    assert "the Trainer iterates `gluonts`'s `IterableSlice`, which its library makes" in f.advice
+    assert "the Trainer iterates `tslib`'s `IterableSlice`, which its library makes" in f.advice
+
+
+def test_gluonts_is_told_to_cache_its_transformed_data():
+    # Applied on gluonts' DeepAR (3 epochs of 30 batches, 2 CPUs): the fit took 3.5-4.5 s, 2.2-2.8 s with it.
+    facts = dataclasses.replace(ITERABLE, iterable_library="gluonts", cpu_count=2, torch_threads=2)
+    f = judge(epoch(wait=0.015, compute=0.003, loading_cpu_share=0.95), window(step_time=0.018), facts=facts)
+    assert "the Trainer iterates `gluonts`'s `IterableSlice`. gluonts makes the batches" in f.advice
+    assert "pass `cache_data=True` to the estimator's `train(...)`" in f.advice and "get_worker_info()" in f.advice
 
 
 def test_framework_overhead_leaves_out_an_iterables_own_work():
