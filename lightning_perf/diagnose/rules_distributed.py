@@ -36,7 +36,11 @@ def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         2. Per window: ``communication_exposed_time`` / step time.
         3. Fires, as a warning, at ``communication`` in the window with the largest share among those with
            ``communication_min_time`` or more of it per step.
-        4. Advice fits the stage (only training synchronizes gradients) and the device (NCCL on GPUs, gloo on
+        4. The rules run on rank zero, whose windows are ``ctx.windows``; where rank zero is the late rank, it
+           spends least of its step in collectives and the others wait for it. So where rank zero's windows fall
+           short, the rank that spends most (``ctx.rank_waits``) is judged on the same limits, its time taken as
+           its share of rank zero's step (a step ends at a collective on every rank at once).
+        5. Advice fits the stage (only training synchronizes gradients) and the device (NCCL on GPUs, gloo on
            CPUs).
     """
     windows = [
@@ -46,17 +50,26 @@ def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     ]
     if ctx.facts.world_size <= 1 and not any(w.communication_time is not None for w in ctx.windows):
         return None
+    limits = f"(warning >= {limit(t.communication)} and >= {ms(t.communication_min_time)} per step)"
     best = strongest(windows, lambda w: share(w.communication_exposed_time, w))
-    if best is None or not reaches(best[1], t.communication):
-        return None
-    window, value = best
-    evidence = [
-        f"communication with no compute overlapping it {percent(value)} of the step"
-        f" ({ms(window.communication_exposed_time or 0.0)} of {ms(window.step_time)}, communication"
-        f" {ms(window.communication_time or 0.0)} in all) {in_window(window, len(ctx.windows))}"
-        f" (warning >= {limit(t.communication)} and >= {ms(t.communication_min_time)} per step)",
-        f"world_size={ctx.facts.world_size}",
-    ]
+    if best is not None and reaches(best[1], t.communication):
+        window, value = best
+        measured = (
+            f"communication with no compute overlapping it {percent(value)} of the step"
+            f" ({ms(window.communication_exposed_time or 0.0)} of {ms(window.step_time)}, communication"
+            f" {ms(window.communication_time or 0.0)} in all) {in_window(window, len(ctx.windows))} {limits}"
+        )
+    else:
+        other = _another_ranks_wait(ctx, t)
+        if other is None:
+            return None
+        window, value, rank = other
+        measured = (
+            f"rank {rank} spends {percent(value)} of its step in collectives with no compute overlapping it"
+            f" (about {ms(value * window.step_time)} of the {ms(window.step_time)} step"
+            f" {in_window(window, len(ctx.windows))}; rank 0 {percent(ctx.rank_waits[0])}) {limits}"
+        )
+    evidence = [measured, f"world_size={ctx.facts.world_size}"]
     split = wait_or_transfer(ctx.rank_waits, t)
     if split is not None:
         evidence.append(split[1])
@@ -102,6 +115,22 @@ def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         advice,
         window,
     )
+
+
+def _another_ranks_wait(ctx: StageEpoch, t: Thresholds) -> tuple[TraceSummary, float, int] | None:
+    """Rank zero's longest-stepped window, the largest share of its step another rank spends in collectives, and
+    that rank, where that share is above rank zero's and reaches ``communication``, and its time
+    ``communication_min_time``; else ``None`` (see :func:`communication_bound`, note 4)."""
+    if not ctx.rank_waits:
+        return None
+    rank, value = max(ctx.rank_waits.items(), key=lambda item: (item[1], -item[0]))
+    best = strongest(ctx.windows, lambda w: w.step_time or None)
+    if rank == 0 or value <= ctx.rank_waits.get(0, value) or best is None or not reaches(value, t.communication):
+        return None
+    window = best[0]
+    if not reaches(value * window.step_time, t.communication_min_time):
+        return None
+    return window, value, rank
 
 
 def rank_straggler(ctx: StageEpoch, t: Thresholds) -> Finding | None:

@@ -1116,6 +1116,25 @@ def test_time_in_collectives_is_told_a_wait_for_a_late_rank_or_the_transfer_itse
     assert "a wait" not in alone.evidence and "the transfer itself" not in alone.evidence  # ranks unknown
 
 
+def test_a_late_rank_zero_leaves_the_others_waiting_in_collectives():
+    """Rank zero, whose windows the rules read, is the late rank: its own share is low, the other's is the wait."""
+    window = cw(step_time=0.02, communication_time=0.0028, communication_exposed_time=0.0028)
+    context = ctx(None, window, facts=facts(world_size=2), rank_waits={0: 0.14, 1: 0.91})
+    f = run("communication_bound", context)
+    assert f.evidence.startswith(
+        "rank 1 spends 91% of its step in collectives with no compute overlapping it (about 18.20 ms of the 20.00 ms"
+    )
+    assert "rank 0 14%) (warning >= 15% and >= 0.50 ms per step)" in f.evidence
+    assert "rank 0 the least" in f.evidence and f.advice.startswith("Most of it is waiting for a late rank")
+    # Rank zero's own window over the limit: judged on it, the others' wait in the evidence.
+    over = cw(step_time=0.02, communication_time=0.004, communication_exposed_time=0.004)
+    f = run("communication_bound", ctx(None, over, facts=facts(world_size=2), rank_waits={0: 0.2, 1: 0.91}))
+    assert f.title == "Training waits on communication 20% of each step" and "20%-91%" in f.evidence
+    # Every rank under the limit, or rank zero's share unknown: nothing.
+    assert run("communication_bound", ctx(None, window, facts=facts(world_size=2), rank_waits={0: 0.1, 1: 0.12})) is None
+    assert run("communication_bound", ctx(None, window, facts=facts(world_size=2), rank_waits={1: 0.9})) is None
+
+
 @pytest.mark.parametrize(
     ("name", "link"),
     [
