@@ -3,8 +3,8 @@
 Scenarios: ``plain``; ``straggler`` (rank 1 sleeps 20 ms every step); ``communication`` (large parameters,
 tiny compute: the gradient all-reduce dominates); ``sync_every_step`` (12 values logged with ``sync_dist=True``
 every step) and ``sync_every_epoch`` (the same, reduced once per epoch); ``raises`` (rank 1 raises in its third
-step); ``multinode`` (``num_nodes=2``: the test launches all 4 processes with ``NODE_RANK`` and ``LOCAL_RANK``
-set, as a cluster's launcher would); ``raises_late`` (rank 1 raises at its first epoch end, after
+step); ``multinode`` (``num_nodes=2``: the script forks all 4 processes and sets ``NODE_RANK`` and ``LOCAL_RANK``
+in each, as a cluster's launcher would); ``raises_late`` (rank 1 raises at its first epoch end, after
 PerfCallback's hook, while rank zero waits in the reduction its progress bar started); ``orders`` (a metric
 logged with ``sync_dist=True, prog_bar=True``, and a progress bar, a checkpoint and early stopping before and
 after PerfCallback: one fit per order, in one launch; then the first order's callback fits again);
@@ -215,9 +215,29 @@ def _exchange() -> None:
     torch.multiprocessing.start_processes(_exchange_rank, args=(port,), nprocs=2, start_method="fork")
 
 
+def _node_process(index: int, root: str, port: int) -> None:
+    """One of the 4 processes of ``multinode``, with the variables a cluster's launcher sets."""
+    node, local = divmod(index, 2)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="4")
+    os.environ.update(NODE_RANK=str(node), LOCAL_RANK=str(local))
+    _scenario(root, "ddp", "multinode")
+
+
+def _multinode(root: str) -> None:
+    """Two nodes of two processes each, on this machine: forked, each starts with what this process imported (a
+    launch of 4 processes importing Lightning each took 22 s here)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.start_processes(_node_process, args=(root, port), nprocs=4, start_method="fork")
+
+
 def main() -> None:
     root, strategy, scenarios = sys.argv[1:4]
     torch.set_num_threads(1)
+    if scenarios == "multinode":
+        _multinode(root)
+        return
     if "," not in scenarios:
         _scenario(root, strategy, scenarios)
         return
@@ -242,7 +262,7 @@ def _scenario(root: str, strategy: str, scenario: str) -> None:
         _fit(root, strategy, [TQDMProgressBar(), perf], perf, scenario, RaisesLate(), scenario)
         return
     callback = PerfCallback(schedule={"skip_first": 2, "warmup": 1, "active": 2}, stages=["train"])
-    nodes = 2 if scenario == "multinode" else 1  # each process launched by the test, as a cluster's launcher would
+    nodes = 2 if scenario == "multinode" else 1  # each process started by _multinode, as a cluster's launcher would
     t = trainer(root, [callback], strategy=strategy, devices=2, num_nodes=nodes, max_epochs=2, log_every_n_steps=4)
     t.fit(Scenario(scenario))
     result = {

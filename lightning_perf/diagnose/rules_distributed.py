@@ -63,11 +63,11 @@ def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         other = _another_ranks_wait(ctx, t)
         if other is None:
             return None
-        window, value, rank = other
+        window, value, rank, zero = other
         measured = (
             f"rank {rank} spends {percent(value)} of its step in collectives with no compute overlapping it"
             f" (about {ms(value * window.step_time)} of the {ms(window.step_time)} step"
-            f" {in_window(window, len(ctx.windows))}; rank 0 {percent(ctx.rank_waits[0])}) {limits}"
+            f" {in_window(window, len(ctx.windows))}; rank 0 {percent(zero)}) {limits}"
         )
     evidence = [measured, f"world_size={ctx.facts.world_size}"]
     split = wait_or_transfer(ctx.rank_waits, t)
@@ -117,20 +117,20 @@ def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     )
 
 
-def _another_ranks_wait(ctx: StageEpoch, t: Thresholds) -> tuple[TraceSummary, float, int] | None:
-    """Rank zero's longest-stepped window, the largest share of its step another rank spends in collectives, and
-    that rank, where that share is above rank zero's and reaches ``communication``, and its time
+def _another_ranks_wait(ctx: StageEpoch, t: Thresholds) -> tuple[TraceSummary, float, int, float] | None:
+    """Rank zero's longest-stepped window, the largest share of its step another rank spends in collectives, that
+    rank and rank zero's share, where the share is above rank zero's and reaches ``communication``, and its time
     ``communication_min_time``; else ``None`` (see :func:`communication_bound`, note 4)."""
-    if not ctx.rank_waits:
-        return None
-    rank, value = max(ctx.rank_waits.items(), key=lambda item: (item[1], -item[0]))
+    waits = ctx.rank_waits or {}
+    rank, value = max(waits.items(), key=lambda item: (item[1], -item[0]), default=(0, 0.0))
+    zero = waits.get(0, value)
     best = strongest(ctx.windows, lambda w: w.step_time or None)
-    if rank == 0 or value <= ctx.rank_waits.get(0, value) or best is None or not reaches(value, t.communication):
+    if value <= zero or best is None or not reaches(value, t.communication):
         return None
     window = best[0]
     if not reaches(value * window.step_time, t.communication_min_time):
         return None
-    return window, value, rank
+    return window, value, rank, zero
 
 
 def rank_straggler(ctx: StageEpoch, t: Thresholds) -> Finding | None:

@@ -1,10 +1,8 @@
 """The before/after example (examples/before_after) end to end: both configurations for real, then
 ``lightning-perf compare`` on them."""
 
+import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,21 +17,30 @@ pytestmark = pytest.mark.slow
 RUNS = ("before", "after")
 
 
-def _run(config: str, root: Path) -> Path:
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--config", config, "--root", str(root), "--epochs", "2"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "LIGHTNING_PERF_STRICT": "1", "OMP_NUM_THREADS": "1"},  # (see conftest.torch_threads)
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return Path(proc.stdout.strip().splitlines()[-1].removeprefix("Run directory: "))
+@pytest.fixture
+def example(one_thread, monkeypatch):
+    """The example's ``main``, run in this process (a subprocess each would import Lightning again: 8 s a run
+    here). Its ``seed_everything`` sets environment variables, which the fixture restores."""
+    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # (monkeypatch puts back what was there before)
+        monkeypatch.delenv(name, raising=False)
+    spec = importlib.util.spec_from_file_location("before_after_train", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
 
 
-def test_the_fixes_remove_the_findings_and_compare_shows_the_gain(tmp_path, capsys):
+def _run(example, config: str, root: Path, capsys) -> Path:
+    example(["--config", config, "--root", str(root), "--epochs", "2"])
+    out = capsys.readouterr().out
+    return Path(out.strip().splitlines()[-1].removeprefix("Run directory: "))
+
+
+def test_the_fixes_remove_the_findings_and_compare_shows_the_gain(example, tmp_path, capsys):
     runs: dict[str, Path] = {}
-    others = {config: others_cpus(lambda c=config: runs.setdefault(c, _run(c, tmp_path))) for config in RUNS}
+    others = {
+        config: others_cpus(lambda c=config: runs.setdefault(c, _run(example, c, tmp_path, capsys))) for config in RUNS
+    }
     before, after = runs["before"], runs["after"]
     assert main(["compare", str(before), str(after), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -266,38 +265,10 @@ def test_small_collectives_advice_applied_makes_the_step_faster(several):
 
 
 def test_a_multi_node_launch_of_two_nodes_of_two_processes_each(tmp_path):
-    # Lightning's multi-node path on one machine: every process launched as a cluster's launcher would (gloo,
-    # num_nodes=2, MASTER_ADDR, NODE_RANK, LOCAL_RANK); all four in a session of their own, killed on a hang.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "4"}
-    base["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(tmp_path), "ddp", "multinode"],
-            env={**base, "NODE_RANK": str(node), "LOCAL_RANK": str(local)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        for node in (0, 1)
-        for local in (0, 1)
-    ]
-    try:
-        outputs = [p.communicate(timeout=240) for p in procs]
-    except subprocess.TimeoutExpired:
-        pytest.fail("a multi-node launch still ran after 240 s (a hang?)")
-    finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-    assert [p.returncode for p in procs] == [0, 0, 0, 0], [err[-2000:] for _, err in outputs]
-    decode = json.JSONDecoder().raw_decode
-    results = sorted(
-        (decode(out, m.end())[0] for out, _ in outputs for m in re.finditer("RESULT ", out)), key=lambda r: r["rank"]
-    )
+    # Lightning's multi-node path on one machine: every process started as a cluster's launcher would (gloo,
+    # num_nodes=2, MASTER_ADDR, NODE_RANK, LOCAL_RANK), forked by the script.
+    proc, results = _run(tmp_path, "ddp", "multinode", timeout=240)
+    assert proc.returncode == 0, _why(proc.stderr)
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
     # Each window holds one trace per global rank, named by it; one report, rank zero's, with every rank.
     windows = {Path(p).parent for r in results for p in r["windows"]}
