@@ -10,7 +10,8 @@ through that library, or subclasses what builds it. This module names the builde
 
 - :func:`installed_package`: the top-level package of a class whose module is an installed package's (under
   ``site-packages`` or ``dist-packages``, or installed with ``pip install --target``); ``None`` for the user's own
-  code (a script, a project, an editable install). Lightning's own classes are Lightning's, not a library's.
+  code (a script, a project, an editable install). Lightning's own classes are Lightning's, not a library's,
+  except its demos'.
 - :func:`hook_builder`: the class that defines a hook (``train_dataloader``, ``configure_optimizers``) for an
   object, where that class is an installed library's.
 - :func:`loader_builder`: which hook built a stage's DataLoader (Lightning's ``_DataLoaderSource`` of the stage's
@@ -26,8 +27,11 @@ from typing import Any
 # Where installed packages live (pip, venv, conda, Debian's python3-* packages); a project installed in
 # editable mode stays in its own folder, and is the user's.
 _INSTALLED = frozenset({"site-packages", "dist-packages"})
-# Lightning's own packages define the hooks' defaults: those are no library's building.
+# Lightning's own packages define the hooks' defaults: those are no library's building. Its demos (the
+# ``demos`` subpackage: ``MNISTDataModule``, ``BoringModel``) build their DataLoaders and optimizers as a library's
+# classes do, from their constructors' arguments: those count.
 _LIGHTNING = frozenset({"lightning", "pytorch_lightning", "lightning_fabric"})
+_DEMOS = "demos"
 # The loops whose ``_data_source`` gives each stage's DataLoaders, as paths of attributes from the Trainer: the
 # first one with a source counts (validation in a ``validate`` call, then within ``fit``).
 _SOURCES = {
@@ -56,7 +60,7 @@ def hook_builder(obj: Any, hook: str) -> dict[str, str | None] | None:
     for cls in type(obj).__mro__:
         if hook in vars(cls):
             package = installed_package(cls)
-            if package is None or package in _LIGHTNING:
+            if package is None or (package in _LIGHTNING and _DEMOS not in cls.__module__.split(".")):
                 return None
             return {"built_by": package, "builder": f"{cls.__qualname__}.{hook}"}
     return None

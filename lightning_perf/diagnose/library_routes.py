@@ -14,7 +14,7 @@ Notes:
        ``torch.optim.Adam``/``AdamW`` with ``**optimizer_params``; darts 0.48: ``fit``, ``fit_from_dataset`` and
        ``predict`` take ``dataloader_kwargs``, and the model's ``optimizer_cls`` is built with ``optimizer_kwargs``;
        PyG 2.8: ``LightningDataset``, ``LightningNodeData`` and ``LightningLinkData`` pass ``**kwargs`` to their
-       loaders).
+       loaders; Lightning's demo ``MNISTDataModule`` takes ``num_workers`` and ``batch_size``).
     2. pytorch-forecasting's loaders are passed to ``fit`` by the user, who made them with ``to_dataloader``: no
        hook of a library built them, so its dataset's class (``RunFacts.dataset_library``) says whose they are.
     3. Another library's hook: the route names the hook and the class to subclass.
@@ -26,6 +26,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lightning_perf.diagnose.model import RunFacts
+
+_LIGHTNING_DEMOS = (
+    "Lightning's demo `{cls}` builds this DataLoader from its constructor's arguments: pass `{setting}` to `{cls}(...)`"
+    " where it takes them (`MNISTDataModule` takes `num_workers` and `batch_size`), else subclass `{cls}` and override"
+    " its `*_dataloader` hooks."
+)
 
 LOADER_ROUTES = {
     "pytorch_forecasting": (
@@ -43,6 +49,8 @@ LOADER_ROUTES = {
         "neuralforecast builds this DataLoader in `{cls}.train_dataloader` from the model's `dataloader_kwargs`:"
         " pass `dataloader_kwargs={kwargs}` to the model's constructor (`NHITS(..., dataloader_kwargs=...)`)."
     ),
+    "lightning": _LIGHTNING_DEMOS,
+    "pytorch_lightning": _LIGHTNING_DEMOS,
 }
 """How each library lets the user pass DataLoader arguments (Notes 1); ``{setting}`` is the advice's
 ``name=value, ...``, ``{kwargs}`` the same as a dict, ``{cls}`` the class whose hook built the DataLoader."""

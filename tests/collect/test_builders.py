@@ -25,6 +25,21 @@ def test_the_users_fit_records_no_builder(tmp_path) -> None:
     assert (run["dataloaders"]["train"]["built_by"], run["optimizer_info"]["built_by"]) == (None, None)
 
 
+def test_lightnings_demo_datamodule_is_named_as_the_dataloaders_builder() -> None:
+    """Lightning's examples build their loaders with its demo ``MNISTDataModule(num_workers=16)``: the advice's
+    ``DataLoader(num_workers=...)`` is reached through it, as through a library's data module."""
+    from lightning.pytorch import LightningDataModule
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    from lightning.pytorch.demos.mnist_datamodule import MNISTDataModule
+
+    assert hook_builder(MNISTDataModule(), "train_dataloader") == {
+        "built_by": "lightning",
+        "builder": "MNISTDataModule.train_dataloader",
+    }
+    assert hook_builder(BoringModel(), "configure_optimizers")["builder"] == "BoringModel.configure_optimizers"
+    assert hook_builder(LightningDataModule(), "train_dataloader") is None  # Lightning's default hook
+
+
 @pytest.mark.slow
 def test_a_pyg_datamodule_is_named_as_the_dataloaders_builder(tmp_path) -> None:
     datamodule = pytest.importorskip("torch_geometric.data.lightning.datamodule")

@@ -41,6 +41,14 @@ def test_neuralforecast_is_told_to_pass_dataloader_kwargs_to_the_model() -> None
     ) in judge({}, facts).advice
 
 
+def test_lightnings_demo_datamodule_is_told_to_take_the_setting_in_its_constructor() -> None:
+    facts = dataclasses.replace(FACTS, loader_built_by="lightning", loader_builder="MNISTDataModule.train_dataloader")
+    assert (
+        "Lightning's demo `MNISTDataModule` builds this DataLoader from its constructor's arguments: pass"
+        " `num_workers=2, persistent_workers=True` to `MNISTDataModule(...)` where it takes them"
+    ) in judge({}, facts).advice
+
+
 def test_pytorch_forecasting_loaders_are_known_by_their_dataset() -> None:
     # The user made them with `to_dataloader` and passed them in: no library hook built them.
     advice = judge({}, dataclasses.replace(FACTS, dataset_library="pytorch_forecasting")).advice
