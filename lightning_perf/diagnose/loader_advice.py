@@ -318,7 +318,7 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> tuple[list[str], bool]:
         ], False
     most = min(load.needed(), MAX_SUGGESTED_WORKERS)
     if cpu_bound and load.spare is not None:
-        most = min(most, load.spare)
+        most = min(most, load.most_workers() or 0)
     epochs = ctx.facts.epochs or UNKNOWN_EPOCHS
     k = max(range(1, most + 1), key=lambda w: (_net_saving(load, w, epochs, cpu_bound), -w))
     after = load.predicted_wait(k, cpu_bound=cpu_bound)
@@ -340,7 +340,7 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> tuple[list[str], bool]:
     why = (
         "loading waits more than it computes (I/O)"
         if not cpu_bound
-        else f"{load.spare} CPU{' is' if load.spare == 1 else 's are'} free"
+        else f"{load.spare} CPU{' is' if load.spare == 1 else 's are'} free{_borrowed(load, k)}"
     )
     return [
         f"Set `DataLoader(num_workers={k}, persistent_workers=True)`: {why}, so {k} worker"
@@ -349,6 +349,13 @@ def _without_workers(ctx: StageEpoch, load: Loading) -> tuple[list[str], bool]:
         " `persistent_workers` starts the workers once per run, not at every epoch.",
         _iterable_caveat(ctx),
     ], True
+
+
+def _borrowed(load: Loading, workers: int) -> str:
+    """The clause that says why more CPU-bound workers than spare CPUs pay (:meth:`Loading.borrows`)."""
+    if load.spare is None or workers <= load.spare:
+        return ""
+    return ", and the training thread's own is idle while it waits for data"
 
 
 def _net_saving(load: Loading, workers: int, epochs: int, cpu_bound: bool) -> float:
@@ -379,14 +386,15 @@ def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
             " more of them overlap more waits, even beyond the CPU count.",
             _iterable_caveat(ctx),
         ]
-    spare = load.spare
-    if spare is not None and workers < spare:
-        target = min(spare, max(load.needed(), workers + 1), MAX_SUGGESTED_WORKERS)
-        if target > workers:
+    spare, room = load.spare, load.most_workers()
+    if spare is not None and room is not None and workers < room:
+        target = min(room, max(load.needed(), workers + 1), MAX_SUGGESTED_WORKERS)
+        after = load.predicted_wait(target, cpu_bound=True)
+        if target > workers and after < load.steady_wait():
             return [
                 f"Set `DataLoader(num_workers={target}, persistent_workers=True)`: the {named} {are} busy"
-                f" computing and {plural(spare, 'CPU')} {'is' if spare == 1 else 'are'} free; predicted data wait"
-                f" {ms(load.predicted_wait(target, cpu_bound=True))} per batch instead of {ms(load.steady_wait())}.",
+                f" computing and {plural(spare, 'CPU')} {'is' if spare == 1 else 'are'} free{_borrowed(load, target)};"
+                f" predicted data wait {ms(after)} per batch instead of {ms(load.steady_wait())}.",
             ]
     if cpu_bound:
         return [

@@ -15,7 +15,11 @@ What an epoch says about its loading, per batch (means over the measured batches
   threads on a CPU run; one thread feeding the GPU on CUDA). Lightning suggests CPUs per device minus one
   (``suggested_max_num_workers``), the same on a GPU. None are spare on a busy machine: when the training
   thread waited for a CPU ``CONTENDED`` of the epoch or more (``EpochSummary.cpu_wait_share``), other
-  processes hold the CPUs a worker would need.
+  processes hold the CPUs a worker would need. Where torch computes on one thread and a CPU is spare besides,
+  CPU-bound workers beyond the spare ones use the training thread's CPU while it waits for them
+  (:meth:`Loading.borrows`): the step is then at least a batch's CPU time (loading, ``HANDOFF`` to send it,
+  compute, ``HANDOFF`` to receive it) over this process's CPUs. Not with several torch threads: a worker's
+  turn on one of their CPUs stalls the whole parallel region.
 - A batch from a worker costs the training process ``HANDOFF`` to receive (unpickling it, mapping its
   shared memory), whatever the workers do.
 - One loader's time per batch ``L``: with no workers, the wait itself (``W``); with ``k`` workers that
@@ -42,7 +46,7 @@ from dataclasses import dataclass
 from lightning_perf.diagnose.model import RunFacts, StageEpoch
 from lightning_perf.diagnose.rule_helpers import cpus_per_process
 from lightning_perf.diagnose.thresholds import CPU_CONTENTION
-from lightning_perf.units import cpus, ms, percent
+from lightning_perf.units import cpus, ms, percent, plural
 
 # Advice only: the most workers we suggest. Lightning suggests up to the CPUs per device minus one
 # (`suggested_max_num_workers`); beyond about 8 workers returns diminish for most pipelines while each worker
@@ -88,6 +92,8 @@ class Loading:
         queue_share: The share of the sampled waits its main thread queued for a CPU.
         worker_cpus: CPUs' worth the workers used over the epoch.
         spare: CPUs free for workers (at least 0); ``None``: unknown.
+        cpus: This process's share of the CPUs; ``None``: unknown.
+        own: The CPUs the training process computes on (:func:`own_threads`).
         cpu_wait: The share of the epoch the training thread waited for a CPU; ``None``: unknown.
         workers: The DataLoader's workers.
         first: The first batch's wait beyond a steady batch's, summed over ``epochs``.
@@ -103,6 +109,8 @@ class Loading:
     cpu_share: float | None
     worker_cpus: float | None
     spare: int | None
+    cpus: int | None = None
+    own: int = 1
     cpu_wait: float | None = None
     queue_share: float | None = None
     workers: int = 0
@@ -160,7 +168,29 @@ class Loading:
         usable = min(workers, self.spare) if cpu_bound and self.spare is not None else workers
         if usable < 1:
             return self.steady_wait()
-        return max(0.0, self.load_time() / usable - self.compute) + HANDOFF
+        wait = max(0.0, self.load_time() / usable - self.compute) + HANDOFF
+        if cpu_bound and workers > usable and self.borrows():
+            wait = min(wait, self._borrowed_wait(workers))
+        return wait
+
+    def most_workers(self) -> int | None:
+        """The most CPU-bound workers that can load at once: the spare CPUs, or this process's whole share where
+        they may borrow the training thread's (:meth:`borrows`); ``None``: unknown."""
+        return self.cpus if self.borrows() else self.spare
+
+    def borrows(self) -> bool:
+        """Whether workers beyond the spare CPUs may use the training process's own CPU while it waits for them:
+        where it computes on one thread, with at least one CPU spare besides."""
+        return self.own == 1 and self.spare is not None and self.spare >= 1 and self.cpus is not None
+
+    def _borrowed_wait(self, workers: int) -> float:
+        """The steady wait with more CPU-bound ``workers`` than spare CPUs: the step is the longest of the
+        training process's own time (``C + HANDOFF``), one worker's time per batch over the workers (each also
+        sends its batch: ``L + HANDOFF``), and all the CPU time a batch needs over this process's CPUs."""
+        loader = self.load_time() + HANDOFF
+        cpu_time = loader + self.own * self.compute + HANDOFF
+        step = max(self.compute + HANDOFF, loader / workers, cpu_time / (self.cpus or 1))
+        return max(step - self.compute, HANDOFF)
 
 
 def loading(ctx: StageEpoch) -> Loading:
@@ -190,6 +220,8 @@ def loading(ctx: StageEpoch) -> Loading:
         cpu_share=epoch.loading_cpu_share,
         worker_cpus=worker_cpus,
         spare=spare_cpus(facts),
+        cpus=cpus_per_process(facts),
+        own=own_threads(facts),
         cpu_wait=epoch.cpu_wait_share,
         queue_share=epoch.loading_queue_share,
         workers=facts.num_workers or 0,
@@ -259,7 +291,7 @@ def loading_evidence(load: Loading, facts: RunFacts) -> list[str]:
             )
         )
     if load.worker_cpus is not None and facts.num_workers:
-        parts.append(f"the {facts.num_workers} workers used {cpus(load.worker_cpus)}")
+        parts.append(f"the {plural(facts.num_workers or 0, 'worker')} used {cpus(load.worker_cpus)}")
     if load.contended:
         parts.append(f"the training thread waited for a CPU {percent(load.cpu_wait or 0.0)} of the epoch")
     if load.spare is not None:

@@ -141,6 +141,29 @@ def test_cpu_bound_loading_without_a_free_cpu_sets_no_workers():
     assert "computes on 1 thread of its 1 CPU," in ddp.advice and settings(ddp.advice) == {}
 
 
+def test_workers_borrow_the_training_threads_cpu_while_it_waits_for_them():
+    # One torch thread on 2 CPUs, 18 ms of Python loading a batch against 3 ms of compute (as
+    # tests/callback/test_advice_applied.py's BusyItems): one CPU is spare, and the training thread's own idles
+    # while it waits. One worker (the spare CPU alone) gained nothing when applied; two were 1.65x faster.
+    one = dataclasses.replace(CPU, cpu_count=2, torch_threads=1)
+    f = judge(epoch(wait=0.018, compute=0.003, loading_cpu_share=0.99), facts=one)
+    assert settings(f.advice) == {"num_workers": 2, "persistent_workers": True}
+    assert "1 CPU is free, and the training thread's own is idle while it waits for data" in f.advice
+    # The step: the CPU time of a batch, (19.5 ms loading and sending + 3 + 1.5 receiving) over 2 CPUs.
+    assert "predicted data wait 9.00 ms per batch instead of 18.00 ms" in f.advice
+    # One busy worker already: a second borrows the training thread's CPU as well.
+    busy = epoch(wait=0.018, compute=0.003, worker_cpu=0.95 * 2.1, wall_time=2.1)
+    raised = judge(busy, facts=dataclasses.replace(one, num_workers=1, persistent_workers=True))
+    assert settings(raised.advice) == {"num_workers": 2, "persistent_workers": True}, raised.advice
+    assert "1 CPU is free, and the training thread's own is idle while it waits for data" in raised.advice
+    # Several torch threads compute in parallel regions that a worker's turn on their CPUs stalls: no borrowing.
+    four = judge(
+        epoch(wait=0.018, compute=0.003, loading_cpu_share=0.99),
+        facts=dataclasses.replace(CPU, cpu_count=4, torch_threads=2),
+    )
+    assert settings(four.advice) == {"num_workers": 2, "persistent_workers": True} and "idle" not in four.advice
+
+
 def test_a_busy_machine_has_no_cpu_free_for_workers():
     # Other processes held the CPUs: the training thread waited for one 30% of the epoch. On this project's
     # shared 2-CPU machine the GAN, autoencoder and template examples got no faster with a worker.
@@ -274,11 +297,15 @@ def test_busy_workers_with_free_cpus_are_raised_and_without_them_the_cpu_is_the_
     f = judge(epoch(**busy), facts=with_workers(2, persistent_workers=True))
     # Two workers busy, and the step still waits 10 ms of 15: each takes 30 ms a batch; 6 keep up with 5 ms.
     assert settings(f.advice) == {"num_workers": 6, "persistent_workers": True} and "instead of 10.00 ms" in f.advice
-    limit = judge(epoch(**busy), facts=with_workers(2, persistent_workers=True, cpu_count=3))
+    # 3 CPUs: 2 spare, and the training thread's own idle two thirds of the step: a third worker borrows it.
+    third = judge(epoch(**busy), facts=with_workers(2, persistent_workers=True, cpu_count=3))
+    assert settings(third.advice) == {"num_workers": 3, "persistent_workers": True}
+    assert "the training thread's own is idle" in third.advice and "instead of 10.00 ms" in third.advice
+    limit = judge(epoch(**busy), facts=with_workers(2, persistent_workers=True, cpu_count=2))
     assert settings(limit.advice) == {} and "The CPU is the limit" in limit.advice
     assert "more workers will not help" in limit.advice and "Raise" not in limit.advice
     assert "decode_jpeg" not in limit.advice  # a CUDA remedy, on a CPU run
-    gpu = judge(epoch(**busy), facts=dataclasses.replace(GPU, num_workers=2, cpu_count=3, persistent_workers=True))
+    gpu = judge(epoch(**busy), facts=dataclasses.replace(GPU, num_workers=2, cpu_count=2, persistent_workers=True))
     assert "decode_jpeg" in gpu.advice and "on_after_batch_transfer" in gpu.advice
 
 
