@@ -24,27 +24,29 @@ ROOT = SCRIPT.parents[1]
 pytestmark = pytest.mark.slow
 
 
-def _run(tmp_path, strategy: str, scenario: str, timeout: float = 180):
-    """The script's run and its ``RESULT`` lines, by rank; a run past ``timeout`` fails the test.
-
-    The script runs in a session of its own, killed as a whole on timeout: Lightning's rank 1 is a child of
-    rank 0, and a rank that hangs in a collective ignores SIGTERM.
-    """
+def _start(root, strategy: str, scenario: str) -> subprocess.Popen:
+    """The script's run, started in a session of its own: killed as a whole on timeout (Lightning's rank 1 is a
+    child of rank 0, and a rank that hangs in a collective ignores SIGTERM)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    with subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(tmp_path), strategy, scenario],
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(root), strategy, scenario],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
         start_new_session=True,
-    ) as popen:
+    )
+
+
+def _finish(popen: subprocess.Popen, timeout: float):
+    """The started run and its ``RESULT`` lines, by rank; a run past ``timeout`` fails the test."""
+    with popen:
         try:
             stdout, stderr = popen.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(popen.pid, signal.SIGKILL)  # every rank: the script's session is its process group
             stdout, stderr = popen.communicate()
-            pytest.fail(f"{scenario} under {strategy} still ran after {timeout:g} s (a hang?):\n{_why(stderr)}")
+            pytest.fail(f"{' '.join(popen.args[-2:])} still ran after {timeout:g} s (a hang?):\n{_why(stderr)}")
         finally:
             with contextlib.suppress(ProcessLookupError):  # (no process left: nothing to kill)
                 os.killpg(popen.pid, signal.SIGKILL)  # a rank left behind by a rank zero that exited
@@ -54,6 +56,11 @@ def _run(tmp_path, strategy: str, scenario: str, timeout: float = 180):
     decode = json.JSONDecoder().raw_decode
     results = [decode(stdout, found.end())[0] for found in re.finditer("RESULT ", stdout)]
     return proc, sorted(results, key=lambda r: r["rank"])
+
+
+def _run(tmp_path, strategy: str, scenario: str, timeout: float = 180):
+    """The script's run to its end (:func:`_finish`)."""
+    return _finish(_start(tmp_path, strategy, scenario), timeout)
 
 
 _ERROR_LINE = re.compile(r"\w*(?:Error|Exception)\b:|Traceback \(most recent call last\)")
@@ -169,24 +176,47 @@ def test_the_budgets_later_windows_open_on_every_rank_or_on_none(several):
         assert traces == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"], (name, traces)
 
 
-def test_ddp_spawn_writes_every_rank_and_the_report(tmp_path):
-    proc, _ = _run(tmp_path, "ddp_spawn", "plain")
+# Launches whose tests time nothing: started together, they share this machine's CPUs while each waits for its
+# processes to import Lightning (62 s one after another here, about 30 s together). Never beside `several`,
+# whose scenarios are timed.
+TOGETHER = {"ddp_spawn": ("ddp_spawn", "plain"), "raises": ("ddp", "raises"), "raises_late": ("ddp", "raises_late")}
+
+
+@pytest.fixture(scope="module")
+def together(tmp_path_factory):
+    """The :data:`TOGETHER` launches, started at once: by name, its root and its process."""
+    started = {}
+    try:
+        for name, (strategy, scenario) in TOGETHER.items():
+            root = tmp_path_factory.mktemp(name)
+            started[name] = (root, _start(root, strategy, scenario))
+        yield started
+    finally:
+        for _, popen in started.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGKILL)
+
+
+def test_ddp_spawn_writes_every_rank_and_the_report(together):
+    root, popen = together["ddp_spawn"]
+    proc, _ = _finish(popen, timeout=300)
     assert proc.returncode == 0, _why(proc.stderr)
-    names = sorted(p.name for p in tmp_path.rglob("*.pt.trace.json.gz"))
+    names = sorted(p.name for p in root.rglob("*.pt.trace.json.gz"))
     assert names == [
         "rank0.pt.trace.json.gz",
         "rank0.pt.trace.json.gz",
         "rank1.pt.trace.json.gz",
         "rank1.pt.trace.json.gz",
     ]
-    assert [r["rank"] for r in _report(tmp_path)["stages"]["train"]["epochs"][0]["ranks"]] == [0, 1]
+    assert [r["rank"] for r in _report(root)["stages"]["train"]["epochs"][0]["ranks"]] == [0, 1]
 
 
 @pytest.mark.parametrize("scenario", ["raises", "raises_late"])
-def test_a_rank_that_raises_does_not_leave_the_others_waiting(tmp_path, scenario):
+def test_a_rank_that_raises_does_not_leave_the_others_waiting(together, scenario):
     # raises_late: rank 1 stops with its gather in flight, which rank zero, waiting for rank 1 in another
     # collective, never joins; rank 1's exit must not wait for it.
-    proc, _ = _run(tmp_path, "ddp", scenario, timeout=120)
+    _, popen = together[scenario]
+    proc, _ = _finish(popen, timeout=300)
     assert proc.returncode != 0
     assert "rank 1 failed" in proc.stderr
 
