@@ -46,7 +46,7 @@ from lightning_perf.hooks.epoch_report import EpochReporter
 from lightning_perf.hooks.error_policy import ErrorPolicy, warn
 from lightning_perf.hooks.flop_count import run_peak_flops
 from lightning_perf.hooks.live_status import LiveStatus
-from lightning_perf.hooks.profiler_windows import ProfilerWindows
+from lightning_perf.hooks.profiler_windows import ProfilerWindows, window_notes
 from lightning_perf.hooks.rank_staging import RankStaging
 from lightning_perf.hooks.results_view import ResultsView
 from lightning_perf.hooks.run_setup import (
@@ -189,7 +189,12 @@ class PerfCallback(StageEvents, ResultsView):
         self._epochs = EpochReporter(self.config, BatchSizer(batch_size_fn), self._policy)
         self._staging = RankStaging(self._policy)
         self._profiler_windows = ProfilerWindows(
-            self.config, self._policy, self._staging, self._epochs.add_window, self._epochs.budget
+            self.config,
+            self._policy,
+            self._staging,
+            self._epochs.add_window,
+            self._epochs.budget,
+            notes=self._window_notes,  # (a bound method, not a lambda: the callback pickles, e.g. into darts' save)
         )
         self._control = WindowControl(
             make_plan(self.config),
@@ -292,6 +297,10 @@ class PerfCallback(StageEvents, ResultsView):
         # Lightning calls no callback's teardown after this: the call ends here too.
         self._policy.safely(None, self._epochs.failed, trainer, exception, self._positions)  # an OOM's diagnosis
         self._end(trainer, wait=EXCEPTION_WAIT_SECONDS, interrupted=True)
+
+    def _window_notes(self, stage: str) -> dict[str, Any]:
+        """What a closing window of ``stage`` adds to its trace's metadata (:func:`window_notes`)."""
+        return window_notes(self._epochs.run_info.get("dataloaders", {}).get(stage), self._epochs.stages[stage].clock)
 
     def _end(self, trainer: pl.Trainer, *, wait: float, interrupted: bool = False) -> None:
         """A Trainer call ends: what was installed comes off, the open window is saved, the staged traces are

@@ -180,10 +180,17 @@ def _recent(summary: EpochSummary, history: Sequence[EpochSummary], batches: int
     return pooled
 
 
+def trace_notes(trace: KinetoTrace | Mapping[str, Any]) -> Mapping[str, Any]:
+    """A trace of ours' ``lightning_perf`` metadata (its stage, epoch, rank; for a stage without a DataLoader
+    its iterable and data wait: :func:`~lightning_perf.hooks.profiler_windows.window_notes`); ``{}`` for
+    another trace."""
+    notes = trace.lightning_perf if isinstance(trace, KinetoTrace) else trace.get(METADATA_KEY)
+    return notes if isinstance(notes, dict) else {}
+
+
 def trace_stage(trace: KinetoTrace | Mapping[str, Any]) -> str:
     """The stage a trace of ours was recorded in (its ``lightning_perf`` metadata), else ``"train"``."""
-    notes = trace.lightning_perf if isinstance(trace, KinetoTrace) else trace.get(METADATA_KEY)
-    stage = notes.get("stage") if isinstance(notes, dict) else None
+    stage = trace_notes(trace).get("stage")
     return stage if stage in STAGES else "train"
 
 
@@ -195,6 +202,7 @@ def trace_context(
     precision: str | None = None,
     world_size: int = 1,
     collectives: tuple[CollectiveStats, ...] = (),
+    notes: Mapping[str, Any] | None = None,
 ) -> StageEpoch:
     """What the rules need from a trace alone.
 
@@ -206,6 +214,8 @@ def trace_context(
         precision: Lightning's precision string, which a trace does not tell (enables the precision rule).
         world_size: How many traces (ranks) are analysed together.
         collectives: The trace's collectives (:func:`~lightning_perf.summarize.collectives.collective_stats`).
+        notes: The trace's own metadata (:func:`trace_notes`): where the stage iterated no DataLoader, its
+            iterable (``RunFacts.iterable_class``) and the steps' data wait, which no span of the trace shows.
 
     Example::
 
@@ -216,8 +226,11 @@ def trace_context(
         device_name=summary.device_name,
         precision=precision,
         world_size=max(world_size, int(info.get("world_size") or 1)),
+        iterable_class=(notes or {}).get("iterable_class"),
+        iterable_library=(notes or {}).get("iterable_library"),
     )
-    epoch = _steps(stage, summary.step_time, summary.steps)
+    wait = (notes or {}).get("data_wait") if facts.iterable_class is not None else None
+    epoch = _steps(stage, summary.step_time, summary.steps, wait=wait if isinstance(wait, float) else 0.0)
     return StageEpoch(epoch=epoch, windows=(summary,), facts=facts, collectives={summary.window: collectives})
 
 
@@ -247,14 +260,15 @@ def cross_rank_findings(ranks: Sequence[RankSummary], thresholds: Thresholds | N
     return diagnose(ranks_context(ranks), thresholds, rules=CROSS_RANK_RULES)
 
 
-def _steps(stage: str, step_time: float, steps: int) -> EpochSummary:
-    """An epoch of ``stage`` as a trace tells it: ``steps`` steps of ``step_time`` seconds each, no data wait
-    (a trace shows the loader's time in its summary, not per step) and no batch size."""
+def _steps(stage: str, step_time: float, steps: int, *, wait: float = 0.0) -> EpochSummary:
+    """An epoch of ``stage`` as a trace tells it: ``steps`` steps of ``step_time`` seconds each, ``wait`` of it
+    the data wait (a DataLoader's time is in the trace's summary, not per step: none) and no batch size."""
+    wait = min(max(wait, 0.0), step_time)
     return summarize_epoch(
         stage=stage,
         epoch=0,
-        data_wait=[0.0] * steps,
-        compute=[step_time] * steps,
+        data_wait=[wait] * steps,
+        compute=[step_time - wait] * steps,
         batch_sizes=[None] * steps,
     )
 

@@ -7,12 +7,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
+import torch
 
 from lightning_perf import PerfCallback
 from lightning_perf.cli import main
-from lightning_perf.diagnosis_context import trace_context, trace_stage
+from lightning_perf.diagnosis_context import trace_context, trace_notes, trace_stage
 from lightning_perf.readers import load_trace
 from lightning_perf.summarize.step_summary import summarize_trace
 from models import TinyModel, torch_threads, trainer
@@ -94,6 +96,34 @@ def test_analyze_diagnoses_each_trace_of_ours_as_the_stage_it_was_recorded_in(tm
         summary = summarize_trace(trace, window=window.name)
         assert trace_context(summary, {}, stage=trace_stage(trace)).epoch.stage == window.stage
     assert trace_stage(load_trace(gpu_trace("v100_single_rank.json.gz"))) == "train"  # not ours: "train"
+
+
+class SlowBatches:
+    """Ready batches the Trainer iterates itself, no DataLoader (as gluonts' ``IterableSlice``), each made in
+    10 ms of the training process's time: no span of a trace shows it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        for _ in range(8):
+            time.sleep(0.01)
+            x = torch.randn(4, 16, generator=g)
+            yield x, (x.sum(1, keepdim=True) > 0).float()
+
+
+def test_analyze_judges_a_run_without_a_dataloader_as_the_callback_does(tmp_path, capsys):
+    callback = PerfCallback(schedule=WINDOW, stages=["train"], verbose=0)
+    trainer(tmp_path, [callback], max_epochs=1, limit_val_batches=0).fit(TinyModel(), train_dataloaders=SlowBatches())
+    [window] = callback.windows
+    notes = trace_notes(load_trace(window.trace_path))
+    assert notes["iterable_class"] == "SlowBatches" and notes["data_wait"] >= 0.009, notes
+    assert main(["analyze", window.trace_path, "--json"]) == 0
+    [analyzed] = json.loads(capsys.readouterr().out).values()
+    ids = [f["id"] for f in analyzed["findings"]]
+    # The iterable's 10 ms a batch was "outside torch operators" (framework_overhead, self.log and the bar).
+    assert "framework_overhead" not in ids and "dataloader_bound" in ids, analyzed["findings"]
 
 
 def test_analyze_a_real_gpu_trace(gpu_trace, capsys):

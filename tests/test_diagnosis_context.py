@@ -20,6 +20,7 @@ from lightning_perf.diagnosis_context import (
     ranks_context,
     run_facts,
     trace_context,
+    trace_notes,
     trace_stage,
 )
 from lightning_perf.records import RankSummary
@@ -264,6 +265,18 @@ def test_trace_context_facts_are_what_the_trace_tells():
     assert facts == RunFacts(device="cuda", device_name="Tesla V100-SXM2-16GB", precision="32-true", world_size=8)
     assert trace_context(gpu, {"world_size": 2}, world_size=4).facts.world_size == 4
     assert trace_context(gpu, {"world_size": None}).facts.world_size == 1
+
+
+def test_a_trace_of_a_stage_without_a_dataloader_has_its_data_wait_from_its_notes():
+    summary = window(steps=4, step_time=0.02)
+    notes = {"stage": "train", "iterable_class": "IterableSlice", "iterable_library": "gluonts", "data_wait": 0.015}
+    context = trace_context(summary, {}, notes=notes)
+    assert (context.facts.iterable_class, context.facts.iterable_library) == ("IterableSlice", "gluonts")
+    assert context.epoch.data_wait == pytest.approx(0.06) and context.epoch.data_wait_fraction == pytest.approx(0.75)
+    # A data wait without an iterable (a DataLoader's time is in the trace's spans), or past the step: not as given.
+    assert trace_context(summary, {}, notes={"data_wait": 0.015}).epoch.data_wait == 0.0
+    assert trace_context(summary, {}, notes={**notes, "data_wait": 0.5}).epoch.data_wait_fraction == 1.0
+    assert trace_notes({"lightning_perf": notes}) == notes and trace_notes({"lightning_perf": [1]}) == {}
 
 
 def test_trace_metadata_from_a_decoded_trace_or_a_dict():

@@ -31,7 +31,7 @@ from lightning_perf.cli.inputs import (
 )
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
-from lightning_perf.diagnosis_context import cross_rank_findings, trace_context, trace_stage
+from lightning_perf.diagnosis_context import cross_rank_findings, trace_context, trace_notes, trace_stage
 from lightning_perf.readers import load_trace
 from lightning_perf.records import CollectiveStats, OperatorStat, RankSummary, TraceSummary, share
 from lightning_perf.report.analyzed import AnalyzedDirectory, AnalyzedTrace
@@ -154,6 +154,12 @@ def analyzed(
     collectives = collective_stats(trace)
     info = distributed_info(trace)
     context = trace_context(
-        summary, info, stage=trace_stage(trace), precision=precision, world_size=world_size, collectives=collectives
+        summary,
+        info,
+        stage=trace_stage(trace),
+        precision=precision,
+        world_size=world_size,
+        collectives=collectives,
+        notes=trace_notes(trace),
     )
     return trace, summary, collectives, diagnose(context)

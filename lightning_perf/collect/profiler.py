@@ -157,6 +157,10 @@ class ProfilerWindow:
             # The same step again: its first, empty span is dropped when the trace is written.
             self.begin_step(self._span_batch)
 
+    def note(self, key: str, values: dict[str, Any]) -> None:
+        """Adds ``values`` to the metadata written under ``key`` when the window stops."""
+        self._metadata[key] = {**self._metadata.get(key, {}), **values}
+
     def stop(self) -> None:
         """Ends the session; the trace can then be exported with :meth:`export`."""
         self._expect(WindowState.WARMING_UP, WindowState.RECORDING, WindowState.PAUSED)

@@ -168,6 +168,16 @@ class StepClock:
         self.batch_sizes.append(self._batch_size(batch))
         self.profiled.append(profiled)
 
+    def window_data_wait(self) -> float | None:
+        """The mean data wait of the latest batches a window recorded (the profiled ones at the end of the
+        epoch's list so far); ``None`` where the latest batch was not profiled."""
+        n = 0
+        for profiled in reversed(self.profiled):
+            if not profiled:
+                break
+            n += 1
+        return sum(self.data_wait[-n:]) / n if n else None
+
     def batch_end(self, outputs: Any) -> None:
         """Ends the batch's compute time and keeps the loss in ``outputs``; the caller then does its own per-batch
         work and :meth:`restarts <restart>` the data-wait clock, so that this work is no part of the next batch's

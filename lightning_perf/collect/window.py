@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Set
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class WindowState(enum.Enum):
@@ -59,6 +59,9 @@ class Window(Protocol):
 
     def resume(self) -> None:
         """PAUSED -> RECORDING, in the step span it paused in."""
+
+    def note(self, key: str, values: dict[str, Any]) -> None:
+        """Adds ``values`` to the trace's metadata under ``key``, written when the window stops."""
 
     def stop(self) -> None:
         """WARMING_UP, RECORDING or PAUSED -> STOPPED."""

@@ -12,11 +12,13 @@ thread, :func:`process_window` in the window process (:mod:`lightning_perf.hooks
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from lightning_perf.budget import ProfilingBudget
 from lightning_perf.collect.memory import CudaPeaks
 from lightning_perf.collect.profiler import ProfilerWindow, torch_profiler_active
+from lightning_perf.collect.steps import StepClock
 from lightning_perf.config import PerfConfig
 from lightning_perf.hooks.error_policy import ErrorPolicy
 from lightning_perf.hooks.rank_staging import RankStaging
@@ -25,6 +27,7 @@ from lightning_perf.hooks.window_control import WindowToSave
 from lightning_perf.hooks.window_process import WindowProcess
 from lightning_perf.records import WindowRecord
 from lightning_perf.report.outputs import Outputs
+from lightning_perf.traces import METADATA_KEY
 
 OPERATORS_TAG = "perf/operators/{stage}"
 
@@ -39,6 +42,8 @@ class ProfilerWindows:
         staging: Where a trace written under its staged name waits for the other ranks.
         add: Takes each window's record, on the worker's thread, in the order the windows closed.
         budget: Charged each close's stall and each wait for the windows' processing.
+        notes: What a closing window of a stage adds to its trace's ``lightning_perf`` metadata (the
+            :func:`window_notes`).
 
     The callback calls :meth:`prepare` at setup, :meth:`join` before anything reads the records, and :meth:`end` at
     the end of each Trainer call, all on the training thread. Training's thread count is never touched: a step run
@@ -53,11 +58,13 @@ class ProfilerWindows:
         staging: RankStaging,
         add: Callable[[WindowRecord], None],
         budget: ProfilingBudget,
+        notes: Callable[[str], dict[str, Any]],
     ) -> None:
         self._config = config
         self._policy = policy
         self._staging = staging
         self._add = add
+        self._notes = notes
         self._budget = budget
         self._options = WindowOptions.of(config)
         self._worker = WindowWorker()  # waits for the closed windows off the training thread, in order
@@ -93,7 +100,7 @@ class ProfilerWindows:
             profile_memory=config.profile_memory,
             with_stack=config.with_stack,
             with_flops=config.with_flops,
-            metadata={"lightning_perf": {"stage": stage, "epoch": epoch, "global_rank": self._rank}},
+            metadata={METADATA_KEY: {"stage": stage, "epoch": epoch, "global_rank": self._rank}},
         )
 
     def save(self, to_save: WindowToSave | None) -> bool:
@@ -102,6 +109,8 @@ class ProfilerWindows:
         if to_save is None:
             return False
         started = time.perf_counter()
+        if notes := self._notes(to_save.open.stage):
+            to_save.open.window.note(METADATA_KEY, notes)
         if self._large:
             self._window_process.start()  # its start runs beside the export (see WindowProcess.start)
         cuda = self._cuda_peaks.read("window") if self._cuda_peaks is not None else None
@@ -181,3 +190,18 @@ class ProfilerWindows:
         if self._outputs is not None:
             self._outputs.add_text(OPERATORS_TAG.format(stage=stage), processed.table, processed.record.step)
         self._add(processed.record)
+
+
+def window_notes(loader: Mapping[str, Any] | None, clock: StepClock) -> dict[str, Any]:
+    """What a closing window's trace says beside its events, for ``lightning-perf analyze`` to judge it as the
+    callback does: where the stage iterates no DataLoader (``loader``, the report's ``run.dataloaders.<stage>``;
+    a DataLoader's spans would show its time), that iterable and the recorded batches' mean data wait
+    (``data_wait``, seconds), which the trace holds as Python outside any operator. Else nothing."""
+    if not loader or "iterable_class" not in loader:
+        return {}
+    wait = clock.window_data_wait()
+    return {
+        "iterable_class": loader["iterable_class"],
+        "iterable_library": loader.get("iterable_library"),
+        **({"data_wait": wait} if wait is not None else {}),
+    }
