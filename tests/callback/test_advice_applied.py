@@ -126,11 +126,11 @@ def test_a_cpu_bound_loader_on_one_thread_gets_workers_for_every_cpu_and_they_ma
     # training thread's own idles while it waits: the advice of one worker (the spare CPU alone) made a run of
     # this shape no faster (3.6-3.8 s against 3.5-3.7 s), two made it 1.65x faster (2.1-2.2 s).
     _, before, finding = fit(tmp_path / "before", BusyItems(), epochs=3, batch_size=32)
-    assert finding is not None and finding.severity == "critical"
+    assert finding is not None
     suggested = settings(finding.advice)
-    if not suggested and "No CPU is free" in finding.advice:
+    if not suggested and "other processes keep the CPUs busy" in finding.advice:  # (and the finding is info)
         pytest.skip(f"other programs held the CPUs this time: {finding.evidence}")
-    assert suggested.get("num_workers", 0) >= 2, finding.advice
+    assert finding.severity == "critical" and suggested.get("num_workers", 0) >= 2, finding.advice
     assert "the training thread's own is idle while it waits for data" in finding.advice
     _, after, _ = fit(tmp_path / "after", BusyItems(), epochs=3, batch_size=32, **suggested)
     assert after < 0.8 * before, (before, after, finding.advice)
