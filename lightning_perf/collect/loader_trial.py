@@ -59,6 +59,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from lightning_perf.collect.interrupts import interrupts_held
 from lightning_perf.trial_records import AdviceTrial, alternated
 
 TRIAL_BATCHES = 8
@@ -175,13 +176,18 @@ def fetch_times(
     persistent = bool(loader.num_workers and loader.persistent_workers)
     times: list[float] = []
     iterator: Any = None
+
+    def started() -> Any:
+        with interrupts_held():  # the first iter forks the workers (lightning_perf.collect.interrupts)
+            return iter(loader)
+
     try:
         if persistent:  # a later epoch's start: the workers are up (the reset waits for what they still load)
-            iterator = iter(loader)
+            iterator = started()
             next(iterator)
             iterator = iter(loader)
         start = clock()
-        iterator = iterator if persistent else iter(loader)
+        iterator = iterator if persistent else started()
         while True:
             try:
                 next(iterator)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lightning_perf import layout
+from lightning_perf.collect.interrupts import interrupts_held
 from lightning_perf.collect.window import WindowState
 from lightning_perf.records import WindowRecord
 from lightning_perf.report.markdown import operator_table
@@ -259,9 +260,10 @@ class WindowWorker:
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
         """Queues ``fn(*args, **kwargs)`` after the jobs already submitted."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning_perf-windows")
-        self._pending.append(self._executor.submit(fn, *args, **kwargs))
+        with interrupts_held():  # the first submit starts the thread (lightning_perf.collect.interrupts)
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning_perf-windows")
+            self._pending.append(self._executor.submit(fn, *args, **kwargs))
 
     def join(self, on_error: Callable[[Exception], None]) -> None:
         """Waits for every job submitted so far and lets the thread go; then calls ``on_error`` with each

@@ -41,6 +41,7 @@ import sys
 import threading
 from typing import IO, Any
 
+from lightning_perf.collect.interrupts import interrupts_held
 from lightning_perf.hooks.window_close import ClosedWindow, ProcessedWindow, WindowOptions, process_window
 
 #: The environment variable that keeps windows in the training process (``0``, ``false``, ``no``): on a thread, as
@@ -178,13 +179,22 @@ class WindowProcess:
 
     def _start(self) -> subprocess.Popen[bytes]:
         try:
-            self._child = subprocess.Popen(
-                [sys.executable, *_INTERPRETER_FLAGS, "-c", _CHILD_CODE, _PACKAGE_ROOT, str(CHILD_NICENESS), _path()],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env={**os.environ, **_CHILD_THREADS},
-                start_new_session=True,  # the terminal's Ctrl-C goes to training, not to the windows it saves
-            )
+            with interrupts_held():  # a fork (lightning_perf.collect.interrupts)
+                self._child = subprocess.Popen(
+                    [
+                        sys.executable,
+                        *_INTERPRETER_FLAGS,
+                        "-c",
+                        _CHILD_CODE,
+                        _PACKAGE_ROOT,
+                        str(CHILD_NICENESS),
+                        _path(),
+                    ],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    env={**os.environ, **_CHILD_THREADS},
+                    start_new_session=True,  # the terminal's Ctrl-C goes to training, not to the windows it saves
+                )
         except (OSError, ValueError, subprocess.SubprocessError) as err:
             raise ChildLost(f"the window process could not start ({type(err).__name__}: {err})") from err
         return self._child
