@@ -1,9 +1,16 @@
 import os
 import pathlib
+import signal
 
 import pytest
 
 from models import torch_threads
+
+# A background job of a non-interactive shell (`make test &` in a script) starts with SIGINT ignored, and so does
+# every process it starts: a Ctrl-C test's run would never see its Ctrl-C. The tests take SIGINT as a terminal
+# gives it (their processes inherit a handled SIGINT as the default one).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 GPU_TRACES = SHARED / "fixtures" / "gpu-traces"

@@ -13,12 +13,13 @@ lose a Ctrl-C there, or the run's end:
   note of that thread leaves a thread that nothing stops, and the interpreter waits for it at exit (a hang in a
   ``ThreadPoolExecutor``'s worker was seen once in the same 20 runs).
 
-:func:`interrupts_held` holds ``SIGINT`` back from the main thread around such a start; one that came meanwhile is
-delivered as the block ends, and its ``KeyboardInterrupt`` is raised there, in our code, as Lightning expects.
-Elsewhere (another thread, no ``pthread_sigmask``) it holds nothing. Not ``SIGTERM``: a child inherits the mask,
-and ``multiprocessing`` ends DataLoader workers with ``SIGTERM`` at exit (held, the exit waited for them forever).
-The children started in the block keep ``SIGINT`` held: the window process has a session of its own anyway, and
-a trial's DataLoader workers are stopped by the trial (or by ``SIGTERM``).
+:func:`interrupts_held` defers ``SIGINT``'s Python handler around such a start: meanwhile a handler that only
+notes the signal stands in (wherever Python runs it, nothing is lost), and once the start is done the handler that
+was there runs for it (Python's raises ``KeyboardInterrupt`` there, in our code, as Lightning expects). Not a
+signal mask: ``pthread_sigmask`` holds a signal back from one thread only, and the kernel hands a process's
+signal to another (torch's OpenMP threads, a logger's writer), whose C handler trips the main thread's check all
+the same (seen: a mask on the main thread let the signal through in a test process with a few threads). Elsewhere
+(another thread, a ``SIGINT`` that Python does not handle: ignored, or not installed) it changes nothing.
 """
 
 from __future__ import annotations
@@ -27,24 +28,27 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
-
-_HELD = {signal.SIGINT}
+from typing import Any
 
 
 @contextlib.contextmanager
 def interrupts_held() -> Iterator[None]:
-    """``SIGINT`` held back from the main thread inside the block, delivered at its end.
+    """``SIGINT``'s handler deferred to the block's end (module notes).
 
     Example::
 
         with interrupts_held():
             iterator = iter(loader)  # forks the DataLoader's workers
     """
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    handler = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if not callable(handler):
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    came: list[tuple[int, Any]] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: came.append((signum, frame)))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        signal.signal(signal.SIGINT, handler)
+        if came:
+            handler(*came[0])
