@@ -1,11 +1,13 @@
-"""``cpu_contention`` and what a busy machine does to the other findings (lightning_perf.diagnose.contention).
-Pure: no trainer, no torch. The real busy machine is tests/callback/test_busy_machine.py."""
+"""``cpu_contention`` and what a busy machine does to the other findings (lightning_perf.diagnose.contention),
+and ``cpu_threads`` (lightning_perf.diagnose.cpu_threads). Pure: no trainer, no torch. The real busy machine is
+tests/callback/test_busy_machine.py."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
+from contexts import ctx, facts, run
 
 from lightning_perf.diagnose import contention
 from lightning_perf.diagnose.model import RunFacts, StageEpoch
@@ -408,3 +410,31 @@ def test_steal_time_makes_the_time_share_findings_information_too():
     found = {f.id: f for f in diagnose(StageEpoch(epoch=stolen, facts=TWO_CPUS))}
     assert found["cpu_contention"].title.endswith("the virtual machine's host took the CPU")
     assert found["dataloader_bound"].severity == "info"
+
+
+# --- cpu_threads --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("threads", "workers", "severity"),
+    [(1, 0, "warning"), (3, 0, "warning"), (4, 0, "info"), (7, 0, "info"), (8, 0, None),
+     (1, 2, "info"), (6, 2, None), (2, 8, None)],
+)  # fmt: skip
+def test_cpu_threads_severity_follows_the_share_of_cpus_and_the_workers(threads, workers, severity):
+    f = run("cpu_threads", ctx(facts=facts(cpu_count=8, torch_threads=threads, num_workers=workers)))
+    assert (f.severity if f else None) == severity
+
+
+def test_cpu_threads_advice_and_distributed_share():
+    f = run("cpu_threads", ctx(facts=facts(cpu_count=8, torch_threads=1, num_workers=0)))
+    assert f.title == "torch computes on 1 of 8 CPUs" and "`torch.set_num_threads(8)`" in f.advice
+    assert "OMP_NUM_THREADS" in f.advice
+    # Two processes on 8 CPUs: each one's share is 4.
+    f = run("cpu_threads", ctx(facts=facts(cpu_count=8, torch_threads=1, num_workers=0, world_size=2)))
+    assert "`torch.set_num_threads(4)`" in f.advice and "8 shared by 2 processes" in f.evidence
+    assert run("cpu_threads", ctx(facts=facts(cpu_count=8, torch_threads=4, num_workers=0, world_size=2))) is None
+
+
+def test_cpu_threads_needs_the_counts():
+    assert run("cpu_threads", ctx(facts=facts(torch_threads=None, num_workers=0))) is None
+    assert run("cpu_threads", ctx(facts=facts(cpu_count=None, torch_threads=1, num_workers=0))) is None
