@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lightning_perf.diagnose.contention import load_is_outside
 from lightning_perf.diagnose.loading import (
     CPU_BOUND,
     HANDOFF,
@@ -158,6 +159,8 @@ def _oversubscribed_advice(ctx: StageEpoch, load: Loading) -> list[str]:
     workers, per_process, own = facts.num_workers or 0, cpus_per_process(facts), own_threads(facts)
     if not (workers and load.contended and per_process is not None and workers + own > per_process):
         return []
+    if load_is_outside(ctx):
+        return []  # other processes hold the CPUs, not the workers (cpu_contention says so)
     return [
         f"Set `DataLoader(num_workers={max(per_process - own, 0)})`: {plural(workers, 'worker')} and the"
         f" training process's {plural(own, 'thread')} share {plural(per_process, 'CPU')}, and the training"
@@ -176,8 +179,10 @@ def _oversubscribed_advice(ctx: StageEpoch, load: Loading) -> list[str]:
 def too_many_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     """More workers than this process's CPUs, unless they wait on I/O (mostly idle while the training process is
     idle too during the wait): lowered to the free CPUs (at least 1) where they compute or their use is unknown, to
-    none where they are mostly idle while the training process is busy in the wait (receiving a batch costs it
-    more than loading it)."""
+    none where they are mostly idle while the training process is busy in the wait and they start again every
+    epoch (without them neither is paid). Mostly idle workers that start once are left to :func:`_with_workers`:
+    the wait is then receiving their batches, and whether the training process would load them for less is not
+    known (an in-memory dataset: yes; a dataset that waits on files: no, with the workers' waits overlapped)."""
     facts = ctx.facts
     workers, per_process = facts.num_workers or 0, cpus_per_process(facts)
     if per_process is None or workers <= per_process:
@@ -187,18 +192,20 @@ def too_many_workers(ctx: StageEpoch, load: Loading) -> list[str]:
     busy_here = load.cpu_share is not None and load.cpu_share >= CPU_BOUND
     if mostly_idle and load.cpu_share is not None and not busy_here:
         return []  # waiting on a disk or the network: more workers overlap more waits (_with_workers)
+    restarted = load.startup_share >= 0.1 and facts.persistent_workers is False
     idle = mostly_idle and busy_here
+    if idle and not restarted:
+        return []  # the wait is receiving their batches: whether loading would cost less is unknown (_with_workers)
     target = 0 if idle else min(max(load.spare or 0, 1), per_process)
     why = (
         f" They are mostly idle ({cpus(load.worker_cpus or 0)} in all) while the training process is busy during"
-        " the wait: loading costs less than receiving batches from them."
+        " the wait receiving their batches, and they start again every epoch: loading in the training process"
+        " pays neither."
         if idle
         else " More than the free CPUs only add memory and start-up."
     )
     startup = (
-        f" Starting them takes {ms(load.startup / load.epochs)} before each epoch's first batch."
-        if load.startup_share >= 0.1 and facts.persistent_workers is False
-        else ""
+        f" Starting them takes {ms(load.startup / load.epochs)} before each epoch's first batch." if restarted else ""
     )
     return [
         f"Set `DataLoader(num_workers={target})`: {workers} workers on {per_process} CPUs (torch warns of more"
@@ -224,6 +231,14 @@ def _startup_advice(ctx: StageEpoch, load: Loading) -> list[str]:
             f"Set `DataLoader(num_workers={workers}, persistent_workers=True)`: most of the wait is the"
             f" workers starting ({each} before the first batch, {percent(load.startup_share)} of"
             " the epoch's wait), which persistent workers pay once per run instead of every epoch."
+        ]
+    if ctx.epoch.epoch > 0 or load.epochs > 1:  # persistent workers started in an earlier epoch
+        return [
+            f"Most of the wait is each epoch's first batch ({each} more than the others): persistent workers still"
+            f" begin an epoch with no batch loaded, and these epochs of {round(load.per_epoch)} batches pay that"
+            " often. Compare"
+            " `DataLoader(num_workers=0)` with this run (`lightning-perf compare`): loading in the training process"
+            " costs less for an in-memory dataset, not for one that waits on files or the network."
         ]
     return [
         f"Most of the wait is the workers starting ({each} before the first batch): in a run"
@@ -375,9 +390,11 @@ def _with_workers(ctx: StageEpoch, load: Loading) -> list[str]:
         if load.cpu_share is not None and load.cpu_share >= CPU_BOUND:
             return [
                 f"The {named} {are} mostly idle ({cpus(load.worker_cpus or 0)} in all) while the training"
-                " process is busy during the wait: receiving batches from the workers costs more than loading"
-                " them. Compare `DataLoader(num_workers=0)` with this run (`lightning-perf compare`), or send"
-                " fewer bytes per batch (smaller dtypes, uint8 images converted after the transfer)."
+                " process is busy during the wait: the wait is mostly receiving their batches. Loading in the"
+                " training process costs less only where a batch is cheap to make (an in-memory dataset), not"
+                " where it waits on files or the network (the workers overlap those waits): compare"
+                " `DataLoader(num_workers=0)` with this run (`lightning-perf compare`), or send fewer bytes per"
+                " batch (smaller dtypes, uint8 images converted after the transfer)."
             ]
         target = min(2 * workers, MAX_SUGGESTED_WORKERS * 2)
         return [

@@ -62,6 +62,11 @@ def batch_end_hook(stage: str) -> str:
     return f"on_{_HOOK_STAGES.get(stage, stage)}_batch_end"
 
 
+def epoch_start_hook(stage: str) -> str:
+    """The hook called at the start of each epoch of ``stage``: ``"validate"`` -> ``"on_validation_epoch_start"``."""
+    return f"on_{_HOOK_STAGES.get(stage, stage)}_epoch_start"
+
+
 def epoch_end_hook(stage: str) -> str:
     """The hook called at the end of each epoch of ``stage``: ``"test"`` -> ``"on_test_epoch_end"``."""
     return f"on_{_HOOK_STAGES.get(stage, stage)}_epoch_end"

@@ -14,7 +14,15 @@ from collections.abc import Collection, Sequence
 
 from lightning_perf.diagnose.cadence import Cadence, cadence
 from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
-from lightning_perf.diagnose.rule_helpers import batch_end_hook, finding, on_cuda, reaches, stage_name, step_method
+from lightning_perf.diagnose.rule_helpers import (
+    batch_end_hook,
+    epoch_start_hook,
+    finding,
+    on_cuda,
+    reaches,
+    stage_name,
+    step_method,
+)
 from lightning_perf.diagnose.rules_compile import compile_steps
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.units import limit, ms, percent, times
@@ -203,14 +211,22 @@ def step_time_unstable(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     ]:
         many = "es" if len(slow_compiles) > 1 else ""
         evidence.append(f"batch{many} {_shown(slow_compiles)} compiled (torch.compile): left out")
-    if rhythm:
+    per_epoch = epoch_length(ctx, rhythm) if rhythm else None
+    if rhythm and per_epoch:
+        evidence.append(
+            f"each of them an epoch's first batch (the last {ctx.pooled_epochs} epochs of {per_epoch} batches)"
+        )
+        advice = [_epoch_start_advice(ctx, rhythm, per_epoch)]
+    elif rhythm:
         advice = [_periodic_advice(ctx, rhythm.every)]
     elif spiky:
         advice = [_irregular_advice(ctx)]
     else:
         advice = [_spread_advice(ctx, ratio or 0.0, t)]
     title = (
-        f"{stage_name(ctx.stage)} stalls every {rhythm.every} batches"
+        f"{stage_name(ctx.stage)} stalls at each epoch's first batch"
+        if per_epoch
+        else f"{stage_name(ctx.stage)} stalls every {rhythm.every} batches"
         if rhythm
         else f"{stage_name(ctx.stage)} step time unstable: p90 {times(ratio)} the median"
         if spread and ratio
@@ -230,6 +246,42 @@ def _cadence_evidence(rhythm: Cadence) -> str:
 
 
 _GC = "Python's garbage collector also runs on a cadence (`gc.freeze()` after setup makes its passes cheaper)"
+
+
+def epoch_length(ctx: StageEpoch, rhythm: Cadence) -> int | None:
+    """The batches per epoch where ``rhythm`` is each epoch's first batch: in several short epochs judged together
+    (``StageEpoch.pooled_epochs``), each of ``rhythm.every`` batches, the slow ones at each one's start; ``None``
+    otherwise. The step times start at an epoch's first batch."""
+    epochs = ctx.pooled_epochs
+    if epochs <= 1 or ctx.epoch.batches != rhythm.every * epochs:
+        return None
+    return rhythm.every if all(i % rhythm.every == 0 for i in rhythm.indices) else None
+
+
+def _epoch_start_advice(ctx: StageEpoch, rhythm: Cadence, per_epoch: int) -> str:
+    """What makes each epoch's first batch slow (:func:`epoch_length`): its data wait, where that is most of it."""
+    e, epochs = ctx.epoch, ctx.pooled_epochs
+    first = e.first_data_wait
+    extra = (
+        first / epochs - (e.data_wait - first) / (e.batches - epochs)
+        if first is not None and e.batches > epochs
+        else None
+    )
+    hook = f"`{epoch_start_hook(ctx.stage)}`"
+    if extra is not None and extra >= rhythm.excess / 2:
+        return (
+            f"Each epoch's first batch waits for data {ms(extra)} longer than the others, and with epochs of"
+            f" {per_epoch} batches that is paid every {per_epoch} batches: the DataLoader starting the epoch"
+            " (workers start again at every epoch unless `persistent_workers=True`, and even persistent ones begin"
+            " it with no batch loaded; an `IterableDataset`'s `__iter__` runs there) or the module's"
+            f" {hook}. `dataloader_bound` weighs it with the rest of the wait; fewer, longer epochs pay it less"
+            " often."
+        )
+    return (
+        f"Something runs at the start of every epoch, and with epochs of {per_epoch} batches that is paid every"
+        f" {per_epoch} batches: {hook} hooks (the module's or a callback's), a learning-rate scheduler stepped"
+        f" per epoch, or work on the epoch's first batch in `{step_method(ctx.stage)}`; {_GC}."
+    )
 
 
 def _periodic_advice(ctx: StageEpoch, every: int) -> str:

@@ -3,6 +3,7 @@
 import pytest
 from contexts import ctx, run, spread
 
+from lightning_perf.diagnose.model import Finding
 from summaries import epoch
 
 # --- step_time_unstable -------------------------------------------------------------------------------------
@@ -114,3 +115,33 @@ def test_a_few_spikes_in_a_long_epoch_are_information():
 def test_a_wide_spread_names_an_uneven_data_wait_where_the_epoch_waits_for_data():
     f = run("step_time_unstable", ctx(epoch(data_wait=0.3, data_wait_fraction=0.3), step_times=spread(0.01, 0.025)))
     assert "an uneven data wait (data wait is 30% of this epoch: `dataloader_bound`)" in f.advice
+
+
+def short_epochs(first_wait: float, *, epochs: int = 26, per_epoch: int = 4) -> Finding | None:
+    """26 epochs of 4 batches judged together, each epoch's first step 5 ms against 0.9 ms, of which
+    ``first_wait`` is its data wait (the others wait 0.5 ms): a map-style dataset that sleeps, 3 persistent
+    workers (the measured run of test_loader_advice.py's SLEEPING_WORKERS)."""
+    steps = tuple(0.005 if i % per_epoch == 0 else 0.0009 for i in range(epochs * per_epoch))
+    n = len(steps)
+    summary = epoch(batches=n, epochs=epochs, data_wait=epochs * first_wait + (n - epochs) * 0.0005,
+                    first_data_wait=epochs * first_wait, step_time=sum(steps))  # fmt: skip
+    return run("step_time_unstable", ctx(summary, step_times=steps, pooled_epochs=epochs))
+
+
+def test_each_short_epochs_slow_first_batch_is_named_as_the_epochs_start_not_a_cadence_of_logging():
+    f = short_epochs(0.0046)
+    assert f.title == "Training stalls at each epoch's first batch", f.title
+    assert "each of them an epoch's first batch (the last 26 epochs of 4 batches)" in f.evidence
+    assert f.advice.startswith("Each epoch's first batch waits for data 4.10 ms longer than the others"), f.advice
+    assert "persistent_workers=True" in f.advice and "log_every_n_steps" not in f.advice
+    # The same steps with no longer wait: something else runs at the epoch's start.
+    other = short_epochs(0.0005)
+    assert (
+        other.advice.startswith("Something runs at the start of every epoch")
+        and "`on_train_epoch_start`" in other.advice
+    )
+    # One long epoch with the same cycle is a cadence of the program's.
+    steps = tuple(0.005 if i % 4 == 0 else 0.0009 for i in range(104))
+    assert (
+        run("step_time_unstable", ctx(epoch(batches=104), step_times=steps)).title == "Training stalls every 4 batches"
+    )
