@@ -236,9 +236,8 @@ def _startup_advice(ctx: StageEpoch, load: Loading) -> list[str]:
         return [
             f"Most of the wait is each epoch's first batch ({each} more than the others): persistent workers still"
             f" begin an epoch with no batch loaded, and these epochs of {round(load.per_epoch)} batches pay that"
-            " often. Compare"
-            " `DataLoader(num_workers=0)` with this run (`lightning-perf compare`): loading in the training process"
-            " costs less for an in-memory dataset, not for one that waits on files or the network."
+            " often. Compare `DataLoader(num_workers=0)` with this run (`lightning-perf compare`): loading in the"
+            " training process costs less for an in-memory dataset, not for one that waits on files or the network."
         ]
     return [
         f"Most of the wait is the workers starting ({each} before the first batch): in a run"
