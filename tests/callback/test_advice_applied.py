@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from advice import settings
+from busy import QUIET_CPUS, others_cpus
 from installed import WINDOWLIB, installed_package
 from lightning_perf import PerfCallback
 from lightning_perf.diagnose.contention import OUTSIDE_LOAD
@@ -132,7 +133,11 @@ def test_a_cpu_bound_loader_on_one_thread_gets_workers_for_every_cpu_and_they_ma
         pytest.skip(f"other programs held the CPUs this time: {finding.evidence}")
     assert finding.severity == "critical" and suggested.get("num_workers", 0) >= 2, finding.advice
     assert "the training thread's own is idle while it waits for data" in finding.advice
-    _, after, _ = fit(tmp_path / "after", BusyItems(), epochs=3, batch_size=32, **suggested)
+    runs = []
+    load = others_cpus(lambda: runs.append(fit(tmp_path / "after", BusyItems(), epochs=3, batch_size=32, **suggested)))
+    after = runs[0][1]
+    if not after < 0.8 * before and load > QUIET_CPUS:
+        pytest.skip(f"{after:.2f} s applied against {before:.2f} s while other programs used {load:.1f} CPUs")
     assert after < 0.8 * before, (before, after, finding.advice)
 
 

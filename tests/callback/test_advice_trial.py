@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, get_worker_info
 
 from advice import settings
+from busy import QUIET_CPUS, others_cpus
 from lightning_perf import PerfCallback
 from lightning_perf.diagnose.advice_tried import loader_setting
 from models import SleepyDataset, TinyModel, trainer
@@ -228,7 +229,7 @@ def test_applying_the_tried_setting_gives_the_gain_the_trial_measured(tmp_path) 
 
     sleepy = 0.005  # 20 ms of sleep per batch of 4, under a millisecond of compute
     tried = PerfCallback(profile_budget=None, max_windows=0, verbose=0)
-    fit(tmp_path / "tried", TinyModel(n=64, batch_size=4, sleep_s=sleepy), tried)
+    load = others_cpus(lambda: fit(tmp_path / "tried", TinyModel(n=64, batch_size=4, sleep_s=sleepy), tried))
     record = trial(tried)
     assert record is not None and record["untried"] is None and record["ratio"] > 1.1, record
     setting = loader_setting(record["setting"])
@@ -240,17 +241,24 @@ def test_applying_the_tried_setting_gives_the_gain_the_trial_measured(tmp_path) 
 
     # Two alternated pairs, the faster fit of each kind: a fit only ever runs slower than its code (a suite's
     # run once read 1.02x applied against 4-5x in every other: its workers delivered at the bare loader's pace).
-    bare, applied = float("inf"), float("inf")
+    def timed(results: list[float], root, model) -> float:
+        """Fits ``model`` into ``results``; returns the CPUs other programs used meanwhile."""
+        return others_cpus(lambda: results.append(fit(root, model, PerfCallback(**QUIET))))
+
+    bares: list[float] = []
+    applieds: list[float] = []
     for pair in range(2):
-        bare = min(
-            bare, fit(tmp_path / f"bare{pair}", TinyModel(n=64, batch_size=4, sleep_s=sleepy), PerfCallback(**QUIET))
+        load = max(
+            load,
+            timed(bares, tmp_path / f"bare{pair}", TinyModel(n=64, batch_size=4, sleep_s=sleepy)),
+            timed(applieds, tmp_path / f"applied{pair}", Applied(n=64, batch_size=4, sleep_s=sleepy)),
         )
-        applied = min(
-            applied,
-            fit(tmp_path / f"applied{pair}", Applied(n=64, batch_size=4, sleep_s=sleepy), PerfCallback(**QUIET)),
+    ratio, (low, high) = min(bares) / min(applieds), record["spread"]
+    if not low / 1.5 <= ratio <= high * 3 and load > QUIET_CPUS:
+        pytest.skip(
+            f"applied {ratio:.2f}x against the trial's {record['ratio']:.2f}x while other programs used {load:.1f} CPUs"
         )
-    low, high = record["spread"]
-    assert low / 1.5 <= bare / applied <= high * 3, (bare / applied, record)
+    assert low / 1.5 <= ratio <= high * 3, (ratio, record)
 
 
 QUIET = {"profile_budget": None, "max_windows": 0, "verbose": 0, "try_advice": False}
