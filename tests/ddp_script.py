@@ -27,6 +27,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, RichProgressBar, TQDMProgressBar
 
 from lightning_perf import PerfCallback
@@ -104,6 +105,19 @@ def _orders(root: str, strategy: str) -> None:
         ]
         _fit(f"{root}/{name}", strategy, callbacks, perf, name, SyncedMetric(), "orders")
     _fit(f"{root}/refit", strategy, [TQDMProgressBar(), refit], refit, "refit", SyncedMetric(), "orders")
+
+
+class NodeRanks(Callback):
+    """Prints, on every rank (under ddp_spawn too, where the script's own RESULT comes from the launcher alone), how
+    many of the node's other ranks ``perf`` knows: their CPU time is the run's own, children or not."""
+
+    def __init__(self, perf: PerfCallback, scenario: str) -> None:
+        self.perf, self.scenario = perf, scenario
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        known = len(self.perf._staging.node_ranks)  # what the test checks
+        line = {"rank": trainer.global_rank, "scenario": self.scenario, "node_ranks": known}
+        print("NODE " + json.dumps(line), flush=True)
 
 
 def _fit(root, strategy, callbacks, perf, name, model, scenario) -> None:
@@ -263,7 +277,10 @@ def _scenario(root: str, strategy: str, scenario: str) -> None:
         return
     callback = PerfCallback(schedule={"skip_first": 2, "warmup": 1, "active": 2}, stages=["train"])
     nodes = 2 if scenario == "multinode" else 1  # each process started by _multinode, as a cluster's launcher would
-    t = trainer(root, [callback], strategy=strategy, devices=2, num_nodes=nodes, max_epochs=2, log_every_n_steps=4)
+    t = trainer(
+        root, [callback, NodeRanks(callback, scenario)], strategy=strategy, devices=2, num_nodes=nodes, max_epochs=2,
+        log_every_n_steps=4,
+    )  # fmt: skip
     t.fit(Scenario(scenario))
     result = {
         "rank": t.global_rank,

@@ -71,19 +71,19 @@ def children_cpu_seconds() -> float | None:
 def _children_cpu(ranks: Collection[int]) -> tuple[float, float] | None:
     """CPU seconds of the children but ``ranks`` (those ended and waited for included), and of ``ranks`` with
     their own children (a rank's DataLoader workers, which its main thread starts: alive, or ended and waited
-    for). ``None`` without ``/proc``."""
+    for), whether they are this process's children (Lightning's ``ddp`` launcher) or not (``ddp_spawn``'s and
+    torchrun's ranks are siblings). ``None`` without ``/proc``."""
     tasks = "/proc/self/task"
     if not os.path.isdir(tasks):
         return None
-    ended = os.times()  # (a rank that ended early counts here: its seconds are no longer told apart)
+    ended, me = os.times(), os.getpid()  # (a rank that ended early counts here: no longer told apart)
     seconds = [ended.children_user + ended.children_system, 0.0]
-    for pid in _children(tasks):
-        if int(pid) not in ranks:
-            seconds[0] += _stat_cpu(pid)[0]
-            continue
-        own, reaped = _stat_cpu(pid)
-        workers = _read_words(f"/proc/{pid}/task/{pid}/children")  # the rank's main thread starts its workers
-        seconds[1] += own + reaped + sum(_stat_cpu(child)[0] for child in workers)
+    seconds[0] += sum(_stat_cpu(pid)[0] for pid in _children(tasks) if int(pid) not in ranks)
+    for rank in ranks:
+        own, reaped = _stat_cpu(str(rank))
+        workers = _read_words(f"/proc/{rank}/task/{rank}/children")  # the rank's main thread starts its workers
+        # (under the ddp launcher, rank zero's are the other ranks too: each counts once, this one not at all)
+        seconds[1] += own + reaped + sum(_stat_cpu(w)[0] for w in workers if int(w) not in ranks and int(w) != me)
     return seconds[0], seconds[1]
 
 
@@ -224,8 +224,8 @@ class EpochCpu:
 
     def start(self, *, already: float = 0.0, workers: bool = False, ranks: Collection[int] = ()) -> None:
         """Starts the epoch ``already`` seconds ago (the DataLoader's start-up before the epoch-start hook);
-        ``workers``: report the workers' CPU time too; ``ranks``: the children that are other ranks of the run,
-        no workers (their CPU time is the run's own all the same)."""
+        ``workers``: report the workers' CPU time too; ``ranks``: the process ids of the run's other ranks on
+        this node, children or not: no workers, and no other processes' load (their CPU time is the run's own)."""
         self._started = time.perf_counter() - already
         self._waited = self._run_queue()
         self._ranks = frozenset(ranks)

@@ -18,12 +18,18 @@ Notes:
        complete on every rank.
     4. Our own group keeps our collectives out of the default group's order (and off the NCCL stream): a
        gather still in flight never stands between two of the strategy's collectives.
+    5. Once, when the group is made, every rank sends its process id and its node's: each rank learns the process
+       ids of the other ranks on its node (:attr:`RankExchange.node_ranks`), whose CPU time is the run's own,
+       whether they are its children (Lightning's ``ddp`` launcher) or its siblings (``ddp_spawn``, torchrun).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
+import os
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -78,9 +84,11 @@ class RankExchange(Generic[_Payload]):
         done, unfinished = exchange.drain(WAIT_SECONDS)  # at the end; then exchange.close()
     """
 
-    def __init__(self, group: Any, world_size: int) -> None:
+    def __init__(self, group: Any, world_size: int, node_ranks: frozenset[int] = frozenset()) -> None:
         self._group = group
         self._world_size = world_size
+        #: The process ids of the other ranks on this rank's node (module Notes 5).
+        self.node_ranks = node_ranks
         self._pending: list[_Gather[_Payload]] = []
         self._drained: list[_Gather[_Payload]] = []  # handed back by drain() while still in flight
 
@@ -90,7 +98,8 @@ class RankExchange(Generic[_Payload]):
         ``None`` where ``torch.distributed`` is not initialized, or in a single process."""
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
             return None
-        return cls(dist.new_group(backend="gloo"), dist.get_world_size())
+        group, world_size = dist.new_group(backend="gloo"), dist.get_world_size()
+        return cls(group, world_size, _node_ranks(group, world_size))
 
     def issue(self, values: Sequence[float], payload: _Payload) -> None:
         """Starts the gather of this rank's ``values`` (one per
@@ -159,6 +168,17 @@ class RankExchange(Generic[_Payload]):
         if in_flight:
             holder = threading.Thread(target=_hold_until_done, args=(group, in_flight), name=HOLDER_THREAD, daemon=True)
             holder.start()
+
+
+def _node_ranks(group: Any, world_size: int) -> frozenset[int]:
+    """The process ids of the other ranks on this node: every rank's process id and node (its host name, hashed to
+    48 bits, exact in a float64) gathered once, on ``group`` (module Notes 5)."""
+    node = int.from_bytes(hashlib.blake2b(socket.gethostname().encode(), digest_size=6).digest(), "big")
+    mine = torch.tensor([float(os.getpid()), float(node)], dtype=torch.float64)
+    rows = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(rows, mine, group=group)
+    pids = (int(pid) for pid, host in (row.tolist() for row in rows) if int(host) == node)
+    return frozenset(pid for pid in pids if pid != os.getpid())
 
 
 HOLDER_THREAD = "lightning_perf-gather-holder"

@@ -211,9 +211,12 @@ class EpochReporter:
         if self.outputs is not None:
             self.outputs.close()
 
-    def start_epoch(self, stage: str, trainer: pl.Trainer, waited: float) -> None:
+    def start_epoch(
+        self, stage: str, trainer: pl.Trainer, waited: float, node_ranks: frozenset[int] = frozenset()
+    ) -> None:
         """A stage epoch starts: its memory peaks, its DataLoader's settings (once), its CPU use. ``waited``:
-        what Lightning's loop spent starting the DataLoader before the hook. A carried epoch's start reads
+        what Lightning's loop spent starting the DataLoader before the hook; ``node_ranks``: the process ids of
+        the run's other ranks on this node, whose CPU time is the run's own. A carried epoch's start reads
         nothing (Notes 2: it is measured with the one before); the others' is charged to the measurement pace."""
         st = self.stages[stage]
         if st.carried:
@@ -227,7 +230,7 @@ class EpochReporter:
         if stage not in dataloaders:
             dataloaders[stage] = loader_info(trainer, stage)
         workers = bool((dataloaders[stage] or {}).get("num_workers"))
-        st.cpu.start(already=waited, workers=workers, ranks=launched_ranks(trainer))
+        st.cpu.start(already=waited, workers=workers, ranks=launched_ranks(trainer) | node_ranks)
         if stage == "train":
             self.memory.epoch_start(history=self.config.memory_history and self.cuda_peaks is not None)
             self.batch_due = True

@@ -60,6 +60,11 @@ class RankStaging:
             exchange.close()
 
     @property
+    def node_ranks(self) -> frozenset[int]:
+        """The process ids of the run's other ranks on this node (none in a single process)."""
+        return self._exchange.node_ranks if self._exchange is not None else frozenset()
+
+    @property
     def exchanging(self) -> bool:
         """Whether every stage epoch's end joins a cross-rank gather (a distributed run's)."""
         return self._exchange is not None

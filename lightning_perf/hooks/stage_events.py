@@ -80,7 +80,7 @@ class StageEvents(StageHooks):
         if stage == "train":
             self._flops.epoch_start(window_ahead=records)
         waited = self._loop_timer.take(stage)
-        self._policy.safely(stage, self._epochs.start_epoch, stage, trainer, waited)
+        self._policy.safely(stage, self._epochs.start_epoch, stage, trainer, waited, self._staging.node_ranks)
         if self._profiler_windows.busy:  # a window of another stage is still processed: no contention of the run's
             st.cpu.pause()
         try:

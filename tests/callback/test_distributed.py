@@ -58,6 +58,13 @@ def _finish(popen: subprocess.Popen, timeout: float):
     return proc, sorted(results, key=lambda r: r["rank"])
 
 
+def _node_ranks(stdout: str, scenario: str = "plain") -> list[int]:
+    """How many of the node's other ranks each rank knew in ``scenario`` (the script's ``NODE`` lines), by rank."""
+    decode = json.JSONDecoder().raw_decode
+    rows = [decode(stdout, found.end())[0] for found in re.finditer("NODE ", stdout)]
+    return [r["node_ranks"] for r in sorted(rows, key=lambda r: r["rank"]) if r["scenario"] == scenario]
+
+
 def _run(tmp_path, strategy: str, scenario: str, timeout: float = 180):
     """The script's run to its end (:func:`_finish`)."""
     return _finish(_start(tmp_path, strategy, scenario), timeout)
@@ -102,9 +109,10 @@ def plain(several):
 
 
 def test_every_rank_writes_its_own_trace_into_each_window(plain):
-    root, _, results = plain
+    root, proc, results = plain
     assert [r["rank"] for r in results] == [0, 1]
     assert [r["launched"] for r in results] == [1, 0]  # Lightning's launcher: rank 1 is rank zero's child
+    assert _node_ranks(proc.stdout) == [1, 1]  # each knows the other, whose CPU time is the run's own
     windows = sorted(p.parent for p in root.rglob("*.pt.trace.json.gz"))
     by_window = {w.name: sorted(p.name for p in w.glob("*.pt.trace.json.gz")) for w in set(windows)}
     assert by_window == {
@@ -201,6 +209,9 @@ def test_ddp_spawn_writes_every_rank_and_the_report(together):
     root, popen = together["ddp_spawn"]
     proc, _ = _finish(popen, timeout=300)
     assert proc.returncode == 0, _why(proc.stderr)
+    # The ranks are siblings, neither the other's child: each still knows the other's process, whose CPU time is
+    # the run's own (it read as other processes' load, 0.6-0.8 CPUs, and cpu_contention called an idle machine busy).
+    assert _node_ranks(proc.stdout) == [1, 1]
     names = sorted(p.name for p in root.rglob("*.pt.trace.json.gz"))
     assert names == [
         "rank0.pt.trace.json.gz",

@@ -246,6 +246,34 @@ def test_the_other_ranks_are_no_workers_but_the_runs_own():
     assert (as_worker["other_cpu_load"] - as_rank["other_cpu_load"]) * as_rank["wall_time"] >= 0.2
 
 
+# Starts RANK and exits: the rank is no child of the test's process, as ddp_spawn's and torchrun's ranks are
+# siblings of each other.
+_SIBLING = (
+    "import subprocess as s, sys; quiet = s.DEVNULL;"
+    " print(s.Popen([sys.executable, '-c', sys.argv[1]], stdout=quiet, stderr=quiet, start_new_session=True).pid)"
+)
+
+
+def test_the_other_ranks_that_are_no_children_are_the_runs_own_too():
+    # Under ddp_spawn, rank zero read the other rank, its sibling, as other processes' load: 0.53-0.73 CPUs of
+    # it on an idle 2-CPU machine (0.0 under ddp), and cpu_contention called the machine busy.
+    from lightning_perf.collect.cpu import EpochCpu
+
+    ranks, others = EpochCpu(), EpochCpu()
+    launched = subprocess.run([sys.executable, "-c", _SIBLING, RANK], capture_output=True, text=True, check=True)
+    rank = int(launched.stdout)
+    try:
+        ranks.start(workers=True, ranks={rank})
+        others.start(workers=True)
+        _wait_until_spun(rank)
+        as_rank, as_other = ranks.read(), others.read()
+    finally:
+        os.killpg(rank, signal.SIGKILL)  # the rank and its worker
+    assert as_rank["worker_cpu"] < 0.1 and as_other["worker_cpu"] < 0.1  # no child of ours either way
+    # The rank and its worker (0.6 s of CPU) are the run's own, not another process's.
+    assert (as_other["other_cpu_load"] - as_rank["other_cpu_load"]) * as_rank["wall_time"] >= 0.4
+
+
 def test_the_loop_timer_times_the_loops_and_puts_them_back():
     trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
     loop = trainer.test_loop
