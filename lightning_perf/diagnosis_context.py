@@ -84,6 +84,7 @@ def run_facts(run: Mapping[str, Any], stage: str) -> RunFacts:
         compiled_modules=run.get("compiled_modules"),
         progress_bar=run.get("progress_bar"),
         progress_bar_refresh=run.get("progress_bar_refresh"),
+        manual_optimization=run.get("manual_optimization"),
         memory=checked_memory(run.get("memory")) if stage == "train" else None,
         val_check_steps=run.get("val_check_steps"),
         optimizer=(run.get("optimizer_info") or {}).get("class"),

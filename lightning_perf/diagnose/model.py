@@ -56,6 +56,7 @@ class RunFacts:
     progress_bar: str | None = None  # the progress bar's class, where one draws ("TQDMProgressBar", ...)
     progress_bar_refresh: int | None = None  # its refresh_rate (TQDM: batches between redraws; Rich: a second)
     memory: Mapping[str, Any] | None = None  # run.memory: what fills memory (summarize.memory.memory_report)
+    manual_optimization: bool | None = None  # the module optimizes manually (`automatic_optimization=False`)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from lightning_perf.diagnose.model import Finding
-from lightning_perf.diagnose.rule_helpers import FP32_PRECISIONS, stage_name
+from lightning_perf.diagnose.rule_helpers import FP32_PRECISIONS, accumulation, stage_name
 from lightning_perf.units import signed_size
 
 # The error's message in the evidence, at most this many characters (CUDA's runs to several lines).
@@ -68,9 +68,11 @@ def memory_parts(memory: Mapping[str, Any]) -> list[tuple[str, int]]:
     return [(name, value) for name, value in parts if value]
 
 
-def memory_cures(memory: Mapping[str, Any], *, world_size: int = 1, precision: str | None = None) -> list[Cure]:
+def memory_cures(
+    memory: Mapping[str, Any], *, world_size: int = 1, precision: str | None = None, manual: bool | None = None
+) -> list[Cure]:
     """The cures for what ``memory`` (``run.memory``) holds, each with its predicted saving in bytes, largest
-    first; none where nothing would shrink."""
+    first; none where nothing would shrink. ``manual``: the module optimizes manually (how it accumulates)."""
     params, grads = memory["parameters"], memory["gradients"]
     state = memory["optimizer_state"]
     held = params["total"] + grads + state["total"] + memory.get("master_copies", 0)
@@ -118,7 +120,7 @@ def memory_cures(memory: Mapping[str, Any], *, world_size: int = 1, precision: s
             )
         cures.append(
             Cure(
-                "half the `batch_size` with `Trainer(accumulate_grad_batches=2)` (the same effective batch)",
+                f"half the `batch_size` with {accumulation(2, manual=manual)} (the same effective batch)",
                 activations // 2,
                 _ACTIVATIONS,
             )
@@ -155,6 +157,7 @@ def out_of_memory_finding(
     *,
     world_size: int = 1,
     precision: str | None = None,
+    manual: bool | None = None,
 ) -> Finding:
     """The ``out_of_memory`` finding (critical) for a failure record (``run.out_of_memory``: ``stage``, ``epoch``,
     ``batch``, ``error``, ``batch_shapes``, ``requested`` and ``free`` where the message says) and the memory
@@ -176,7 +179,7 @@ def out_of_memory_finding(
             )
         )
         short = _shortfall(failure)
-        cures = memory_cures(memory, world_size=world_size, precision=precision)
+        cures = memory_cures(memory, world_size=world_size, precision=precision, manual=manual)
         fits = [cure for cure in cures if short is not None and cure.saving >= short]
         ordered = fits + [cure for cure in cures if cure not in fits]
         if ordered:
@@ -192,7 +195,7 @@ def out_of_memory_finding(
             evidence.append(f"it needed {signed_size(short)} more than was free")
     if not advice:
         advice.append(
-            "Shrink what the step holds: a smaller `batch_size` with `Trainer(accumulate_grad_batches=N)`,"
+            f"Shrink what the step holds: a smaller `batch_size` with {accumulation('N', manual=manual)},"
             ' `Trainer(precision="bf16-mixed")`, or activation checkpointing around the largest blocks.'
         )
     return Finding(

@@ -62,6 +62,18 @@ def batch_end_hook(stage: str) -> str:
     return f"on_{_HOOK_STAGES.get(stage, stage)}_batch_end"
 
 
+def accumulation(n: int | str, *, manual: bool | None) -> str:
+    """Gradient accumulation over ``n`` batches, as the run can ask for it: ``Trainer(accumulate_grad_batches=n)``,
+    or, where the module optimizes manually (Lightning then refuses that argument), in its ``training_step``."""
+    if manual:
+        return (
+            f"accumulation in `training_step` (step the optimizers every {n} batches, the other backwards inside"
+            " `with self.trainer.strategy.block_backward_sync():`; manual optimization refuses"
+            " `Trainer(accumulate_grad_batches)`)"
+        )
+    return f"`Trainer(accumulate_grad_batches={n})`"
+
+
 def epoch_start_hook(stage: str) -> str:
     """The hook called at the start of each epoch of ``stage``: ``"validate"`` -> ``"on_validation_epoch_start"``."""
     return f"on_{_HOOK_STAGES.get(stage, stage)}_epoch_start"

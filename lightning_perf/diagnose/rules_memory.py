@@ -15,6 +15,7 @@ from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
 from lightning_perf.diagnose.out_of_memory import ACTIVATIONS_UNMEASURED, memory_cures, memory_parts
 from lightning_perf.diagnose.rule_helpers import (
     FP32_PRECISIONS,
+    accumulation,
     batch_end_hook,
     epoch_end_hook,
     finding,
@@ -69,7 +70,8 @@ def memory_pressure(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             )
     if ctx.stage == "train":
         advice.append(
-            "To free memory: a smaller `batch_size` with `Trainer(accumulate_grad_batches=N)` keeps the effective"
+            "To free memory: a smaller `batch_size` with"
+            f" {accumulation('N', manual=ctx.facts.manual_optimization)} keeps the effective"
             " batch; activation checkpointing (`torch.utils.checkpoint.checkpoint` around blocks) trades compute"
             " for activations"
         )
@@ -128,7 +130,10 @@ def memory_breakdown(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         evidence.append(f"peak reserved {size(reserved)} of {size(capacity)} (warning >= {limit(t.memory_tight)})")
     elif memory.get("activations") is None and not memory.get("activations_saved"):
         evidence.append(ACTIVATIONS_UNMEASURED)
-    cures = memory_cures(memory, world_size=ctx.facts.world_size, precision=ctx.facts.precision)
+    facts = ctx.facts
+    cures = memory_cures(
+        memory, world_size=facts.world_size, precision=facts.precision, manual=facts.manual_optimization
+    )
     ordered = [c for c in cures if largest in c.shrinks] + [c for c in cures if largest not in c.shrinks]
     advice = [
         "What would shrink it, with the predicted savings: "

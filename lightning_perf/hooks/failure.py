@@ -59,6 +59,12 @@ def out_of_memory(
     }
     peaks = cuda_peaks.read(stage) if cuda_peaks is not None else None
     breakdown = memory.at_failure(trainer, epoch, peaks, run_info)
-    found = out_of_memory_finding(record, breakdown, world_size=trainer.world_size, precision=run_info.get("precision"))
+    found = out_of_memory_finding(
+        record,
+        breakdown,
+        world_size=trainer.world_size,
+        precision=run_info.get("precision"),
+        manual=run_info.get("manual_optimization"),
+    )
     run_info["out_of_memory"] = {**record, "finding": plain(found)}
     return found

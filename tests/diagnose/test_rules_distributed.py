@@ -12,7 +12,7 @@ from lightning_perf.diagnosis_context import trace_context
 from lightning_perf.readers import load_trace
 from lightning_perf.summarize import step_summary
 from lightning_perf.summarize.collectives import collective_stats
-from summaries import GPU, W1, W2, epoch
+from summaries import ADAM_MEMORY, GPU, W1, W2, epoch
 
 # --- communication_bound and rank_straggler -------------------------------------------------------------------
 
@@ -31,6 +31,31 @@ def test_communication_bound_names_the_window_and_ddp_settings():
     for pattern in ("gradient_as_bucket_view=True", "bucket_cap_mb", "static_graph=True", "accumulate_grad_batches"):
         assert pattern in f.advice
     assert "NCCL_DEBUG" in f.advice
+
+
+def gradient_sync(**kw) -> str:
+    """communication_bound's advice on two CPU ranks whose steps spend 30% in the gradients' all-reduce."""
+    window = cw(W1, communication_time=0.3, communication_exposed_time=0.3)
+    return run("communication_bound", ctx(None, window, facts=facts(world_size=2, **kw))).advice
+
+
+def test_gradient_sync_advice_leads_with_fewer_syncs_and_overlaps_only_large_gradients():
+    # Lightning's transformer example, 47 MB of gradients: fewer syncs first, then DDP's buckets.
+    large = gradient_sync(memory={**ADAM_MEMORY, "gradients": 47 * 2**20})
+    assert large.startswith("Sync gradients less often: `Trainer(accumulate_grad_batches=N)`")
+    assert "`DDPStrategy(gradient_as_bucket_view=True, static_graph=True)`" in large
+    # BoringModel's 264 B: the all-reduce is its latency, which no bucket setting shortens (measured: no gain).
+    small = gradient_sync(memory={**ADAM_MEMORY, "gradients": 264})
+    assert "The gradients are 264 B in all" in small and "DDPStrategy(" not in small
+
+
+def test_a_module_that_optimizes_manually_is_advised_nothing_lightning_refuses_or_that_breaks_its_graph():
+    # Lightning's PPO example (manual optimization, two optimizers): `static_graph=True` failed with "training graph
+    # has changed", `Trainer(accumulate_grad_batches=2)` with a MisconfigurationException.
+    advice = gradient_sync(manual_optimization=True, memory={**ADAM_MEMORY, "gradients": 47 * 2**20})
+    assert "Trainer(accumulate_grad_batches" not in advice.replace("refuses `Trainer(accumulate_grad_batches)`", "")
+    assert "self.trainer.strategy.block_backward_sync()" in advice
+    assert "static_graph=True)" not in advice and "gradient_as_bucket_view=True)" in advice
 
 
 def test_communication_in_a_trace_counts_without_world_size():

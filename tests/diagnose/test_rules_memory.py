@@ -32,6 +32,18 @@ def test_memory_breakdown_names_the_largest_part_and_its_cures_first_and_warns_w
     assert run("memory_breakdown", ctx(facts=CPU)) is None  # not counted (validate, test, predict; no training)
 
 
+def test_a_module_that_optimizes_manually_is_told_to_accumulate_in_its_training_step():
+    # Lightning refuses `Trainer(accumulate_grad_batches)` with manual optimization (a MisconfigurationException).
+    memory = {**ADAM_MEMORY, "activations": 40 * GiB, "allocator_overhead": 10 * GiB}
+    context = gpu_ctx(
+        gpu_epoch(cuda_max_reserved=70 * GiB, cuda_max_allocated=60 * GiB),
+        facts=facts(FP32_GPU, memory=memory, manual_optimization=True),
+    )
+    f = run("memory_breakdown", context)
+    assert "half the `batch_size` with accumulation in `training_step` (step the optimizers every 2 batches" in f.advice
+    assert "`Trainer(accumulate_grad_batches=2)`" not in f.advice
+
+
 # --- memory_pressure ----------------------------------------------------------------------------------------
 
 
