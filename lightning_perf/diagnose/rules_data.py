@@ -209,10 +209,13 @@ def _on_a_busy_machine(ctx: StageEpoch, t: Thresholds, busy: float, evidence: li
     waited = busy * (epoch.wall_time or 0.0)
     first = epoch.data_wait_fraction * load.first_share
     if epoch.wall_time and load.first > waited and reaches(first, t.dataloader_warning):
+        beyond = f"{ms(load.first / max(load.epochs, 1))} beyond a steady batch's"
         why = (
-            f"the first batch waited {ms(load.first_wait())}, {ms(load.first / max(load.epochs, 1))} beyond a steady"
-            f" batch's: more than the machine made the run wait in all ({ms(waited)})"
-        )
+            f"the first batch waited {ms(load.first_wait())}, {beyond}"
+            if load.epochs <= 1
+            else f"the first batches of the last {load.epochs} epochs waited {ms(load.first_wait())} each, {beyond}"
+            f" ({ms(load.first)} in all)"
+        ) + f": more than the machine made the run wait in all ({ms(waited)})"
         evidence.insert(0, kept_note(busy, why).removesuffix("; "))
         return "critical" if reaches(first, t.dataloader_critical) else "warning"
     on_cpu, queued = epoch.loading_cpu_share, min(epoch.loading_queue_share or 0.0, 1.0)

@@ -147,6 +147,13 @@ def test_a_first_batch_longer_than_the_epochs_whole_wait_for_a_cpu_keeps_its_sev
     assert found["dataloader_bound"].severity in ("warning", "critical"), found["dataloader_bound"]
     assert found["dataloader_bound"].evidence.startswith("kept on a busy machine"), found["dataloader_bound"]
     assert "more than the machine made the run wait in all" in found["dataloader_bound"].evidence
+    # Three such epochs judged together (Lightning's PPO example: a rollout before each epoch's first batch): each
+    # first batch's own wait, and the sum that is compared with the machine's wait over the three.
+    pooled = dataclasses.replace(iterstart, batches=48, step_time=1.92, data_wait=0.9, first_data_wait=0.6195,
+                                 wall_time=1.98)  # fmt: skip
+    evidence = RULES["dataloader_bound"](StageEpoch(epoch=pooled, facts=facts, pooled_epochs=3), Thresholds()).evidence
+    assert "the first batches of the last 3 epochs waited 206.50 ms each, 200.27 ms beyond a steady batch's" in evidence
+    assert "(600.80 ms in all): more than the machine made the run wait in all (455.40 ms)" in evidence
     # The same wait spread over the steady batches is the busy machine's: information.
     spread = dataclasses.replace(iterstart, first_data_wait=0.018)
     assert {f.id: f.severity for f in diagnose(StageEpoch(epoch=spread, facts=facts))}["dataloader_bound"] == "info"
