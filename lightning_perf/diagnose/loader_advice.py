@@ -129,7 +129,11 @@ TQDM_EVERY_BATCH_COST, TQDM_REFRESH_COST, RICH_COST = "1.19x", "1.03x", "1.09-1.
 
 
 def _progress_bar_advice(facts: RunFacts) -> list[str]:
-    """The progress bar, where it works after (almost) every batch (:data:`BAR_REDRAW_EVERY`, :data:`RICH_COST`)."""
+    """The progress bar, where it works after (almost) every batch (:data:`BAR_REDRAW_EVERY`, :data:`RICH_COST`),
+    in a single process: under DDP, Lightning's BoringModel on 2 CPU ranks (1,000 batches an epoch) ran its epochs
+    in 2.46 s with the default bar and with none, 2.63 s at `refresh_rate=50` (median of 3): no gain measured."""
+    if facts.world_size > 1:
+        return []
     bar, rate = facts.progress_bar, facts.progress_bar_refresh
     fix = (
         f"pass `callbacks=[TQDMProgressBar(refresh_rate={BAR_REFRESH})]` to the Trainer, or `enable_progress_bar=False`"
