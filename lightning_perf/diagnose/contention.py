@@ -22,7 +22,7 @@ warned in 6-8 of them (p90 1.9-2.4x of 3.7-5 ms steps, the same on both ranks) w
 
 from __future__ import annotations
 
-from lightning_perf.diagnose.model import Finding, Severity, StageEpoch
+from lightning_perf.diagnose.model import Finding, RunFacts, Severity, StageEpoch
 from lightning_perf.diagnose.rule_helpers import cpus_per_process, finding, reaches, stage_name
 from lightning_perf.diagnose.step_tried import thread_setting, tried_step_advice
 from lightning_perf.diagnose.thresholds import Thresholds
@@ -103,7 +103,7 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         ]
     else:
         unknown = None if outside is not None else LOAD_NOTE if ctx.epoch.other_cpu_load is not None else UNMEASURED
-        advice = [_own_threads_advice(threads, workers, facts.device, unknown=unknown)]
+        advice = [_own_threads_advice(threads, workers, facts, unknown=unknown)]
     waited = share * (wall or 0.0) / max(ctx.epoch.batches, 1)
     if not host and not busy and not oversubscribed and wall and waited < OWN_MIN_WAIT:
         severity = "info"
@@ -231,8 +231,10 @@ _HOST_ADVICE = (
 )
 
 
-def _own_threads_advice(threads: int, workers: int, device: str, *, unknown: str | None) -> str:
-    """Advice where the machine's other processes were idle, or, where ``unknown`` says why, not known to be."""
+def _own_threads_advice(threads: int, workers: int, facts: RunFacts, *, unknown: str | None) -> str:
+    """Advice where the machine's other processes were idle, or, where ``unknown`` says why, not known to be;
+    the suspects named are those the run has (workers where it has some, the other ranks of a distributed run)."""
+    device = facts.device
     if unknown is not None:
         opening = (
             f"Whose load held the CPUs is not known ({unknown}). If other work runs on"
@@ -249,10 +251,15 @@ def _own_threads_advice(threads: int, workers: int, device: str, *, unknown: str
             " (e.g. at the top of the script or in `LightningModule.setup`) and compare the runs with"
             " `lightning-perf compare`."
         )
+    suspects = [
+        *([f"the DataLoader's {plural(workers, 'worker')}"] if workers else []),
+        *(["the run's other ranks on this node and their gloo threads"] if facts.world_size > 1 else []),
+        "other callbacks' or loggers' threads",
+        "a compile worker pool",
+    ]
     return (
-        f"{opening} (the DataLoader's {plural(workers, 'worker')}, other callbacks' or loggers' threads, a compile"
-        " worker pool). Look for threads that spin or poll (`top -H -p <pid>`), and compare runs with fewer of"
-        " them (`lightning-perf compare`)."
+        f"{opening} ({', '.join(suspects)}). Look for threads that spin or poll (`top -H -p <pid>`), and compare"
+        " runs with fewer of them (`lightning-perf compare`)."
     )
 
 

@@ -81,6 +81,11 @@ def test_an_idle_machine_puts_the_wait_on_the_runs_own_threads():
     assert "`torch.set_num_threads(1)`" in f.advice and "outside this run" not in f.advice
     one = judge(0.13, other_cpu_load=0.02)  # one torch thread: other threads of the run, to look for
     assert "own threads held the CPUs" in one.advice and "set_num_threads" not in one.advice
+    # The suspects are those the run has: no workers named where it has none; under DDP, the node's other ranks.
+    assert "DataLoader's 0 workers" not in one.advice and "other ranks" not in one.advice
+    spread = dataclasses.replace(TWO_CPUS, cpu_count=8, world_size=2, num_workers=2)
+    ranks = judge(0.13, facts=spread, other_cpu_load=0.02)
+    assert "(the DataLoader's 2 workers, the run's other ranks on this node and their gloo threads," in ranks.advice
 
 
 def test_threads_beyond_the_cpus_are_the_runs_own_to_lower():
