@@ -126,7 +126,9 @@ def _gradient_sync_advice(ctx: StageEpoch) -> list[str]:
     matter; what a module that optimizes manually can use (Lightning refuses ``accumulate_grad_batches`` there,
     and ``static_graph=True`` fails where its graph changes between steps)."""
     facts = ctx.facts
-    manual, gradients = facts.manual_optimization, (facts.memory or {}).get("gradients")
+    # The trainable parameters' bytes, which DDP's gradients match: the gradients themselves may be unset when
+    # counted (set to None by `zero_grad`, as a module that optimizes manually may leave them).
+    manual, gradients = facts.manual_optimization, ((facts.memory or {}).get("parameters") or {}).get("trainable")
     advice = [
         f"Sync gradients less often: {accumulation('N', manual=manual)} syncs them once every N batches"
         + ("" if manual else " (Lightning skips the others with DDP's `no_sync`)")
@@ -134,7 +136,8 @@ def _gradient_sync_advice(ctx: StageEpoch) -> list[str]:
     ]
     if isinstance(gradients, int) and gradients < SMALL_GRADIENTS:
         advice.append(
-            f"The gradients are {signed_size(gradients)} in all: their all-reduce costs its latency, not its bytes,"
+            f"The gradients are {signed_size(gradients)} in all (as the trainable parameters): their all-reduce costs"
+            " its latency, not its bytes,"
             " so DDP's bucket settings (`gradient_as_bucket_view`, `static_graph`, `bucket_cap_mb`) will not shorten"
             " it."
         )
