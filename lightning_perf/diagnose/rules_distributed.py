@@ -10,7 +10,7 @@ gathers in the open) and ``rank_straggler`` (one rank slows the rest).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from lightning_perf.diagnose.links import Link, node_link
 from lightning_perf.diagnose.model import Finding, StageEpoch
@@ -71,7 +71,7 @@ def communication_bound(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             f" {in_window(window, len(ctx.windows))}; rank 0 {percent(zero)}) {limits}"
         )
     evidence = [measured, f"world_size={ctx.facts.world_size}"]
-    split = wait_or_transfer(ctx.rank_waits, t)
+    split = wait_or_transfer(ctx.rank_waits, t, ctx.windows)
     if split is not None:
         evidence.append(split[1])
     if ctx.stage == "train":
@@ -299,15 +299,21 @@ def _small(c: CollectiveStats, t: Thresholds) -> bool:
     return c.calls > 0 and c.seconds / c.calls < t.small_collective_time
 
 
-def wait_or_transfer(waits: Mapping[int, float] | None, t: Thresholds) -> tuple[str, str] | None:
+def wait_or_transfer(
+    waits: Mapping[int, float] | None, t: Thresholds, windows: Sequence[TraceSummary] = ()
+) -> tuple[str, str] | None:
     """Whether the ranks' time in collectives is a wait for a late rank (``"wait"``) or the transfer itself
-    (``"transfer"``), and the evidence line that says so; ``None`` for fewer than 2 ranks.
+    (``"transfer"``), or cannot tell (``"unsure"``), and the evidence line that says so; ``None`` for fewer than
+    2 ranks.
 
     Notes:
         1. ``waits``: each rank's share of its step in collectives with no compute overlapping.
         2. A wait where the shares spread by ``communication_wait_spread`` of their median and 5 points: the
            ranks that spend more arrive earlier and wait for the one that spends least (under DDP a collective
            ends on every rank at once). Else every rank spends about the same: the transfer.
+        3. Where the ``windows`` the shares come from hold one step each, a spread is one step's order of arrival,
+           which changes from step to step: no rank is called late (Lightning's transformer example on 2 CPU
+           ranks, the same run five times: shares of 6-16%, a different rank least in different runs).
     """
     if not waits or len(waits) < 2:
         return None
@@ -315,6 +321,12 @@ def wait_or_transfer(waits: Mapping[int, float] | None, t: Thresholds) -> tuple[
     late, least = min(waits.items(), key=lambda item: (item[1], item[0]))
     most = max(waits.values())
     if most - least >= max(t.communication_wait_spread * median, 0.05):
+        if windows and max(w.steps for w in windows) < 2:
+            return "unsure", (
+                f"the ranks spend {percent(least)}-{percent(most)} of their step in collectives, in windows of one"
+                " step: that step's order of arrival, too little to call a rank late (`rank_straggler` judges"
+                " every batch)"
+            )
         return "wait", (
             f"a wait, not the transfer: the ranks spend {percent(least)}-{percent(most)} of their step in"
             f" collectives, rank {late} the least: the others arrive earlier and wait for it"

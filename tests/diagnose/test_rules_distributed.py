@@ -124,6 +124,11 @@ def test_time_in_collectives_is_told_a_wait_for_a_late_rank_or_the_transfer_itse
     late = {0: 0.40, 1: 0.38, 2: 0.41, 3: 0.10}
     f = run("communication_bound", ctx(None, window, facts=facts(world_size=4), rank_waits=late))
     assert "rank 3 the least" in f.evidence and f.advice.startswith("Most of it is waiting for a late rank")
+    # From windows of one step each, the spread is that step's order of arrival: no rank is called late.
+    one_step = cw(communication_time=0.4, communication_exposed_time=0.4, steps=1)
+    f = run("communication_bound", ctx(None, one_step, facts=facts(world_size=4), rank_waits=late))
+    assert "in windows of one step: that step's order of arrival, too little to call a rank late" in f.evidence
+    assert "waiting for a late rank" not in f.advice and "rank 3 the least" not in f.evidence
     alone = run("communication_bound", ctx(None, window, facts=facts(world_size=2)))
     assert "a wait" not in alone.evidence and "the transfer itself" not in alone.evidence  # ranks unknown
 
