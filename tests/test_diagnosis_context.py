@@ -64,6 +64,7 @@ RUN = {
     "compiled_modules": "`LightningModule`",
     "progress_bar": "TQDMProgressBar",
     "progress_bar_refresh": 1,
+    "manual_optimization": True,
     "memory": {"parameters": {"total": 4}, "gradients": 4, "optimizer_state": {"total": 8}, "optimizers": ["SGD"]},
     "dataloaders": {
         "train": {
@@ -137,6 +138,7 @@ def test_run_facts_reads_the_run_and_the_stages_dataloader():
         progress_bar="TQDMProgressBar",
         progress_bar_refresh=1,
         memory=RUN["memory"],
+        manual_optimization=True,
     )
     validate = run_facts(RUN, "validate")
     assert (validate.num_workers, validate.pin_memory, validate.batch_size) == (0, False, 128)

@@ -211,13 +211,10 @@ class EpochReporter:
         if self.outputs is not None:
             self.outputs.close()
 
-    def start_epoch(
-        self, stage: str, trainer: pl.Trainer, waited: float, node_ranks: frozenset[int] = frozenset()
-    ) -> None:
-        """A stage epoch starts: its memory peaks, its DataLoader's settings (once), its CPU use. ``waited``:
-        what Lightning's loop spent starting the DataLoader before the hook; ``node_ranks``: the process ids of
-        the run's other ranks on this node, whose CPU time is the run's own. A carried epoch's start reads
-        nothing (Notes 2: it is measured with the one before); the others' is charged to the measurement pace."""
+    def start_epoch(self, stage: str, trainer: pl.Trainer, waited: float, node_ranks: frozenset[int]) -> None:
+        """A stage epoch starts: its memory peaks, its DataLoader's settings (once), its CPU use (with the node's
+        other ranks'). ``waited``: what Lightning's loop spent starting the DataLoader before the hook. A carried
+        epoch's start reads nothing (Notes 2: measured with the one before); the others' is charged to its pace."""
         st = self.stages[stage]
         if st.carried:
             return
