@@ -27,6 +27,7 @@ from lightning_perf.diagnose.rule_helpers import cpus_per_process, finding, reac
 from lightning_perf.diagnose.step_tried import thread_setting, tried_step_advice
 from lightning_perf.diagnose.thresholds import Thresholds
 from lightning_perf.records import EpochSummary
+from lightning_perf.units import cpus as cpu_use
 from lightning_perf.units import ms, percent, plural, seconds_or_ms
 
 
@@ -90,8 +91,12 @@ def cpu_contention(ctx: StageEpoch, t: Thresholds) -> Finding | None:
     elif oversubscribed:
         assert cpus is not None
         fit = max(cpus - workers, 1)
+        used = ctx.epoch.worker_cpu / wall if workers and ctx.epoch.worker_cpu is not None and wall else None
+        busy_workers = f" (using {cpu_use(used)} in all)" if used is not None else ""
+        named = "torch thread" if facts.device == "cpu" else "thread"
         advice = [
-            f"The run oversubscribes its CPUs: {threads} + {workers} busy threads on {plural(cpus, 'CPU')} take turns."
+            f"The run oversubscribes its CPUs: {plural(threads, named)} and"
+            f" {plural(workers, 'worker')}{busy_workers} on {plural(cpus, 'CPU')} take turns."
             f" Call `torch.set_num_threads({fit})` before training (e.g. at the top of the script or in"
             " `LightningModule.setup`)"
             + (f", or lower `DataLoader(num_workers=...)` below {workers}" if workers else "")

@@ -92,6 +92,9 @@ def test_threads_beyond_the_cpus_are_the_runs_own_to_lower():
     f = judge(0.3, facts=dataclasses.replace(TWO_CPUS, torch_threads=2, num_workers=2))
     assert "oversubscribes its CPUs" in f.advice and "`torch.set_num_threads(1)`" in f.advice
     assert "`DataLoader(num_workers=...)` below 2" in f.advice
+    # The workers' measured CPU use is said: 3 persistent workers over a dataset that sleeps used 0.4 CPUs.
+    sleepy = judge(0.3, facts=dataclasses.replace(TWO_CPUS, torch_threads=2, num_workers=3), worker_cpu=0.8)
+    assert "2 torch threads and 3 workers (using 0.4 CPUs in all) on 2 CPUs take turns" in sleepy.advice
 
 
 def test_a_cgroup_quota_is_part_of_the_evidence():
