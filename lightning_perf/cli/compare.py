@@ -94,11 +94,12 @@ def _side_of_run(path: str) -> ComparedSide:
 
 
 def _trace_file(window: dict[str, Any], report_path: str) -> str | None:
-    """A window's trace: where the run wrote it, or where it is now if the run's directory moved (copied off a
-    cluster: its window directories beside the report); ``None`` where neither exists."""
+    """A window's trace: the one beside the report (its window's directory), else where the run wrote it;
+    ``None`` where neither exists. Beside the report first: a run directory moved or renamed (copied off a
+    cluster) may leave its recorded path to a later run of the same name, whose operators are not this run's."""
     recorded = window["trace_path"]
-    moved = os.path.join(os.path.dirname(report_path), window["name"], os.path.basename(recorded))
-    return next((path for path in (recorded, moved) if os.path.exists(path)), None)
+    beside = os.path.join(os.path.dirname(report_path), window["name"], os.path.basename(recorded))
+    return next((path for path in (beside, recorded) if os.path.exists(path)), None)
 
 
 def _print_comparison(before: ComparedSide, after: ComparedSide, args: argparse.Namespace) -> int:
