@@ -294,6 +294,8 @@ _PRECISION_DTYPES: dict[str, str | None] = {
     "64-true": None,  # the table has no float64 figures
     "64": None,
 }
+#: What ``Trainer(precision=...)`` accepts, as strings (``lightning-perf analyze --precision``).
+LIGHTNING_PRECISIONS = tuple(_PRECISION_DTYPES)
 
 
 def dtype_for(precision: str | int | None, float32_matmul_precision: str = "highest") -> str | None:

@@ -680,3 +680,19 @@ def test_analyze_jobs_reads_the_traces_in_processes_and_prints_what_a_serial_run
     with pytest.raises(SystemExit):
         main(["analyze", str(tmp_path), "--jobs", "0"])
     assert "--jobs must be a whole number of processes, at least 1; got '0'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["analyze", "x", "--precision", "fp32"], "--precision must be one of Lightning's precisions (bf16-mixed,"),
+        (["compare", "a", "b", "--precision", "foo"], "--precision must be one of Lightning's precisions"),
+        (["compare", "a", "b", "--operators", "-1"], "--operators must be a whole number of operators, at least 1"),
+        (["compare", "a", "b", "--operators", "0"], "--operators must be a whole number of operators, at least 1"),
+    ],
+)
+def test_options_out_of_range_fail_naming_the_option_the_value_and_what_is_allowed(argv, message, capsys):
+    # `--precision fp32` ran with the precision rule silently off; `--operators -1` listed all but the last.
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -29,10 +29,11 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lightning_perf import __version__
 from lightning_perf.cli.inputs import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, UsageError, find_traces
+from lightning_perf.peak_table import LIGHTNING_PRECISIONS
 from lightning_perf.readers import InputError
 from lightning_perf.traces import collector_paused
 
@@ -59,13 +60,22 @@ def build_parser(*, run_flags: bool = True) -> argparse.ArgumentParser:
         "paths", nargs="+", help="trace files or directories (a directory of ranks: cross-rank findings)"
     )
     analyze.add_argument(
-        "--precision", default=None, help='the run\'s Lightning precision, e.g. "32-true" (enables the precision rule)'
+        "--precision",
+        type=_precision,
+        default=None,
+        help='the run\'s Lightning precision, e.g. "32-true" (enables the precision rule)',
     )
     analyze.add_argument("--json", action="store_true", help="print the summaries and findings as JSON")
     analyze.add_argument(
         "-v", "--verbose", type=int, default=1, choices=(1, 2), help="2: also info findings and evidence"
     )
-    analyze.add_argument("-j", "--jobs", type=_jobs, default=1, help="read the traces in this many processes")
+    analyze.add_argument(
+        "-j",
+        "--jobs",
+        type=_at_least_one("--jobs", "processes"),
+        default=1,
+        help="read the traces in this many processes",
+    )
     _html_option(analyze, "traces.html", "a page of the traces (step breakdowns, findings, operator tables)")
 
     compare = commands.add_parser("compare", help="two runs or two traces side by side")
@@ -78,8 +88,10 @@ def build_parser(*, run_flags: bool = True) -> argparse.ArgumentParser:
         default=None,
         help="exit 1 if step time p50 grew by more than PCT percent",
     )
-    compare.add_argument("--operators", type=int, default=10, help="how many operators to list")
-    compare.add_argument("--precision", default=None, help=argparse.SUPPRESS)
+    compare.add_argument(
+        "--operators", type=_at_least_one("--operators", "operators"), default=10, help="how many operators to list"
+    )
+    compare.add_argument("--precision", type=_precision, default=None, help=argparse.SUPPRESS)
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
     _html_option(compare, "compare.html", "a page of the two side by side (deltas, findings, operator changes)")
 
@@ -123,15 +135,28 @@ def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.Argument
     return action.choices[name]
 
 
-def _jobs(value: str) -> int:
-    """``--jobs``: a whole number of processes, at least 1."""
-    try:
-        jobs = int(value)
-    except ValueError:
-        jobs = 0
-    if jobs < 1:
-        raise argparse.ArgumentTypeError(f"--jobs must be a whole number of processes, at least 1; got {value!r}")
-    return jobs
+def _at_least_one(option: str, what: str) -> Callable[[str], int]:
+    """An option's type: a whole number of ``what``, at least 1 (``--jobs``, ``--operators``)."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise argparse.ArgumentTypeError(f"{option} must be a whole number of {what}, at least 1; got {value!r}")
+        return number
+
+    return parse
+
+
+def _precision(value: str) -> str:
+    """``--precision``: one of Lightning's precision settings (what ``Trainer(precision=...)`` accepts)."""
+    if value not in LIGHTNING_PRECISIONS:
+        raise argparse.ArgumentTypeError(
+            f"--precision must be one of Lightning's precisions ({', '.join(LIGHTNING_PRECISIONS)}); got {value!r}"
+        )
+    return value
 
 
 def _html_option(command: argparse.ArgumentParser, page_name: str, what: str) -> None:
