@@ -696,3 +696,23 @@ def test_options_out_of_range_fail_naming_the_option_the_value_and_what_is_allow
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_analyze_skips_what_a_directory_holds_besides_traces_and_refuses_an_empty_trace(runs, tmp_path, capsys):
+    # A run directory with a config.json beside its trace failed whole: "config.json: field traceEvents is missing".
+    [trace] = [t for t in runs["fast"].rglob("*.pt.trace.json.gz") if t.parent.name.startswith("train")][:1]
+    shutil.copy(trace, tmp_path / trace.name)
+    (tmp_path / "config.json").write_text('{"lr": 0.1}')
+    assert main(["analyze", str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert list(json.loads(captured.out)) == [str(tmp_path / trace.name)]
+    assert f"lightning-perf: warning: skipped {tmp_path / 'config.json'}: field traceEvents is missing" in captured.err
+    # Named on the command line, it is an error, as is a directory that holds nothing readable.
+    assert main(["analyze", str(tmp_path / "config.json")]) == 2
+    (tmp_path / trace.name).unlink()
+    assert main(["analyze", str(tmp_path)]) == 2
+    assert "holds no Kineto trace that could be read" in capsys.readouterr().err
+    # A trace of no events read "1 steps of 0 us ... no bottleneck found", exit 0.
+    (tmp_path / "empty.json").write_text('{"traceEvents": []}')
+    assert main(["analyze", str(tmp_path / "empty.json")]) == 2
+    assert "the trace holds no operator, kernel or step (no complete event)" in capsys.readouterr().err

@@ -17,12 +17,14 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from lightning_perf.cli.inputs import (
     EXIT_OK,
     TRACES_PAGE,
+    UsageError,
     find_traces,
     html_output,
     say_repaired,
@@ -32,13 +34,13 @@ from lightning_perf.cli.inputs import (
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import diagnose
 from lightning_perf.diagnosis_context import cross_rank_findings, trace_context, trace_notes, trace_stage
-from lightning_perf.readers import load_trace
+from lightning_perf.readers import InputError, load_trace
 from lightning_perf.records import CollectiveStats, OperatorStat, RankSummary, TraceSummary, share
 from lightning_perf.report.analyzed import AnalyzedDirectory, AnalyzedTrace
 from lightning_perf.report.collectives import collectives_table
 from lightning_perf.report.findings import CLEAN, finding_lines, ranks_table, shown_findings
 from lightning_perf.summarize.collectives import collective_stats
-from lightning_perf.summarize.events import KinetoTrace, distributed_info
+from lightning_perf.summarize.events import Complete, KinetoTrace, distributed_info
 from lightning_perf.summarize.ranks import rank_summary_of_trace
 from lightning_perf.summarize.step_summary import summarize_trace
 from lightning_perf.units import count, duration_us, percent
@@ -70,13 +72,23 @@ def command_analyze(args: argparse.Namespace) -> int:
     by_dir: dict[str, list[str]] = {}
     for path in find_traces(args.paths):
         by_dir.setdefault(os.path.dirname(os.path.abspath(path)), []).append(path)
+    named = frozenset(p for p in args.paths if not os.path.isdir(p))
     results: dict[str, Any] = {}
     pages: list[AnalyzedDirectory] = []
     for directory, paths in by_dir.items():
         one = functools.partial(
-            analyzed_trace, precision=args.precision, world_size=len(paths), operators=page_path is not None
+            _analyzed_or_skipped,
+            named=named,
+            precision=args.precision,
+            world_size=len(paths),
+            operators=page_path is not None,
         )
-        entries = sorted(_mapped(one, paths, args.jobs), key=lambda e: e.rank)
+        analyzed_or_not = _mapped(one, paths, args.jobs)
+        for skipped in (r for r in analyzed_or_not if isinstance(r, str)):
+            print(f"lightning-perf: warning: skipped {skipped}", file=sys.stderr)
+        entries = sorted((r for r in analyzed_or_not if not isinstance(r, str)), key=lambda e: e.rank)
+        if not entries:
+            continue
         if not args.json:
             print(directory)
         ranks: list[RankSummary] = []
@@ -109,6 +121,8 @@ def command_analyze(args: argparse.Namespace) -> int:
         elif len(entries) > 1 and not args.json:
             print("  (no cross-rank comparison: these traces do not hold distinct ranks of one run)")
         pages.append(AnalyzedDirectory(directory, tuple(entries), tuple(ranks) if distinct else (), tuple(cross)))
+    if not pages:
+        raise UsageError(f"{', '.join(args.paths)}: holds no Kineto trace that could be read (each skipped above)")
     if args.json:
         print(json.dumps(results, indent=1))
     if page_path is not None:
@@ -133,7 +147,19 @@ def analyzed_trace(path: str, *, precision: str | None, world_size: int, operato
     return AnalyzedTrace(os.path.abspath(path), rank, summary, tuple(findings), table, collectives)
 
 
-def _mapped(one: Callable[[str], AnalyzedTrace], paths: Sequence[str], jobs: int) -> list[AnalyzedTrace]:
+def _analyzed_or_skipped(path: str, *, named: frozenset[str], **analysis: Any) -> AnalyzedTrace | str:
+    """:func:`analyzed_trace`, or, for a file found in a directory (not ``named`` on the command line) that is no
+    trace it can read (a config, a report of another tool), why it is skipped: one such file does not stop the
+    others' analysis."""
+    try:
+        return analyzed_trace(path, **analysis)
+    except InputError as err:
+        if path in named:
+            raise
+        return str(err)
+
+
+def _mapped(one: Callable[[str], AnalyzedTrace | str], paths: Sequence[str], jobs: int) -> list[AnalyzedTrace | str]:
     """``one`` of each path, in order: in ``jobs`` worker processes where there are several paths and jobs (each
     reads and summarizes its traces on its own CPU and sends back the small results), else here."""
     if jobs <= 1 or len(paths) <= 1:
@@ -150,6 +176,8 @@ def analyzed(
     """A trace, its summary, its collectives and the trace-level rules' findings (of ``world_size`` traces
     analysed together)."""
     trace = load_trace(path, on_repair=say_repaired)
+    if not any(isinstance(event, Complete) for event in trace.traceEvents):
+        raise InputError(f"{path}: the trace holds no operator, kernel or step (no complete event): nothing to analyze")
     summary = summarize_trace(trace, window=os.path.basename(path))
     collectives = collective_stats(trace)
     info = distributed_info(trace)
