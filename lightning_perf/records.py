@@ -297,6 +297,7 @@ class TraceSummary:
         optimizer_update_ops: Host operators in that update part, per step.
         optimizer_foreach: Whether the update used multi-tensor (``_foreach_``) or fused kernels; ``None``
             without an optimizer step.
+        optimizer_fused: Whether those were fused ones (``aten::_fused_adamw_``: ``fused=True``).
         host_op_time: Main-thread time covered by torch operators or annotations (top level).
         framework_time: Main-thread step time covered by none: the Python of the training loop, hooks,
             callbacks, logging, progress bar.
@@ -372,6 +373,7 @@ class TraceSummary:
     guard_time: float | None = None
     cpu_wait_time: float | None = None
     cpu_forward_peak: int | None = None
+    optimizer_fused: bool | None = None
 
 
 def share(part: float | None, window: TraceSummary) -> float | None:

@@ -100,7 +100,9 @@ def optimizer_heavy(ctx: StageEpoch, t: Thresholds) -> Finding | None:
             )
         )
     advice, withdrawn = tried_optimizer_advice(
-        ctx.advice_trials, [_optimizer_advice(ctx, foreach)], t.advice_trial_min_gain
+        ctx.advice_trials,
+        [_optimizer_advice(ctx, foreach, fused_kernels=window.optimizer_fused if window is not None else None)],
+        t.advice_trial_min_gain,
     )
     if (setting := optimizer_setting(advice)) is not None:  # where a library builds the optimizer: how to pass it
         advice = routed(advice, f"{setting})`", optimizer_route(ctx.facts, setting))
@@ -133,9 +135,10 @@ def _other_phase(ctx: StageEpoch, t: Thresholds) -> tuple[float, str] | None:
     )
 
 
-def _optimizer_advice(ctx: StageEpoch, foreach: bool | None) -> str:
+def _optimizer_advice(ctx: StageEpoch, foreach: bool | None, *, fused_kernels: bool | None = None) -> str:
     """What would make the run's own optimizer's update cheaper: only changes it has not made (its class and
-    ``fused`` setting, as configured, and whether the trace shows multi-tensor or fused kernels)."""
+    ``fused`` setting, as configured, and whether the trace shows multi-tensor or ``fused`` kernels: a trace
+    alone, in ``lightning-perf analyze``, knows no configuration)."""
     facts = ctx.facts
     name = facts.optimizer or "AdamW"
     states = (
@@ -148,10 +151,11 @@ def _optimizer_advice(ctx: StageEpoch, foreach: bool | None) -> str:
         " Fewer, larger parameter tensors (e.g. one fused QKV projection instead of three) mean fewer, larger"
         " operations." + states
     )
-    if facts.optimizer_fused:
+    if facts.optimizer_fused or fused_kernels:
+        how = f"`{name}(..., fused=True)`" if facts.optimizer_fused or facts.optimizer else "its kernels are fused"
         return (
-            f"The update is already fused (`{name}(..., fused=True)`): its time is the fused kernels' own work over"
-            " the parameters." + smaller
+            f"The update is already fused ({how}): its time is the fused kernels' own work over the parameters."
+            + smaller
         )
     if facts.optimizer_fusable is False:
         return f"`{name}` has no fused implementation in torch." + smaller

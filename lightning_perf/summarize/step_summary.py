@@ -131,7 +131,7 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
     tiny_ops, tiny_op_time = _tiny_ops(top_starts, top_ends, in_steps & ~in_loader)
     update_parts = _optimizer_update_parts(scan, steps)
     multi_tensor: bool | None
-    update_ops, multi_tensor = host.update_ops(top_starts, update_parts)
+    update_ops, multi_tensor, fused = host.update_ops(top_starts, update_parts)
     optimizers = [name for start, _, name, _ in scan.optimizer if steps.hold(start)]
     if any("fused" in name.lower() for name in optimizers):
         multi_tensor = True  # a fused optimizer class (apex's, DeepSpeed's, FBGEMM's FusedAdam)
@@ -148,6 +148,7 @@ def summarize_trace(trace: KinetoTrace | Mapping[str, Any], *, window: str) -> T
         optimizer_update_time=steps.time(subtract(update_parts, collectives)),
         optimizer_update_ops=steps.per_step(update_ops),
         optimizer_foreach=multi_tensor if optimizers else None,
+        optimizer_fused=fused if optimizers else None,
         host_op_time=host_op_time,
         framework_time=max(step_time - host_op_time - waiting, 0.0),
         ops_per_step=steps.per_step(_operators_in(scan, steps.ranges)),
@@ -239,16 +240,20 @@ class _MainThread:
         top = starts >= covered_until
         return starts[top], ends[top]
 
-    def update_ops(self, top_starts: Any, update_parts: list[Interval]) -> tuple[int, bool]:
+    def update_ops(self, top_starts: Any, update_parts: list[Interval]) -> tuple[int, bool, bool]:
         """Top-level operators (their starts) starting in the update parts, and whether any operator there is
-        multi-tensor."""
+        multi-tensor, and fused (``aten::_fused_adamw_``: torch's ``fused=True``)."""
         if not update_parts:
-            return 0, False
+            return 0, False, False
         count = int(np.count_nonzero(starts_in(top_starts, update_parts)))
-        multi_tensor = self.is_op & self.columns.named(
-            {name for name in self.columns.names if "_foreach_" in name or "fused" in name}
-        )
-        return count, bool(starts_in(self.columns.starts[multi_tensor], update_parts).any())
+        names = self.columns.names
+
+        def used(kernels: set[str]) -> bool:
+            ops = self.is_op & self.columns.named(kernels)
+            return bool(starts_in(self.columns.starts[ops], update_parts).any())
+
+        fused = used({name for name in names if "fused" in name})
+        return count, fused or used({name for name in names if "_foreach_" in name}), fused
 
 
 def _tiny_ops(starts: Any, ends: Any, counted: Any) -> tuple[int, float]:

@@ -127,3 +127,10 @@ def test_validation_heavy_counts_the_runs_of_grouped_short_epochs_per_training_e
     twice = tuple(epoch(stage="validate", epochs=n, step_time=0.01 * n, batches=n) for n in (10, 10))
     f = run("validation_heavy", ctx(epoch(step_time=0.3, batches=10, epochs=10), validation=twice))
     assert "runs fewer than the 2 validations per epoch" in f.advice and "these 10 epochs 20 runs" in f.evidence
+
+
+def test_an_update_the_trace_shows_fused_is_not_told_to_fuse():
+    # A trace alone (`lightning-perf analyze`): no optimizer class or setting in the facts, its kernels fused.
+    fused = cw(W2, optimizer_update_time=0.40, optimizer_update_ops=20.0, optimizer_foreach=True, optimizer_fused=True)
+    f = run("optimizer_heavy", ctx(None, fused))
+    assert "The update is already fused (its kernels are fused)" in f.advice and "fused=True)`" not in f.advice

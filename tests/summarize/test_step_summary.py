@@ -149,6 +149,13 @@ def test_tiny_operators_are_the_steps_own_outside_the_dataloader(rewrite):
     assert s.ops_per_step == (18 + 20 + 2 + 1 + 1 + 1 + 1) / 2  # what launch_bound counted before: every operator
 
 
+def test_a_real_cpu_profile_of_a_fused_optimizer_reads_fused(tmp_path):
+    # `lightning-perf analyze` of an AdamW(fused=True) run's window advised `fused=True`: a trace alone knows no
+    # configuration, and "multi-tensor" covered foreach and fused alike.
+    s = summarize_trace(_record_cpu_trace(tmp_path / "fused.json", foreach=None, fused=True), window="fused")
+    assert s.optimizer_foreach is True and s.optimizer_fused is True
+
+
 @pytest.mark.parametrize(
     ("optimizer", "update_op", "expected"),
     [
@@ -505,10 +512,14 @@ def test_device_activity_sorts_out_alike_on_arrays_and_one_by_one(device, step_s
 # --- Real CPU profiles ------------------------------------------------------------------------------------
 
 
-def _record_cpu_trace(path, *, foreach):
+def _record_cpu_trace(path, *, foreach, fused=False):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=foreach)
+    optimizer = (
+        torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+        if fused
+        else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=foreach)
+    )
     dataset = torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randn(64, 1))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         batches = iter(torch.utils.data.DataLoader(dataset, batch_size=16))
@@ -535,7 +546,7 @@ def test_real_cpu_profiles_tell_foreach_from_per_parameter_updates(tmp_path):
         assert summarize_trace(traces.tensorboard_compatible(trace), window=s.window) == s
         summaries[foreach] = s
     for foreach, s in summaries.items():
-        assert s.optimizer_foreach is foreach
+        assert s.optimizer_foreach is foreach and s.optimizer_fused is False
         assert s.steps == 3
         assert s.ops_per_step > 0 and s.median_op_time > 0
         assert 0 < s.dataloader_time < s.step_time
