@@ -207,7 +207,7 @@ def rank_straggler(ctx: StageEpoch, t: Thresholds) -> Finding | None:
         f" (warning >= {t.rank_straggler:g}x, and >= {limit(t.rank_straggler_cost)} of the"
         f" {ms(step)} step and >= {ms(t.rank_straggler_min_time)})"
     ]
-    split = wait_or_transfer(ctx.rank_waits, t)
+    split = wait_or_transfer(ctx.rank_waits, t, ctx.windows)
     if split is not None:
         evidence.append(split[1])
     machine = (

@@ -129,6 +129,9 @@ def test_time_in_collectives_is_told_a_wait_for_a_late_rank_or_the_transfer_itse
     f = run("communication_bound", ctx(None, one_step, facts=facts(world_size=4), rank_waits=late))
     assert "in windows of one step: that step's order of arrival, too little to call a rank late" in f.evidence
     assert "waiting for a late rank" not in f.advice and "rank 3 the least" not in f.evidence
+    # rank_straggler judges every batch and still fires; its evidence line says the same of the one-step windows.
+    f = run("rank_straggler", dataclasses.replace(waiting, windows=(one_step,)))
+    assert f is not None and "in windows of one step" in f.evidence and "rank 3 the least" not in f.evidence
     alone = run("communication_bound", ctx(None, window, facts=facts(world_size=2)))
     assert "a wait" not in alone.evidence and "the transfer itself" not in alone.evidence  # ranks unknown
 
