@@ -8,6 +8,8 @@ import pathlib
 
 import pytest
 
+from purity import imported_modules
+
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "lightning_perf"
 MODULES = sorted(PACKAGE.rglob("*.py"))
 
@@ -32,13 +34,7 @@ def _name(path: pathlib.Path) -> str:
 
 def _imports(path: pathlib.Path) -> set[str]:
     """The package's modules that ``path`` imports, anywhere in it (functions included), relative names."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)  # from package import module
+    found = imported_modules(path, members=True)  # members: `from package import module`
     return {name.removeprefix("lightning_perf.") for name in found if name.startswith("lightning_perf.")}
 
 

@@ -1,7 +1,6 @@
 """The thresholds' overrides, the registry's order and error handling, and that the diagnose package imports
 neither torch nor lightning."""
 
-import ast
 import dataclasses
 import re
 
@@ -21,7 +20,7 @@ from contexts import (
 from lightning_perf.diagnose.model import Finding
 from lightning_perf.diagnose.registry import RULES, diagnose
 from lightning_perf.diagnose.thresholds import Thresholds
-from purity import heavy_modules_loaded_by
+from purity import heavy_modules_loaded_by, imported_modules
 from summaries import epoch, gpu_epoch, window
 
 # --- thresholds ---------------------------------------------------------------------------------------------
@@ -168,12 +167,7 @@ PURE = [*sorted((ROOT / "lightning_perf" / "diagnose").glob("*.py")), *BELOW]
 
 @pytest.mark.parametrize("path", PURE, ids=lambda p: p.name)
 def test_diagnosis_modules_import_neither_torch_nor_lightning(path):
-    imported = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            imported.add(node.module)
+    imported = imported_modules(path)
     roots = {name.split(".")[0] for name in imported}
     assert not roots & FORBIDDEN, sorted(imported)
     assert {name for name in imported if name.startswith("lightning_perf")} <= {
